@@ -1,0 +1,67 @@
+/* conf.h - a replica's runtime configuration and key material, loaded once at start.
+ * The file is generated from the rack config (TOML) by `zz rack render`; its format
+ * is documented in docs/config.md ("Replica files"). Errors name the file, line and key. */
+#ifndef ZZ_CONF_H
+#define ZZ_CONF_H
+
+#include <stdint.h>
+
+#include "crypto.h"
+
+#define ZZ_MAX_REPLICAS 64   /* agreement replicas per service (3g+1 <= 64) */
+#define ZZ_MAX_PRINCIPALS 4096
+
+typedef struct {
+    char host[64];
+    uint16_t port;
+} zz_addr;
+
+enum zz_byz {
+    ZZ_BYZ_NONE = 0,
+    ZZ_BYZ_EQUIVOCATE,    /* as primary: send different batches to different backups */
+    ZZ_BYZ_DROP_REQUESTS, /* as primary: never propose client requests */
+    ZZ_BYZ_SILENT         /* send nothing at all */
+};
+
+typedef struct {
+    uint32_t id;       /* principal id (the peer's) */
+    zz_mackey *mac;    /* pairwise key with this replica; NULL if none */
+    zz_pubkey *pub;    /* Ed25519 public key; NULL if none */
+} zz_peer_key;
+
+typedef struct {
+    uint16_t service;
+    uint32_t id;        /* this replica, 0 .. n-1 */
+    uint32_t n;         /* 3g+1 */
+    uint32_t g;
+    zz_addr listen;
+    zz_addr peers[ZZ_MAX_REPLICAS];
+    uint32_t checkpoint_interval; /* CP */
+    uint32_t log_window;          /* L: high watermark = stable + L; multiple of CP */
+    uint32_t batch_max;           /* requests per batch */
+    uint32_t max_inflight;        /* batches proposed but not yet committed */
+    uint32_t view_timeout_ms;     /* first view-change timer; doubles per failed view */
+    uint32_t status_interval_ms;  /* retransmission (STATUS) period */
+    uint32_t time_tolerance_ms;   /* allowed |nd_time - local clock| at a backup */
+    char stats_file[256];         /* JSON counters, rewritten every second; "" = none */
+    /* test-only fault injection on replica-to-replica sends */
+    double inject_drop, inject_dup;
+    uint32_t inject_delay_ms;
+    uint64_t inject_seed;
+    enum zz_byz byzantine;
+    /* keys */
+    zz_signkey *sign;
+    uint32_t nkeys;
+    zz_peer_key keys[ZZ_MAX_PRINCIPALS]; /* sorted by id */
+} zz_conf;
+
+/* Load `path`; on error writes a message naming file:line and key to err and returns -1. */
+int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap);
+void zz_conf_free(zz_conf *c);
+/* Key material for principal `id`, or NULL. */
+const zz_peer_key *zz_conf_key(const zz_conf *c, uint32_t id);
+/* Load a key file (docs/config.md "Key files") into c->sign / c->keys; and a public file. */
+int zz_keys_load(const char *secret_path, const char *public_path, zz_conf *c, char *err,
+                 size_t errcap);
+
+#endif

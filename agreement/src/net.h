@@ -1,0 +1,55 @@
+/* net.h - the event loop: epoll, TCP connections with u32 length-prefixed frames,
+ * reconnecting outgoing links to peers, millisecond timers, and the test-only
+ * fault injector (drop / duplicate / delay-and-reorder) on replica-to-replica sends.
+ * Single-threaded; everything runs from zz_net_run's loop. */
+#ifndef ZZ_NET_H
+#define ZZ_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+
+typedef struct zz_net zz_net;
+typedef struct zz_conn zz_conn;
+
+/* Called for every complete frame received on any connection. `conn` identifies the
+ * connection (to answer a client on the connection its request came from). The
+ * buffer is valid only during the call. */
+typedef void (*zz_on_frame)(void *ctx, zz_conn *conn, const uint8_t *msg, size_t len);
+/* Called when a connection closes; the handler must forget `conn`. */
+typedef void (*zz_on_close)(void *ctx, zz_conn *conn);
+typedef void (*zz_on_timer)(void *ctx);
+
+typedef struct {
+    uint64_t frames_in, frames_out, bytes_in, bytes_out;
+    uint64_t framing_errors; /* bad frame length: connection closed */
+    uint64_t conns_accepted, reconnects;
+    uint64_t injected_drops, injected_dups, injected_delays;
+    uint64_t send_overflow;  /* frames dropped because a peer's queue was full */
+} zz_net_stats;
+
+zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
+                   char *err, size_t errcap);
+void zz_net_free(zz_net *n);
+
+/* Send one message (no frame prefix; net adds it) to agreement replica `peer` over
+ * the outgoing link, subject to fault injection. Never blocks: queued if the socket
+ * is busy, reconnects in the background. */
+void zz_net_send_peer(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len);
+/* Send to every other agreement replica. */
+void zz_net_bcast(zz_net *n, const uint8_t *msg, size_t len);
+/* Send on a specific (e.g. client) connection. No injection. */
+void zz_net_send_conn(zz_net *n, zz_conn *conn, const uint8_t *msg, size_t len);
+
+/* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
+uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);
+void zz_net_cancel(zz_net *n, uint64_t id);
+uint64_t zz_net_now_ms(const zz_net *n); /* monotonic */
+
+/* Run until zz_net_stop (e.g. from SIGTERM handling). Returns 0. */
+int zz_net_run(zz_net *n);
+void zz_net_stop(zz_net *n);
+const zz_net_stats *zz_net_get_stats(const zz_net *n);
+
+#endif

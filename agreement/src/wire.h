@@ -1,0 +1,261 @@
+/* wire.h - the ZZ binary wire format (docs/wire.md), zero-copy decoder and encoder.
+ * Decoded messages point into the caller's buffer; nothing here allocates. */
+#ifndef ZZ_WIRE_H
+#define ZZ_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZZ_MAGIC0 0x5A
+#define ZZ_MAGIC1 0x5A
+#define ZZ_VERSION 1
+#define ZZ_HDR_LEN 16
+#define ZZ_DIGEST_LEN 32
+#define ZZ_MAC_LEN 32
+#define ZZ_SIG_LEN 64
+#define ZZ_MAX_MSG 16777216u
+#define ZZ_MAX_LIST 65536u
+#define ZZ_MAX_MACS 1024u
+
+enum zz_type {
+    ZZ_REQUEST = 1,
+    ZZ_REPLY = 2,
+    ZZ_PRE_PREPARE = 3,
+    ZZ_PREPARE = 4,
+    ZZ_COMMIT = 5,
+    ZZ_CHECKPOINT = 6,
+    ZZ_VIEW_CHANGE = 7,
+    ZZ_NEW_VIEW = 8,
+    ZZ_FETCH = 9,
+    ZZ_FETCH_REPLY = 10,
+    ZZ_STATUS = 11,
+    ZZ_TYPE_MAX = 11
+};
+
+enum zz_auth_kind { ZZ_AUTH_NONE = 0, ZZ_AUTH_MAC = 1, ZZ_AUTH_SIG = 2 };
+
+/* Decode errors; names match the `error =` values of tests/vectors/wire.txt. */
+enum zz_err {
+    ZZ_OK = 0,
+    ZZ_ERR_SHORT,   /* "short": fewer bytes than the header or lengths need */
+    ZZ_ERR_MAGIC,   /* "magic" */
+    ZZ_ERR_VERSION, /* "version" */
+    ZZ_ERR_TYPE,    /* "type": unknown type, or wrong auth kind for the type */
+    ZZ_ERR_LENGTH,  /* "length": over a limit, or trailing bytes */
+    ZZ_ERR_AUTH,    /* "auth": malformed authenticator or failed verification */
+    ZZ_ERR_FIELD    /* "field": a field value out of its domain (reserved != 0, ...) */
+};
+const char *zz_err_name(enum zz_err e);
+
+enum { ZZ_FETCH_BATCH = 1, ZZ_FETCH_STATE = 2, ZZ_FETCH_LOG = 3 };
+enum { ZZ_REQ_READONLY = 1 };
+
+#define ZZ_PRINCIPAL_EXEC 256u
+#define ZZ_PRINCIPAL_CLIENT 65536u
+#define ZZ_PRINCIPAL_HOST 16777216u
+
+typedef struct {
+    const uint8_t *p;
+    uint32_t len;
+} zz_bytes;
+
+/* A list<bytes>: `count` items encoded back to back starting at p (len bytes total). */
+typedef struct {
+    uint32_t count;
+    const uint8_t *p;
+    uint32_t len;
+} zz_blist;
+
+/* Iterator over a zz_blist. */
+typedef struct {
+    const uint8_t *p;
+    uint32_t left; /* bytes left */
+    uint32_t items_left;
+} zz_blist_iter;
+void zz_blist_begin(const zz_blist *l, zz_blist_iter *it);
+/* Returns 1 and sets *out for the next item, 0 at the end. The list was
+ * validated by the decoder, so iteration cannot fail. */
+int zz_blist_next(zz_blist_iter *it, zz_bytes *out);
+
+/* VIEW-CHANGE P/Q entry (44 bytes on the wire) and NEW-VIEW choice (40 bytes). */
+typedef struct {
+    uint64_t seq;
+    uint32_t view;
+    uint8_t digest[ZZ_DIGEST_LEN];
+} zz_entry;
+typedef struct {
+    uint64_t seq;
+    uint8_t digest[ZZ_DIGEST_LEN];
+} zz_choice;
+#define ZZ_ENTRY_WIRE 44
+#define ZZ_CHOICE_WIRE 40
+typedef struct {
+    uint32_t count;
+    const uint8_t *p; /* count * ZZ_ENTRY_WIRE or ZZ_CHOICE_WIRE bytes */
+} zz_flist;
+void zz_entry_at(const zz_flist *l, uint32_t i, zz_entry *out);
+void zz_choice_at(const zz_flist *l, uint32_t i, zz_choice *out);
+
+typedef struct {
+    uint64_t timestamp;
+    uint8_t flags;
+    zz_bytes op;
+} zz_request;
+
+typedef struct {
+    uint32_t view;
+    uint64_t timestamp;
+    uint32_t client;
+    uint8_t flags;
+    zz_bytes result;
+} zz_reply;
+
+typedef struct {
+    uint32_t view;
+    uint64_t seq;
+    uint64_t nd_time;
+    uint64_t nd_seed;
+    zz_blist requests;
+    zz_bytes batch; /* the batch encoding: body from nd_time to the end */
+} zz_pre_prepare;
+
+typedef struct {
+    uint32_t view;
+    uint64_t seq;
+    const uint8_t *digest;
+} zz_phase; /* PREPARE and COMMIT */
+
+typedef struct {
+    uint64_t seq;
+    const uint8_t *state;
+} zz_checkpoint;
+
+typedef struct {
+    uint32_t new_view;
+    uint64_t stable_seq;
+    zz_blist proof;
+    zz_flist prepared;
+    zz_flist preprepared;
+} zz_view_change;
+
+typedef struct {
+    uint32_t view;
+    zz_blist view_changes;
+    uint64_t min_s;
+    zz_flist chosen;
+} zz_new_view;
+
+typedef struct {
+    uint8_t kind;
+    uint64_t seq;
+    const uint8_t *digest;
+} zz_fetch;
+
+typedef struct {
+    uint8_t kind;
+    uint64_t seq;
+    const uint8_t *digest;
+    zz_bytes data;
+} zz_fetch_reply;
+
+typedef struct {
+    uint32_t view;
+    uint64_t last_exec;
+    uint64_t stable_seq;
+} zz_status;
+
+typedef struct {
+    uint8_t type;
+    uint8_t auth_kind;
+    uint16_t service;
+    uint32_t sender;
+    const uint8_t *raw;  /* the whole message */
+    uint32_t raw_len;
+    uint32_t authed_len; /* 16 + body_len: the authenticated bytes are raw[0, authed_len) */
+    const uint8_t *body;
+    uint32_t body_len;
+    const uint8_t *auth;
+    uint32_t auth_len;
+    union {
+        zz_request request;
+        zz_reply reply;
+        zz_pre_prepare pre_prepare;
+        zz_phase phase;
+        zz_checkpoint checkpoint;
+        zz_view_change view_change;
+        zz_new_view new_view;
+        zz_fetch fetch;
+        zz_fetch_reply fetch_reply;
+        zz_status status;
+    } u;
+} zz_msg;
+
+/* Decode and structurally validate buf[0,len). Does not verify MACs/signatures
+ * (see crypto.h), but does check the authenticator's shape for auth_kind. */
+enum zz_err zz_decode(const uint8_t *buf, size_t len, zz_msg *out);
+
+/* Decode only a batch encoding (PRE-PREPARE body from nd_time on, or FETCH-REPLY data). */
+enum zz_err zz_decode_batch(const uint8_t *buf, size_t len, uint64_t *nd_time, uint64_t *nd_seed,
+                            zz_blist *requests);
+
+/* Find the MAC entry for `receiver` in a MAC-vector message; NULL if absent. */
+const uint8_t *zz_find_mac(const zz_msg *m, uint32_t receiver);
+
+/* Canonical one-line dump (docs/wire.md). Returns the length written (excluding
+ * the NUL) or -1 if `cap` is too small. */
+int zz_dump(const zz_msg *m, char *out, size_t cap);
+
+/* ---- encoding ----
+ * A growable buffer. Encoders append a header with body_len patched at the end;
+ * an authenticator is added afterwards by crypto.h (zz_auth_mac / zz_auth_sign). */
+typedef struct {
+    uint8_t *p;
+    size_t len;
+    size_t cap;
+    int oom; /* sticky: set when an allocation failed; the content is then unusable */
+} zz_buf;
+void zz_buf_init(zz_buf *b);
+void zz_buf_free(zz_buf *b);
+void zz_buf_reset(zz_buf *b);
+void zz_put_u8(zz_buf *b, uint8_t v);
+void zz_put_u16(zz_buf *b, uint16_t v);
+void zz_put_u32(zz_buf *b, uint32_t v);
+void zz_put_u64(zz_buf *b, uint64_t v);
+void zz_put_raw(zz_buf *b, const void *p, size_t n);
+void zz_put_bytes(zz_buf *b, const void *p, uint32_t n); /* u32 length + data */
+
+/* Start a message: writes the 16-byte header with body_len = 0. Returns the
+ * offset of the header in b (messages may be encoded into the middle of a buffer). */
+size_t zz_begin(zz_buf *b, uint8_t type, uint8_t auth_kind, uint16_t service, uint32_t sender);
+/* Patch body_len of the message started at `start` (call after writing the body,
+ * before adding the authenticator). */
+void zz_end_body(zz_buf *b, size_t start);
+
+/* Convenience encoders: header + body (no authenticator yet). Return the start offset. */
+size_t zz_enc_request(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts, uint8_t flags,
+                      const void *op, uint32_t op_len);
+size_t zz_enc_reply(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t ts,
+                    uint32_t client, uint8_t flags, const void *res, uint32_t res_len);
+/* batch = batch encoding (nd_time, nd_seed, list<bytes> requests) */
+size_t zz_enc_pre_prepare(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t seq,
+                          const void *batch, uint32_t batch_len);
+size_t zz_enc_phase(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint32_t view,
+                    uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN]);
+size_t zz_enc_checkpoint(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq,
+                         const uint8_t state[ZZ_DIGEST_LEN]);
+size_t zz_enc_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint8_t kind, uint64_t seq,
+                    const uint8_t digest[ZZ_DIGEST_LEN]);
+size_t zz_enc_fetch_reply(zz_buf *b, uint16_t svc, uint32_t sender, uint8_t kind, uint64_t seq,
+                          const uint8_t digest[ZZ_DIGEST_LEN], const void *data, uint32_t len);
+size_t zz_enc_status(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t last_exec,
+                     uint64_t stable_seq);
+/* VIEW-CHANGE and NEW-VIEW have variable lists: build them with zz_begin, the zz_put_*
+ * helpers, zz_put_entry/zz_put_choice, then zz_end_body. */
+void zz_put_entry(zz_buf *b, const zz_entry *e);
+void zz_put_choice(zz_buf *b, const zz_choice *c);
+
+/* Re-encode a decoded message to bytes (header + body + its authenticator verbatim).
+ * Used by the vector tests to prove decode/encode are inverse. */
+size_t zz_reencode(zz_buf *b, const zz_msg *m);
+
+#endif
