@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# setup.sh - idempotent machine setup for ZZ on Debian 12 (run as root): system packages,
+# the Python package in editable mode, and both C builds. main.sh, test.sh and CI call it.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# Build and test dependencies of the agreement daemon (C11 + OpenSSL, ASan/UBSan, libFuzzer).
+APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-config)
+
+# ---- later issues: virtualization and storage -------------------------------------------
+# The execution/controld/snapshots issues add their packages here (DESIGN.md §7):
+# qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev zfs-fuse
+# cpio kmod busybox-static debootstrap; plus the daemon start-up (virtlogd -d, libvirtd -d,
+# zfs-fuse) and the /dev/kvm group/mode fix. Keep them in this block.
+# APT_PACKAGES+=( ... )
+# ------------------------------------------------------------------------------------------
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        say "missing packages ${missing[*]} and not root: run as root (sudo bash scripts/setup.sh)"
+        exit 1
+    fi
+    # Only refresh the package lists when they are stale: an update costs ~10-30 s.
+    lists_age=999999
+    if [ -e /var/lib/apt/lists/lock ] && ls /var/lib/apt/lists/*_InRelease >/dev/null 2>&1; then
+        newest=$(stat -c %Y /var/lib/apt/lists/*_InRelease | sort -n | tail -1)
+        lists_age=$(( $(date +%s) - newest ))
+    fi
+    if [ "$lists_age" -gt 86400 ]; then
+        say "apt-get update (package lists are ${lists_age}s old)"
+        apt-get update -q
+    fi
+    say "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    say "system packages present: ${APT_PACKAGES[*]}"
+fi
+
+PY=${PYTHON:-python3}
+say "python: $($PY --version 2>&1) at $(command -v "$PY")"
+if [ -f pyproject.toml ]; then
+    # Editable install so tests and scripts see the working tree; pip is a no-op when current.
+    say "$PY -m pip install -e '.[test]'"
+    $PY -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+else
+    say "no pyproject.toml yet: skipping the Python package"
+fi
+# ruff and pytest are needed by scripts/test.sh even before pyproject.toml lists them.
+for tool in ruff pytest; do
+    if ! $PY -m "$tool" --version >/dev/null 2>&1; then
+        say "$PY -m pip install $tool"
+        $PY -m pip install -q --disable-pip-version-check "$tool"
+    fi
+done
+
+if [ -f agreement/Makefile ]; then
+    say "make -C agreement all asan"
+    make -s -C agreement -j"$(nproc)" all asan
+else
+    say "no agreement/Makefile yet: skipping the C build"
+fi
+say "done"
