@@ -1,0 +1,193 @@
+/* crypto.c - SHA-256, pre-expanded HMAC-SHA-256 and Ed25519 over OpenSSL 3.
+ * HMAC uses the low-level SHA256_CTX: copying a precomputed inner/outer state is a
+ * plain struct copy, several times cheaper than EVP_MD_CTX_copy_ex or EVP_MAC. */
+
+/* The SHA256_* low-level API is deprecated in OpenSSL 3 but remains supported; it is
+ * the only allocation-free way to clone a midstate. */
+#define OPENSSL_SUPPRESS_DEPRECATED 1
+
+#include "crypto.h"
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct zz_mackey {
+    SHA256_CTX inner; /* state after absorbing key ^ ipad */
+    SHA256_CTX outer; /* state after absorbing key ^ opad */
+};
+
+struct zz_signkey {
+    EVP_PKEY *pk;
+};
+
+struct zz_pubkey {
+    EVP_PKEY *pk;
+};
+
+void zz_sha256(const void *p, size_t n, uint8_t out[ZZ_DIGEST_LEN])
+{
+    SHA256(p, n, out);
+}
+
+zz_mackey *zz_mackey_new(const uint8_t key[32])
+{
+    zz_mackey *k = malloc(sizeof *k);
+    if (!k)
+        return NULL;
+    /* A 32-byte key is shorter than the 64-byte block: zero-pad, never hash it. */
+    uint8_t pad[SHA256_CBLOCK];
+    memset(pad, 0, sizeof pad);
+    memcpy(pad, key, 32);
+    for (size_t i = 0; i < sizeof pad; i++)
+        pad[i] ^= 0x36;
+    SHA256_Init(&k->inner);
+    SHA256_Update(&k->inner, pad, sizeof pad);
+    for (size_t i = 0; i < sizeof pad; i++)
+        pad[i] ^= 0x36 ^ 0x5c;
+    SHA256_Init(&k->outer);
+    SHA256_Update(&k->outer, pad, sizeof pad);
+    OPENSSL_cleanse(pad, sizeof pad);
+    return k;
+}
+
+void zz_mackey_free(zz_mackey *k)
+{
+    if (!k)
+        return;
+    OPENSSL_cleanse(k, sizeof *k);
+    free(k);
+}
+
+void zz_hmac(const zz_mackey *k, const void *p, size_t n, uint8_t out[ZZ_MAC_LEN])
+{
+    SHA256_CTX c = k->inner;
+    uint8_t ih[SHA256_DIGEST_LENGTH];
+    SHA256_Update(&c, p, n);
+    SHA256_Final(ih, &c);
+    c = k->outer;
+    SHA256_Update(&c, ih, sizeof ih);
+    SHA256_Final(out, &c);
+    OPENSSL_cleanse(&c, sizeof c);
+}
+
+zz_signkey *zz_signkey_new(const uint8_t seed[32])
+{
+    EVP_PKEY *pk = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, seed, 32);
+    if (!pk)
+        return NULL;
+    zz_signkey *k = malloc(sizeof *k);
+    if (!k) {
+        EVP_PKEY_free(pk);
+        return NULL;
+    }
+    k->pk = pk;
+    return k;
+}
+
+void zz_signkey_free(zz_signkey *k)
+{
+    if (!k)
+        return;
+    EVP_PKEY_free(k->pk);
+    free(k);
+}
+
+zz_pubkey *zz_pubkey_new(const uint8_t pub[32])
+{
+    EVP_PKEY *pk = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub, 32);
+    if (!pk)
+        return NULL;
+    zz_pubkey *k = malloc(sizeof *k);
+    if (!k) {
+        EVP_PKEY_free(pk);
+        return NULL;
+    }
+    k->pk = pk;
+    return k;
+}
+
+void zz_pubkey_free(zz_pubkey *k)
+{
+    if (!k)
+        return;
+    EVP_PKEY_free(k->pk);
+    free(k);
+}
+
+void zz_signkey_public(const zz_signkey *k, uint8_t pub[32])
+{
+    size_t n = 32;
+    if (EVP_PKEY_get_raw_public_key(k->pk, pub, &n) != 1 || n != 32)
+        memset(pub, 0, 32); /* cannot happen for a key built by zz_signkey_new */
+}
+
+void zz_auth_mac(zz_buf *b, size_t start, const uint32_t *receivers, zz_mackey *const *keys,
+                 uint16_t count)
+{
+    if (b->oom || b->len < start + ZZ_HDR_LEN)
+        return;
+    size_t authed = b->len - start;
+    zz_put_u16(b, count);
+    for (uint16_t i = 0; i < count; i++) {
+        uint8_t mac[ZZ_MAC_LEN];
+        /* b->p may move when the buffer grows: take the pointer afresh each time. */
+        zz_hmac(keys[i], b->p + start, authed, mac);
+        zz_put_u32(b, receivers[i]);
+        zz_put_raw(b, mac, sizeof mac);
+        if (b->oom)
+            return;
+    }
+}
+
+int zz_auth_sign(zz_buf *b, size_t start, const zz_signkey *k)
+{
+    if (b->oom || b->len < start + ZZ_HDR_LEN)
+        return -1;
+    uint8_t sig[ZZ_SIG_LEN];
+    size_t siglen = sizeof sig;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    int ok = ctx && EVP_DigestSignInit(ctx, NULL, NULL, NULL, k->pk) == 1 &&
+             EVP_DigestSign(ctx, sig, &siglen, b->p + start, b->len - start) == 1 &&
+             siglen == ZZ_SIG_LEN;
+    EVP_MD_CTX_free(ctx);
+    if (!ok) {
+        ERR_clear_error();
+        return -1;
+    }
+    zz_put_raw(b, sig, sizeof sig);
+    return b->oom ? -1 : 0;
+}
+
+int zz_verify_mac(const zz_msg *m, uint32_t receiver, const zz_mackey *k)
+{
+    if (m->auth_kind != ZZ_AUTH_MAC || !k)
+        return 0;
+    const uint8_t *want = zz_find_mac(m, receiver);
+    if (!want)
+        return 0;
+    uint8_t mac[ZZ_MAC_LEN];
+    zz_hmac(k, m->raw, m->authed_len, mac);
+    return zz_ct_equal(mac, want, ZZ_MAC_LEN);
+}
+
+int zz_verify_sig(const zz_msg *m, const zz_pubkey *k)
+{
+    if (m->auth_kind != ZZ_AUTH_SIG || m->auth_len != ZZ_SIG_LEN || !k)
+        return 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    int ok = ctx && EVP_DigestVerifyInit(ctx, NULL, NULL, NULL, k->pk) == 1 &&
+             EVP_DigestVerify(ctx, m->auth, ZZ_SIG_LEN, m->raw, m->authed_len) == 1;
+    EVP_MD_CTX_free(ctx);
+    if (!ok)
+        ERR_clear_error(); /* a forged signature is routine, not an error to keep queued */
+    return ok;
+}
+
+int zz_ct_equal(const void *a, const void *b, size_t n)
+{
+    return CRYPTO_memcmp(a, b, n) == 0;
+}

@@ -1,0 +1,895 @@
+/* wire.c - decoder, canonical dump and encoders of the ZZ wire format (docs/wire.md).
+ * Every byte read from the network goes through the bounds-checked reader below. */
+#include "wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *zz_err_name(enum zz_err e)
+{
+    switch (e) {
+    case ZZ_OK: return "ok";
+    case ZZ_ERR_SHORT: return "short";
+    case ZZ_ERR_MAGIC: return "magic";
+    case ZZ_ERR_VERSION: return "version";
+    case ZZ_ERR_TYPE: return "type";
+    case ZZ_ERR_LENGTH: return "length";
+    case ZZ_ERR_AUTH: return "auth";
+    case ZZ_ERR_FIELD: return "field";
+    }
+    return "?";
+}
+
+/* ---- big-endian helpers ---- */
+
+static uint16_t ld16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static uint32_t ld32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static uint64_t ld64(const uint8_t *p) { return ((uint64_t)ld32(p) << 32) | ld32(p + 4); }
+static void st32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* ---- bounds-checked reader ---- */
+
+typedef struct {
+    const uint8_t *p;
+    uint32_t left;
+} rd;
+
+static enum zz_err rd_take(rd *r, uint32_t n, const uint8_t **out)
+{
+    if (n > r->left)
+        return ZZ_ERR_SHORT;
+    *out = r->p;
+    r->p += n;
+    r->left -= n;
+    return ZZ_OK;
+}
+
+static enum zz_err rd_u8(rd *r, uint8_t *v)
+{
+    const uint8_t *q;
+    enum zz_err e = rd_take(r, 1, &q);
+    if (e == ZZ_OK)
+        *v = q[0];
+    return e;
+}
+
+static enum zz_err rd_u32(rd *r, uint32_t *v)
+{
+    const uint8_t *q;
+    enum zz_err e = rd_take(r, 4, &q);
+    if (e == ZZ_OK)
+        *v = ld32(q);
+    return e;
+}
+
+static enum zz_err rd_u64(rd *r, uint64_t *v)
+{
+    const uint8_t *q;
+    enum zz_err e = rd_take(r, 8, &q);
+    if (e == ZZ_OK)
+        *v = ld64(q);
+    return e;
+}
+
+static enum zz_err rd_digest(rd *r, const uint8_t **d) { return rd_take(r, ZZ_DIGEST_LEN, d); }
+
+static enum zz_err rd_bytes(rd *r, zz_bytes *b)
+{
+    uint32_t n;
+    enum zz_err e = rd_u32(r, &n);
+    if (e != ZZ_OK)
+        return e;
+    b->len = n;
+    return rd_take(r, n, &b->p);
+}
+
+/* list<bytes>: validates every item length now so that iteration later cannot fail. */
+static enum zz_err rd_blist(rd *r, zz_blist *l)
+{
+    uint32_t count;
+    enum zz_err e = rd_u32(r, &count);
+    if (e != ZZ_OK)
+        return e;
+    if (count > ZZ_MAX_LIST)
+        return ZZ_ERR_LENGTH;
+    const uint8_t *start = r->p;
+    uint32_t before = r->left;
+    for (uint32_t i = 0; i < count; i++) {
+        zz_bytes item;
+        if ((e = rd_bytes(r, &item)) != ZZ_OK)
+            return e;
+    }
+    l->count = count;
+    l->p = start;
+    l->len = before - r->left;
+    return ZZ_OK;
+}
+
+static enum zz_err rd_flist(rd *r, uint32_t item_len, zz_flist *l)
+{
+    uint32_t count;
+    enum zz_err e = rd_u32(r, &count);
+    if (e != ZZ_OK)
+        return e;
+    if (count > ZZ_MAX_LIST)
+        return ZZ_ERR_LENGTH;
+    /* count <= 2^16 and item_len <= 44, so the product fits in 32 bits. */
+    l->count = count;
+    return rd_take(r, count * item_len, &l->p);
+}
+
+/* ---- list accessors ---- */
+
+void zz_blist_begin(const zz_blist *l, zz_blist_iter *it)
+{
+    it->p = l->p;
+    it->left = l->len;
+    it->items_left = l->count;
+}
+
+int zz_blist_next(zz_blist_iter *it, zz_bytes *out)
+{
+    /* Re-checked although the decoder validated the list: a hand-built zz_blist
+     * must not turn into an out-of-bounds read either. */
+    if (it->items_left == 0 || it->left < 4)
+        return 0;
+    uint32_t n = ld32(it->p);
+    if (n > it->left - 4)
+        return 0;
+    out->p = it->p + 4;
+    out->len = n;
+    it->p += 4 + n;
+    it->left -= 4 + n;
+    it->items_left--;
+    return 1;
+}
+
+void zz_entry_at(const zz_flist *l, uint32_t i, zz_entry *out)
+{
+    const uint8_t *p = l->p + (size_t)i * ZZ_ENTRY_WIRE;
+    out->seq = ld64(p);
+    out->view = ld32(p + 8);
+    memcpy(out->digest, p + 12, ZZ_DIGEST_LEN);
+}
+
+void zz_choice_at(const zz_flist *l, uint32_t i, zz_choice *out)
+{
+    const uint8_t *p = l->p + (size_t)i * ZZ_CHOICE_WIRE;
+    out->seq = ld64(p);
+    memcpy(out->digest, p + 8, ZZ_DIGEST_LEN);
+}
+
+/* ---- decoding ---- */
+
+static uint8_t auth_kind_of(uint8_t type)
+{
+    switch (type) {
+    case ZZ_CHECKPOINT:
+    case ZZ_VIEW_CHANGE:
+    case ZZ_NEW_VIEW:
+        return ZZ_AUTH_SIG;
+    default:
+        return ZZ_AUTH_MAC;
+    }
+}
+
+static enum zz_err dec_batch(rd *r, uint64_t *nd_time, uint64_t *nd_seed, zz_blist *reqs)
+{
+    enum zz_err e;
+    if ((e = rd_u64(r, nd_time)) != ZZ_OK || (e = rd_u64(r, nd_seed)) != ZZ_OK)
+        return e;
+    return rd_blist(r, reqs);
+}
+
+static enum zz_err dec_body(rd *r, zz_msg *m)
+{
+    enum zz_err e = ZZ_OK;
+#define TRY(x)                                                                                   \
+    do {                                                                                         \
+        if ((e = (x)) != ZZ_OK)                                                                  \
+            return e;                                                                            \
+    } while (0)
+    switch (m->type) {
+    case ZZ_REQUEST: {
+        zz_request *q = &m->u.request;
+        TRY(rd_u64(r, &q->timestamp));
+        TRY(rd_u8(r, &q->flags));
+        TRY(rd_bytes(r, &q->op));
+        break;
+    }
+    case ZZ_REPLY: {
+        zz_reply *q = &m->u.reply;
+        TRY(rd_u32(r, &q->view));
+        TRY(rd_u64(r, &q->timestamp));
+        TRY(rd_u32(r, &q->client));
+        TRY(rd_u8(r, &q->flags));
+        TRY(rd_bytes(r, &q->result));
+        break;
+    }
+    case ZZ_PRE_PREPARE: {
+        zz_pre_prepare *q = &m->u.pre_prepare;
+        TRY(rd_u32(r, &q->view));
+        TRY(rd_u64(r, &q->seq));
+        q->batch.p = r->p;
+        q->batch.len = r->left;
+        TRY(dec_batch(r, &q->nd_time, &q->nd_seed, &q->requests));
+        break;
+    }
+    case ZZ_PREPARE:
+    case ZZ_COMMIT: {
+        zz_phase *q = &m->u.phase;
+        TRY(rd_u32(r, &q->view));
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_digest(r, &q->digest));
+        break;
+    }
+    case ZZ_CHECKPOINT: {
+        zz_checkpoint *q = &m->u.checkpoint;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_digest(r, &q->state));
+        break;
+    }
+    case ZZ_VIEW_CHANGE: {
+        zz_view_change *q = &m->u.view_change;
+        TRY(rd_u32(r, &q->new_view));
+        TRY(rd_u64(r, &q->stable_seq));
+        TRY(rd_blist(r, &q->proof));
+        TRY(rd_flist(r, ZZ_ENTRY_WIRE, &q->prepared));
+        TRY(rd_flist(r, ZZ_ENTRY_WIRE, &q->preprepared));
+        break;
+    }
+    case ZZ_NEW_VIEW: {
+        zz_new_view *q = &m->u.new_view;
+        TRY(rd_u32(r, &q->view));
+        TRY(rd_blist(r, &q->view_changes));
+        TRY(rd_u64(r, &q->min_s));
+        TRY(rd_flist(r, ZZ_CHOICE_WIRE, &q->chosen));
+        break;
+    }
+    case ZZ_FETCH: {
+        zz_fetch *q = &m->u.fetch;
+        TRY(rd_u8(r, &q->kind));
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_digest(r, &q->digest));
+        if (q->kind < ZZ_FETCH_BATCH || q->kind > ZZ_FETCH_LOG)
+            return ZZ_ERR_FIELD;
+        break;
+    }
+    case ZZ_FETCH_REPLY: {
+        zz_fetch_reply *q = &m->u.fetch_reply;
+        TRY(rd_u8(r, &q->kind));
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_digest(r, &q->digest));
+        TRY(rd_bytes(r, &q->data));
+        if (q->kind < ZZ_FETCH_BATCH || q->kind > ZZ_FETCH_LOG)
+            return ZZ_ERR_FIELD;
+        break;
+    }
+    case ZZ_STATUS: {
+        zz_status *q = &m->u.status;
+        TRY(rd_u32(r, &q->view));
+        TRY(rd_u64(r, &q->last_exec));
+        TRY(rd_u64(r, &q->stable_seq));
+        break;
+    }
+    default:
+        return ZZ_ERR_TYPE;
+    }
+#undef TRY
+    /* Fields must fill the body exactly. */
+    return r->left == 0 ? ZZ_OK : ZZ_ERR_LENGTH;
+}
+
+/* The authenticator must have exactly the size its kind implies. */
+static enum zz_err check_auth_shape(const zz_msg *m)
+{
+    switch (m->auth_kind) {
+    case ZZ_AUTH_NONE:
+        return m->auth_len == 0 ? ZZ_OK : ZZ_ERR_AUTH;
+    case ZZ_AUTH_MAC: {
+        if (m->auth_len < 2)
+            return ZZ_ERR_AUTH;
+        uint16_t count = ld16(m->auth);
+        if (count > ZZ_MAX_MACS)
+            return ZZ_ERR_LENGTH;
+        return m->auth_len == 2u + 36u * count ? ZZ_OK : ZZ_ERR_AUTH;
+    }
+    case ZZ_AUTH_SIG:
+        return m->auth_len == ZZ_SIG_LEN ? ZZ_OK : ZZ_ERR_AUTH;
+    }
+    return ZZ_ERR_AUTH;
+}
+
+enum zz_err zz_decode(const uint8_t *buf, size_t len, zz_msg *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (len < ZZ_HDR_LEN)
+        return ZZ_ERR_SHORT;
+    if (len > ZZ_MAX_MSG)
+        return ZZ_ERR_LENGTH;
+    if (buf[0] != ZZ_MAGIC0 || buf[1] != ZZ_MAGIC1)
+        return ZZ_ERR_MAGIC;
+    if (buf[2] != ZZ_VERSION)
+        return ZZ_ERR_VERSION;
+    uint8_t type = buf[3];
+    if (type < ZZ_REQUEST || type > ZZ_TYPE_MAX)
+        return ZZ_ERR_TYPE;
+    /* docs/wire.md: a message with another auth kind than its type's is dropped and
+     * counted as `auth` (the shared vectors use that name). */
+    if (buf[4] != auth_kind_of(type))
+        return ZZ_ERR_AUTH;
+    if (buf[5] != 0)
+        return ZZ_ERR_FIELD;
+    uint32_t body_len = ld32(buf + 12);
+    if (body_len > len - ZZ_HDR_LEN)
+        return ZZ_ERR_SHORT;
+
+    out->type = type;
+    out->auth_kind = buf[4];
+    out->service = ld16(buf + 6);
+    out->sender = ld32(buf + 8);
+    out->raw = buf;
+    out->raw_len = (uint32_t)len;
+    out->authed_len = ZZ_HDR_LEN + body_len;
+    out->body = buf + ZZ_HDR_LEN;
+    out->body_len = body_len;
+    out->auth = buf + out->authed_len;
+    out->auth_len = (uint32_t)len - out->authed_len;
+
+    rd r = {out->body, body_len};
+    enum zz_err e = dec_body(&r, out);
+    if (e == ZZ_OK)
+        e = check_auth_shape(out);
+    return e;
+}
+
+enum zz_err zz_decode_batch(const uint8_t *buf, size_t len, uint64_t *nd_time, uint64_t *nd_seed,
+                            zz_blist *requests)
+{
+    if (len > ZZ_MAX_MSG)
+        return ZZ_ERR_LENGTH;
+    rd r = {buf, (uint32_t)len};
+    enum zz_err e = dec_batch(&r, nd_time, nd_seed, requests);
+    if (e != ZZ_OK)
+        return e;
+    return r.left == 0 ? ZZ_OK : ZZ_ERR_LENGTH;
+}
+
+const uint8_t *zz_find_mac(const zz_msg *m, uint32_t receiver)
+{
+    if (m->auth_kind != ZZ_AUTH_MAC || m->auth_len < 2)
+        return NULL;
+    uint32_t count = ld16(m->auth);
+    if (m->auth_len < 2u + 36u * count)
+        return NULL;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *e = m->auth + 2 + 36u * i;
+        if (ld32(e) == receiver)
+            return e + 4;
+    }
+    return NULL;
+}
+
+/* ---- canonical dump ---- */
+
+typedef struct {
+    char *p;
+    size_t cap;
+    size_t len;
+    int overflow;
+} wr;
+
+static void w_raw(wr *w, const char *s, size_t n)
+{
+    if (w->overflow || n >= w->cap - w->len) {
+        w->overflow = 1;
+        return;
+    }
+    memcpy(w->p + w->len, s, n);
+    w->len += n;
+}
+
+static void w_str(wr *w, const char *s) { w_raw(w, s, strlen(s)); }
+
+static void w_u64(wr *w, uint64_t v)
+{
+    char tmp[24];
+    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+    w_raw(w, tmp, (size_t)n);
+}
+
+static void w_hex(wr *w, const uint8_t *p, size_t n)
+{
+    static const char hx[] = "0123456789abcdef";
+    if (n == 0) {
+        w_raw(w, "-", 1);
+        return;
+    }
+    if (w->overflow || n >= (w->cap - w->len) / 2) {
+        w->overflow = 1;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        w->p[w->len++] = hx[p[i] >> 4];
+        w->p[w->len++] = hx[p[i] & 15];
+    }
+}
+
+static void w_field_u(wr *w, const char *name, uint64_t v)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=");
+    w_u64(w, v);
+}
+
+static void w_field_hex(wr *w, const char *name, const uint8_t *p, size_t n)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=");
+    w_hex(w, p, n);
+}
+
+static void w_field_blist(wr *w, const char *name, const zz_blist *l)
+{
+    zz_blist_iter it;
+    zz_bytes b;
+    int first = 1;
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=[");
+    zz_blist_begin(l, &it);
+    while (zz_blist_next(&it, &b)) {
+        if (!first)
+            w_str(w, ",");
+        first = 0;
+        w_hex(w, b.p, b.len);
+    }
+    w_str(w, "]");
+}
+
+static void w_field_entries(wr *w, const char *name, const zz_flist *l)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=[");
+    for (uint32_t i = 0; i < l->count; i++) {
+        zz_entry e;
+        zz_entry_at(l, i, &e);
+        if (i)
+            w_str(w, ",");
+        w_u64(w, e.seq);
+        w_str(w, "/");
+        w_u64(w, e.view);
+        w_str(w, "/");
+        w_hex(w, e.digest, ZZ_DIGEST_LEN);
+    }
+    w_str(w, "]");
+}
+
+static void w_field_choices(wr *w, const char *name, const zz_flist *l)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=[");
+    for (uint32_t i = 0; i < l->count; i++) {
+        zz_choice c;
+        zz_choice_at(l, i, &c);
+        if (i)
+            w_str(w, ",");
+        w_u64(w, c.seq);
+        w_str(w, "/");
+        w_hex(w, c.digest, ZZ_DIGEST_LEN);
+    }
+    w_str(w, "]");
+}
+
+static const char *type_name(uint8_t t)
+{
+    static const char *const names[] = {"?",          "REQUEST",     "REPLY",    "PRE-PREPARE",
+                                        "PREPARE",    "COMMIT",      "CHECKPOINT", "VIEW-CHANGE",
+                                        "NEW-VIEW",   "FETCH",       "FETCH-REPLY", "STATUS"};
+    return t <= ZZ_TYPE_MAX ? names[t] : "?";
+}
+
+int zz_dump(const zz_msg *m, char *out, size_t cap)
+{
+    if (cap == 0)
+        return -1;
+    wr w = {out, cap, 0, 0};
+    w_str(&w, "type=");
+    w_str(&w, type_name(m->type));
+    w_field_u(&w, "service", m->service);
+    w_field_u(&w, "sender", m->sender);
+    switch (m->type) {
+    case ZZ_REQUEST:
+        w_field_u(&w, "timestamp", m->u.request.timestamp);
+        w_field_u(&w, "flags", m->u.request.flags);
+        w_field_hex(&w, "op", m->u.request.op.p, m->u.request.op.len);
+        break;
+    case ZZ_REPLY:
+        w_field_u(&w, "view", m->u.reply.view);
+        w_field_u(&w, "timestamp", m->u.reply.timestamp);
+        w_field_u(&w, "client", m->u.reply.client);
+        w_field_u(&w, "flags", m->u.reply.flags);
+        w_field_hex(&w, "result", m->u.reply.result.p, m->u.reply.result.len);
+        break;
+    case ZZ_PRE_PREPARE:
+        w_field_u(&w, "view", m->u.pre_prepare.view);
+        w_field_u(&w, "seq", m->u.pre_prepare.seq);
+        w_field_u(&w, "nd_time", m->u.pre_prepare.nd_time);
+        w_field_u(&w, "nd_seed", m->u.pre_prepare.nd_seed);
+        w_field_blist(&w, "requests", &m->u.pre_prepare.requests);
+        break;
+    case ZZ_PREPARE:
+    case ZZ_COMMIT:
+        w_field_u(&w, "view", m->u.phase.view);
+        w_field_u(&w, "seq", m->u.phase.seq);
+        w_field_hex(&w, "digest", m->u.phase.digest, ZZ_DIGEST_LEN);
+        break;
+    case ZZ_CHECKPOINT:
+        w_field_u(&w, "seq", m->u.checkpoint.seq);
+        w_field_hex(&w, "state", m->u.checkpoint.state, ZZ_DIGEST_LEN);
+        break;
+    case ZZ_VIEW_CHANGE:
+        w_field_u(&w, "new_view", m->u.view_change.new_view);
+        w_field_u(&w, "stable_seq", m->u.view_change.stable_seq);
+        w_field_blist(&w, "proof", &m->u.view_change.proof);
+        w_field_entries(&w, "prepared", &m->u.view_change.prepared);
+        w_field_entries(&w, "preprepared", &m->u.view_change.preprepared);
+        break;
+    case ZZ_NEW_VIEW:
+        w_field_u(&w, "view", m->u.new_view.view);
+        w_field_blist(&w, "view_changes", &m->u.new_view.view_changes);
+        w_field_u(&w, "min_s", m->u.new_view.min_s);
+        w_field_choices(&w, "chosen", &m->u.new_view.chosen);
+        break;
+    case ZZ_FETCH:
+        w_field_u(&w, "kind", m->u.fetch.kind);
+        w_field_u(&w, "seq", m->u.fetch.seq);
+        w_field_hex(&w, "digest", m->u.fetch.digest, ZZ_DIGEST_LEN);
+        break;
+    case ZZ_FETCH_REPLY:
+        w_field_u(&w, "kind", m->u.fetch_reply.kind);
+        w_field_u(&w, "seq", m->u.fetch_reply.seq);
+        w_field_hex(&w, "digest", m->u.fetch_reply.digest, ZZ_DIGEST_LEN);
+        w_field_hex(&w, "data", m->u.fetch_reply.data.p, m->u.fetch_reply.data.len);
+        break;
+    case ZZ_STATUS:
+        w_field_u(&w, "view", m->u.status.view);
+        w_field_u(&w, "last_exec", m->u.status.last_exec);
+        w_field_u(&w, "stable_seq", m->u.status.stable_seq);
+        break;
+    default:
+        return -1;
+    }
+    if (w.overflow)
+        return -1;
+    out[w.len] = '\0';
+    return (int)w.len;
+}
+
+/* ---- growable buffer ---- */
+
+void zz_buf_init(zz_buf *b)
+{
+    b->p = NULL;
+    b->len = 0;
+    b->cap = 0;
+    b->oom = 0;
+}
+
+void zz_buf_free(zz_buf *b)
+{
+    free(b->p);
+    zz_buf_init(b);
+}
+
+void zz_buf_reset(zz_buf *b)
+{
+    b->len = 0;
+    b->oom = 0;
+}
+
+/* Make room for n more bytes; on failure mark the buffer oom for good so that a
+ * half-written message is never mistaken for a complete one. */
+static int reserve(zz_buf *b, size_t n)
+{
+    if (b->oom)
+        return 0;
+    if (n <= b->cap - b->len)
+        return 1;
+    if (n > SIZE_MAX / 2 - b->len) {
+        b->oom = 1;
+        return 0;
+    }
+    size_t need = b->len + n;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need)
+        cap *= 2;
+    uint8_t *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = 1;
+        return 0;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+void zz_put_raw(zz_buf *b, const void *p, size_t n)
+{
+    if (n == 0 || !reserve(b, n))
+        return;
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+}
+
+void zz_put_u8(zz_buf *b, uint8_t v) { zz_put_raw(b, &v, 1); }
+
+void zz_put_u16(zz_buf *b, uint16_t v)
+{
+    uint8_t t[2] = {(uint8_t)(v >> 8), (uint8_t)v};
+    zz_put_raw(b, t, 2);
+}
+
+void zz_put_u32(zz_buf *b, uint32_t v)
+{
+    uint8_t t[4];
+    st32(t, v);
+    zz_put_raw(b, t, 4);
+}
+
+void zz_put_u64(zz_buf *b, uint64_t v)
+{
+    uint8_t t[8];
+    st32(t, (uint32_t)(v >> 32));
+    st32(t + 4, (uint32_t)v);
+    zz_put_raw(b, t, 8);
+}
+
+void zz_put_bytes(zz_buf *b, const void *p, uint32_t n)
+{
+    zz_put_u32(b, n);
+    zz_put_raw(b, p, n);
+}
+
+size_t zz_begin(zz_buf *b, uint8_t type, uint8_t auth_kind, uint16_t service, uint32_t sender)
+{
+    size_t start = b->len;
+    uint8_t h[ZZ_HDR_LEN] = {ZZ_MAGIC0, ZZ_MAGIC1, ZZ_VERSION, type, auth_kind, 0};
+    h[6] = (uint8_t)(service >> 8);
+    h[7] = (uint8_t)service;
+    st32(h + 8, sender);
+    zz_put_raw(b, h, sizeof h);
+    return start;
+}
+
+void zz_end_body(zz_buf *b, size_t start)
+{
+    if (b->oom || b->len < start + ZZ_HDR_LEN)
+        return;
+    size_t body = b->len - start - ZZ_HDR_LEN;
+    if (body > ZZ_MAX_MSG) {
+        /* Unsendable anyway; poisoning the buffer beats a silently truncated length. */
+        b->oom = 1;
+        return;
+    }
+    st32(b->p + start + 12, (uint32_t)body);
+}
+
+void zz_put_entry(zz_buf *b, const zz_entry *e)
+{
+    zz_put_u64(b, e->seq);
+    zz_put_u32(b, e->view);
+    zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
+}
+
+void zz_put_choice(zz_buf *b, const zz_choice *c)
+{
+    zz_put_u64(b, c->seq);
+    zz_put_raw(b, c->digest, ZZ_DIGEST_LEN);
+}
+
+size_t zz_enc_request(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts, uint8_t flags,
+                      const void *op, uint32_t op_len)
+{
+    size_t s = zz_begin(b, ZZ_REQUEST, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u64(b, ts);
+    zz_put_u8(b, flags);
+    zz_put_bytes(b, op, op_len);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_reply(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t ts,
+                    uint32_t client, uint8_t flags, const void *res, uint32_t res_len)
+{
+    size_t s = zz_begin(b, ZZ_REPLY, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u32(b, view);
+    zz_put_u64(b, ts);
+    zz_put_u32(b, client);
+    zz_put_u8(b, flags);
+    zz_put_bytes(b, res, res_len);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_pre_prepare(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t seq,
+                          const void *batch, uint32_t batch_len)
+{
+    size_t s = zz_begin(b, ZZ_PRE_PREPARE, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u32(b, view);
+    zz_put_u64(b, seq);
+    zz_put_raw(b, batch, batch_len);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_phase(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint32_t view,
+                    uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    size_t s = zz_begin(b, type, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u32(b, view);
+    zz_put_u64(b, seq);
+    zz_put_raw(b, digest, ZZ_DIGEST_LEN);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_checkpoint(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq,
+                         const uint8_t state[ZZ_DIGEST_LEN])
+{
+    size_t s = zz_begin(b, ZZ_CHECKPOINT, ZZ_AUTH_SIG, svc, sender);
+    zz_put_u64(b, seq);
+    zz_put_raw(b, state, ZZ_DIGEST_LEN);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint8_t kind, uint64_t seq,
+                    const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    size_t s = zz_begin(b, ZZ_FETCH, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u8(b, kind);
+    zz_put_u64(b, seq);
+    zz_put_raw(b, digest, ZZ_DIGEST_LEN);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_fetch_reply(zz_buf *b, uint16_t svc, uint32_t sender, uint8_t kind, uint64_t seq,
+                          const uint8_t digest[ZZ_DIGEST_LEN], const void *data, uint32_t len)
+{
+    size_t s = zz_begin(b, ZZ_FETCH_REPLY, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u8(b, kind);
+    zz_put_u64(b, seq);
+    zz_put_raw(b, digest, ZZ_DIGEST_LEN);
+    zz_put_bytes(b, data, len);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_status(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t last_exec,
+                     uint64_t stable_seq)
+{
+    size_t s = zz_begin(b, ZZ_STATUS, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u32(b, view);
+    zz_put_u64(b, last_exec);
+    zz_put_u64(b, stable_seq);
+    zz_end_body(b, s);
+    return s;
+}
+
+/* Lists are rebuilt item by item from the decoded view (not copied as one blob) so
+ * that a round trip actually exercises the encoders. */
+static void put_blist(zz_buf *b, const zz_blist *l)
+{
+    zz_blist_iter it;
+    zz_bytes item;
+    zz_put_u32(b, l->count);
+    zz_blist_begin(l, &it);
+    while (zz_blist_next(&it, &item))
+        zz_put_bytes(b, item.p, item.len);
+}
+
+static void put_entries(zz_buf *b, const zz_flist *l)
+{
+    zz_put_u32(b, l->count);
+    for (uint32_t i = 0; i < l->count; i++) {
+        zz_entry e;
+        zz_entry_at(l, i, &e);
+        zz_put_entry(b, &e);
+    }
+}
+
+/* Returns the start offset of the re-encoded message in b, like the zz_enc_* helpers. */
+size_t zz_reencode(zz_buf *b, const zz_msg *m)
+{
+    size_t s;
+    switch (m->type) {
+    case ZZ_REQUEST:
+        s = zz_enc_request(b, m->service, m->sender, m->u.request.timestamp, m->u.request.flags,
+                           m->u.request.op.p, m->u.request.op.len);
+        break;
+    case ZZ_REPLY:
+        s = zz_enc_reply(b, m->service, m->sender, m->u.reply.view, m->u.reply.timestamp,
+                         m->u.reply.client, m->u.reply.flags, m->u.reply.result.p,
+                         m->u.reply.result.len);
+        break;
+    case ZZ_PRE_PREPARE: {
+        const zz_pre_prepare *q = &m->u.pre_prepare;
+        s = zz_begin(b, ZZ_PRE_PREPARE, m->auth_kind, m->service, m->sender);
+        zz_put_u32(b, q->view);
+        zz_put_u64(b, q->seq);
+        zz_put_u64(b, q->nd_time);
+        zz_put_u64(b, q->nd_seed);
+        put_blist(b, &q->requests);
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_PREPARE:
+    case ZZ_COMMIT:
+        s = zz_enc_phase(b, m->type, m->service, m->sender, m->u.phase.view, m->u.phase.seq,
+                         m->u.phase.digest);
+        break;
+    case ZZ_CHECKPOINT:
+        s = zz_enc_checkpoint(b, m->service, m->sender, m->u.checkpoint.seq, m->u.checkpoint.state);
+        break;
+    case ZZ_VIEW_CHANGE: {
+        const zz_view_change *q = &m->u.view_change;
+        s = zz_begin(b, ZZ_VIEW_CHANGE, m->auth_kind, m->service, m->sender);
+        zz_put_u32(b, q->new_view);
+        zz_put_u64(b, q->stable_seq);
+        put_blist(b, &q->proof);
+        put_entries(b, &q->prepared);
+        put_entries(b, &q->preprepared);
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_NEW_VIEW: {
+        const zz_new_view *q = &m->u.new_view;
+        s = zz_begin(b, ZZ_NEW_VIEW, m->auth_kind, m->service, m->sender);
+        zz_put_u32(b, q->view);
+        put_blist(b, &q->view_changes);
+        zz_put_u64(b, q->min_s);
+        zz_put_u32(b, q->chosen.count);
+        for (uint32_t i = 0; i < q->chosen.count; i++) {
+            zz_choice c;
+            zz_choice_at(&q->chosen, i, &c);
+            zz_put_choice(b, &c);
+        }
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_FETCH:
+        s = zz_enc_fetch(b, m->service, m->sender, m->u.fetch.kind, m->u.fetch.seq,
+                         m->u.fetch.digest);
+        break;
+    case ZZ_FETCH_REPLY:
+        s = zz_enc_fetch_reply(b, m->service, m->sender, m->u.fetch_reply.kind,
+                               m->u.fetch_reply.seq, m->u.fetch_reply.digest,
+                               m->u.fetch_reply.data.p, m->u.fetch_reply.data.len);
+        break;
+    case ZZ_STATUS:
+        s = zz_enc_status(b, m->service, m->sender, m->u.status.view, m->u.status.last_exec,
+                          m->u.status.stable_seq);
+        break;
+    default:
+        return b->len;
+    }
+    /* The encoders pick the auth kind of the type; a decoded message already had it. */
+    zz_put_raw(b, m->auth, m->auth_len);
+    return s;
+}
