@@ -1,0 +1,432 @@
+/* checkpoint.c - checkpoints every CP sequence numbers, stability with 2g+1 signed
+ * CHECKPOINTs, garbage collection of the log below the stable one, and state transfer
+ * for a replica that fell behind (or diverged): fetch the certified state from a signer. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "replica.h"
+
+void zz_encode_state(zz_replica *r, zz_buf *b)
+{
+    zz_buf_reset(b);
+    zz_put_u64(b, r->last_exec);
+    zz_put_raw(b, r->app, ZZ_DIGEST_LEN);
+    size_t count_at = b->len;
+    zz_put_u32(b, 0);
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < r->conf->nkeys; i++) { /* keys are sorted by principal id */
+        const zz_client *c = &r->clients[i];
+        if (c->last_t == 0)
+            continue;
+        zz_put_u32(b, r->conf->keys[i].id);
+        zz_put_u64(b, c->last_t);
+        zz_put_bytes(b, c->result, c->result_len);
+        count++;
+    }
+    if (!b->oom)
+        for (int i = 0; i < 4; i++)
+            b->p[count_at + (size_t)i] = (uint8_t)(count >> (24 - 8 * i));
+}
+
+static void ckpt_clear(zz_replica *r, zz_ckpt *k)
+{
+    for (uint32_t i = 0; i < r->n; i++) {
+        free(k->raw[i]);
+        k->raw[i] = NULL;
+        k->raw_len[i] = 0;
+    }
+    memset(k->dig, 0, (size_t)r->n * ZZ_DIGEST_LEN);
+    free(k->state);
+    k->state = NULL;
+    k->state_len = 0;
+    k->have_own = 0;
+    k->seq = 0;
+}
+
+void zz_free_ckpts(zz_replica *r)
+{
+    for (int i = 0; i < ZZ_CKPT_RECORDS; i++)
+        if (r->ckpts[i].raw)
+            ckpt_clear(r, &r->ckpts[i]);
+}
+
+static uint32_t ckpt_votes(const zz_replica *r, const zz_ckpt *k)
+{
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < r->n; i++)
+        c += k->raw[i] != NULL;
+    return c;
+}
+
+/* Find the record for seq, or make one: reuse records at or below the stable point
+ * first, then the one with the fewest votes (a faulty replica can only fill records
+ * nobody else confirms). */
+static zz_ckpt *ckpt_get(zz_replica *r, uint64_t seq)
+{
+    zz_ckpt *victim = NULL;
+    for (int i = 0; i < ZZ_CKPT_RECORDS; i++) {
+        zz_ckpt *k = &r->ckpts[i];
+        if (k->seq == seq)
+            return k;
+    }
+    for (int i = 0; i < ZZ_CKPT_RECORDS && !victim; i++) {
+        zz_ckpt *k = &r->ckpts[i];
+        if (k->seq == 0 || k->seq < r->stable)
+            victim = k;
+    }
+    for (int i = 0; i < ZZ_CKPT_RECORDS && !victim; i++) {
+        zz_ckpt *k = &r->ckpts[i];
+        if (k->seq == r->stable)
+            continue;
+        if (!victim || ckpt_votes(r, k) < ckpt_votes(r, victim))
+            victim = k;
+    }
+    if (!victim)
+        return NULL;
+    ckpt_clear(r, victim);
+    victim->seq = seq;
+    return victim;
+}
+
+/* The digest backed by 2g+1 votes in k, or NULL; fills which[] with the voters. */
+static const uint8_t *certified(const zz_replica *r, const zz_ckpt *k, uint8_t *which)
+{
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (!k->raw[i])
+            continue;
+        uint32_t c = 0;
+        for (uint32_t j = 0; j < r->n; j++) {
+            which[j] = k->raw[j] && memcmp(k->dig[j], k->dig[i], ZZ_DIGEST_LEN) == 0;
+            c += which[j];
+        }
+        if (c >= 2 * r->g + 1)
+            return k->dig[i];
+    }
+    return NULL;
+}
+
+static void release_slots(zz_replica *r)
+{
+    for (uint32_t i = 0; i < r->L; i++) {
+        zz_slot *s = &r->slots[i];
+        if (s->seq && s->seq <= r->stable) {
+            free(s->batch);
+            free(s->pp_raw);
+            s->batch = s->pp_raw = NULL;
+            s->batch_len = s->pp_raw_len = 0;
+            s->seq = 0;
+        }
+    }
+}
+
+static void make_stable(zz_replica *r, zz_ckpt *k, const uint8_t *dig, const uint8_t *which)
+{
+    for (uint32_t i = 0; i < r->n; i++) {
+        free(r->stable_proof[i]);
+        r->stable_proof[i] = NULL;
+        r->stable_proof_len[i] = 0;
+    }
+    uint32_t np = 0;
+    for (uint32_t i = 0; i < r->n && np < 2 * r->g + 1; i++) {
+        if (!which[i])
+            continue;
+        r->stable_proof[np] = zz_memdup(k->raw[i], k->raw_len[i]);
+        r->stable_proof_len[np] = r->stable_proof[np] ? k->raw_len[i] : 0;
+        np++;
+    }
+    r->stable_proof_n = np;
+    r->stable = k->seq;
+    memcpy(r->stable_dig, dig, ZZ_DIGEST_LEN);
+    r->st.stable_advances++;
+    if (r->ahead_seq <= r->stable)
+        r->ahead_seq = 0;
+    for (int i = 0; i < ZZ_CKPT_RECORDS; i++)
+        if (r->ckpts[i].seq && r->ckpts[i].seq < r->stable)
+            ckpt_clear(r, &r->ckpts[i]);
+    release_slots(r);
+}
+
+static void send_fetch_state(zz_replica *r)
+{
+    zz_buf *b = &r->out;
+    zz_buf_reset(b);
+    size_t st = zz_enc_fetch(b, r->conf->service, r->id, ZZ_FETCH_STATE, r->transfer_seq,
+                             r->transfer_dig);
+    zz_end_body(b, st);
+    zz_bcast_mac(r, b, st);
+    r->transfer_sent_ms = zz_now_ms(r);
+    r->st.fetches_sent++;
+}
+
+void zz_start_transfer(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN])
+{
+    if (r->transfer_seq >= seq)
+        return;
+    r->transfer_seq = seq;
+    memcpy(r->transfer_dig, dig, ZZ_DIGEST_LEN);
+    send_fetch_state(r);
+}
+
+static void check_stable(zz_replica *r, zz_ckpt *k)
+{
+    uint8_t which[ZZ_MAX_REPLICAS];
+    const uint8_t *dig = certified(r, k, which);
+    if (!dig || k->seq <= r->stable)
+        return;
+    if (k->have_own && memcmp(k->own_dig, dig, ZZ_DIGEST_LEN) == 0) {
+        make_stable(r, k, dig, which);
+        zz_try_propose(r);
+        zz_try_execute(r);
+    } else if (k->have_own) {
+        zz_start_transfer(r, k->seq, dig); /* our state diverged from the certified one */
+    } else if (k->seq > r->last_exec && (!r->ahead_seq || k->seq > r->ahead_seq)) {
+        /* Behind: give normal execution a moment to get there before fetching state. */
+        r->ahead_seq = k->seq;
+        r->ahead_since_ms = zz_now_ms(r);
+    }
+}
+
+void zz_take_checkpoint(zz_replica *r)
+{
+    zz_ckpt *k = ckpt_get(r, r->last_exec);
+    if (!k)
+        return;
+    zz_buf *sb = &r->out2;
+    zz_encode_state(r, sb);
+    if (sb->oom)
+        return;
+    free(k->state);
+    k->state = zz_memdup(sb->p, sb->len);
+    k->state_len = k->state ? (uint32_t)sb->len : 0;
+    zz_sha256(sb->p, sb->len, k->own_dig);
+    k->have_own = k->state != NULL;
+    zz_buf *b = &r->out;
+    zz_buf_reset(b);
+    size_t st = zz_enc_checkpoint(b, r->conf->service, r->id, r->last_exec, k->own_dig);
+    zz_end_body(b, st);
+    zz_bcast_signed(r, b, st);
+    if (!b->oom && b->len > st) {
+        free(k->raw[r->id]);
+        k->raw[r->id] = zz_memdup(b->p + st, b->len - st);
+        k->raw_len[r->id] = k->raw[r->id] ? (uint32_t)(b->len - st) : 0;
+        memcpy(k->dig[r->id], k->own_dig, ZZ_DIGEST_LEN);
+    }
+    r->st.checkpoints++;
+    check_stable(r, k);
+}
+
+void zz_on_checkpoint(zz_replica *r, const zz_msg *m)
+{
+    const zz_checkpoint *c = &m->u.checkpoint;
+    if (c->seq <= r->stable)
+        return;
+    if (c->seq % r->conf->checkpoint_interval != 0) {
+        r->st.dropped[ZZ_DROP_FIELD]++;
+        return;
+    }
+    zz_ckpt *k = ckpt_get(r, c->seq);
+    if (!k)
+        return;
+    if (k->raw[m->sender] && memcmp(k->dig[m->sender], c->state, ZZ_DIGEST_LEN) == 0)
+        return; /* duplicate */
+    uint8_t *copy = zz_memdup(m->raw, m->raw_len);
+    if (!copy)
+        return;
+    free(k->raw[m->sender]);
+    k->raw[m->sender] = copy;
+    k->raw_len[m->sender] = m->raw_len;
+    memcpy(k->dig[m->sender], c->state, ZZ_DIGEST_LEN);
+    check_stable(r, k);
+}
+
+int zz_verify_ckpt_proof(zz_replica *r, const zz_blist *proof, uint64_t seq,
+                         uint8_t digest_out[ZZ_DIGEST_LEN])
+{
+    uint8_t seen[ZZ_MAX_REPLICAS] = {0};
+    uint32_t good = 0;
+    zz_blist_iter it;
+    zz_bytes item;
+    zz_blist_begin(proof, &it);
+    while (zz_blist_next(&it, &item)) {
+        zz_msg m;
+        if (zz_decode(item.p, item.len, &m) != ZZ_OK || m.type != ZZ_CHECKPOINT ||
+            m.service != r->conf->service || m.sender >= r->n || seen[m.sender] ||
+            m.u.checkpoint.seq != seq)
+            return 0;
+        const zz_pubkey *pk = zz_pub_for(r, m.sender);
+        if (!pk || !zz_verify_sig(&m, pk))
+            return 0;
+        if (good == 0)
+            memcpy(digest_out, m.u.checkpoint.state, ZZ_DIGEST_LEN);
+        else if (memcmp(digest_out, m.u.checkpoint.state, ZZ_DIGEST_LEN) != 0)
+            return 0;
+        seen[m.sender] = 1;
+        good++;
+    }
+    return good >= 2 * r->g + 1;
+}
+
+void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
+{
+    (void)conn;
+    const zz_fetch *f = &m->u.fetch;
+    zz_buf *b = &r->out;
+    zz_buf_reset(b);
+    size_t st;
+    if (f->kind == ZZ_FETCH_BATCH) {
+        if (!zz_in_window(r, f->seq))
+            return;
+        zz_slot *s = &r->slots[f->seq % r->L];
+        if (s->seq != f->seq || !s->batch || memcmp(s->digest, f->digest, ZZ_DIGEST_LEN) != 0)
+            return;
+        st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind, f->seq, f->digest,
+                                s->batch, s->batch_len);
+    } else if (f->kind == ZZ_FETCH_STATE) {
+        const zz_ckpt *k = NULL;
+        for (int i = 0; i < ZZ_CKPT_RECORDS && !k; i++)
+            if (r->ckpts[i].seq == f->seq && r->ckpts[i].have_own && r->ckpts[i].state &&
+                memcmp(r->ckpts[i].own_dig, f->digest, ZZ_DIGEST_LEN) == 0)
+                k = &r->ckpts[i];
+        if (!k)
+            return;
+        st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind, f->seq, f->digest,
+                                k->state, k->state_len);
+    } else {
+        /* ZZ_FETCH_LOG is served to execution replicas (a later issue). */
+        r->st.dropped[ZZ_DROP_FIELD]++;
+        return;
+    }
+    zz_end_body(b, st);
+    zz_send_mac(r, m->sender, b, st);
+    r->st.fetches_served++;
+}
+
+/* Install a fetched, digest-checked state encoding as our state at `seq`. */
+static int install_state(zz_replica *r, const uint8_t *p, uint32_t len)
+{
+    if (len < 8 + ZZ_DIGEST_LEN + 4)
+        return -1;
+    uint32_t off = 8;
+    uint8_t app[ZZ_DIGEST_LEN];
+    memcpy(app, p + off, ZZ_DIGEST_LEN);
+    off += ZZ_DIGEST_LEN;
+    uint32_t count = (uint32_t)p[off] << 24 | (uint32_t)p[off + 1] << 16 |
+                     (uint32_t)p[off + 2] << 8 | p[off + 3];
+    off += 4;
+    /* First pass validates the whole encoding, second applies it: nothing half-done. */
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t o = off;
+        if (pass == 1)
+            for (uint32_t i = 0; i < r->conf->nkeys; i++) {
+                zz_client *c = &r->clients[i];
+                free(c->result);
+                c->result = NULL;
+                c->result_len = 0;
+                c->last_t = 0;
+            }
+        for (uint32_t e = 0; e < count; e++) {
+            if (len - o < 4 + 8 + 4)
+                return -1;
+            uint32_t client = (uint32_t)p[o] << 24 | (uint32_t)p[o + 1] << 16 |
+                              (uint32_t)p[o + 2] << 8 | p[o + 3];
+            uint64_t t = 0;
+            for (int i = 0; i < 8; i++)
+                t = t << 8 | p[o + 4 + (uint32_t)i];
+            uint32_t rl = (uint32_t)p[o + 12] << 24 | (uint32_t)p[o + 13] << 16 |
+                          (uint32_t)p[o + 14] << 8 | p[o + 15];
+            o += 16;
+            if (rl > len - o)
+                return -1;
+            int ci = zz_client_index(r, client);
+            if (ci < 0)
+                return -1;
+            if (pass == 1) {
+                zz_client *c = &r->clients[ci];
+                c->last_t = t;
+                c->result = zz_memdup(p + o, rl);
+                c->result_len = c->result ? rl : 0;
+                if (c->pend_t <= t) {
+                    free(c->pend_raw);
+                    c->pend_raw = NULL;
+                }
+            }
+            o += rl;
+        }
+        if (o != len)
+            return -1;
+    }
+    memcpy(r->app, app, ZZ_DIGEST_LEN);
+    return 0;
+}
+
+void zz_on_fetch_reply(zz_replica *r, const zz_msg *m)
+{
+    const zz_fetch_reply *f = &m->u.fetch_reply;
+    if (f->kind == ZZ_FETCH_BATCH) {
+        if (!zz_in_window(r, f->seq))
+            return;
+        zz_slot *s = &r->slots[f->seq % r->L];
+        if (s->seq != f->seq || !s->has_pp || s->batch ||
+            memcmp(s->digest, f->digest, ZZ_DIGEST_LEN) != 0)
+            return;
+        if (zz_slot_set_batch(r, s, f->data.p, f->data.len) == 0)
+            zz_try_execute(r);
+        return;
+    }
+    if (f->kind != ZZ_FETCH_STATE || !r->transfer_seq || f->seq != r->transfer_seq ||
+        memcmp(f->digest, r->transfer_dig, ZZ_DIGEST_LEN) != 0)
+        return;
+    uint8_t d[ZZ_DIGEST_LEN];
+    zz_sha256(f->data.p, f->data.len, d);
+    if (memcmp(d, r->transfer_dig, ZZ_DIGEST_LEN) != 0 ||
+        install_state(r, f->data.p, f->data.len) != 0) {
+        r->st.dropped[ZZ_DROP_FIELD]++; /* a faulty peer's state: wait for another */
+        return;
+    }
+    uint64_t seq = f->seq;
+    r->last_exec = seq;
+    if (r->next_seq < seq)
+        r->next_seq = seq;
+    r->transfer_seq = 0;
+    r->st.state_transfers++;
+    zz_ckpt *k = ckpt_get(r, seq);
+    if (k) {
+        free(k->state);
+        k->state = zz_memdup(f->data.p, f->data.len);
+        k->state_len = k->state ? f->data.len : 0;
+        memcpy(k->own_dig, d, ZZ_DIGEST_LEN);
+        k->have_own = k->state != NULL;
+        check_stable(r, k);
+    }
+    /* Slots at or below seq are history now. */
+    for (uint32_t i = 0; i < r->L; i++)
+        if (r->slots[i].seq && r->slots[i].seq <= seq)
+            r->slots[i].committed = 0;
+    zz_try_execute(r);
+    zz_try_propose(r);
+}
+
+/* Called from the status tick: retry a state transfer, or start one if a stable
+ * checkpoint ahead of us has not been reached by normal execution. */
+void zz_ckpt_tick(zz_replica *r)
+{
+    uint64_t now = zz_now_ms(r);
+    if (r->transfer_seq) {
+        if (now - r->transfer_sent_ms > 300)
+            send_fetch_state(r);
+        return;
+    }
+    if (r->ahead_seq && r->ahead_seq > r->last_exec &&
+        now - r->ahead_since_ms > 2 * (uint64_t)r->conf->status_interval_ms) {
+        for (int i = 0; i < ZZ_CKPT_RECORDS; i++) {
+            zz_ckpt *k = &r->ckpts[i];
+            uint8_t which[ZZ_MAX_REPLICAS];
+            const uint8_t *dig;
+            if (k->seq == r->ahead_seq && (dig = certified(r, k, which)) != NULL) {
+                zz_start_transfer(r, k->seq, dig);
+                return;
+            }
+        }
+        r->ahead_seq = 0;
+    }
+}

@@ -1,0 +1,220 @@
+/* normal.c - the PBFT normal case: PRE-PREPARE, PREPARE, COMMIT (Castro & Liskov §4.2).
+ * A slot is prepared with the pre-prepare plus 2g matching PREPAREs from backups, and
+ * committed-local once prepared with 2g+1 matching COMMITs; execution follows in order. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "replica.h"
+
+static const uint8_t null_digest[ZZ_DIGEST_LEN];
+
+void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq)
+{
+    free(s->batch);
+    free(s->pp_raw);
+    s->batch = NULL;
+    s->pp_raw = NULL;
+    s->batch_len = s->pp_raw_len = 0;
+    s->seq = seq;
+    s->view = 0;
+    s->has_pp = s->is_null = 0;
+    s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
+    s->has_p = s->has_q = 0;
+    s->fetch_sent_ms = 0;
+    s->pp_time_ms = 0;
+    for (uint32_t i = 0; i < r->n; i++)
+        s->prep_view[i] = s->commit_view[i] = UINT32_MAX;
+}
+
+int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t len)
+{
+    (void)r;
+    uint8_t d[ZZ_DIGEST_LEN];
+    zz_sha256(batch, len, d);
+    if (memcmp(d, s->digest, ZZ_DIGEST_LEN) != 0)
+        return -1;
+    uint8_t *copy = zz_memdup(batch, len);
+    if (!copy)
+        return -1;
+    free(s->batch);
+    s->batch = copy;
+    s->batch_len = len;
+    return 0;
+}
+
+static void send_phase(zz_replica *r, zz_slot *s, uint8_t type)
+{
+    zz_buf *b = &r->out;
+    zz_buf_reset(b);
+    size_t st = zz_enc_phase(b, type, r->conf->service, r->id, s->view, s->seq, s->digest);
+    zz_end_body(b, st);
+    zz_bcast_mac(r, b, st);
+}
+
+void zz_accept_proposal(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,
+                        const uint8_t *batch, uint32_t batch_len)
+{
+    int same_digest = s->batch && memcmp(s->digest, digest, ZZ_DIGEST_LEN) == 0;
+    if (!same_digest && s->batch) {
+        free(s->batch);
+        s->batch = NULL;
+        s->batch_len = 0;
+    }
+    if (s->pp_raw) {
+        free(s->pp_raw);
+        s->pp_raw = NULL;
+        s->pp_raw_len = 0;
+    }
+    memcpy(s->digest, digest, ZZ_DIGEST_LEN);
+    s->view = view;
+    s->has_pp = 1;
+    s->is_null = memcmp(digest, null_digest, ZZ_DIGEST_LEN) == 0;
+    s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
+    s->has_q = 1;
+    s->q_view = view;
+    memcpy(s->q_dig, digest, ZZ_DIGEST_LEN);
+    s->pp_time_ms = zz_now_ms(r);
+    if (batch && !s->batch)
+        zz_slot_set_batch(r, s, batch, batch_len);
+    if (zz_primary(r, view) != r->id) {
+        s->prep_view[r->id] = view;
+        memcpy(s->prep_dig[r->id], digest, ZZ_DIGEST_LEN);
+        s->sent_prepare = 1;
+        send_phase(r, s, ZZ_PREPARE);
+    }
+    zz_check_slot(r, s);
+}
+
+/* Backups check what the primary proposes: every request authentic for us, and the
+ * proposed time close to our clock (the non-deterministic inputs of §3 step 2).
+ * Known limit (PBFT's, cf. Aardvark): a client can make its MAC good for the primary
+ * and bad for us, which costs a view change; signatures on requests would close it. */
+static int batch_ok(zz_replica *r, const zz_bytes *batch)
+{
+    uint64_t nd_time, nd_seed;
+    zz_blist reqs;
+    if (zz_decode_batch(batch->p, batch->len, &nd_time, &nd_seed, &reqs) != ZZ_OK)
+        return 0;
+    uint64_t now = zz_wall_ms();
+    uint64_t tol = r->conf->time_tolerance_ms;
+    if (nd_time + tol < now || nd_time > now + tol)
+        return 0;
+    zz_blist_iter it;
+    zz_bytes item;
+    zz_blist_begin(&reqs, &it);
+    while (zz_blist_next(&it, &item)) {
+        zz_msg m;
+        if (zz_decode(item.p, item.len, &m) != ZZ_OK || m.type != ZZ_REQUEST ||
+            m.service != r->conf->service || (m.u.request.flags & ZZ_REQ_READONLY))
+            return 0;
+        if (zz_client_index(r, m.sender) < 0 ||
+            !zz_verify_mac(&m, r->id, zz_mac_for(r, m.sender)))
+            return 0;
+    }
+    return 1;
+}
+
+void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
+{
+    const zz_pre_prepare *pp = &m->u.pre_prepare;
+    if (r->in_vc || pp->view != r->view) {
+        r->st.dropped[ZZ_DROP_VIEW]++;
+        return;
+    }
+    if (m->sender != zz_primary(r, pp->view)) {
+        r->st.dropped[ZZ_DROP_SENDER]++;
+        return;
+    }
+    zz_slot *s = zz_slot_get(r, pp->seq);
+    if (!s) {
+        r->st.dropped[ZZ_DROP_WINDOW]++;
+        return;
+    }
+    if (pp->seq <= r->last_exec)
+        return;
+    uint8_t d[ZZ_DIGEST_LEN];
+    zz_sha256(pp->batch.p, pp->batch.len, d);
+    if (s->has_pp && s->view == pp->view) {
+        if (memcmp(d, s->digest, ZZ_DIGEST_LEN) != 0)
+            r->st.dropped[ZZ_DROP_BADPP]++; /* equivocation: keep the first */
+        else if (!s->batch)
+            zz_slot_set_batch(r, s, pp->batch.p, pp->batch.len);
+        return;
+    }
+    if (!batch_ok(r, &pp->batch)) {
+        r->st.dropped[ZZ_DROP_BADPP]++;
+        return;
+    }
+    zz_accept_proposal(r, s, pp->view, d, pp->batch.p, pp->batch.len);
+    if (s->seq == pp->seq && !s->pp_raw) {
+        s->pp_raw = zz_memdup(m->raw, m->raw_len);
+        s->pp_raw_len = s->pp_raw ? m->raw_len : 0;
+    }
+}
+
+void zz_on_phase(zz_replica *r, const zz_msg *m)
+{
+    const zz_phase *ph = &m->u.phase;
+    if (ph->view < r->view) {
+        r->st.dropped[ZZ_DROP_VIEW]++;
+        return;
+    }
+    zz_slot *s = zz_slot_get(r, ph->seq);
+    if (!s) {
+        r->st.dropped[ZZ_DROP_WINDOW]++;
+        return;
+    }
+    /* Votes for a later view are kept: they count once we enter that view. */
+    if (m->type == ZZ_PREPARE) {
+        if (m->sender == zz_primary(r, ph->view)) {
+            r->st.dropped[ZZ_DROP_SENDER]++;
+            return;
+        }
+        if (s->prep_view[m->sender] != UINT32_MAX && s->prep_view[m->sender] > ph->view)
+            return;
+        s->prep_view[m->sender] = ph->view;
+        memcpy(s->prep_dig[m->sender], ph->digest, ZZ_DIGEST_LEN);
+    } else {
+        if (s->commit_view[m->sender] != UINT32_MAX && s->commit_view[m->sender] > ph->view)
+            return;
+        s->commit_view[m->sender] = ph->view;
+        memcpy(s->commit_dig[m->sender], ph->digest, ZZ_DIGEST_LEN);
+    }
+    zz_check_slot(r, s);
+}
+
+static uint32_t count_votes(const zz_replica *r, const zz_slot *s, const uint32_t *views,
+                            uint8_t (*digs)[ZZ_DIGEST_LEN], uint32_t skip)
+{
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < r->n; i++)
+        if (i != skip && views[i] == s->view && memcmp(digs[i], s->digest, ZZ_DIGEST_LEN) == 0)
+            c++;
+    return c;
+}
+
+void zz_check_slot(zz_replica *r, zz_slot *s)
+{
+    if (!s->has_pp || s->view != r->view || r->in_vc)
+        return;
+    if (!s->prepared) {
+        uint32_t p = count_votes(r, s, s->prep_view, s->prep_dig, zz_primary(r, s->view));
+        if (p < 2 * r->g)
+            return;
+        s->prepared = 1;
+        s->has_p = 1;
+        s->p_view = s->view;
+        memcpy(s->p_dig, s->digest, ZZ_DIGEST_LEN);
+        s->commit_view[r->id] = s->view;
+        memcpy(s->commit_dig[r->id], s->digest, ZZ_DIGEST_LEN);
+        s->sent_commit = 1;
+        send_phase(r, s, ZZ_COMMIT);
+    }
+    if (!s->committed) {
+        if (count_votes(r, s, s->commit_view, s->commit_dig, UINT32_MAX) < 2 * r->g + 1)
+            return;
+        s->committed = 1;
+    }
+    if (s->seq == r->last_exec + 1)
+        zz_try_execute(r);
+}

@@ -1,0 +1,394 @@
+/* replica.c - zz-agreed's replica: set-up, message intake (decode, authenticate, dispatch)
+ * and the send helpers every protocol step uses. Nothing reaches a step unauthenticated. */
+#include "replica.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+uint8_t *zz_memdup(const void *p, size_t n)
+{
+    uint8_t *q = malloc(n ? n : 1);
+    if (q && n)
+        memcpy(q, p, n);
+    return q;
+}
+
+uint64_t zz_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t zz_now_ms(const zz_replica *r) { return zz_net_now_ms(r->net); }
+
+uint64_t zz_rand(zz_replica *r)
+{
+    /* xorshift64*: only for nd_seed proposals and backoff jitter, not for keys */
+    uint64_t x = r->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    r->rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+uint32_t zz_primary(const zz_replica *r, uint32_t view) { return view % r->n; }
+int zz_is_primary(const zz_replica *r) { return zz_primary(r, r->view) == r->id; }
+
+int zz_in_window(const zz_replica *r, uint64_t seq)
+{
+    return seq > r->stable && seq <= r->stable + r->L;
+}
+
+zz_slot *zz_slot_get(zz_replica *r, uint64_t seq)
+{
+    if (!zz_in_window(r, seq))
+        return NULL;
+    zz_slot *s = &r->slots[seq % r->L];
+    if (s->seq != seq)
+        zz_slot_reset(r, s, seq);
+    return s;
+}
+
+const zz_mackey *zz_mac_for(const zz_replica *r, uint32_t principal)
+{
+    const zz_peer_key *k = zz_conf_key(r->conf, principal);
+    return k ? k->mac : NULL;
+}
+
+const zz_pubkey *zz_pub_for(const zz_replica *r, uint32_t principal)
+{
+    const zz_peer_key *k = zz_conf_key(r->conf, principal);
+    return k ? k->pub : NULL;
+}
+
+int zz_client_index(const zz_replica *r, uint32_t principal)
+{
+    if (principal < ZZ_PRINCIPAL_CLIENT || principal >= ZZ_PRINCIPAL_HOST)
+        return -1;
+    const zz_peer_key *k = zz_conf_key(r->conf, principal);
+    if (!k || !k->mac)
+        return -1;
+    return (int)(k - r->conf->keys);
+}
+
+static void *xcalloc(size_t n, size_t sz, int *fail)
+{
+    void *p = calloc(n ? n : 1, sz);
+    if (!p)
+        *fail = 1;
+    return p;
+}
+
+int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
+{
+    memset(r, 0, sizeof *r);
+    r->conf = c;
+    r->n = 3 * c->g + 1;
+    r->g = c->g;
+    r->id = c->id;
+    r->L = c->log_window;
+    int fail = 0;
+    r->slots = xcalloc(r->L, sizeof(zz_slot), &fail);
+    for (uint32_t i = 0; i < r->L && !fail; i++) {
+        zz_slot *s = &r->slots[i];
+        s->prep_view = xcalloc(r->n, sizeof(uint32_t), &fail);
+        s->commit_view = xcalloc(r->n, sizeof(uint32_t), &fail);
+        s->prep_dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
+        s->commit_dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
+    }
+    for (int i = 0; i < ZZ_CKPT_RECORDS && !fail; i++) {
+        r->ckpts[i].dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
+        r->ckpts[i].raw = xcalloc(r->n, sizeof(uint8_t *), &fail);
+        r->ckpts[i].raw_len = xcalloc(r->n, sizeof(uint32_t), &fail);
+    }
+    r->vc_raw = xcalloc(r->n, sizeof(uint8_t *), &fail);
+    r->vc_len = xcalloc(r->n, sizeof(uint32_t), &fail);
+    r->vc_view = xcalloc(r->n, sizeof(uint32_t), &fail);
+    r->stable_proof = xcalloc(r->n, sizeof(uint8_t *), &fail);
+    r->stable_proof_len = xcalloc(r->n, sizeof(uint32_t), &fail);
+    r->clients = xcalloc(c->nkeys, sizeof(zz_client), &fail);
+    r->queue = xcalloc(c->nkeys, sizeof(uint32_t), &fail);
+    if (fail) {
+        snprintf(err, errcap, "out of memory allocating the replica (L=%u n=%u)", r->L, r->n);
+        return -1;
+    }
+    for (uint32_t i = 0; i < r->L; i++)
+        r->slots[i].seq = 0;
+    if (getrandom(&r->rng, sizeof r->rng, 0) != sizeof r->rng || r->rng == 0)
+        r->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)c->id;
+    zz_buf_init(&r->out);
+    zz_buf_init(&r->out2);
+    zz_buf_init(&r->rbuf);
+    r->net = zz_net_new(c, r, zz_replica_on_frame, zz_replica_on_close, err, errcap);
+    if (!r->net)
+        return -1;
+    r->last_progress_ms = zz_now_ms(r);
+    return 0;
+}
+
+void zz_replica_free(zz_replica *r)
+{
+    for (uint32_t i = 0; r->slots && i < r->L; i++) {
+        zz_slot *s = &r->slots[i];
+        free(s->batch);
+        free(s->pp_raw);
+        free(s->prep_view);
+        free(s->commit_view);
+        free(s->prep_dig);
+        free(s->commit_dig);
+    }
+    free(r->slots);
+    zz_free_ckpts(r);
+    for (int i = 0; i < ZZ_CKPT_RECORDS; i++) {
+        free(r->ckpts[i].dig);
+        free(r->ckpts[i].raw);
+        free(r->ckpts[i].raw_len);
+    }
+    for (uint32_t i = 0; r->vc_raw && i < r->n; i++)
+        free(r->vc_raw[i]);
+    for (uint32_t i = 0; r->stable_proof && i < r->n; i++)
+        free(r->stable_proof[i]);
+    free(r->vc_raw);
+    free(r->vc_len);
+    free(r->vc_view);
+    free(r->nv_raw);
+    free(r->stable_proof);
+    free(r->stable_proof_len);
+    for (uint32_t i = 0; r->clients && i < r->conf->nkeys; i++) {
+        free(r->clients[i].result);
+        free(r->clients[i].pend_raw);
+    }
+    free(r->clients);
+    free(r->queue);
+    zz_buf_free(&r->out);
+    zz_buf_free(&r->out2);
+    zz_buf_free(&r->rbuf);
+    if (r->net)
+        zz_net_free(r->net);
+}
+
+void zz_replica_on_close(void *ctx, zz_conn *conn)
+{
+    zz_replica *r = ctx;
+    for (uint32_t i = 0; i < r->conf->nkeys; i++)
+        if (r->clients[i].conn == conn)
+            r->clients[i].conn = NULL;
+}
+
+/* ---- sending ---- */
+
+void zz_bcast_mac(zz_replica *r, zz_buf *b, size_t start)
+{
+    uint32_t recv[ZZ_MAX_REPLICAS];
+    zz_mackey *keys[ZZ_MAX_REPLICAS];
+    uint16_t k = 0;
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (i == r->id)
+            continue;
+        const zz_mackey *mk = zz_mac_for(r, i);
+        if (!mk)
+            continue;
+        recv[k] = i;
+        keys[k++] = (zz_mackey *)mk;
+    }
+    zz_auth_mac(b, start, recv, keys, k);
+    if (b->oom || r->conf->byzantine == ZZ_BYZ_SILENT)
+        return;
+    zz_net_bcast(r->net, b->p + start, b->len - start);
+}
+
+void zz_send_mac(zz_replica *r, uint32_t to, zz_buf *b, size_t start)
+{
+    const zz_mackey *mk = zz_mac_for(r, to);
+    if (!mk)
+        return;
+    zz_mackey *k = (zz_mackey *)mk;
+    zz_auth_mac(b, start, &to, &k, 1);
+    if (b->oom || r->conf->byzantine == ZZ_BYZ_SILENT)
+        return;
+    zz_net_send_peer(r->net, to, b->p + start, b->len - start);
+}
+
+void zz_bcast_signed(zz_replica *r, zz_buf *b, size_t start)
+{
+    if (zz_auth_sign(b, start, r->conf->sign) != 0 || b->oom)
+        return;
+    if (r->conf->byzantine == ZZ_BYZ_SILENT)
+        return;
+    zz_net_bcast(r->net, b->p + start, b->len - start);
+}
+
+/* ---- intake ---- */
+
+static void drop(zz_replica *r, int why) { r->st.dropped[why]++; }
+
+/* Which principals may send which type, and with which authenticator check. */
+static int authenticate(zz_replica *r, const zz_msg *m)
+{
+    int from_replica = m->sender < r->n;
+    switch (m->type) {
+    case ZZ_REQUEST: {
+        int ci = zz_client_index(r, m->sender);
+        if (ci < 0)
+            return ZZ_DROP_SENDER;
+        return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
+    }
+    case ZZ_FETCH:
+        if (!from_replica || m->sender == r->id)
+            return ZZ_DROP_SENDER;
+        return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
+    case ZZ_PRE_PREPARE:
+    case ZZ_PREPARE:
+    case ZZ_COMMIT:
+    case ZZ_FETCH_REPLY:
+    case ZZ_STATUS:
+        if (!from_replica || m->sender == r->id)
+            return ZZ_DROP_SENDER;
+        return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
+    case ZZ_CHECKPOINT:
+    case ZZ_VIEW_CHANGE:
+    case ZZ_NEW_VIEW: {
+        if (!from_replica)
+            return ZZ_DROP_SENDER;
+        const zz_pubkey *pk = zz_pub_for(r, m->sender);
+        return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
+    }
+    default:
+        return ZZ_DROP_TYPE; /* REPLY and unknown: not for a replica */
+    }
+}
+
+void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t len)
+{
+    zz_replica *r = ctx;
+    zz_msg m;
+    enum zz_err e = zz_decode(buf, len, &m);
+    if (e != ZZ_OK) {
+        drop(r, (int)e);
+        return;
+    }
+    if (m.service != r->conf->service) {
+        drop(r, ZZ_DROP_SENDER);
+        return;
+    }
+    int why = authenticate(r, &m);
+    if (why) {
+        drop(r, why);
+        return;
+    }
+    switch (m.type) {
+    case ZZ_REQUEST:
+        zz_on_request(r, conn, &m);
+        break;
+    case ZZ_PRE_PREPARE:
+        zz_on_pre_prepare(r, &m);
+        break;
+    case ZZ_PREPARE:
+    case ZZ_COMMIT:
+        zz_on_phase(r, &m);
+        break;
+    case ZZ_CHECKPOINT:
+        zz_on_checkpoint(r, &m);
+        break;
+    case ZZ_VIEW_CHANGE:
+        zz_on_view_change(r, &m);
+        break;
+    case ZZ_NEW_VIEW:
+        zz_on_new_view(r, &m);
+        break;
+    case ZZ_FETCH:
+        zz_on_fetch(r, conn, &m);
+        break;
+    case ZZ_FETCH_REPLY:
+        zz_on_fetch_reply(r, &m);
+        break;
+    case ZZ_STATUS:
+        zz_on_status(r, &m);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- periodic work ---- */
+
+static void on_tick(void *ctx)
+{
+    zz_replica *r = ctx;
+    zz_status_tick(r);
+    zz_vc_tick(r);
+    zz_net_timer(r->net, r->conf->status_interval_ms, on_tick, r);
+}
+
+static void on_stats(void *ctx)
+{
+    zz_replica *r = ctx;
+    zz_write_stats(r);
+    zz_net_timer(r->net, 1000, on_stats, r);
+}
+
+void zz_replica_start_timers(zz_replica *r)
+{
+    zz_net_timer(r->net, r->conf->status_interval_ms, on_tick, r);
+    zz_net_timer(r->net, 1000, on_stats, r);
+}
+
+static const char *drop_names[ZZ_DROP_N] = {
+    "", "short", "magic", "version", "type", "length", "auth", "field",
+    "sender", "window", "view", "bad_preprepare", "bad_viewchange",
+};
+
+void zz_write_stats(zz_replica *r)
+{
+    if (!r->conf->stats_file[0])
+        return;
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", r->conf->stats_file);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    const zz_net_stats *ns = zz_net_get_stats(r->net);
+    uint64_t total = 0;
+    fprintf(f, "{\"id\": %u, \"view\": %u, \"in_view_change\": %d, \"last_exec\": %llu, "
+               "\"stable_seq\": %llu, \"executed\": %llu, \"null_executed\": %llu, "
+               "\"batches_executed\": %llu, \"batches_proposed\": %llu, "
+               "\"requests_in\": %llu, \"requests_dup\": %llu, \"requests_readonly\": %llu, "
+               "\"checkpoints\": %llu, \"stable_advances\": %llu, \"state_transfers\": %llu, "
+               "\"view_changes\": %llu, \"new_views\": %llu, \"fetches_sent\": %llu, "
+               "\"fetches_served\": %llu, \"retransmits\": %llu, \"app_digest\": \"",
+            r->id, r->view, r->in_vc, (unsigned long long)r->last_exec,
+            (unsigned long long)r->stable, (unsigned long long)r->st.executed,
+            (unsigned long long)r->st.null_executed, (unsigned long long)r->st.batches_executed,
+            (unsigned long long)r->st.batches_proposed, (unsigned long long)r->st.requests_in,
+            (unsigned long long)r->st.requests_dup, (unsigned long long)r->st.requests_readonly,
+            (unsigned long long)r->st.checkpoints, (unsigned long long)r->st.stable_advances,
+            (unsigned long long)r->st.state_transfers, (unsigned long long)r->st.view_changes,
+            (unsigned long long)r->st.new_views, (unsigned long long)r->st.fetches_sent,
+            (unsigned long long)r->st.fetches_served, (unsigned long long)r->st.retransmits);
+    for (int i = 0; i < ZZ_DIGEST_LEN; i++)
+        fprintf(f, "%02x", r->app[i]);
+    fprintf(f, "\", \"dropped\": {");
+    for (int i = 1; i < ZZ_DROP_N; i++) {
+        fprintf(f, "%s\"%s\": %llu", i > 1 ? ", " : "", drop_names[i],
+                (unsigned long long)r->st.dropped[i]);
+        total += r->st.dropped[i];
+    }
+    fprintf(f, ", \"framing\": %llu}, \"dropped_total\": %llu, ",
+            (unsigned long long)ns->framing_errors,
+            (unsigned long long)(total + ns->framing_errors));
+    fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "
+               "\"injected_drops\": %llu, \"injected_dups\": %llu, \"injected_delays\": %llu, "
+               "\"send_overflow\": %llu}}\n",
+            (unsigned long long)ns->frames_in, (unsigned long long)ns->frames_out,
+            (unsigned long long)ns->reconnects, (unsigned long long)ns->injected_drops,
+            (unsigned long long)ns->injected_dups, (unsigned long long)ns->injected_delays,
+            (unsigned long long)ns->send_overflow);
+    if (fclose(f) == 0)
+        rename(tmp, r->conf->stats_file);
+}

@@ -1,0 +1,210 @@
+/* replica.h - the one replica struct of zz-agreed and the functions of each protocol step.
+ * Each step lives in its own file: request.c (clients, batching, replies), normal.c
+ * (pre-prepare/prepare/commit), execute.c (in-order execution, echo state machine),
+ * checkpoint.c (checkpoints, GC, state transfer), viewchange.c, status.c (retransmission). */
+#ifndef ZZ_REPLICA_H
+#define ZZ_REPLICA_H
+
+#include <stdint.h>
+
+#include "conf.h"
+#include "crypto.h"
+#include "net.h"
+#include "wire.h"
+
+/* One log slot: what this replica knows about sequence number `seq`.
+ * Invariant: a slot is in use only for stable < seq <= stable + L, and slot i of the
+ * ring holds seq with seq % L == i. */
+typedef struct {
+    uint64_t seq;      /* 0 = unused */
+    uint32_t view;     /* view of the accepted pre-prepare (meaningful if has_pp) */
+    int has_pp;        /* a pre-prepare (or NEW-VIEW choice) was accepted in `view` */
+    int is_null;       /* the NEW-VIEW chose the null request for this seq */
+    uint8_t digest[ZZ_DIGEST_LEN];
+    uint8_t *batch;    /* batch encoding (owned); NULL until known */
+    uint32_t batch_len;
+    uint8_t *pp_raw;   /* the primary's PRE-PREPARE as received, relayed on retransmission */
+    uint32_t pp_raw_len;
+    /* Votes: per replica, the view and digest of its latest PREPARE / COMMIT for seq.
+     * Kept before the pre-prepare arrives, since messages are reordered. */
+    uint32_t *prep_view, *commit_view;           /* n entries, UINT32_MAX = none */
+    uint8_t (*prep_dig)[ZZ_DIGEST_LEN];          /* n entries */
+    uint8_t (*commit_dig)[ZZ_DIGEST_LEN];
+    int sent_prepare, sent_commit; /* in `view` */
+    int prepared, committed;       /* in `view` */
+    uint64_t pp_time_ms;           /* when the pre-prepare was accepted (latency stats) */
+    /* View-change sets: highest view in which this replica prepared / pre-prepared. */
+    int has_p, has_q;
+    uint32_t p_view, q_view;
+    uint8_t p_dig[ZZ_DIGEST_LEN], q_dig[ZZ_DIGEST_LEN];
+    uint64_t fetch_sent_ms;        /* last FETCH for the missing batch */
+} zz_slot;
+
+/* Checkpoint votes for one sequence number. */
+#define ZZ_CKPT_RECORDS 16
+typedef struct {
+    uint64_t seq;                         /* 0 = unused */
+    uint8_t (*dig)[ZZ_DIGEST_LEN];        /* n entries */
+    uint8_t **raw;                        /* n signed CHECKPOINT messages (owned) or NULL */
+    uint32_t *raw_len;
+    uint8_t *state;                       /* our own state encoding at seq (owned) or NULL */
+    uint32_t state_len;
+    uint8_t own_dig[ZZ_DIGEST_LEN];
+    int have_own;
+} zz_ckpt;
+
+/* Per client principal (indexed like conf->keys): exactly-once and reply cache. */
+typedef struct {
+    uint64_t last_t;    /* timestamp of the last executed request (state) */
+    uint8_t *result;    /* cached reply (state, owned) */
+    uint32_t result_len;
+    zz_conn *conn;      /* where to send replies; NULL if unknown */
+    /* pending: the newest authenticated request not yet executed */
+    uint8_t *pend_raw;  /* owned copy of the REQUEST message */
+    uint32_t pend_len;
+    uint64_t pend_t;
+    uint64_t pend_since_ms;
+    uint64_t proposed_t; /* primary: highest t put in a batch in the current view */
+    int queued;          /* primary: in the proposal queue */
+} zz_client;
+
+enum zz_drop {
+    ZZ_DROP_SHORT = 1, ZZ_DROP_MAGIC, ZZ_DROP_VERSION, ZZ_DROP_TYPE, ZZ_DROP_LENGTH,
+    ZZ_DROP_AUTH, ZZ_DROP_FIELD, /* the seven match enum zz_err */
+    ZZ_DROP_SENDER,  /* wrong service or a sender not allowed for the type */
+    ZZ_DROP_WINDOW,  /* outside the watermarks */
+    ZZ_DROP_VIEW,    /* for another view */
+    ZZ_DROP_BADPP,   /* pre-prepare rejected: bad batch, conflicting digest, bad nd_time */
+    ZZ_DROP_BADVC,   /* invalid VIEW-CHANGE / NEW-VIEW content */
+    ZZ_DROP_N
+};
+
+typedef struct {
+    uint64_t dropped[ZZ_DROP_N];
+    uint64_t requests_in, requests_dup, requests_readonly;
+    uint64_t batches_proposed, batches_executed, executed, null_executed;
+    uint64_t checkpoints, stable_advances, state_transfers;
+    uint64_t view_changes, new_views;
+    uint64_t fetches_sent, fetches_served, retransmits;
+} zz_rstats;
+
+/* The replica. Watermarks: stable < seq <= stable + conf->log_window.
+ * Views: `view` is the current view; in_vc means this replica sent VIEW-CHANGE for
+ * `view` and has not yet accepted its NEW-VIEW, so it takes no normal-case messages. */
+typedef struct zz_replica {
+    zz_conf *conf;
+    zz_net *net;
+    uint32_t n, g, id;
+    uint32_t L;
+    /* views */
+    uint32_t view;
+    int in_vc;
+    uint32_t vc_attempts;           /* failed views in a row: timer = T << attempts */
+    uint64_t vc_deadline_ms;        /* in_vc: when to give up on this view */
+    uint64_t vc_sent_ms;            /* in_vc: last (re)broadcast of our VIEW-CHANGE */
+    uint8_t **vc_raw;               /* per replica, its newest VIEW-CHANGE (owned) */
+    uint32_t *vc_len;
+    uint32_t *vc_view;              /* its view (0 and NULL raw = none) */
+    uint8_t *nv_raw;                /* NEW-VIEW accepted for `view` (owned), relayed */
+    uint32_t nv_len;
+    /* log */
+    zz_slot *slots;                 /* L slots */
+    uint64_t next_seq;              /* primary: last seq assigned */
+    uint64_t last_exec;             /* last executed seq */
+    uint64_t stable;                /* last stable checkpoint */
+    uint8_t stable_dig[ZZ_DIGEST_LEN];
+    uint8_t **stable_proof;         /* 2g+1 signed CHECKPOINTs for `stable` (owned) */
+    uint32_t *stable_proof_len;
+    uint32_t stable_proof_n;
+    zz_ckpt ckpts[ZZ_CKPT_RECORDS];
+    uint64_t transfer_seq;          /* state transfer in progress to this seq (0 = none) */
+    uint8_t transfer_dig[ZZ_DIGEST_LEN];
+    uint64_t transfer_sent_ms;
+    uint64_t ahead_seq;             /* a stable checkpoint seen ahead of last_exec */
+    uint64_t ahead_since_ms;
+    /* execution state (echo state machine + reply cache) */
+    uint8_t app[ZZ_DIGEST_LEN];     /* hash chain of executed operations */
+    uint64_t last_nd_time;
+    zz_client *clients;             /* conf->nkeys entries, only client principals used */
+    /* primary's proposal queue of client indexes */
+    uint32_t *queue;
+    uint32_t q_head, q_len;
+    /* misc */
+    uint64_t rng;
+    zz_buf out;                     /* scratch encoder buffer */
+    zz_buf out2;
+    zz_buf rbuf;                    /* replies */
+    zz_rstats st;
+    uint64_t last_progress_ms;
+} zz_replica;
+
+/* replica.c */
+int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap);
+void zz_replica_free(zz_replica *r);
+void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *msg, size_t len);
+void zz_replica_on_close(void *ctx, zz_conn *conn);
+void zz_replica_start_timers(zz_replica *r);
+uint32_t zz_primary(const zz_replica *r, uint32_t view);
+int zz_is_primary(const zz_replica *r);
+uint64_t zz_now_ms(const zz_replica *r);
+uint64_t zz_wall_ms(void);
+uint64_t zz_rand(zz_replica *r);
+/* Add a MAC vector for all other agreement replicas to the message at `start` and send it. */
+void zz_bcast_mac(zz_replica *r, zz_buf *b, size_t start);
+void zz_send_mac(zz_replica *r, uint32_t to, zz_buf *b, size_t start);
+void zz_bcast_signed(zz_replica *r, zz_buf *b, size_t start);
+void zz_write_stats(zz_replica *r);
+zz_slot *zz_slot_get(zz_replica *r, uint64_t seq);  /* NULL outside the window */
+int zz_in_window(const zz_replica *r, uint64_t seq);
+uint8_t *zz_memdup(const void *p, size_t n);
+const zz_mackey *zz_mac_for(const zz_replica *r, uint32_t principal);
+const zz_pubkey *zz_pub_for(const zz_replica *r, uint32_t principal);
+int zz_client_index(const zz_replica *r, uint32_t principal); /* -1 if not a client */
+
+/* request.c */
+void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m);
+void zz_try_propose(zz_replica *r);
+void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_t flags,
+                   const uint8_t *res, uint32_t len);
+void zz_requeue_pending(zz_replica *r); /* after a view change */
+int zz_has_pending(const zz_replica *r, uint64_t older_than_ms);
+
+/* normal.c */
+void zz_on_pre_prepare(zz_replica *r, const zz_msg *m);
+void zz_on_phase(zz_replica *r, const zz_msg *m);
+/* Record an accepted proposal (pp or NEW-VIEW choice) for seq in `view` and send PREPARE. */
+void zz_accept_proposal(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,
+                        const uint8_t *batch, uint32_t batch_len);
+void zz_check_slot(zz_replica *r, zz_slot *s);
+void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq);
+int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t len);
+
+/* execute.c */
+void zz_try_execute(zz_replica *r);
+void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
+
+/* checkpoint.c */
+void zz_take_checkpoint(zz_replica *r);
+void zz_on_checkpoint(zz_replica *r, const zz_msg *m);
+void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m);
+void zz_on_fetch_reply(zz_replica *r, const zz_msg *m);
+/* Verify a 2g+1 checkpoint proof (list of signed CHECKPOINT messages) for seq; writes
+ * the certified digest. 1 = valid. */
+int zz_verify_ckpt_proof(zz_replica *r, const zz_blist *proof, uint64_t seq,
+                         uint8_t digest_out[ZZ_DIGEST_LEN]);
+void zz_start_transfer(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN]);
+void zz_encode_state(zz_replica *r, zz_buf *b);
+void zz_free_ckpts(zz_replica *r);
+void zz_ckpt_tick(zz_replica *r);
+
+/* viewchange.c */
+void zz_start_view_change(zz_replica *r, uint32_t new_view);
+void zz_on_view_change(zz_replica *r, const zz_msg *m);
+void zz_on_new_view(zz_replica *r, const zz_msg *m);
+void zz_vc_tick(zz_replica *r);
+
+/* status.c */
+void zz_status_tick(zz_replica *r);
+void zz_on_status(zz_replica *r, const zz_msg *m);
+
+#endif

@@ -1,0 +1,196 @@
+/* request.c - client requests: exactly-once filtering, the pending set that drives the
+ * view-change timer, the primary's adaptive batching, and replies to clients. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "replica.h"
+
+void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_t flags,
+                   const uint8_t *res, uint32_t len)
+{
+    zz_client *c = &r->clients[ci];
+    if (!c->conn || r->conf->byzantine == ZZ_BYZ_SILENT)
+        return;
+    uint32_t principal = r->conf->keys[ci].id;
+    zz_buf *b = &r->rbuf;
+    zz_buf_reset(b);
+    size_t st = zz_enc_reply(b, r->conf->service, r->id, view, t, principal, flags, res, len);
+    zz_end_body(b, st);
+    zz_mackey *k = r->conf->keys[ci].mac;
+    zz_auth_mac(b, st, &principal, &k, 1);
+    if (!b->oom)
+        zz_net_send_conn(r->net, c->conn, b->p + st, b->len - st);
+}
+
+static void enqueue(zz_replica *r, uint32_t ci)
+{
+    zz_client *c = &r->clients[ci];
+    if (c->queued)
+        return;
+    uint32_t cap = r->conf->nkeys;
+    r->queue[(r->q_head + r->q_len) % cap] = ci;
+    r->q_len++;
+    c->queued = 1;
+}
+
+void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
+{
+    int ci = zz_client_index(r, m->sender);
+    zz_client *c = &r->clients[ci];
+    uint64_t t = m->u.request.timestamp;
+    r->st.requests_in++;
+    if (conn)
+        c->conn = conn;
+    if (m->u.request.flags & ZZ_REQ_READONLY) {
+        zz_exec_readonly(r, (uint32_t)ci, m);
+        return;
+    }
+    if (t <= c->last_t) {
+        /* A retransmission of the executed request gets the cached reply again;
+         * older ones are stale and the client has moved on. */
+        r->st.requests_dup++;
+        if (t == c->last_t && c->result)
+            zz_send_reply(r, (uint32_t)ci, r->view, t, 0, c->result, c->result_len);
+        return;
+    }
+    if (t > c->pend_t) {
+        uint8_t *copy = zz_memdup(m->raw, m->raw_len);
+        if (!copy)
+            return;
+        free(c->pend_raw);
+        c->pend_raw = copy;
+        c->pend_len = m->raw_len;
+        c->pend_t = t;
+        c->pend_since_ms = zz_now_ms(r);
+    } else if (t < c->pend_t) {
+        r->st.requests_dup++;
+        return;
+    }
+    if (zz_is_primary(r) && !r->in_vc && c->proposed_t < c->pend_t) {
+        enqueue(r, (uint32_t)ci);
+        zz_try_propose(r);
+    }
+}
+
+int zz_has_pending(const zz_replica *r, uint64_t older_than_ms)
+{
+    for (uint32_t i = 0; i < r->conf->nkeys; i++) {
+        const zz_client *c = &r->clients[i];
+        if (c->pend_raw && c->pend_t > c->last_t && c->pend_since_ms <= older_than_ms)
+            return 1;
+    }
+    return 0;
+}
+
+void zz_requeue_pending(zz_replica *r)
+{
+    r->q_head = 0;
+    r->q_len = 0;
+    for (uint32_t i = 0; i < r->conf->nkeys; i++) {
+        zz_client *c = &r->clients[i];
+        c->queued = 0;
+        c->proposed_t = 0;
+        /* A view change restarts every request's timer: the new primary gets a full
+         * period before it is suspected in turn. */
+        c->pend_since_ms = zz_now_ms(r);
+    }
+    if (!zz_is_primary(r))
+        return;
+    for (uint32_t i = 0; i < r->conf->nkeys; i++) {
+        zz_client *c = &r->clients[i];
+        if (c->pend_raw && c->pend_t > c->last_t)
+            enqueue(r, i);
+    }
+    zz_try_propose(r);
+}
+
+/* Build the batch encoding of up to batch_max queued requests into b. Returns the count. */
+static uint32_t build_batch(zz_replica *r, zz_buf *b, uint64_t nd_time, uint64_t nd_seed)
+{
+    zz_buf_reset(b);
+    zz_put_u64(b, nd_time);
+    zz_put_u64(b, nd_seed);
+    size_t count_at = b->len;
+    zz_put_u32(b, 0);
+    uint32_t count = 0;
+    uint32_t cap = r->conf->nkeys;
+    while (r->q_len > 0 && count < r->conf->batch_max) {
+        uint32_t ci = r->queue[r->q_head];
+        r->q_head = (r->q_head + 1) % cap;
+        r->q_len--;
+        zz_client *c = &r->clients[ci];
+        c->queued = 0;
+        if (!c->pend_raw || c->pend_t <= c->last_t || c->pend_t <= c->proposed_t)
+            continue;
+        zz_put_bytes(b, c->pend_raw, c->pend_len);
+        c->proposed_t = c->pend_t;
+        count++;
+    }
+    if (!b->oom && b->len >= count_at + 4) {
+        b->p[count_at] = (uint8_t)(count >> 24);
+        b->p[count_at + 1] = (uint8_t)(count >> 16);
+        b->p[count_at + 2] = (uint8_t)(count >> 8);
+        b->p[count_at + 3] = (uint8_t)count;
+    }
+    return count;
+}
+
+static void send_pp(zz_replica *r, uint64_t seq, const uint8_t *batch, uint32_t len,
+                    int to_odd_only, int to_even_only)
+{
+    zz_buf *b = &r->out;
+    zz_buf_reset(b);
+    size_t st = zz_enc_pre_prepare(b, r->conf->service, r->id, r->view, seq, batch, len);
+    zz_end_body(b, st);
+    if (!to_odd_only && !to_even_only) {
+        zz_bcast_mac(r, b, st);
+        return;
+    }
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (i == r->id || ((i & 1) ? to_even_only : to_odd_only))
+            continue;
+        b->len = st;
+        zz_enc_pre_prepare(b, r->conf->service, r->id, r->view, seq, batch, len);
+        zz_end_body(b, st);
+        zz_send_mac(r, i, b, st);
+    }
+}
+
+void zz_try_propose(zz_replica *r)
+{
+    if (!zz_is_primary(r) || r->in_vc || r->conf->byzantine == ZZ_BYZ_DROP_REQUESTS)
+        return;
+    /* Adaptive batching: propose at once while few instances are in flight; requests
+     * arriving meanwhile accumulate and go out together when one completes. */
+    while (r->q_len > 0 && r->next_seq - r->last_exec < r->conf->max_inflight &&
+           r->next_seq + 1 <= r->stable + r->L) {
+        uint64_t now = zz_wall_ms();
+        uint64_t nd_time = now > r->last_nd_time ? now : r->last_nd_time;
+        uint64_t seed = zz_rand(r);
+        uint32_t count = build_batch(r, &r->out2, nd_time, seed);
+        if (count == 0 || r->out2.oom)
+            return;
+        uint64_t seq = ++r->next_seq;
+        zz_slot *s = zz_slot_get(r, seq);
+        if (!s)
+            return;
+        uint8_t d[ZZ_DIGEST_LEN];
+        zz_sha256(r->out2.p, r->out2.len, d);
+        r->st.batches_proposed++;
+        if (r->conf->byzantine == ZZ_BYZ_EQUIVOCATE) {
+            /* Test-only fault: odd backups get this batch, even ones a different seed. */
+            send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 1, 0);
+            uint64_t other = seed ^ 0xA5A5A5A5A5A5A5A5ULL;
+            for (int i = 0; i < 8; i++)
+                r->out2.p[8 + i] = (uint8_t)(other >> (56 - 8 * i));
+            send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 0, 1);
+        } else {
+            send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 0, 0);
+        }
+        zz_accept_proposal(r, s, r->view, d, r->out2.p, (uint32_t)r->out2.len);
+        if (!r->out.oom && s->seq == seq && !s->pp_raw) {
+            s->pp_raw = zz_memdup(r->out.p, r->out.len);
+            s->pp_raw_len = s->pp_raw ? (uint32_t)r->out.len : 0;
+        }
+    }
+}
