@@ -129,6 +129,7 @@ typedef struct zz_replica {
     /* primary's proposal queue of client indexes */
     uint32_t *queue;
     uint32_t q_head, q_len;
+    int proposing;                  /* re-entrancy guard of zz_try_propose */
     /* misc */
     uint64_t rng;
     zz_buf out;                     /* scratch encoder buffer */

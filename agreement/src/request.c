@@ -156,10 +156,21 @@ static void send_pp(zz_replica *r, uint64_t seq, const uint8_t *batch, uint32_t 
     }
 }
 
+static void propose_loop(zz_replica *r);
+
 void zz_try_propose(zz_replica *r)
 {
-    if (!zz_is_primary(r) || r->in_vc || r->conf->byzantine == ZZ_BYZ_DROP_REQUESTS)
+    /* Accepting a proposal can execute, and execution calls back here: one loop at a time. */
+    if (r->proposing || !zz_is_primary(r) || r->in_vc ||
+        r->conf->byzantine == ZZ_BYZ_DROP_REQUESTS)
         return;
+    r->proposing = 1;
+    propose_loop(r);
+    r->proposing = 0;
+}
+
+static void propose_loop(zz_replica *r)
+{
     /* Adaptive batching: propose at once while few instances are in flight; requests
      * arriving meanwhile accumulate and go out together when one completes. */
     while (r->q_len > 0 && r->next_seq - r->last_exec < r->conf->max_inflight &&
@@ -187,10 +198,16 @@ void zz_try_propose(zz_replica *r)
         } else {
             send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 0, 0);
         }
+        /* Our own PRE-PREPARE is relayed on retransmission; copy it before accepting,
+         * which reuses the encoder buffers. */
+        uint8_t *raw = r->out.oom ? NULL : zz_memdup(r->out.p, r->out.len);
+        uint32_t raw_len = raw ? (uint32_t)r->out.len : 0;
         zz_accept_proposal(r, s, r->view, d, r->out2.p, (uint32_t)r->out2.len);
-        if (!r->out.oom && s->seq == seq && !s->pp_raw) {
-            s->pp_raw = zz_memdup(r->out.p, r->out.len);
-            s->pp_raw_len = s->pp_raw ? (uint32_t)r->out.len : 0;
+        if (s->seq == seq && !s->pp_raw) {
+            s->pp_raw = raw;
+            s->pp_raw_len = raw_len;
+        } else {
+            free(raw);
         }
     }
 }

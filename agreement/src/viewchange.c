@@ -126,6 +126,10 @@ void zz_on_view_change(zz_replica *r, const zz_msg *m)
 {
     const zz_view_change *vc = &m->u.view_change;
     uint32_t s = m->sender;
+    /* A replica still asking for the view we already entered missed our NEW-VIEW. */
+    if (vc->new_view == r->view && !r->in_vc && r->nv_raw &&
+        r->conf->byzantine != ZZ_BYZ_SILENT)
+        zz_net_send_peer(r->net, s, r->nv_raw, r->nv_len);
     if (r->vc_raw[s] && vc->new_view <= r->vc_view[s])
         return;
     zz_vc_info info;
@@ -311,6 +315,10 @@ void zz_vc_tick(zz_replica *r)
             send_own_vc(r);
         return;
     }
+    /* A replica catching up (state transfer, or a stable checkpoint seen ahead) waits for
+     * that first: its requests are late because it is, not because the primary is. */
+    if (r->transfer_seq || (r->ahead_seq && r->ahead_seq > r->last_exec))
+        return;
     uint64_t t = r->conf->view_timeout_ms;
     if (now > t && zz_has_pending(r, now - t))
         zz_start_view_change(r, r->view + 1);
