@@ -135,24 +135,30 @@ static uint32_t build_batch(zz_replica *r, zz_buf *b, uint64_t nd_time, uint64_t
     return count;
 }
 
-static void send_pp(zz_replica *r, uint64_t seq, const uint8_t *batch, uint32_t len,
-                    int to_odd_only, int to_even_only)
+static void send_pp(zz_replica *r, int only, uint32_t to, uint64_t seq, const uint8_t *batch,
+                    uint32_t len)
 {
     zz_buf *b = &r->out;
     zz_buf_reset(b);
     size_t st = zz_enc_pre_prepare(b, r->conf->service, r->id, r->view, seq, batch, len);
     zz_end_body(b, st);
-    if (!to_odd_only && !to_even_only) {
+    if (only)
+        zz_send_mac(r, to, b, st);
+    else
         zz_bcast_mac(r, b, st);
-        return;
-    }
+}
+
+/* Test-only fault (byzantine equivocate): every backup gets a different batch for the same
+ * seq (the seed differs), so no PREPARE quorum can form and the backups must change view. */
+static void equivocate(zz_replica *r, uint64_t seq, zz_buf *batch, uint64_t seed)
+{
     for (uint32_t i = 0; i < r->n; i++) {
-        if (i == r->id || ((i & 1) ? to_even_only : to_odd_only))
+        if (i == r->id)
             continue;
-        b->len = st;
-        zz_enc_pre_prepare(b, r->conf->service, r->id, r->view, seq, batch, len);
-        zz_end_body(b, st);
-        zz_send_mac(r, i, b, st);
+        uint64_t other = seed ^ (0xA5A5A5A5ULL * (i + 1));
+        for (int k = 0; k < 8; k++)
+            batch->p[8 + k] = (uint8_t)(other >> (56 - 8 * k));
+        send_pp(r, 1, i, seq, batch->p, (uint32_t)batch->len);
     }
 }
 
@@ -188,16 +194,10 @@ static void propose_loop(zz_replica *r)
         uint8_t d[ZZ_DIGEST_LEN];
         zz_sha256(r->out2.p, r->out2.len, d);
         r->st.batches_proposed++;
-        if (r->conf->byzantine == ZZ_BYZ_EQUIVOCATE) {
-            /* Test-only fault: odd backups get this batch, even ones a different seed. */
-            send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 1, 0);
-            uint64_t other = seed ^ 0xA5A5A5A5A5A5A5A5ULL;
-            for (int i = 0; i < 8; i++)
-                r->out2.p[8 + i] = (uint8_t)(other >> (56 - 8 * i));
-            send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 0, 1);
-        } else {
-            send_pp(r, seq, r->out2.p, (uint32_t)r->out2.len, 0, 0);
-        }
+        if (r->conf->byzantine == ZZ_BYZ_EQUIVOCATE)
+            equivocate(r, seq, &r->out2, seed);
+        else
+            send_pp(r, 0, 0, seq, r->out2.p, (uint32_t)r->out2.len);
         /* Our own PRE-PREPARE is relayed on retransmission; copy it before accepting,
          * which reuses the encoder buffers. */
         uint8_t *raw = r->out.oom ? NULL : zz_memdup(r->out.p, r->out.len);
