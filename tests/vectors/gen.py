@@ -1,0 +1,300 @@
+# tests/vectors/gen.py - deterministic generator of tests/vectors/wire.txt (docs/wire.md).
+# Keys and values are fixed so the file is reproducible; both codecs are checked against it.
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from zz import wire
+from zz.crypto import NULL_DIGEST, SigningKey, sha256
+
+SVC = 1
+OUT = Path(__file__).with_name("wire.txt")
+
+
+def mac_key(a: int, b: int) -> bytes:
+    """Pairwise vector key; symmetric like the rack keys (K(a,b) = K(b,a))."""
+    lo, hi = min(a, b), max(a, b)
+    return sha256(b"zz-vector-mac:%d:%d" % (lo, hi))
+
+
+def sign_key(p: int) -> SigningKey:
+    return SigningKey(sha256(b"zz-vector-sign:%d" % p))
+
+
+def macs(sender: int, receivers: list[int]) -> dict[int, bytes]:
+    return {r: mac_key(sender, r) for r in receivers}
+
+
+class Block:
+    def __init__(self, name: str, msg: bytes) -> None:
+        self.name = name
+        self.msg = msg
+        self.dump: str | None = None
+        self.error: str | None = None
+        self.mac_keys: list[tuple[int, bytes]] = []
+        self.sign_pub: bytes | None = None
+
+    def render(self) -> str:
+        lines = [f"[{self.name}]", f"msg = {self.msg.hex()}"]
+        if self.dump is not None:
+            lines.append(f"dump = {self.dump}")
+        if self.error is not None:
+            lines.append(f"error = {self.error}")
+        lines += [f"mac_key = {r}:{k.hex()}" for r, k in self.mac_keys]
+        if self.sign_pub is not None:
+            lines.append(f"sign_pub = {self.sign_pub.hex()}")
+        return "\n".join(lines) + "\n"
+
+
+def valid(name: str, m: wire.Message, receivers: list[int] | None = None) -> Block:
+    """A valid vector; MAC messages get entries for `receivers`, signed ones a signature."""
+    if m.AUTH == wire.AUTH_MAC:
+        assert receivers is not None
+        m = m.with_macs(macs(m.sender, receivers))
+    else:
+        m = m.signed(sign_key(m.sender))
+    b = Block(name, m.encode())
+    b.dump = m.dump()
+    if m.AUTH == wire.AUTH_MAC:
+        b.mac_keys = [(r, mac_key(m.sender, r)) for r in (receivers or [])]
+    else:
+        b.sign_pub = sign_key(m.sender).public
+    return b
+
+
+def invalid(name: str, msg: bytes, error: str) -> Block:
+    b = Block(name, msg)
+    b.error = error
+    return b
+
+
+def patch(msg: bytes, off: int, value: bytes) -> bytes:
+    return msg[:off] + value + msg[off + len(value) :]
+
+
+def raw_msg(mtype: int, auth_kind: int, sender: int, body: bytes, auth: bytes) -> bytes:
+    """Hand-built message, for bodies the typed encoder refuses to produce."""
+    hdr = struct.pack(">2sBBBBHII", b"ZZ", 1, mtype, auth_kind, 0, SVC, sender, len(body))
+    return hdr + body + auth
+
+
+def mac_auth(sender: int, authed: bytes, receivers: list[int]) -> bytes:
+    from zz.crypto import hmac_sha256
+
+    out = struct.pack(">H", len(receivers))
+    for r in receivers:
+        out += struct.pack(">I", r) + hmac_sha256(mac_key(sender, r), authed)
+    return out
+
+
+def with_raw_macs(mtype: int, sender: int, body: bytes, receivers: list[int]) -> bytes:
+    authed = raw_msg(mtype, wire.AUTH_MAC, sender, body, b"")
+    return authed + mac_auth(sender, authed, receivers)
+
+
+def generate() -> str:
+    replicas = [0, 1, 2, 3]
+    c0 = wire.client_principal(0)
+    c3 = wire.client_principal(3)
+    e1 = wire.exec_principal(1)
+    blocks: list[Block] = []
+    add: Callable[[Block], None] = blocks.append
+
+    # -- valid vectors, one or more per type
+    req_a = wire.Request(SVC, c0, 1700000000000000001, 0, b"hello").with_macs(macs(c0, replicas))
+    req_b = wire.Request(SVC, c3, 1700000000000000777, 0, b"put k v").with_macs(macs(c3, replicas))
+    add(valid("request", wire.Request(SVC, c0, 1700000000000000001, 0, b"hello"), replicas))
+    add(valid("request-read-only", wire.Request(SVC, c3, 42, 1, b"get k"), replicas))
+    add(valid("request-empty-op", wire.Request(SVC, c0, 7, 0, b""), [0]))
+    add(
+        valid(
+            "reply",
+            wire.Reply(SVC, 2, 1, 1700000000000000001, c0, 0, b"hello"),
+            [c0],
+        )
+    )
+    add(valid("reply-read-only", wire.Reply(SVC, 3, 0, 42, c3, 1, b"v"), [c3]))
+    add(valid("reply-from-exec", wire.Reply(SVC, e1, 4, 9, c3, 0, b""), [c3]))
+
+    t, seed = 1700000000123, 0x0123456789ABCDEF
+    pp = wire.PrePrepare(SVC, 0, 0, 1, t, seed, [req_a.encode(), req_b.encode()])
+    d1 = pp.digest()
+    add(valid("pre-prepare-batch-of-2", pp, [1, 2, 3]))
+    pp_empty = wire.PrePrepare(SVC, 1, 1, 130, t + 5, 7, [])
+    d2 = pp_empty.digest()
+    add(valid("pre-prepare-empty-batch", pp_empty, [0, 2, 3]))
+    add(valid("prepare", wire.Prepare(SVC, 1, 0, 1, d1), [0, 2, 3]))
+    add(valid("commit", wire.Commit(SVC, 2, 0, 1, d1), [0, 1, 3]))
+
+    state = wire.state_encoding(
+        128,
+        sha256(b"echo state"),
+        [
+            wire.ClientEntry(c3, 1700000000000000777, 0, b"ok"),
+            wire.ClientEntry(c0, 1700000000000000001, 0, b"hello"),
+        ],
+    )
+    sd = sha256(state)
+    cps = [wire.Checkpoint(SVC, r, 128, sd).signed(sign_key(r)).encode() for r in (0, 1, 2)]
+    add(valid("checkpoint", wire.Checkpoint(SVC, 3, 128, sd)))
+
+    add(valid("view-change-empty", wire.ViewChange(SVC, 2, 1, 0, [], [], [])))
+    d3 = sha256(b"batch 131")
+    E = wire.Entry
+    # Three view changes for view 1 that make the C&L choice: 129 -> d1 (prepared
+    # everywhere), 130 -> null (prepared nowhere), 131 -> d3 (g+1 pre-prepared it).
+    vc0 = wire.ViewChange(
+        SVC, 0, 1, 128, cps, [E(129, 0, d1), E(131, 0, d3)], [E(129, 0, d1), E(131, 0, d3)]
+    )
+    vc2 = wire.ViewChange(SVC, 2, 1, 128, cps, [E(129, 0, d1)], [E(129, 0, d1), E(131, 0, d3)])
+    vc3 = wire.ViewChange(SVC, 3, 1, 128, cps, [E(129, 0, d1)], [E(129, 0, d1)])
+    add(valid("view-change-proof-p-q", vc0))
+    vcs = [v.signed(sign_key(v.sender)).encode() for v in (vc0, vc2, vc3)]
+    C = wire.Choice
+    nv = wire.NewView(SVC, 1, 1, vcs, 128, [C(129, d1), C(130, NULL_DIGEST), C(131, d3)])
+    add(valid("new-view", nv))
+
+    add(valid("fetch-batch", wire.Fetch(SVC, c0, 1, 1, d1), [2]))
+    add(valid("fetch-log", wire.Fetch(SVC, 3, 3, 128, NULL_DIGEST), [0]))
+    add(valid("fetch-reply-batch", wire.FetchReply(SVC, 2, 1, 1, d1, pp.batch()), [c0]))
+    add(valid("fetch-reply-state", wire.FetchReply(SVC, 1, 2, 128, sd, state), [3]))
+    add(valid("fetch-reply-empty-data", wire.FetchReply(SVC, 1, 2, 0, d2, b""), [3]))
+    add(valid("status", wire.Status(SVC, 3, 2, 1000, 896), [0, 1, 2]))
+
+    # -- invalid vectors: each breaks exactly one rule of an otherwise valid message
+    prep = wire.Prepare(SVC, 1, 0, 1, d1).with_macs(macs(1, [0, 2, 3])).encode()
+    status = wire.Status(SVC, 3, 2, 1000, 896).with_macs(macs(3, [0])).encode()
+    cp = wire.Checkpoint(SVC, 3, 128, sd).signed(sign_key(3)).encode()
+    reqm = req_a.encode()
+
+    add(invalid("short-header", prep[:10], "short"))
+    add(invalid("short-body", prep[:36], "short"))
+    add(
+        invalid(
+            "short-bytes-field",
+            with_raw_macs(1, c0, struct.pack(">QBI", 5, 0, 100) + b"abc", [0]),
+            "short",
+        )
+    )
+    add(
+        invalid(
+            "short-list-items",
+            with_raw_macs(
+                3,
+                0,
+                struct.pack(">IQQQI", 0, 1, t, seed, 2) + struct.pack(">I", 2) + b"ab",
+                [1],
+            ),
+            "short",
+        )
+    )
+    add(invalid("magic", patch(prep, 0, b"\x59"), "magic"))
+    add(invalid("version", patch(prep, 2, b"\x02"), "version"))
+    add(invalid("version-zero", patch(prep, 2, b"\x00"), "version"))
+    add(invalid("type-unknown", patch(status, 3, b"\x0c"), "type"))
+    add(invalid("type-zero", patch(status, 3, b"\x00"), "type"))
+    add(invalid("type-reserved-16", patch(status, 3, b"\x10"), "type"))
+    # Well-formed authenticators of the wrong kind: only the kind/type pairing is wrong.
+    cp_body = struct.pack(">Q", 128) + sd
+    add(invalid("type-checkpoint-with-mac", with_raw_macs(6, 3, cp_body, [0]), "type"))
+    req_body = struct.pack(">QBI", 9, 0, 2) + b"op"
+    signed_req = raw_msg(1, wire.AUTH_SIG, c0, req_body, b"")
+    signed_req += sign_key(c0).sign(signed_req)
+    add(invalid("type-request-with-signature", signed_req, "type"))
+    add(invalid("type-request-with-no-auth", raw_msg(1, wire.AUTH_NONE, c0, req_body, b""), "type"))
+    add(invalid("type-auth-kind-3", patch(status, 4, b"\x03"), "type"))
+
+    add(
+        invalid(
+            "length-trailing-body",
+            with_raw_macs(11, 3, struct.pack(">IQQ", 2, 1000, 896) + b"\x00", [0]),
+            "length",
+        )
+    )
+    add(
+        invalid(
+            "length-trailing-batch",
+            with_raw_macs(3, 0, struct.pack(">IQQQI", 0, 1, t, seed, 0) + b"\xff\xff", [1]),
+            "length",
+        )
+    )
+    add(
+        invalid(
+            "length-list-count",
+            raw_msg(7, wire.AUTH_SIG, 2, struct.pack(">IQI", 1, 0, 65537), b"\x00" * 64),
+            "length",
+        )
+    )
+    add(
+        invalid(
+            "length-mac-count",
+            raw_msg(11, wire.AUTH_MAC, 3, struct.pack(">IQQ", 2, 1000, 896), b"\x04\x01"),
+            "length",
+        )
+    )
+
+    bad_mac = bytearray(reqm)
+    bad_mac[-1] ^= 0x01  # last byte of the MAC for receiver 3
+    b = invalid("auth-bad-mac", bytes(bad_mac), "auth")
+    b.mac_keys = [(3, mac_key(c0, 3))]
+    add(b)
+    miss = wire.Request(SVC, c0, 11, 0, b"x").with_macs(macs(c0, [0, 2, 3])).encode()
+    b = invalid("auth-no-entry-for-receiver", miss, "auth")
+    b.mac_keys = [(1, mac_key(c0, 1))]
+    add(b)
+    bad_sig = bytearray(cp)
+    bad_sig[-64] ^= 0x80
+    b = invalid("auth-bad-signature", bytes(bad_sig), "auth")
+    b.sign_pub = sign_key(3).public
+    add(b)
+    b = invalid("auth-wrong-signer", cp, "auth")
+    b.sign_pub = sign_key(2).public
+    add(b)
+    add(invalid("auth-mac-vector-truncated", reqm[:-1], "auth"))
+    add(invalid("auth-mac-vector-no-count", prep[: 16 + 44] + b"\x00", "auth"))
+    add(invalid("auth-signature-short", cp[:-1], "auth"))
+    add(invalid("auth-signature-missing", cp[:-64], "auth"))
+
+    add(invalid("field-reserved", patch(prep, 5, b"\x01"), "field"))
+    add(
+        invalid(
+            "field-request-flags",
+            with_raw_macs(1, c0, struct.pack(">QBI", 5, 2, 0), [0]),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "field-fetch-kind",
+            with_raw_macs(9, c0, struct.pack(">BQ", 4, 1) + d1, [2]),
+            "field",
+        )
+    )
+
+    names = [b.name for b in blocks]
+    assert len(names) == len(set(names)), "duplicate vector names"
+    return "\n".join(b.render() for b in blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Generate tests/vectors/wire.txt")
+    ap.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    text = generate()
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != text:
+            print(f"{args.out} is out of date; run {sys.argv[0]}", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

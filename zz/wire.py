@@ -1,0 +1,843 @@
+# zz/wire.py - the ZZ binary wire format (docs/wire.md): messages, authenticators, frames.
+# Byte-for-byte twin of agreement/src/wire.c; both are held to tests/vectors/wire.txt.
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, NamedTuple, Self
+
+from .crypto import (
+    DIGEST_LEN,
+    MAC_LEN,
+    NULL_DIGEST,
+    SIG_LEN,
+    SigningKey,
+    ct_equal,
+    hmac_sha256,
+    sha256,
+    verify_signature,
+)
+
+MAGIC = b"ZZ"
+VERSION = 1
+HDR_LEN = 16
+MAX_MSG = 16777216
+MAX_LIST = 65536
+MAX_MACS = 1024
+MAC_ENTRY_LEN = 4 + MAC_LEN
+
+AUTH_NONE = 0
+AUTH_MAC = 1
+AUTH_SIG = 2
+
+FLAG_READONLY = 1
+
+FETCH_BATCH = 1
+FETCH_STATE = 2
+FETCH_LOG = 3
+
+PRINCIPAL_EXEC = 256
+PRINCIPAL_CLIENT = 65536
+PRINCIPAL_HOST = 16777216
+
+ERROR_NAMES = ("short", "magic", "version", "type", "length", "auth", "field")
+
+_HDR = struct.Struct(">2sBBBBHII")
+
+
+class WireError(Exception):
+    """A malformed or unauthenticated message. `name` is one of ERROR_NAMES."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        if name not in ERROR_NAMES:
+            raise ValueError(f"unknown wire error name {name!r}")
+        self.name = name
+        self.detail = detail
+        super().__init__(f"{name}: {detail}" if detail else name)
+
+
+class FrameError(Exception):
+    """A frame length outside 16..MAX_MSG: the stream cannot be resynchronised."""
+
+
+# ---- principals -------------------------------------------------------------
+
+
+def agreement_principal(r: int) -> int:
+    if not 0 <= r < PRINCIPAL_EXEC:
+        raise ValueError(f"agreement replica index {r} out of 0..255")
+    return r
+
+
+def exec_principal(i: int) -> int:
+    if not 0 <= i < PRINCIPAL_CLIENT - PRINCIPAL_EXEC:
+        raise ValueError(f"execution replica index {i} out of range")
+    return PRINCIPAL_EXEC + i
+
+
+def client_principal(c: int) -> int:
+    if not 0 <= c < PRINCIPAL_HOST - PRINCIPAL_CLIENT:
+        raise ValueError(f"client index {c} out of range")
+    return PRINCIPAL_CLIENT + c
+
+
+def host_principal(h: int) -> int:
+    if not 0 <= h <= 0xFFFFFFFF - PRINCIPAL_HOST:
+        raise ValueError(f"host index {h} out of range")
+    return PRINCIPAL_HOST + h
+
+
+def principal_kind(pid: int) -> tuple[str, int]:
+    """('agreement'|'exec'|'client'|'host', index) for a principal id."""
+    if pid < PRINCIPAL_EXEC:
+        return "agreement", pid
+    if pid < PRINCIPAL_CLIENT:
+        return "exec", pid - PRINCIPAL_EXEC
+    if pid < PRINCIPAL_HOST:
+        return "client", pid - PRINCIPAL_CLIENT
+    return "host", pid - PRINCIPAL_HOST
+
+
+# ---- primitive encoding -----------------------------------------------------
+
+
+def _u8(v: int) -> bytes:
+    return struct.pack(">B", v)
+
+
+def _u16(v: int) -> bytes:
+    return struct.pack(">H", v)
+
+
+def _u32(v: int) -> bytes:
+    return struct.pack(">I", v)
+
+
+def _u64(v: int) -> bytes:
+    return struct.pack(">Q", v)
+
+
+def _bytes(v: bytes) -> bytes:
+    if len(v) > MAX_MSG:
+        raise ValueError("bytes field longer than ZZ_MAX_MSG")
+    return _u32(len(v)) + v
+
+
+def _digest(v: bytes) -> bytes:
+    if len(v) != DIGEST_LEN:
+        raise ValueError(f"digest must be {DIGEST_LEN} bytes, got {len(v)}")
+    return v
+
+
+def _blist(items: Sequence[bytes]) -> bytes:
+    if len(items) > MAX_LIST:
+        raise ValueError("list longer than ZZ_MAX_LIST")
+    return _u32(len(items)) + b"".join(_bytes(i) for i in items)
+
+
+class Entry(NamedTuple):
+    """VIEW-CHANGE P/Q entry: 44 bytes on the wire."""
+
+    seq: int
+    view: int
+    digest: bytes
+
+
+class Choice(NamedTuple):
+    """NEW-VIEW choice: 40 bytes on the wire; a null digest means a null request."""
+
+    seq: int
+    digest: bytes
+
+
+def _entries(items: Sequence[Entry]) -> bytes:
+    if len(items) > MAX_LIST:
+        raise ValueError("list longer than ZZ_MAX_LIST")
+    return _u32(len(items)) + b"".join(
+        _u64(e.seq) + _u32(e.view) + _digest(e.digest) for e in items
+    )
+
+
+def _choices(items: Sequence[Choice]) -> bytes:
+    if len(items) > MAX_LIST:
+        raise ValueError("list longer than ZZ_MAX_LIST")
+    return _u32(len(items)) + b"".join(_u64(c.seq) + _digest(c.digest) for c in items)
+
+
+class _Reader:
+    """Bounds-checked cursor over buf[pos, end); every overrun is a 'short' error."""
+
+    def __init__(self, buf: bytes, pos: int, end: int) -> None:
+        self.buf = buf
+        self.pos = pos
+        self.end = end
+
+    def _take(self, n: int, what: str) -> bytes:
+        if self.end - self.pos < n:
+            raise WireError("short", f"{what}: need {n} bytes, have {self.end - self.pos}")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def u8(self, what: str) -> int:
+        return self._take(1, what)[0]
+
+    def u32(self, what: str) -> int:
+        return int.from_bytes(self._take(4, what), "big")
+
+    def u64(self, what: str) -> int:
+        return int.from_bytes(self._take(8, what), "big")
+
+    def digest(self, what: str) -> bytes:
+        return self._take(DIGEST_LEN, what)
+
+    def bytes_(self, what: str) -> bytes:
+        n = self.u32(what)
+        return self._take(n, what)
+
+    def count(self, what: str) -> int:
+        n = self.u32(what)
+        # The limit is checked before any item is read, so an absurd count is a
+        # 'length' error even when the bytes for it are missing too.
+        if n > MAX_LIST:
+            raise WireError("length", f"{what}: count {n} > {MAX_LIST}")
+        return n
+
+    def blist(self, what: str) -> list[bytes]:
+        return [self.bytes_(f"{what}[{i}]") for i in range(self.count(what))]
+
+    def entries(self, what: str) -> list[Entry]:
+        out = []
+        for i in range(self.count(what)):
+            seq = self.u64(f"{what}[{i}].seq")
+            view = self.u32(f"{what}[{i}].view")
+            out.append(Entry(seq, view, self.digest(f"{what}[{i}].digest")))
+        return out
+
+    def choices(self, what: str) -> list[Choice]:
+        out = []
+        for i in range(self.count(what)):
+            seq = self.u64(f"{what}[{i}].seq")
+            out.append(Choice(seq, self.digest(f"{what}[{i}].digest")))
+        return out
+
+    def done(self, what: str) -> None:
+        if self.pos != self.end:
+            raise WireError("length", f"{what}: {self.end - self.pos} trailing bytes")
+
+
+# ---- canonical dump helpers ---------------------------------------------------
+
+
+def _hx(b: bytes) -> str:
+    return b.hex() if b else "-"
+
+
+def _list(items: Iterable[str]) -> str:
+    return "[" + ",".join(items) + "]"
+
+
+# ---- messages ---------------------------------------------------------------
+
+
+@dataclass
+class Message:
+    """Common header fields; subclasses add the body. `auth` is the raw authenticator."""
+
+    TYPE: ClassVar[int] = 0
+    NAME: ClassVar[str] = ""
+    AUTH: ClassVar[int] = AUTH_NONE
+
+    service: int
+    sender: int
+    auth: bytes = field(default=b"", kw_only=True, repr=False)
+
+    # -- subclass hooks
+    def body(self) -> bytes:
+        raise NotImplementedError
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        raise NotImplementedError
+
+    def _dump_fields(self) -> list[str]:
+        raise NotImplementedError
+
+    # -- encoding
+    def authed(self) -> bytes:
+        """Header + body: the bytes every authenticator covers."""
+        try:
+            body = self.body()
+            hdr = _HDR.pack(
+                MAGIC, VERSION, self.TYPE, self.AUTH, 0, self.service, self.sender, len(body)
+            )
+        except struct.error as e:
+            raise ValueError(f"{self.NAME}: field out of range: {e}") from e
+        return hdr + body
+
+    def encode(self) -> bytes:
+        out = self.authed() + self.auth
+        if len(out) > MAX_MSG:
+            raise ValueError(f"{self.NAME}: message of {len(out)} bytes exceeds ZZ_MAX_MSG")
+        return out
+
+    def with_macs(self, keys: Mapping[int, bytes]) -> Self:
+        """A copy authenticated with one MAC per receiver (insertion order kept)."""
+        if self.AUTH != AUTH_MAC:
+            raise ValueError(f"{self.NAME} is not MAC-authenticated")
+        if len(keys) > MAX_MACS:
+            raise ValueError(f"{len(keys)} MAC entries > {MAX_MACS}")
+        data = self.authed()
+        auth = _u16(len(keys)) + b"".join(
+            _u32(rcv) + hmac_sha256(key, data) for rcv, key in keys.items()
+        )
+        return dataclasses.replace(self, auth=auth)
+
+    def signed(self, key: SigningKey) -> Self:
+        if self.AUTH != AUTH_SIG:
+            raise ValueError(f"{self.NAME} is not signature-authenticated")
+        return dataclasses.replace(self, auth=key.sign(self.authed()))
+
+    # -- verification
+    def mac_entries(self) -> list[tuple[int, bytes]]:
+        if self.AUTH != AUTH_MAC or len(self.auth) < 2:
+            return []
+        n = int.from_bytes(self.auth[:2], "big")
+        out = []
+        for i in range(n):
+            off = 2 + i * MAC_ENTRY_LEN
+            ent = self.auth[off : off + MAC_ENTRY_LEN]
+            if len(ent) != MAC_ENTRY_LEN:
+                break
+            out.append((int.from_bytes(ent[:4], "big"), ent[4:]))
+        return out
+
+    def verify_mac(self, receiver: int, key: bytes) -> bool:
+        """Check the first MAC entry naming `receiver`; no entry means not authentic."""
+        for rcv, mac in self.mac_entries():
+            if rcv == receiver:
+                return ct_equal(mac, hmac_sha256(key, self.authed()))
+        return False
+
+    def verify_sig(self, public: bytes) -> bool:
+        if self.AUTH != AUTH_SIG:
+            return False
+        return verify_signature(public, self.authed(), self.auth)
+
+    def dump(self) -> str:
+        head = [f"type={self.NAME}", f"service={self.service}", f"sender={self.sender}"]
+        return " ".join(head + self._dump_fields())
+
+
+@dataclass
+class Request(Message):
+    TYPE: ClassVar[int] = 1
+    NAME: ClassVar[str] = "REQUEST"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    timestamp: int
+    flags: int
+    op: bytes
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.flags & FLAG_READONLY)
+
+    def body(self) -> bytes:
+        return _u64(self.timestamp) + _u8(self.flags) + _bytes(self.op)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        ts = r.u64("timestamp")
+        flags = r.u8("flags")
+        if flags & ~FLAG_READONLY:
+            raise WireError("field", f"flags: unknown bits {flags:#x}")
+        return cls(service, sender, ts, flags, r.bytes_("op"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"timestamp={self.timestamp}", f"flags={self.flags}", f"op={_hx(self.op)}"]
+
+
+@dataclass
+class Reply(Message):
+    TYPE: ClassVar[int] = 2
+    NAME: ClassVar[str] = "REPLY"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    view: int
+    timestamp: int
+    client: int
+    flags: int
+    result: bytes
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.flags & FLAG_READONLY)
+
+    def body(self) -> bytes:
+        return (
+            _u32(self.view)
+            + _u64(self.timestamp)
+            + _u32(self.client)
+            + _u8(self.flags)
+            + _bytes(self.result)
+        )
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        view = r.u32("view")
+        ts = r.u64("timestamp")
+        client = r.u32("client")
+        flags = r.u8("flags")
+        if flags & ~FLAG_READONLY:
+            raise WireError("field", f"flags: unknown bits {flags:#x}")
+        return cls(service, sender, view, ts, client, flags, r.bytes_("result"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"view={self.view}",
+            f"timestamp={self.timestamp}",
+            f"client={self.client}",
+            f"flags={self.flags}",
+            f"result={_hx(self.result)}",
+        ]
+
+
+def batch_encoding(nd_time: int, nd_seed: int, requests: Sequence[bytes]) -> bytes:
+    """PRE-PREPARE body from nd_time on; also FETCH-REPLY kind 1 data."""
+    return _u64(nd_time) + _u64(nd_seed) + _blist(requests)
+
+
+def batch_digest(nd_time: int, nd_seed: int, requests: Sequence[bytes]) -> bytes:
+    return sha256(batch_encoding(nd_time, nd_seed, requests))
+
+
+def decode_batch(buf: bytes) -> tuple[int, int, list[bytes]]:
+    r = _Reader(buf, 0, len(buf))
+    nd_time = r.u64("nd_time")
+    nd_seed = r.u64("nd_seed")
+    reqs = r.blist("requests")
+    r.done("batch")
+    return nd_time, nd_seed, reqs
+
+
+@dataclass
+class PrePrepare(Message):
+    TYPE: ClassVar[int] = 3
+    NAME: ClassVar[str] = "PRE-PREPARE"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    view: int
+    seq: int
+    nd_time: int
+    nd_seed: int
+    requests: list[bytes]
+
+    def batch(self) -> bytes:
+        return batch_encoding(self.nd_time, self.nd_seed, self.requests)
+
+    def digest(self) -> bytes:
+        return sha256(self.batch())
+
+    def body(self) -> bytes:
+        return _u32(self.view) + _u64(self.seq) + self.batch()
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        view = r.u32("view")
+        seq = r.u64("seq")
+        nd_time = r.u64("nd_time")
+        nd_seed = r.u64("nd_seed")
+        return cls(service, sender, view, seq, nd_time, nd_seed, r.blist("requests"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"view={self.view}",
+            f"seq={self.seq}",
+            f"nd_time={self.nd_time}",
+            f"nd_seed={self.nd_seed}",
+            f"requests={_list(_hx(q) for q in self.requests)}",
+        ]
+
+
+@dataclass
+class _Phase(Message):
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    view: int
+    seq: int
+    digest: bytes
+
+    def body(self) -> bytes:
+        return _u32(self.view) + _u64(self.seq) + _digest(self.digest)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        view = r.u32("view")
+        seq = r.u64("seq")
+        return cls(service, sender, view, seq, r.digest("digest"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"view={self.view}", f"seq={self.seq}", f"digest={self.digest.hex()}"]
+
+
+@dataclass
+class Prepare(_Phase):
+    TYPE: ClassVar[int] = 4
+    NAME: ClassVar[str] = "PREPARE"
+
+
+@dataclass
+class Commit(_Phase):
+    TYPE: ClassVar[int] = 5
+    NAME: ClassVar[str] = "COMMIT"
+
+
+@dataclass
+class Checkpoint(Message):
+    TYPE: ClassVar[int] = 6
+    NAME: ClassVar[str] = "CHECKPOINT"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    seq: int
+    state: bytes
+
+    def body(self) -> bytes:
+        return _u64(self.seq) + _digest(self.state)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        return cls(service, sender, seq, r.digest("state"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"seq={self.seq}", f"state={self.state.hex()}"]
+
+
+def _entry_str(e: Entry) -> str:
+    return f"{e.seq}/{e.view}/{e.digest.hex()}"
+
+
+@dataclass
+class ViewChange(Message):
+    TYPE: ClassVar[int] = 7
+    NAME: ClassVar[str] = "VIEW-CHANGE"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    new_view: int
+    stable_seq: int
+    proof: list[bytes]
+    prepared: list[Entry]
+    preprepared: list[Entry]
+
+    def body(self) -> bytes:
+        return (
+            _u32(self.new_view)
+            + _u64(self.stable_seq)
+            + _blist(self.proof)
+            + _entries(self.prepared)
+            + _entries(self.preprepared)
+        )
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        new_view = r.u32("new_view")
+        stable = r.u64("stable_seq")
+        proof = r.blist("proof")
+        p = r.entries("prepared")
+        return cls(service, sender, new_view, stable, proof, p, r.entries("preprepared"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"new_view={self.new_view}",
+            f"stable_seq={self.stable_seq}",
+            f"proof={_list(_hx(x) for x in self.proof)}",
+            f"prepared={_list(_entry_str(e) for e in self.prepared)}",
+            f"preprepared={_list(_entry_str(e) for e in self.preprepared)}",
+        ]
+
+
+@dataclass
+class NewView(Message):
+    TYPE: ClassVar[int] = 8
+    NAME: ClassVar[str] = "NEW-VIEW"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    view: int
+    view_changes: list[bytes]
+    min_s: int
+    chosen: list[Choice]
+
+    def body(self) -> bytes:
+        return (
+            _u32(self.view) + _blist(self.view_changes) + _u64(self.min_s) + _choices(self.chosen)
+        )
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        view = r.u32("view")
+        vcs = r.blist("view_changes")
+        min_s = r.u64("min_s")
+        return cls(service, sender, view, vcs, min_s, r.choices("chosen"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"view={self.view}",
+            f"view_changes={_list(_hx(x) for x in self.view_changes)}",
+            f"min_s={self.min_s}",
+            f"chosen={_list(f'{c.seq}/{c.digest.hex()}' for c in self.chosen)}",
+        ]
+
+
+def _check_kind(kind: int) -> None:
+    if kind not in (FETCH_BATCH, FETCH_STATE, FETCH_LOG):
+        raise WireError("field", f"kind: {kind} not in 1..3")
+
+
+@dataclass
+class Fetch(Message):
+    TYPE: ClassVar[int] = 9
+    NAME: ClassVar[str] = "FETCH"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    kind: int
+    seq: int
+    digest: bytes
+
+    def body(self) -> bytes:
+        return _u8(self.kind) + _u64(self.seq) + _digest(self.digest)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        kind = r.u8("kind")
+        _check_kind(kind)
+        seq = r.u64("seq")
+        return cls(service, sender, kind, seq, r.digest("digest"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"kind={self.kind}", f"seq={self.seq}", f"digest={self.digest.hex()}"]
+
+
+@dataclass
+class FetchReply(Message):
+    TYPE: ClassVar[int] = 10
+    NAME: ClassVar[str] = "FETCH-REPLY"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    kind: int
+    seq: int
+    digest: bytes
+    data: bytes
+
+    def body(self) -> bytes:
+        return _u8(self.kind) + _u64(self.seq) + _digest(self.digest) + _bytes(self.data)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        kind = r.u8("kind")
+        _check_kind(kind)
+        seq = r.u64("seq")
+        digest = r.digest("digest")
+        return cls(service, sender, kind, seq, digest, r.bytes_("data"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"kind={self.kind}",
+            f"seq={self.seq}",
+            f"digest={self.digest.hex()}",
+            f"data={_hx(self.data)}",
+        ]
+
+
+@dataclass
+class Status(Message):
+    TYPE: ClassVar[int] = 11
+    NAME: ClassVar[str] = "STATUS"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    view: int
+    last_exec: int
+    stable_seq: int
+
+    def body(self) -> bytes:
+        return _u32(self.view) + _u64(self.last_exec) + _u64(self.stable_seq)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        view = r.u32("view")
+        last = r.u64("last_exec")
+        return cls(service, sender, view, last, r.u64("stable_seq"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"view={self.view}",
+            f"last_exec={self.last_exec}",
+            f"stable_seq={self.stable_seq}",
+        ]
+
+
+MESSAGE_TYPES: dict[int, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (
+        Request,
+        Reply,
+        PrePrepare,
+        Prepare,
+        Commit,
+        Checkpoint,
+        ViewChange,
+        NewView,
+        Fetch,
+        FetchReply,
+        Status,
+    )
+}
+
+
+def _check_auth_shape(kind: int, auth: bytes) -> None:
+    if kind == AUTH_MAC:
+        if len(auth) < 2:
+            raise WireError("auth", "MAC vector without a count")
+        n = int.from_bytes(auth[:2], "big")
+        if n > MAX_MACS:
+            raise WireError("length", f"MAC vector count {n} > {MAX_MACS}")
+        if len(auth) != 2 + MAC_ENTRY_LEN * n:
+            raise WireError("auth", f"MAC vector of {n} entries but {len(auth)} bytes")
+    elif kind == AUTH_SIG:
+        if len(auth) != SIG_LEN:
+            raise WireError("auth", f"signature of {len(auth)} bytes")
+    elif auth:
+        raise WireError("auth", "authenticator present with auth_kind none")
+
+
+def decode(buf: bytes) -> Message:
+    """Decode and structurally validate one message (no frame prefix).
+
+    Checks the authenticator's shape but not its validity: the caller knows which
+    key applies (verify_mac / verify_sig)."""
+    buf = bytes(buf)
+    if len(buf) < HDR_LEN:
+        raise WireError("short", f"{len(buf)} bytes < header")
+    magic, version, mtype, auth_kind, reserved, service, sender, body_len = _HDR.unpack_from(buf)
+    if len(buf) > MAX_MSG:
+        raise WireError("length", f"{len(buf)} bytes > ZZ_MAX_MSG")
+    if magic != MAGIC:
+        raise WireError("magic", magic.hex())
+    if version != VERSION:
+        raise WireError("version", str(version))
+    cls = MESSAGE_TYPES.get(mtype)
+    if cls is None:
+        raise WireError("type", f"unknown type {mtype}")
+    if auth_kind != cls.AUTH:
+        raise WireError("type", f"{cls.NAME} with auth_kind {auth_kind}")
+    if reserved != 0:
+        raise WireError("field", f"reserved byte {reserved}")
+    end = HDR_LEN + body_len
+    if end > len(buf):
+        raise WireError("short", f"body_len {body_len} beyond the message")
+    r = _Reader(buf, HDR_LEN, end)
+    msg = cls._parse(r, service, sender)
+    r.done("body")
+    auth = buf[end:]
+    _check_auth_shape(auth_kind, auth)
+    msg.auth = auth
+    return msg
+
+
+# ---- checkpoint state encoding ------------------------------------------------
+
+
+class ClientEntry(NamedTuple):
+    client: int
+    timestamp: int
+    view: int
+    result: bytes
+
+
+def state_encoding(seq: int, app_state: bytes, clients: Iterable[ClientEntry]) -> bytes:
+    items = sorted(clients, key=lambda e: e.client)
+    if len(items) > MAX_LIST:
+        raise ValueError("list longer than ZZ_MAX_LIST")
+    out = [_u64(seq), _digest(app_state), _u32(len(items))]
+    for e in items:
+        out.append(_u32(e.client) + _u64(e.timestamp) + _u32(e.view) + _bytes(e.result))
+    return b"".join(out)
+
+
+def decode_state(buf: bytes) -> tuple[int, bytes, list[ClientEntry]]:
+    r = _Reader(buf, 0, len(buf))
+    seq = r.u64("seq")
+    app = r.digest("app_state")
+    entries = []
+    last = -1
+    for i in range(r.count("clients")):
+        c = r.u32(f"clients[{i}].client")
+        if c <= last:
+            raise WireError("field", f"clients[{i}]: not sorted by client id")
+        last = c
+        ts = r.u64(f"clients[{i}].timestamp")
+        view = r.u32(f"clients[{i}].view")
+        entries.append(ClientEntry(c, ts, view, r.bytes_(f"clients[{i}].result")))
+    r.done("state")
+    return seq, app, entries
+
+
+# ---- framing ------------------------------------------------------------------
+
+
+def frame(msg: bytes) -> bytes:
+    if not HDR_LEN <= len(msg) <= MAX_MSG:
+        raise ValueError(f"cannot frame a message of {len(msg)} bytes")
+    return _u32(len(msg)) + msg
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
+    """Read one framed message. EOF raises asyncio.IncompleteReadError; a length
+    outside 16..MAX_MSG raises FrameError and the caller must close the connection."""
+    hdr = await reader.readexactly(4)
+    n = int.from_bytes(hdr, "big")
+    if n < HDR_LEN or n > MAX_MSG:
+        raise FrameError(f"frame length {n} outside {HDR_LEN}..{MAX_MSG}")
+    return await reader.readexactly(n)
+
+
+__all__ = [
+    "AUTH_MAC",
+    "AUTH_NONE",
+    "AUTH_SIG",
+    "Checkpoint",
+    "Choice",
+    "ClientEntry",
+    "Commit",
+    "Entry",
+    "Fetch",
+    "FetchReply",
+    "FrameError",
+    "MESSAGE_TYPES",
+    "Message",
+    "NULL_DIGEST",
+    "NewView",
+    "PrePrepare",
+    "Prepare",
+    "Reply",
+    "Request",
+    "Status",
+    "ViewChange",
+    "WireError",
+    "agreement_principal",
+    "batch_digest",
+    "batch_encoding",
+    "client_principal",
+    "decode",
+    "decode_batch",
+    "decode_state",
+    "exec_principal",
+    "frame",
+    "host_principal",
+    "principal_kind",
+    "read_frame",
+    "state_encoding",
+]
