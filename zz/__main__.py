@@ -1,0 +1,7 @@
+# zz/__main__.py - lets `python -m zz` run the same command line as the `zz` script.
+# Kept separate from cli.py so importing zz.cli never has side effects.
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+# zz/cli.py - the `zz` command line: keys, rack render, client.
+# Thin argparse layer: every command is a library call so tests and scripts share the code.
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from . import __version__, keys, render
+from .client import Client, ClientParams, ClientTimeout
+from .config import ConfigError, load
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    try:
+        out = keys.generate(config, force=args.force)
+    except FileExistsError as e:
+        print(f"zz keys: {e}", file=sys.stderr)
+        return 1
+    n = sum(s.n + s.exec_replicas + s.clients for s in config.services)
+    print(f"wrote keys for {n} principals in {len(config.services)} services to {out}")
+    return 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    services = [config.service(s) for s in args.service] if args.service else config.services
+    for s in services:
+        for p in render.render_service(config, s):
+            print(p)
+    return 0
+
+
+async def _run_client(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    params = ClientParams.from_config(config, args.service, args.client)
+    params.initial_timeout = args.retransmit
+    async with Client(params) as client:
+        for op in args.op:
+            data = bytes.fromhex(op) if args.hex_in else op.encode()
+            result = await client.invoke(data, read_only=args.read_only, timeout=args.timeout)
+            if args.hex_out:
+                print(result.hex())
+            else:
+                print(result.decode("utf-8", errors="backslashreplace"))
+        if args.stats:
+            print(dict(sorted(client.stats.items())), file=sys.stderr)
+    return 0
+
+
+def _cmd_client(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_run_client(args))
+    except ClientTimeout as e:
+        print(f"zz client: timeout: {e}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="zz",
+        description="ZZ: Byzantine-fault-tolerant hosting control plane.",
+    )
+    ap.add_argument("--version", action="version", version=f"zz {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    k = sub.add_parser(
+        "keys",
+        help="generate the rack key directory",
+        description="Generate MAC and Ed25519 keys for every principal of every service "
+        "into the config's key_dir (docs/config.md).",
+    )
+    k.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    k.add_argument("--force", action="store_true", help="replace an existing key directory")
+    k.set_defaults(func=_cmd_keys)
+
+    rack = sub.add_parser("rack", help="rack-wide operations", description="Rack operations.")
+    rsub = rack.add_subparsers(dest="rack_command", required=True, metavar="COMMAND")
+    r = rsub.add_parser(
+        "render",
+        help="write run/s<id>/agreed-<r>.conf for every agreement replica",
+        description="Render the zz-agreed replica files from the rack config.",
+    )
+    r.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    r.add_argument("--service", action="append", help="only this service (name or id); repeatable")
+    r.set_defaults(func=_cmd_render)
+
+    c = sub.add_parser(
+        "client",
+        help="invoke operations on a service and print the results",
+        description="Send each OP as one request, in order, and print each result.",
+    )
+    c.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    c.add_argument("service", metavar="SERVICE", help="service name or id")
+    c.add_argument("op", metavar="OP", nargs="+", help="operation (UTF-8 text, or hex with --hex)")
+    c.add_argument("--client", type=int, default=0, help="client index (default 0)")
+    c.add_argument("--read-only", action="store_true", help="try the read-only fast path")
+    c.add_argument("--timeout", type=float, default=30.0, help="seconds per operation")
+    c.add_argument("--retransmit", type=float, default=0.5, help="first retransmission timeout (s)")
+    c.add_argument("--hex", dest="hex_in", action="store_true", help="OPs are hex")
+    c.add_argument("--hex-out", action="store_true", help="print results as hex")
+    c.add_argument("--stats", action="store_true", help="print client counters to stderr")
+    c.set_defaults(func=_cmd_client)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, keys.KeyFileError, ValueError) as e:
+        print(f"zz: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+# zz/client.py - asyncio client library for one ZZ service (PBFT client side, docs/wire.md).
+# Sends MAC'd REQUESTs, retransmits to all replicas on timeout, accepts g+1 matching REPLYs.
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import keys, wire
+from .config import Config
+
+
+class ClientTimeout(Exception):
+    """No reply certificate before the caller's deadline."""
+
+
+class _NoQuorum(Exception):
+    """A read-only attempt cannot gather 2g+1 matching replies; fall back to ordering."""
+
+
+@dataclass
+class ClientParams:
+    """Everything a client needs, independent of how it was configured."""
+
+    service: int
+    g: int
+    client_index: int
+    replicas: list[tuple[str, int]]  # agreement replica r listens at replicas[r]
+    keys: dict[int, bytes]  # MAC key shared with each agreement replica r
+    initial_timeout: float = 0.5
+    max_timeout: float = 8.0
+
+    def __post_init__(self) -> None:
+        n = 3 * self.g + 1
+        if len(self.replicas) != n:
+            raise ValueError(f"g={self.g} needs {n} replica addresses, got {len(self.replicas)}")
+        missing = [r for r in range(n) if r not in self.keys]
+        if missing:
+            raise ValueError(f"no MAC key for replica {missing[0]}")
+
+    @property
+    def n(self) -> int:
+        return 3 * self.g + 1
+
+    @property
+    def principal(self) -> int:
+        return wire.client_principal(self.client_index)
+
+    @classmethod
+    def from_config(cls, config: Config, service: str | int, client_index: int) -> ClientParams:
+        svc = config.service(service)
+        if not 0 <= client_index < svc.clients:
+            raise ValueError(f"client {client_index} not in 0..{svc.clients - 1} of {svc.name}")
+        pid = wire.client_principal(client_index)
+        secret = keys.load_secret(keys.secret_path(config.rack.key_dir, svc.id, pid))
+        return cls(
+            service=svc.id,
+            g=svc.g,
+            client_index=client_index,
+            replicas=[config.replica_address(svc, r) for r in range(svc.n)],
+            keys=keys.peer_keys(secret, range(svc.n)),
+        )
+
+
+class _Conn:
+    """A persistent, reconnecting connection to one replica. While it is down the latest
+    message waits (older ones are superseded: the protocol retransmits anyway)."""
+
+    def __init__(self, client: Client, r: int, addr: tuple[str, int]) -> None:
+        self.client = client
+        self.r = r
+        self.addr = addr
+        self.writer: asyncio.StreamWriter | None = None
+        self.waiting: bytes | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"zz-client-conn-{self.r}")
+
+    def send(self, msg: bytes) -> None:
+        w = self.writer
+        if w is None or w.is_closing():
+            self.waiting = msg
+            return
+        w.write(wire.frame(msg))
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        stats = self.client.stats
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(*self.addr)
+            except OSError:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            backoff = 0.05
+            stats["connects"] += 1
+            self.writer = writer
+            if self.waiting is not None:
+                writer.write(wire.frame(self.waiting))
+                self.waiting = None
+            try:
+                while True:
+                    self.client._on_message(await wire.read_frame(reader))
+            except wire.FrameError:
+                stats["frame_errors"] += 1
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                self.writer = None
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            await asyncio.sleep(backoff)
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.writer is not None:
+            self.writer.close()
+
+
+@dataclass
+class _Pending:
+    timestamp: int
+    read_only: bool
+    quorum: int
+    future: asyncio.Future[bytes]
+    replies: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # r -> (result, view)
+
+
+class Client:
+    """`await Client(params_or_config, c, service=...).invoke(op)`; one request at a time
+    per client (the replicas' reply cache keeps only the latest timestamp per client)."""
+
+    def __init__(
+        self,
+        config_or_params: ClientParams | Config,
+        client_index: int | None = None,
+        service: str | int | None = None,
+    ) -> None:
+        if isinstance(config_or_params, Config):
+            if service is None:
+                if len(config_or_params.services) != 1:
+                    raise ValueError("the rack has several services: name one")
+                service = config_or_params.services[0].id
+            params = ClientParams.from_config(config_or_params, service, client_index or 0)
+        else:
+            params = config_or_params
+            if client_index is not None and client_index != params.client_index:
+                raise ValueError("client_index disagrees with the given ClientParams")
+        self.params = params
+        self.view = 0
+        self.stats: Counter[str] = Counter()
+        self._last_ts = 0
+        self._conns: list[_Conn] = []
+        self._pending: _Pending | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_file(cls, config_path: str | Path, service: str | int, client_index: int) -> Client:
+        from .config import load
+
+        return cls(ClientParams.from_config(load(config_path), service, client_index))
+
+    async def __aenter__(self) -> Client:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        if not self._conns:
+            self._conns = [_Conn(self, r, a) for r, a in enumerate(self.params.replicas)]
+            for c in self._conns:
+                c.start()
+
+    async def close(self) -> None:
+        conns, self._conns = self._conns, []
+        for c in conns:
+            await c.close()
+
+    @property
+    def primary(self) -> int:
+        return self.view % self.params.n
+
+    def _next_timestamp(self) -> int:
+        # Wall-clock based so a restarted client keeps increasing, never repeating.
+        self._last_ts = max(time.time_ns(), self._last_ts + 1)
+        return self._last_ts
+
+    def _send(self, msg: bytes, to: list[int]) -> None:
+        for r in to:
+            self._conns[r].send(msg)
+
+    async def invoke(self, op: bytes, read_only: bool = False, timeout: float = 30.0) -> bytes:
+        """Run `op` and return its result once a reply certificate is in. Raises
+        ClientTimeout after `timeout` seconds."""
+        self.start()
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            g = self.params.g
+            if read_only:
+                try:
+                    return await self._attempt(op, True, 2 * g + 1, deadline)
+                except _NoQuorum:
+                    self.stats["read_only_fallbacks"] += 1
+            return await self._attempt(op, False, g + 1, deadline)
+
+    async def _attempt(self, op: bytes, read_only: bool, quorum: int, deadline: float) -> bytes:
+        p = self.params
+        loop = asyncio.get_running_loop()
+        ts = self._next_timestamp()
+        flags = wire.FLAG_READONLY if read_only else 0
+        req = wire.Request(p.service, p.principal, ts, flags, op)
+        msg = req.with_macs({r: p.keys[r] for r in range(p.n)}).encode()
+        pend = _Pending(ts, read_only, quorum, loop.create_future())
+        self._pending = pend
+        self.stats["requests"] += 1
+        everyone = list(range(p.n))
+        # Read-only requests skip ordering, so every replica must see them at once.
+        self._send(msg, everyone if read_only else [self.primary])
+        interval = p.initial_timeout
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ClientTimeout(f"no reply certificate for timestamp {ts}")
+                try:
+                    return await asyncio.wait_for(
+                        asyncio.shield(pend.future), min(interval, remaining)
+                    )
+                except TimeoutError:
+                    if pend.future.done():
+                        return pend.future.result()
+                    if read_only and loop.time() < deadline:
+                        raise _NoQuorum() from None
+                    if loop.time() >= deadline:
+                        continue
+                    # The primary may be faulty or the request lost: tell everyone, so
+                    # backups forward it and start their view-change timers.
+                    self.stats["retransmits"] += 1
+                    self._send(msg, everyone)
+                    interval = min(interval * 2, p.max_timeout)
+        finally:
+            self._pending = None
+            if not pend.future.done():
+                pend.future.cancel()
+
+    def _on_message(self, raw: bytes) -> None:
+        p = self.params
+        try:
+            m = wire.decode(raw)
+        except wire.WireError:
+            self.stats["bad_msg"] += 1
+            return
+        if (
+            not isinstance(m, wire.Reply)
+            or m.service != p.service
+            or m.client != p.principal
+            or not 0 <= m.sender < p.n
+        ):
+            self.stats["unexpected"] += 1
+            return
+        if not m.verify_mac(p.principal, p.keys[m.sender]):
+            self.stats["bad_mac"] += 1
+            return
+        self.stats["replies"] += 1
+        pend = self._pending
+        if pend is None or pend.future.done() or m.timestamp != pend.timestamp:
+            self.stats["stale"] += 1
+            return
+        if m.read_only != pend.read_only:
+            self.stats["unexpected"] += 1
+            return
+        # The latest reply per replica counts: a correct replica never changes its answer.
+        pend.replies[m.sender] = (m.result, m.view)
+        votes = Counter(res for res, _ in pend.replies.values())
+        result, count = votes.most_common(1)[0]
+        if count >= pend.quorum:
+            views = sorted((v for res, v in pend.replies.values() if res == result), reverse=True)
+            # The (g+1)-th highest view is vouched for by at least one correct replica.
+            self.view = max(self.view, views[p.g])
+            pend.future.set_result(result)
+        elif pend.read_only and len(pend.replies) - count + pend.quorum > p.n:
+            pend.future.set_exception(_NoQuorum())

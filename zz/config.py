@@ -1,0 +1,259 @@
+# zz/config.py - load and validate the rack config (TOML, docs/config.md) into dataclasses.
+# Validation happens once, here, so every other tool can trust the values it gets.
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_NAME_RE = re.compile(r"^[a-z0-9-]+$")
+# Mirrors agreement/src/conf.h: a replica holds at most this many keyed principals.
+MAX_REPLICAS = 64
+MAX_PRINCIPALS = 4096
+
+
+class ConfigError(Exception):
+    """An invalid rack config; the message starts with the offending field path."""
+
+
+@dataclass(frozen=True)
+class Rack:
+    name: str
+    key_dir: Path
+    run_dir: Path
+    checkpoint_interval: int = 128
+    log_window: int = 256
+    batch_max: int = 400
+    view_timeout_ms: int = 1000
+    # Replica tunables rendered into agreed-<r>.conf; optional in the TOML.
+    max_inflight: int = 4
+    status_interval_ms: int = 200
+    time_tolerance_ms: int = 10000
+
+
+@dataclass(frozen=True)
+class Host:
+    index: int
+    name: str
+    address: str
+    libvirt_uri: str = "qemu:///system"
+
+
+@dataclass(frozen=True)
+class Service:
+    index: int
+    name: str
+    id: int
+    g: int
+    f: int
+    active: int
+    sleep: str
+    app: str
+    clients: int
+    base_port: int
+
+    @property
+    def n(self) -> int:
+        """Agreement replicas: 3g+1."""
+        return 3 * self.g + 1
+
+    @property
+    def exec_replicas(self) -> int:
+        """Execution replicas with keys: f+1 active + f sleeping, more if `active` asks."""
+        return max(2 * self.f + 1, self.active)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    rack: Rack
+    hosts: list[Host] = field(default_factory=list)
+    services: list[Service] = field(default_factory=list)
+
+    def service(self, key: str | int) -> Service:
+        """Look a service up by name or id (an all-digit string counts as an id)."""
+        for s in self.services:
+            if s.name == key or s.id == key or (isinstance(key, str) and key == str(s.id)):
+                return s
+        raise ConfigError(f"services: no service named or numbered {key!r}")
+
+    def replica_address(self, service: Service, r: int) -> tuple[str, int]:
+        """Where agreement replica r listens: spread over hosts, shifted per service."""
+        host = self.hosts[(r + service.index) % len(self.hosts)]
+        return host.address, service.base_port + r
+
+    def replica_host(self, service: Service, r: int) -> Host:
+        return self.hosts[(r + service.index) % len(self.hosts)]
+
+
+class _Table:
+    """Typed accessors over one TOML table that remember which keys were consumed."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: must be a table")
+        self.data = data
+        self.path = path
+        self.seen: set[str] = set()
+
+    def _get(self, key: str, required: bool) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if required:
+                raise ConfigError(f"{self.fp(key)}: required")
+            return None
+        return self.data[key]
+
+    def fp(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get_int(
+        self, key: str, default: int | None = None, lo: int | None = None, hi: int | None = None
+    ) -> int:
+        v = self._get(key, default is None)
+        if v is None:
+            assert default is not None
+            return default
+        # bool is an int subclass in Python; TOML `true` must not pass as 1.
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{self.fp(key)}: must be an integer{_range(lo, hi)}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ConfigError(f"{self.fp(key)}: must be an integer{_range(lo, hi)}, got {v}")
+        return v
+
+    def get_str(
+        self, key: str, default: str | None = None, pattern: re.Pattern[str] | None = None
+    ) -> str:
+        v = self._get(key, default is None)
+        if v is None:
+            assert default is not None
+            return default
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"{self.fp(key)}: must be a non-empty string")
+        if pattern is not None and not pattern.match(v):
+            raise ConfigError(f"{self.fp(key)}: must match {pattern.pattern}, got {v!r}")
+        return v
+
+    def finish(self) -> None:
+        extra = sorted(set(self.data) - self.seen)
+        if extra:
+            raise ConfigError(f"{self.fp(extra[0])}: unknown key")
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f" in {lo}..{hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    return ""
+
+
+def _array(data: dict[str, Any], key: str) -> list[Any]:
+    v = data.get(key, [])
+    if not isinstance(v, list):
+        raise ConfigError(f"{key}: must be an array of tables ([[{key}]])")
+    return v
+
+
+def parse(data: dict[str, Any], path: Path) -> Config:
+    """Validate an already parsed TOML document; `path` anchors relative directories."""
+    top = _Table(data, "")
+    base = path.parent
+
+    rt = _Table(top._get("rack", True), "rack")
+    cp = rt.get_int("checkpoint_interval", 128, lo=1)
+    rack = Rack(
+        name=rt.get_str("name", pattern=_NAME_RE),
+        key_dir=(base / rt.get_str("key_dir", "keys")).resolve(),
+        run_dir=(base / rt.get_str("run_dir", "run")).resolve(),
+        checkpoint_interval=cp,
+        log_window=rt.get_int("log_window", 2 * cp, lo=cp),
+        batch_max=rt.get_int("batch_max", 400, lo=1),
+        view_timeout_ms=rt.get_int("view_timeout_ms", 1000, lo=1),
+        max_inflight=rt.get_int("max_inflight", 4, lo=1),
+        status_interval_ms=rt.get_int("status_interval_ms", 200, lo=1),
+        time_tolerance_ms=rt.get_int("time_tolerance_ms", 10000, lo=1),
+    )
+    if rack.log_window % cp:
+        raise ConfigError(
+            f"rack.log_window: must be a multiple of checkpoint_interval ({cp}),"
+            f" got {rack.log_window}"
+        )
+    rt.finish()
+
+    hosts: list[Host] = []
+    raw_hosts = _array(data, "hosts")
+    top.seen.add("hosts")
+    if not raw_hosts:
+        raise ConfigError("hosts: at least one [[hosts]] entry is required")
+    names: set[str] = set()
+    for i, h in enumerate(raw_hosts):
+        t = _Table(h, f"hosts[{i}]")
+        name = t.get_str("name")
+        if name in names:
+            raise ConfigError(f"hosts[{i}].name: duplicate {name!r}")
+        names.add(name)
+        hosts.append(
+            Host(i, name, t.get_str("address"), t.get_str("libvirt_uri", "qemu:///system"))
+        )
+        t.finish()
+
+    services: list[Service] = []
+    raw_services = _array(data, "services")
+    top.seen.add("services")
+    snames: set[str] = set()
+    ids: set[int] = set()
+    used: dict[tuple[str, int], str] = {}
+    for i, s in enumerate(raw_services):
+        t = _Table(s, f"services[{i}]")
+        name = t.get_str("name", pattern=_NAME_RE)
+        if name in snames:
+            raise ConfigError(f"services[{i}].name: duplicate {name!r}")
+        snames.add(name)
+        sid = t.get_int("id", lo=1, hi=65535)
+        if sid in ids:
+            raise ConfigError(f"services[{i}].id: duplicate {sid}")
+        ids.add(sid)
+        g = t.get_int("g", lo=1, hi=(MAX_REPLICAS - 1) // 3)
+        f = t.get_int("f", lo=0, hi=1000)
+        active = t.get_int("active", f + 1, lo=f + 1, hi=3 * f + 1)
+        sleep = t.get_str("sleep", "paused")
+        if sleep not in ("paused", "hibernated"):
+            raise ConfigError(f"services[{i}].sleep: must be 'paused' or 'hibernated'")
+        app = t.get_str("app", "echo")
+        clients = t.get_int("clients", 64, lo=1)
+        n = 3 * g + 1
+        base_port = t.get_int("base_port", lo=1, hi=65535 - n + 1)
+        t.finish()
+        svc = Service(i, name, sid, g, f, active, sleep, app, clients, base_port)
+        # An agreement replica holds keys for its peers, execution replicas and clients.
+        if n + svc.exec_replicas + clients > MAX_PRINCIPALS:
+            raise ConfigError(
+                f"services[{i}].clients: {n} replicas + {svc.exec_replicas} execution replicas"
+                f" + {clients} clients exceed {MAX_PRINCIPALS} principals"
+            )
+        for r in range(n):
+            addr = hosts[(r + i) % len(hosts)].address, base_port + r
+            if addr in used:
+                raise ConfigError(
+                    f"services[{i}].base_port: port {addr[1]} on {addr[0]}"
+                    f" already used by {used[addr]}"
+                )
+            used[addr] = f"services[{i}] replica {r}"
+        services.append(svc)
+    top.finish()
+    return Config(path=path.resolve(), rack=rack, hosts=hosts, services=services)
+
+
+def load(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from e
+    return parse(data, p)
