@@ -54,28 +54,6 @@ def free_port_range(n: int) -> int:
     raise RuntimeError("no free loopback port range")
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, (list, tuple)):
-        return " ".join(str(x) for x in v)
-    return str(v)
-
-
-def _override_file(path: Path, overrides: Overrides) -> None:
-    """Replace (or add) `key value...` lines of a rendered replica file."""
-    if not overrides:
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        key = line.split("#", 1)[0].split(None, 1)
-        if key and key[0] in overrides:
-            continue
-        keep.append(line)
-    keep += [f"{k} {_fmt(v)}" for k, v in overrides.items()]
-    path.write_text("\n".join(keep) + "\n")
-
-
 class Cluster:
     """One service's agreement cluster in `tmp_path`, with processes started by us.
 
@@ -140,15 +118,25 @@ base_port = {self.base_port}
         self.config = zconfig.load(self.config_path)
         zkeys.generate(self.config)
         self.service = next(s for s in self.config.services if s.id == SERVICE_ID)
-        zrender.render_service(self.config, self.service, {})
         self.run_dir = self.dir / "run" / f"s{SERVICE_ID}"
         self.key_dir = self.dir / "keys" / f"s{SERVICE_ID}"
-        per = overrides_per_replica or {}
-        for r in range(self.n):
-            ov: dict[str, Any] = {"stats_file": str(self.stats_path(r))}
-            ov.update(overrides or {})
-            ov.update(per.get(r, {}))
-            _override_file(self.conf_path(r), ov)
+        # zz.render takes {key: value} for all replicas or {key: {r: value}} per replica;
+        # it validates every value, so a typo in a test fails loudly.
+        merged: dict[str, Any] = dict(overrides or {})
+        for r, ov in (overrides_per_replica or {}).items():
+            for k, v in ov.items():
+                cur = merged.get(k)
+                per: dict[int, Any] = (
+                    dict(cur)
+                    if isinstance(cur, Mapping)
+                    else {}
+                    if cur is None
+                    else dict.fromkeys(range(self.n), cur)
+                )
+                per[r] = v
+                merged[k] = per
+        merged.setdefault("stats_file", {r: str(self.stats_path(r)) for r in range(self.n)})
+        zrender.render_service(self.config, self.service, merged)
 
     # ---- paths
     def conf_path(self, r: int) -> Path:
@@ -234,11 +222,7 @@ base_port = {self.base_port}
 
     def close(self) -> dict[int, int]:
         """Stop every replica and client; returns each replica's exit status."""
-        for c in self._clients:
-            with contextlib.suppress(Exception):
-                closer = getattr(c, "close_sync", None)
-                if closer is not None:
-                    closer()
+        # Clients live in the callers' event loops, which close them; forget them here.
         self._clients.clear()
         codes = {r: self.stop(r) for r in list(self.procs)}
         for pid in self.all_pids:  # belt and braces: nothing of ours may survive
@@ -336,7 +320,7 @@ base_port = {self.base_port}
         """A zz.client.Client for client principal 65536+i (async: await c.invoke(op))."""
         from zz.client import Client
 
-        c = Client.from_config(self.config, self.service, i)
+        c = Client(self.config, i, service=SERVICE_ID)
         self._clients.append(c)
         return c
 

@@ -59,7 +59,7 @@ def _tails(c: Cluster) -> str:
 
 
 async def _invoke(client: Any, op: bytes) -> bytes:
-    return await asyncio.wait_for(client.invoke(op), REQUEST_TIMEOUT)
+    return await client.invoke(op, timeout=REQUEST_TIMEOUT)
 
 
 async def _workload(c: Cluster, clients: list[int], per_client: int, tag: str) -> dict[int, list]:
