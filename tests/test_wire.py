@@ -1,0 +1,148 @@
+# tests/test_wire.py - unit tests of zz.wire beyond the shared vectors: round trips,
+# framing bounds, authenticator semantics, principals and the checkpoint state encoding.
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from zz import wire
+from zz.crypto import NULL_DIGEST, SigningKey, sha256
+
+D = sha256(b"d")
+K = {0: os.urandom(32), 1: os.urandom(32), 2: os.urandom(32), 3: os.urandom(32)}
+SK = SigningKey(sha256(b"seed"))
+
+SAMPLES: list[wire.Message] = [
+    wire.Request(5, 65537, 2**64 - 1, 1, b"\x00" * 300),
+    wire.Reply(5, 3, 2**32 - 1, 1, 65537, 0, b""),
+    wire.PrePrepare(5, 0, 1, 2, 3, 4, [b"a", b"", b"c" * 70]),
+    wire.Prepare(5, 1, 0, 9, D),
+    wire.Commit(5, 2, 0, 9, D),
+    wire.Checkpoint(5, 3, 128, D),
+    wire.ViewChange(5, 1, 2, 128, [b"cp"], [wire.Entry(129, 1, D)], []),
+    wire.NewView(5, 2, 2, [b"vc1", b"vc2"], 128, [wire.Choice(129, NULL_DIGEST)]),
+    wire.Fetch(5, 65537, 2, 128, D),
+    wire.FetchReply(5, 1, 3, 0, NULL_DIGEST, b"log"),
+    wire.Status(5, 3, 1, 2, 3),
+]
+
+
+def authenticate(m: wire.Message) -> wire.Message:
+    return m.with_macs(K) if m.AUTH == wire.AUTH_MAC else m.signed(SK)
+
+
+@pytest.mark.parametrize("m", SAMPLES, ids=lambda m: m.NAME)
+def test_round_trip(m: wire.Message) -> None:
+    a = authenticate(m)
+    raw = a.encode()
+    d = wire.decode(raw)
+    assert d == a
+    assert d.encode() == raw
+    assert type(d).TYPE == raw[3]
+    if m.AUTH == wire.AUTH_MAC:
+        assert all(d.verify_mac(r, k) for r, k in K.items())
+        assert not d.verify_mac(0, K[1])
+    else:
+        assert d.verify_sig(SK.public)
+
+
+@pytest.mark.parametrize("m", SAMPLES, ids=lambda m: m.NAME)
+def test_every_truncation_is_rejected(m: wire.Message) -> None:
+    raw = authenticate(m).encode()
+    for cut in range(len(raw)):
+        with pytest.raises(wire.WireError):
+            wire.decode(raw[:cut])
+
+
+def test_trailing_bytes_after_mac_vector_are_an_auth_error() -> None:
+    raw = wire.Status(1, 0, 0, 0, 0).with_macs({1: K[1]}).encode()
+    with pytest.raises(wire.WireError) as e:
+        wire.decode(raw + b"\x00")
+    assert e.value.name == "auth"
+
+
+def test_first_entry_for_receiver_decides() -> None:
+    m = wire.Status(1, 0, 0, 0, 0)
+    good = m.with_macs({1: K[1]})
+    bad = m.with_macs({1: K[2]})
+    # Hand-build a vector [bad entry for 1, good entry for 1]: the first must be used.
+    entries = bad.auth[2:] + good.auth[2:]
+    both = wire.decode(m.authed() + (2).to_bytes(2, "big") + entries)
+    assert both.mac_entries()[0][0] == both.mac_entries()[1][0] == 1
+    assert not both.verify_mac(1, K[1])
+
+
+def test_encoder_rejects_out_of_range_values() -> None:
+    with pytest.raises(ValueError):
+        wire.Status(70000, 0, 0, 0, 0).encode()
+    with pytest.raises(ValueError):
+        wire.Prepare(1, 0, 0, 0, b"short digest").encode()
+    with pytest.raises(ValueError):
+        wire.Checkpoint(1, 0, 0, D).with_macs(K)
+    with pytest.raises(ValueError):
+        wire.Status(1, 0, 0, 0, 0).signed(SK)
+
+
+def test_principals() -> None:
+    assert wire.agreement_principal(3) == 3
+    assert wire.exec_principal(2) == 258
+    assert wire.client_principal(5) == 65541
+    assert wire.host_principal(1) == 16777217
+    assert wire.principal_kind(258) == ("exec", 2)
+    assert wire.principal_kind(65541) == ("client", 5)
+    assert wire.principal_kind(16777217) == ("host", 1)
+    with pytest.raises(ValueError):
+        wire.agreement_principal(256)
+
+
+def test_state_encoding_sorted_and_strict() -> None:
+    entries = [wire.ClientEntry(65540, 9, 1, b"x"), wire.ClientEntry(65536, 3, 0, b"")]
+    enc = wire.state_encoding(64, D, entries)
+    seq, app, got = wire.decode_state(enc)
+    assert (seq, app) == (64, D)
+    assert [e.client for e in got] == [65536, 65540]
+    with pytest.raises(wire.WireError) as e:
+        wire.decode_state(enc + b"\x00")
+    assert e.value.name == "length"
+    # Swap the two entries: a state encoding must be sorted by client id.
+    first = 4 + 8 + 4 + 4 + 0
+    head = enc[: 8 + 32 + 4]
+    body = enc[8 + 32 + 4 :]
+    with pytest.raises(wire.WireError) as e:
+        wire.decode_state(head + body[first:] + body[:first])
+    assert e.value.name == "field"
+
+
+def test_batch_digest_ignores_view() -> None:
+    a = wire.PrePrepare(1, 0, 0, 5, 10, 11, [b"r"])
+    b = wire.PrePrepare(1, 1, 7, 5, 10, 11, [b"r"])
+    assert a.digest() == b.digest() == wire.batch_digest(10, 11, [b"r"])
+    assert a.digest() != wire.batch_digest(10, 12, [b"r"])
+
+
+async def _read(data: bytes) -> list[bytes]:
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    r.feed_eof()
+    out = []
+    while True:
+        try:
+            out.append(await wire.read_frame(r))
+        except asyncio.IncompleteReadError:
+            return out
+
+
+async def test_frames_round_trip_and_bounds() -> None:
+    m1 = wire.Status(1, 0, 1, 2, 3).with_macs(K).encode()
+    m2 = wire.Prepare(1, 0, 0, 9, D).with_macs({1: K[1]}).encode()
+    assert await _read(wire.frame(m1) + wire.frame(m2)) == [m1, m2]
+    with pytest.raises(wire.FrameError):
+        await _read((15).to_bytes(4, "big") + b"x" * 15)
+    with pytest.raises(wire.FrameError):
+        await _read((wire.MAX_MSG + 1).to_bytes(4, "big"))
+    # A frame cut by EOF is not returned half-read.
+    assert await _read(wire.frame(m1)[:-1]) == []
+    with pytest.raises(ValueError):
+        wire.frame(b"tiny")
