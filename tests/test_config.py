@@ -1,0 +1,104 @@
+# tests/test_config.py - rack config loading and validation (docs/config.md).
+# Every rejection must name the offending field path, so operators can fix the file.
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import RACK_TOML
+
+from zz.config import ConfigError, load
+from zz.render import render_service
+
+BASE = RACK_TOML.format(base_port=17100)
+
+
+def test_valid_config_and_defaults(rack_config: Path) -> None:
+    c = load(rack_config)
+    assert c.rack.name == "test"
+    assert c.rack.key_dir == rack_config.parent / "keys"
+    assert c.rack.max_inflight == 4
+    s = c.service("web")
+    assert c.service(1) is s and c.service("1") is s
+    assert (s.n, s.active, s.sleep, s.app, s.exec_replicas) == (4, 2, "paused", "echo", 3)
+    # Placement: replica r on hosts[(r + service index) % hosts], port base + r.
+    assert [c.replica_host(s, r).name for r in range(4)] == ["h0", "h1", "h0", "h1"]
+    assert c.replica_address(s, 3) == ("127.0.0.1", 17103)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("g = 1", "g = 0", "services[0].g: must be an integer in 1..21, got 0"),
+        ("g = 1", "g = true", "services[0].g: must be an integer"),
+        ("g = 1", 'g = "1"', "services[0].g: must be an integer"),
+        ('name = "h1"', 'name = "h0"', "hosts[1].name: duplicate 'h0'"),
+        ('name = "test"', 'name = "Bad Name"', "rack.name: must match"),
+        ("log_window = 8", "log_window = 6", "rack.log_window: must be a multiple"),
+        ("batch_max = 16", "batch_max = 16\nbogus = 1", "rack.bogus: unknown key"),
+        ("base_port = 17100", "base_port = 17100\ncolour = 'red'", "services[0].colour: unknown"),
+        ("f = 1", "f = 1\nactive = 5", "services[0].active: must be an integer in 2..4, got 5"),
+        ("f = 1", "f = 1\nsleep = 'frozen'", "services[0].sleep: must be 'paused'"),
+        ("id = 1", "id = 0", "services[0].id: must be an integer in 1..65535"),
+        ("base_port = 17100", "base_port = 65534", "services[0].base_port: must be an integer"),
+        (
+            'address = "127.0.0.1"\nlibvirt_uri = "test:///default"\n\n[[services]]',
+            "[[services]]",
+            "hosts[1].address: required",
+        ),
+        ("[rack]", "[extra]\nx = 1\n[rack]", "extra: unknown key"),
+    ],
+)
+def test_errors_name_the_field(
+    write_rack: Callable[[str], Path], old: str, new: str, message: str
+) -> None:
+    assert old in BASE
+    with pytest.raises(ConfigError) as e:
+        load(write_rack(BASE.replace(old, new, 1)))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_missing_sections(write_rack: Callable[[str], Path]) -> None:
+    with pytest.raises(ConfigError, match="^rack: required"):
+        load(write_rack("[[hosts]]\nname='h'\naddress='a'\n"))
+    with pytest.raises(ConfigError, match="^hosts: at least one"):
+        load(write_rack('[rack]\nname = "x"\n'))
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(write_rack("[rack\n"))
+
+
+def test_second_service_duplicates_and_port_clash(write_rack: Callable[[str], Path]) -> None:
+    svc2 = '\n[[services]]\nname = "{n}"\nid = {i}\ng = 1\nf = 1\nbase_port = {p}\n'
+    ok = load(write_rack(BASE + svc2.format(n="db", i=2, p=17200)))
+    assert [s.index for s in ok.services] == [0, 1]
+    # Service 1 is shifted by one host, so replica 0 lands on h1 as service 0's replica 1.
+    assert ok.replica_host(ok.services[1], 0).name == "h1"
+    with pytest.raises(ConfigError, match=r"^services\[1\]\.name: duplicate 'web'"):
+        load(write_rack(BASE + svc2.format(n="web", i=2, p=17200)))
+    with pytest.raises(ConfigError, match=r"^services\[1\]\.id: duplicate 1"):
+        load(write_rack(BASE + svc2.format(n="db", i=1, p=17200)))
+    with pytest.raises(ConfigError, match=r"^services\[1\]\.base_port: port 17102"):
+        load(write_rack(BASE + svc2.format(n="db", i=2, p=17102)))
+
+
+def test_render_with_overrides(rack_config: Path) -> None:
+    c = load(rack_config)
+    s = c.service("web")
+    paths = render_service(c, s, {"inject_drop": 0.1, "byzantine": {0: "silent"}})
+    assert [p.name for p in paths] == [f"agreed-{r}.conf" for r in range(4)]
+    text0 = paths[0].read_text().splitlines()
+    text1 = paths[1].read_text().splitlines()
+    assert "byzantine silent" in text0 and not any(x.startswith("byzantine") for x in text1)
+    assert "inject_drop 0.1" in text1
+    assert "listen 127.0.0.1 17101" in text1
+    assert [x for x in text1 if x.startswith("peer ")] == [
+        f"peer {r} 127.0.0.1 {17100 + r}" for r in range(4)
+    ]
+    assert f"secret {c.rack.key_dir}/s1/p1.secret" in text1
+    assert "checkpoint_interval 4" in text1 and "log_window 8" in text1
+    for bad in ({"listen": "x"}, {"inject_dup": 2}, {"byzantine": "evil"}, {"g": {7: 1}}):
+        with pytest.raises(ConfigError):
+            render_service(c, s, bad)
+    with pytest.raises(ConfigError, match="no replica 9"):
+        render_service(c, s, {"byzantine": {9: "silent"}})
