@@ -74,6 +74,7 @@ class Cluster:
         view_timeout_ms: int = 1000,
     ) -> None:
         self.dir = Path(tmp_path).resolve()
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.g = g
         self.n = 3 * g + 1
         self.binary = Path(binary) if binary else default_binary()
@@ -231,7 +232,7 @@ base_port = {self.base_port}
         return codes
 
     def leftover_pids(self) -> list[int]:
-        """zz-agreed processes still running with a conf file of this cluster."""
+        """Our daemon's processes still running with a conf file of this cluster."""
         found = []
         marker = str(self.run_dir).encode()
         for d in Path("/proc").iterdir():
@@ -242,7 +243,7 @@ base_port = {self.base_port}
                 stat = (d / "stat").read_text()
             except OSError:
                 continue
-            if marker in cmd and b"zz-agreed" in cmd and ") Z " not in stat:
+            if marker in cmd and self.binary.name.encode() in cmd and ") Z " not in stat:
                 found.append(int(d.name))
         return found
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import Cluster, default_binary
+from tests.cluster import REPO, Cluster
 
+# Skipped only while the daemon's source does not exist; once it does, a missing binary
+# is a failure (scripts/setup.sh builds it), not a silent skip.
 pytestmark = pytest.mark.skipif(
-    not default_binary().exists(), reason="zz-agreed not built (make -C agreement all asan)"
+    not (REPO / "agreement" / "src" / "main.c").exists(), reason="zz-agreed not written yet"
 )
 
 # A request may wait out a view change (view_timeout_ms doubles per failed view), so the
