@@ -1,0 +1,181 @@
+# tests/test_client_unit.py - zz.client against an in-test fake replica set (asyncio servers).
+# The fakes answer like agreement replicas with an echo state machine, some of them faulty.
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from zz import wire
+from zz.client import Client, ClientParams, ClientTimeout
+
+G = 1
+N = 3 * G + 1
+CLIENT = wire.client_principal(0)
+
+
+@dataclass
+class FakeReplica:
+    r: int
+    key: bytes
+    mode: str = "echo"  # echo | wrong | silent | badmac
+    view: int = 0
+    received: list[wire.Request] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    cluster: list[FakeReplica] = field(default_factory=list)
+    writer: asyncio.StreamWriter | None = None
+
+    def reply(self, m: wire.Request) -> None:
+        if self.mode == "silent" or self.writer is None:
+            return
+        result = b"evil" if self.mode == "wrong" else m.op
+        rep = wire.Reply(1, self.r, self.view, m.timestamp, CLIENT, m.flags, result)
+        key = os.urandom(32) if self.mode == "badmac" else self.key
+        self.writer.write(wire.frame(rep.with_macs({CLIENT: key}).encode()))
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                m = wire.decode(await wire.read_frame(reader))
+                assert isinstance(m, wire.Request)
+                assert m.verify_mac(self.r, self.key), "client sent a bad MAC"
+                self.received.append(m)
+                # A working primary gets the request executed everywhere (the fake's
+                # stand-in for ordering); a backup hit by a retransmission answers alone.
+                primary = self.r == self.view % N and self.mode != "silent"
+                for rep in self.cluster if primary and not m.read_only else [self]:
+                    rep.reply(m)
+        writer.close()
+
+
+@dataclass
+class Rig:
+    replicas: list[FakeReplica]
+    params: ClientParams
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    keys = {r: os.urandom(32) for r in range(N)}
+    reps = [FakeReplica(r, keys[r]) for r in range(N)]
+    for rep in reps:
+        rep.cluster = reps
+    addrs = []
+    for rep in reps:
+        rep.server = await asyncio.start_server(rep.handle, "127.0.0.1", 0)
+        addrs.append(rep.server.sockets[0].getsockname()[:2])
+    params = ClientParams(1, G, 0, addrs, keys, initial_timeout=0.2)
+    yield Rig(reps, params)
+    for rep in reps:
+        assert rep.server is not None
+        rep.server.close()
+
+
+async def test_matching_replies_from_primary(rig: Rig) -> None:
+    async with Client(rig.params) as c:
+        assert await c.invoke(b"hello", timeout=5) == b"hello"
+        assert await c.invoke(b"again", timeout=5) == b"again"
+    # Without faults only the primary is asked, and timestamps strictly increase.
+    assert [len(r.received) for r in rig.replicas] == [2, 0, 0, 0]
+    ts = [m.timestamp for m in rig.replicas[0].received]
+    assert ts[0] < ts[1]
+    assert c.stats["retransmits"] == 0
+
+
+async def test_one_faulty_result_is_outvoted(rig: Rig) -> None:
+    rig.replicas[1].mode = "wrong"
+    rig.replicas[0].mode = "silent"  # force the request to reach everyone
+    async with Client(rig.params) as c:
+        assert await c.invoke(b"x", timeout=5) == b"x"
+
+
+async def test_two_faulty_results_cannot_win_alone(rig: Rig) -> None:
+    # g+1 = 2 matching wrong answers would be accepted; with g = 1 only one is faulty,
+    # so make sure a single wrong reply plus silence is never taken as a result.
+    for r, mode in enumerate(["wrong", "silent", "silent", "echo"]):
+        rig.replicas[r].mode = mode
+    async with Client(rig.params) as c:
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"x", timeout=1.0)
+        assert c.stats["retransmits"] >= 1
+
+
+async def test_silent_primary_triggers_retransmission_to_all(rig: Rig) -> None:
+    rig.replicas[0].mode = "silent"
+    loop = asyncio.get_running_loop()
+    async with Client(rig.params) as c:
+        t0 = loop.time()
+        assert await c.invoke(b"op", timeout=5) == b"op"
+        elapsed = loop.time() - t0
+    assert c.stats["retransmits"] == 1
+    assert 0.2 <= elapsed < 2.0
+    assert all(len(r.received) == 1 for r in rig.replicas[1:])
+    assert len(rig.replicas[0].received) == 2  # first send plus the retransmission
+
+
+async def test_bad_mac_replies_are_ignored_and_counted(rig: Rig) -> None:
+    rig.replicas[0].mode = "silent"
+    rig.replicas[1].mode = "badmac"
+    rig.replicas[2].mode = "badmac"
+    async with Client(rig.params) as c:
+        # Only replica 3 answers with a valid MAC: below g+1, so no result.
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"op", timeout=0.8)
+        assert c.stats["bad_mac"] >= 2
+        rig.replicas[2].mode = "echo"
+        assert await c.invoke(b"op2", timeout=5) == b"op2"
+
+
+async def test_view_is_learned_from_replies(rig: Rig) -> None:
+    for rep in rig.replicas:
+        rep.view = 5
+    async with Client(rig.params) as c:
+        await c.invoke(b"a", timeout=5)
+        assert c.view == 5 and c.primary == 1
+        before = [len(r.received) for r in rig.replicas]
+        await c.invoke(b"b", timeout=5)
+    after = [len(r.received) for r in rig.replicas]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [0, 1, 0, 0]
+
+
+async def test_lying_view_from_one_replica_is_not_trusted(rig: Rig) -> None:
+    rig.replicas[0].mode = "silent"
+    rig.replicas[3].view = 1000
+    async with Client(rig.params) as c:
+        await c.invoke(b"a", timeout=5)
+        assert c.view == 0
+
+
+async def test_read_only_needs_2g_plus_1_then_falls_back(rig: Rig) -> None:
+    async with Client(rig.params) as c:
+        assert await c.invoke(b"get", read_only=True, timeout=5) == b"get"
+        assert all(r.received[-1].read_only for r in rig.replicas)
+        assert c.stats["read_only_fallbacks"] == 0
+        rig.replicas[2].mode = "wrong"
+        rig.replicas[3].mode = "silent"
+        # Two echo replies + one wrong: 2g+1 = 3 matching impossible -> ordered request.
+        assert await c.invoke(b"get2", read_only=True, timeout=5) == b"get2"
+        assert c.stats["read_only_fallbacks"] == 1
+        assert not rig.replicas[0].received[-1].read_only
+
+
+async def test_reconnects_after_replica_restart(rig: Rig) -> None:
+    async with Client(rig.params) as c:
+        assert await c.invoke(b"one", timeout=5) == b"one"
+        rep = rig.replicas[0]
+        assert rep.server is not None
+        host, port = rig.params.replicas[0]
+        rep.server.close()
+        for conn in c._conns:  # drop live connections as a crash would
+            if conn.writer is not None:
+                conn.writer.close()
+        await asyncio.sleep(0.1)
+        rep.server = await asyncio.start_server(rep.handle, host, port)
+        assert await c.invoke(b"two", timeout=5) == b"two"
+        assert c.stats["connects"] >= N + 1
