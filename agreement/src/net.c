@@ -1,0 +1,905 @@
+/* net.c - the single-threaded epoll loop of zz-agreed: framed TCP in and out, reconnecting
+ * peer links, a timer heap and the test-only fault injector. Writes are coalesced per loop
+ * iteration because at ~20k requests/s one syscall per frame would dominate the CPU. */
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wire.h"
+
+#define READ_CHUNK (64 * 1024)
+#define READS_PER_EVENT 16             /* fairness: at most 1 MiB per connection per wakeup */
+#define OUT_LIMIT (64u * 1024 * 1024)  /* per-connection queue bound; beyond it frames drop */
+#define FLUSH_EARLY (256 * 1024)       /* write before the loop's flush once this is queued */
+#define IN_SHRINK (1024 * 1024)        /* give back a read buffer grown past this when idle */
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 1000
+#define MAX_EVENTS 256
+
+enum conn_kind { C_ACCEPTED, C_PEER, C_LISTEN, C_WAKE };
+enum link_state { L_DOWN, L_CONNECTING, L_UP };
+
+struct zz_conn {
+    enum conn_kind kind;
+    int fd;
+    uint32_t events;  /* what epoll currently watches for fd */
+    int dead;         /* close pending at the end of the iteration */
+    int dirty;        /* on the flush list */
+    zz_conn *next_dirty, *next_dead;
+    zz_conn *prev, *next; /* accepted connections list */
+    /* input: frames accumulate here until complete */
+    uint8_t *in;
+    size_t in_len, in_cap;
+    /* output: [out_off, out_len) not yet written; out_head bytes at out_off finish a frame
+     * that is partly on the wire, so a broken link can drop exactly that partial frame */
+    uint8_t *out;
+    size_t out_off, out_len, out_cap, out_head;
+    /* outgoing peer links only */
+    zz_net *net; /* back pointer for the retry timer */
+    uint32_t peer;
+    enum link_state state;
+    uint32_t backoff_ms;
+    uint64_t retry_timer;
+    int ever_up;
+};
+
+typedef struct {
+    uint64_t expiry, id;
+    zz_on_timer fn;
+    void *ctx;
+    int cancelled;
+} timer_ent;
+
+/* A message held back by the delay injector. */
+typedef struct {
+    zz_net *net;
+    uint32_t peer;
+    size_t len;
+    uint8_t msg[];
+} delayed_msg;
+
+struct zz_net {
+    const zz_conf *conf;
+    void *ctx;
+    zz_on_frame on_frame;
+    zz_on_close on_close;
+    int ep;
+    zz_conn listener, wake;
+    zz_conn links[ZZ_MAX_REPLICAS];
+    struct sockaddr_storage peer_addr[ZZ_MAX_REPLICAS];
+    socklen_t peer_addrlen[ZZ_MAX_REPLICAS];
+    zz_conn *accepted;   /* list head */
+    zz_conn *dirty_head; /* connections with output to flush */
+    zz_conn *dead_head;  /* connections to close */
+    timer_ent *heap;
+    size_t nheap, heapcap;
+    uint64_t next_timer_id;
+    uint64_t rng;
+    int inject;
+    /* Set by zz_net_stop, which may run in a signal handler: only this flag and a write to
+     * the eventfd happen there, both async-signal-safe. */
+    volatile sig_atomic_t stop;
+    zz_net_stats st;
+};
+
+static void set_err(char *err, size_t errcap, const char *fmt, ...)
+{
+    if (!err || !errcap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errcap, fmt, ap);
+    va_end(ap);
+}
+
+uint64_t zz_net_now_ms(const zz_net *n)
+{
+    (void)n;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* ---- PRNG for fault injection: splitmix64, deterministic per (seed, replica) ---- */
+
+static uint64_t rng_next(zz_net *n)
+{
+    uint64_t z = (n->rng += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(zz_net *n) /* uniform in [0, 1) */
+{
+    return (double)(rng_next(n) >> 11) * 0x1.0p-53;
+}
+
+/* ---- timers: binary min-heap on (expiry, id); cancel marks, the pop skips ---- */
+
+static int heap_less(const timer_ent *a, const timer_ent *b)
+{
+    return a->expiry != b->expiry ? a->expiry < b->expiry : a->id < b->id;
+}
+
+static void heap_up(zz_net *n, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!heap_less(&n->heap[i], &n->heap[p]))
+            break;
+        timer_ent t = n->heap[i];
+        n->heap[i] = n->heap[p];
+        n->heap[p] = t;
+        i = p;
+    }
+}
+
+static void heap_down(zz_net *n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n->nheap && heap_less(&n->heap[l], &n->heap[m]))
+            m = l;
+        if (r < n->nheap && heap_less(&n->heap[r], &n->heap[m]))
+            m = r;
+        if (m == i)
+            break;
+        timer_ent t = n->heap[i];
+        n->heap[i] = n->heap[m];
+        n->heap[m] = t;
+        i = m;
+    }
+}
+
+static void heap_pop(zz_net *n, timer_ent *out)
+{
+    *out = n->heap[0];
+    n->heap[0] = n->heap[--n->nheap];
+    heap_down(n, 0);
+}
+
+uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx)
+{
+    if (n->nheap == n->heapcap) {
+        size_t nc = n->heapcap ? n->heapcap * 2 : 64;
+        timer_ent *nh = realloc(n->heap, nc * sizeof *nh);
+        if (!nh) {
+            /* Out of memory: losing a timer would stall the protocol silently; there is
+             * nothing sensible left to do in a replica that cannot allocate 64 bytes. */
+            fprintf(stderr, "zz_net_timer: out of memory\n");
+            abort();
+        }
+        n->heap = nh;
+        n->heapcap = nc;
+    }
+    timer_ent *t = &n->heap[n->nheap];
+    t->expiry = zz_net_now_ms(n) + ms;
+    t->id = ++n->next_timer_id;
+    t->fn = fn;
+    t->ctx = ctx;
+    t->cancelled = 0;
+    heap_up(n, n->nheap++);
+    return t->id;
+}
+
+/* Linear: cancels are rare (a handful of protocol timers), firing is the hot path. */
+void zz_net_cancel(zz_net *n, uint64_t id)
+{
+    if (id == 0)
+        return;
+    for (size_t i = 0; i < n->nheap; i++)
+        if (n->heap[i].id == id) {
+            n->heap[i].cancelled = 1;
+            return;
+        }
+}
+
+/* ---- epoll bookkeeping ---- */
+
+static int ep_set(zz_net *n, zz_conn *c, uint32_t events)
+{
+    if (c->events == events)
+        return 0;
+    struct epoll_event ev = {.events = events, .data.ptr = c};
+    int op = c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (events == 0) {
+        op = EPOLL_CTL_DEL;
+    }
+    if (epoll_ctl(n->ep, op, c->fd, &ev) < 0)
+        return -1;
+    c->events = events;
+    return 0;
+}
+
+static void mark_dead(zz_net *n, zz_conn *c)
+{
+    if (c->dead)
+        return;
+    c->dead = 1;
+    c->next_dead = n->dead_head;
+    n->dead_head = c;
+}
+
+static void mark_dirty(zz_net *n, zz_conn *c)
+{
+    if (c->dirty || c->dead)
+        return;
+    c->dirty = 1;
+    c->next_dirty = n->dirty_head;
+    n->dirty_head = c;
+}
+
+static void set_sockopts(int fd)
+{
+    int one = 1;
+    /* Frames are small and latency-bound; coalescing is done by our own output buffer. */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* ---- output ---- */
+
+/* Account `w` written bytes, walking frame boundaries so out_head stays exact. */
+static void out_consumed(zz_conn *c, size_t w)
+{
+    while (w > 0) {
+        if (c->out_head == 0)
+            c->out_head = 4 + (size_t)get_be32(c->out + c->out_off);
+        size_t step = w < c->out_head ? w : c->out_head;
+        c->out_head -= step;
+        c->out_off += step;
+        w -= step;
+    }
+    if (c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+}
+
+/* Write as much as the socket takes. Returns -1 if the connection broke. */
+static int conn_flush(zz_net *n, zz_conn *c)
+{
+    if (c->fd < 0 || c->dead || (c->kind == C_PEER && c->state != L_UP))
+        return 0;
+    while (c->out_off < c->out_len) {
+        ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            mark_dead(n, c);
+            return -1;
+        }
+        n->st.bytes_out += (uint64_t)w;
+        out_consumed(c, (size_t)w);
+    }
+    uint32_t want = EPOLLIN | (c->out_off < c->out_len ? EPOLLOUT : 0);
+    if (ep_set(n, c, want) < 0) {
+        mark_dead(n, c);
+        return -1;
+    }
+    return 0;
+}
+
+/* Append one frame; 0 on success, -1 if it was dropped (queue bound or memory). */
+static int conn_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
+{
+    /* A dying accepted connection is gone for good (the owner learns via on_close); a
+     * dying peer link keeps its queue for the next connection. */
+    if (c->dead && c->kind != C_PEER)
+        return -1;
+    if (len > ZZ_MAX_MSG || (c->out_len - c->out_off) + 4 + len > OUT_LIMIT) {
+        n->st.send_overflow++;
+        return -1;
+    }
+    size_t need = 4 + len;
+    if (c->out_cap - c->out_len < need) {
+        /* Reclaim the written prefix before growing. */
+        if (c->out_off > 0) {
+            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+            c->out_len -= c->out_off;
+            c->out_off = 0;
+        }
+        if (c->out_cap - c->out_len < need) {
+            size_t nc = c->out_cap ? c->out_cap : 64 * 1024;
+            while (nc - c->out_len < need)
+                nc *= 2;
+            uint8_t *p = realloc(c->out, nc);
+            if (!p) {
+                n->st.send_overflow++;
+                return -1;
+            }
+            c->out = p;
+            c->out_cap = nc;
+        }
+    }
+    uint8_t *d = c->out + c->out_len;
+    d[0] = (uint8_t)(len >> 24);
+    d[1] = (uint8_t)(len >> 16);
+    d[2] = (uint8_t)(len >> 8);
+    d[3] = (uint8_t)len;
+    memcpy(d + 4, msg, len);
+    c->out_len += need;
+    n->st.frames_out++;
+    if (c->out_len - c->out_off >= FLUSH_EARLY)
+        conn_flush(n, c);
+    else
+        mark_dirty(n, c);
+    return 0;
+}
+
+/* ---- outgoing peer links ---- */
+
+static void link_connect(zz_net *n, zz_conn *c);
+
+static void on_retry(void *ctx)
+{
+    zz_conn *c = ctx;
+    c->retry_timer = 0;
+    link_connect(c->net, c);
+}
+
+static void link_schedule_retry(zz_net *n, zz_conn *c)
+{
+    c->state = L_DOWN;
+    if (c->retry_timer)
+        return;
+    c->retry_timer = zz_net_timer(n, c->backoff_ms, on_retry, c);
+    c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+}
+
+static void link_established(zz_net *n, zz_conn *c)
+{
+    c->state = L_UP;
+    c->backoff_ms = BACKOFF_MIN_MS;
+    if (c->ever_up)
+        n->st.reconnects++;
+    c->ever_up = 1;
+    if (conn_flush(n, c) < 0)
+        return;
+}
+
+static void link_connect(zz_net *n, zz_conn *c)
+{
+    if (c->state != L_DOWN || c->retry_timer)
+        return;
+    int fd = socket(n->peer_addr[c->peer].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    0);
+    if (fd < 0) {
+        link_schedule_retry(n, c);
+        return;
+    }
+    set_sockopts(fd);
+    c->fd = fd;
+    c->events = 0;
+    c->dead = 0;
+    if (connect(fd, (struct sockaddr *)&n->peer_addr[c->peer], n->peer_addrlen[c->peer]) == 0) {
+        if (ep_set(n, c, EPOLLIN) < 0) {
+            mark_dead(n, c);
+            return;
+        }
+        link_established(n, c);
+        return;
+    }
+    if (errno != EINPROGRESS || ep_set(n, c, EPOLLOUT) < 0) {
+        /* Through the dead list so the fd is closed in one place. */
+        c->state = L_CONNECTING;
+        mark_dead(n, c);
+        return;
+    }
+    c->state = L_CONNECTING;
+}
+
+static void link_connect_done(zz_net *n, zz_conn *c)
+{
+    int soerr = 0;
+    socklen_t sl = sizeof soerr;
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr != 0) {
+        mark_dead(n, c);
+        return;
+    }
+    if (ep_set(n, c, EPOLLIN) < 0) {
+        mark_dead(n, c);
+        return;
+    }
+    link_established(n, c);
+}
+
+/* The partial frame at the head cannot be resumed on a new connection: the receiver would
+ * read its tail as a length prefix. Whole queued frames are kept for the next connection. */
+static void link_down(zz_net *n, zz_conn *c)
+{
+    if (c->fd >= 0) {
+        close(c->fd); /* also removes it from the epoll set */
+        c->fd = -1;
+    }
+    c->events = 0;
+    c->dead = 0;
+    c->out_off += c->out_head;
+    c->out_head = 0;
+    if (c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    c->in_len = 0;
+    link_schedule_retry(n, c);
+}
+
+/* ---- injection and the public send API ---- */
+
+static void link_send(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len)
+{
+    zz_conn *c = &n->links[peer];
+    if (conn_enqueue(n, c, msg, len) < 0)
+        return;
+    if (c->state == L_DOWN)
+        link_connect(n, c);
+}
+
+static void on_delayed(void *ctx)
+{
+    delayed_msg *d = ctx;
+    link_send(d->net, d->peer, d->msg, d->len);
+    free(d);
+}
+
+static void inject_send(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len)
+{
+    if (rng_unit(n) < n->conf->inject_drop) {
+        n->st.injected_drops++;
+        return;
+    }
+    int copies = 1;
+    if (rng_unit(n) < n->conf->inject_dup) {
+        n->st.injected_dups++;
+        copies = 2;
+    }
+    for (int i = 0; i < copies; i++) {
+        uint32_t delay = 0;
+        if (n->conf->inject_delay_ms > 0)
+            delay = (uint32_t)(rng_next(n) % ((uint64_t)n->conf->inject_delay_ms + 1));
+        if (delay == 0) {
+            link_send(n, peer, msg, len);
+            continue;
+        }
+        delayed_msg *d = malloc(sizeof *d + len);
+        if (!d) {
+            n->st.send_overflow++;
+            continue;
+        }
+        d->net = n;
+        d->peer = peer;
+        d->len = len;
+        memcpy(d->msg, msg, len);
+        n->st.injected_delays++;
+        zz_net_timer(n, delay, on_delayed, d);
+    }
+}
+
+void zz_net_send_peer(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len)
+{
+    if (peer >= n->conf->n || peer == n->conf->id)
+        return;
+    if (n->inject)
+        inject_send(n, peer, msg, len);
+    else
+        link_send(n, peer, msg, len);
+}
+
+void zz_net_bcast(zz_net *n, const uint8_t *msg, size_t len)
+{
+    for (uint32_t p = 0; p < n->conf->n; p++)
+        if (p != n->conf->id)
+            zz_net_send_peer(n, p, msg, len);
+}
+
+void zz_net_send_conn(zz_net *n, zz_conn *conn, const uint8_t *msg, size_t len)
+{
+    if (!conn)
+        return;
+    if (conn->kind == C_PEER) {
+        link_send(n, conn->peer, msg, len);
+        return;
+    }
+    conn_enqueue(n, conn, msg, len);
+}
+
+/* ---- input ---- */
+
+/* Deliver every complete frame in c->in. Returns -1 if the connection must close. */
+static int conn_parse(zz_net *n, zz_conn *c)
+{
+    size_t p = 0;
+    int rc = 0;
+    while (c->in_len - p >= 4) {
+        uint32_t L = get_be32(c->in + p);
+        if (L < ZZ_HDR_LEN || L > ZZ_MAX_MSG) {
+            n->st.framing_errors++;
+            rc = -1;
+            break;
+        }
+        if (c->in_len - p - 4 < L)
+            break;
+        n->st.frames_in++;
+        n->on_frame(n->ctx, c, c->in + p + 4, L);
+        p += 4 + (size_t)L;
+        if (c->dead) { /* a send from the handler broke it */
+            rc = -1;
+            break;
+        }
+    }
+    if (rc < 0)
+        return -1;
+    if (p > 0) {
+        memmove(c->in, c->in + p, c->in_len - p);
+        c->in_len -= p;
+    }
+    return 0;
+}
+
+/* Room for the next read: at least a chunk, or the whole of a frame announced at the head. */
+static int in_reserve(zz_conn *c)
+{
+    size_t need = c->in_len + READ_CHUNK;
+    if (c->in_len >= 4) {
+        size_t frame = 4 + (size_t)get_be32(c->in);
+        if (frame > need)
+            need = frame;
+    }
+    if (c->in_cap >= need)
+        return 0;
+    size_t nc = c->in_cap ? c->in_cap : READ_CHUNK;
+    while (nc < need)
+        nc *= 2;
+    uint8_t *p = realloc(c->in, nc);
+    if (!p)
+        return -1;
+    c->in = p;
+    c->in_cap = nc;
+    return 0;
+}
+
+static void conn_readable(zz_net *n, zz_conn *c)
+{
+    for (int i = 0; i < READS_PER_EVENT && !c->dead; i++) {
+        if (in_reserve(c) < 0) {
+            mark_dead(n, c);
+            return;
+        }
+        ssize_t r = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                mark_dead(n, c);
+            break;
+        }
+        if (r == 0) {
+            mark_dead(n, c);
+            break;
+        }
+        n->st.bytes_in += (uint64_t)r;
+        c->in_len += (size_t)r;
+        if (conn_parse(n, c) < 0) {
+            mark_dead(n, c);
+            return;
+        }
+        if ((size_t)r < READ_CHUNK)
+            break; /* drained: skip the EAGAIN round trip */
+    }
+    if (c->in_len == 0 && c->in_cap > IN_SHRINK) {
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+}
+
+/* ---- accepted connections ---- */
+
+static void accept_all(zz_net *n)
+{
+    for (;;) {
+        int fd = accept4(n->listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            /* EAGAIN: done. EMFILE and friends: leave the rest in the backlog. */
+            return;
+        }
+        zz_conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        set_sockopts(fd);
+        c->kind = C_ACCEPTED;
+        c->fd = fd;
+        if (ep_set(n, c, EPOLLIN) < 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->next = n->accepted;
+        if (n->accepted)
+            n->accepted->prev = c;
+        n->accepted = c;
+        n->st.conns_accepted++;
+    }
+}
+
+static void conn_destroy(zz_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+/* ---- the loop ---- */
+
+/* Flush everything queued, then close what broke, repeating because an on_close handler
+ * may queue more output. */
+static void settle(zz_net *n)
+{
+    while (n->dirty_head || n->dead_head) {
+        while (n->dirty_head) {
+            zz_conn *c = n->dirty_head;
+            n->dirty_head = c->next_dirty;
+            c->dirty = 0;
+            c->next_dirty = NULL;
+            conn_flush(n, c);
+        }
+        while (n->dead_head) {
+            zz_conn *c = n->dead_head;
+            n->dead_head = c->next_dead;
+            c->next_dead = NULL;
+            if (c->kind == C_PEER) {
+                link_down(n, c);
+                continue;
+            }
+            if (c->prev)
+                c->prev->next = c->next;
+            else
+                n->accepted = c->next;
+            if (c->next)
+                c->next->prev = c->prev;
+            if (n->on_close)
+                n->on_close(n->ctx, c);
+            conn_destroy(c);
+        }
+    }
+}
+
+static void run_timers(zz_net *n)
+{
+    uint64_t now = zz_net_now_ms(n);
+    /* Timers added by these callbacks wait for the next iteration, so a callback that
+     * re-arms itself with 0 ms cannot starve the sockets. */
+    uint64_t last_id = n->next_timer_id;
+    while (n->nheap > 0 && n->heap[0].expiry <= now && n->heap[0].id <= last_id) {
+        timer_ent t;
+        heap_pop(n, &t);
+        if (!t.cancelled)
+            t.fn(t.ctx);
+    }
+    /* Drop cancelled entries at the top so they do not shorten the next wait. */
+    while (n->nheap > 0 && n->heap[0].cancelled) {
+        timer_ent t;
+        heap_pop(n, &t);
+    }
+}
+
+static int next_timeout(zz_net *n)
+{
+    if (n->nheap == 0)
+        return -1;
+    uint64_t now = zz_net_now_ms(n);
+    if (n->heap[0].expiry <= now)
+        return 0;
+    uint64_t d = n->heap[0].expiry - now;
+    return d > 60000 ? 60000 : (int)d;
+}
+
+int zz_net_run(zz_net *n)
+{
+    struct epoll_event evs[MAX_EVENTS];
+    int rc = 0;
+    while (!n->stop) {
+        settle(n);
+        if (n->stop)
+            break;
+        int ne = epoll_wait(n->ep, evs, MAX_EVENTS, next_timeout(n));
+        if (ne < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -1;
+            break;
+        }
+        for (int i = 0; i < ne; i++) {
+            zz_conn *c = evs[i].data.ptr;
+            uint32_t e = evs[i].events;
+            if (c->kind == C_LISTEN) {
+                accept_all(n);
+                continue;
+            }
+            if (c->kind == C_WAKE) {
+                uint64_t v;
+                ssize_t r = read(c->fd, &v, sizeof v);
+                (void)r; /* only the wakeup matters; the flag says why */
+                continue;
+            }
+            if (c->dead)
+                continue;
+            if (c->kind == C_PEER && c->state == L_CONNECTING) {
+                link_connect_done(n, c);
+                continue;
+            }
+            if (e & (EPOLLIN | EPOLLERR | EPOLLHUP))
+                conn_readable(n, c);
+            if ((e & EPOLLOUT) && !c->dead)
+                conn_flush(n, c);
+        }
+        run_timers(n);
+    }
+    settle(n); /* best effort: get queued replies out before returning */
+    n->stop = 0;
+    return rc;
+}
+
+/* Async-signal-safe: call it from a SIGTERM handler; the loop returns after the current
+ * iteration. */
+void zz_net_stop(zz_net *n)
+{
+    n->stop = 1;
+    uint64_t one = 1;
+    ssize_t r = write(n->wake.fd, &one, sizeof one);
+    (void)r; /* a full eventfd counter still wakes the loop */
+}
+
+const zz_net_stats *zz_net_get_stats(const zz_net *n)
+{
+    return &n->st;
+}
+
+/* ---- setup and teardown ---- */
+
+static int resolve(const char *host, uint16_t port, int passive, struct sockaddr_storage *ss,
+                   socklen_t *sl)
+{
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+    if (getaddrinfo(host, ps, &hints, &res) != 0 || !res)
+        return -1;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sl = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
+                   char *err, size_t errcap)
+{
+    if (c->n == 0 || c->n > ZZ_MAX_REPLICAS || c->id >= c->n) {
+        set_err(err, errcap, "net: bad replica set (id %u, n %u)", c->id, c->n);
+        return NULL;
+    }
+    zz_net *n = calloc(1, sizeof *n);
+    if (!n) {
+        set_err(err, errcap, "net: out of memory");
+        return NULL;
+    }
+    n->conf = c;
+    n->ctx = ctx;
+    n->on_frame = on_frame;
+    n->on_close = on_close;
+    n->ep = -1;
+    n->listener.fd = -1;
+    n->wake.fd = -1;
+    n->listener.kind = C_LISTEN;
+    n->wake.kind = C_WAKE;
+    n->rng = c->inject_seed ^ (uint64_t)c->id;
+    n->inject = c->inject_drop > 0 || c->inject_dup > 0 || c->inject_delay_ms > 0;
+    for (uint32_t p = 0; p < ZZ_MAX_REPLICAS; p++) {
+        zz_conn *l = &n->links[p];
+        l->kind = C_PEER;
+        l->net = n;
+        l->fd = -1;
+        l->peer = p;
+        l->state = L_DOWN;
+        l->backoff_ms = BACKOFF_MIN_MS;
+    }
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (p == c->id)
+            continue;
+        if (resolve(c->peers[p].host, c->peers[p].port, 0, &n->peer_addr[p],
+                    &n->peer_addrlen[p]) < 0) {
+            set_err(err, errcap, "net: cannot resolve peer %u host '%s'", p, c->peers[p].host);
+            goto fail;
+        }
+    }
+    n->ep = epoll_create1(EPOLL_CLOEXEC);
+    n->wake.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (n->ep < 0 || n->wake.fd < 0 || ep_set(n, &n->wake, EPOLLIN) < 0) {
+        set_err(err, errcap, "net: epoll/eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    struct sockaddr_storage ls;
+    socklen_t lsl;
+    if (resolve(c->listen.host, c->listen.port, 1, &ls, &lsl) < 0) {
+        set_err(err, errcap, "net: cannot resolve listen host '%s' port %u", c->listen.host,
+                c->listen.port);
+        goto fail;
+    }
+    n->listener.fd = socket(ls.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (n->listener.fd < 0 ||
+        setsockopt(n->listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(n->listener.fd, (struct sockaddr *)&ls, lsl) < 0 ||
+        listen(n->listener.fd, 1024) < 0) {
+        set_err(err, errcap, "net: listen on %s port %u: %s", c->listen.host, c->listen.port,
+                strerror(errno));
+        goto fail;
+    }
+    if (ep_set(n, &n->listener, EPOLLIN) < 0) {
+        set_err(err, errcap, "net: epoll: %s", strerror(errno));
+        goto fail;
+    }
+    return n;
+fail:
+    zz_net_free(n);
+    return NULL;
+}
+
+void zz_net_free(zz_net *n)
+{
+    if (!n)
+        return;
+    while (n->accepted) {
+        zz_conn *c = n->accepted;
+        n->accepted = c->next;
+        conn_destroy(c);
+    }
+    for (uint32_t p = 0; p < ZZ_MAX_REPLICAS; p++) {
+        zz_conn *l = &n->links[p];
+        if (l->fd >= 0)
+            close(l->fd);
+        free(l->in);
+        free(l->out);
+    }
+    /* Messages parked by the delay injector are owned by their timers. */
+    for (size_t i = 0; i < n->nheap; i++)
+        if (n->heap[i].fn == on_delayed)
+            free(n->heap[i].ctx);
+    free(n->heap);
+    if (n->listener.fd >= 0)
+        close(n->listener.fd);
+    if (n->wake.fd >= 0)
+        close(n->wake.fd);
+    if (n->ep >= 0)
+        close(n->ep);
+    free(n);
+}
