@@ -199,8 +199,9 @@ uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx)
     t->fn = fn;
     t->ctx = ctx;
     t->cancelled = 0;
+    uint64_t id = t->id; /* t moves during heap_up */
     heap_up(n, n->nheap++);
-    return t->id;
+    return id;
 }
 
 /* Linear: cancels are rare (a handful of protocol timers), firing is the hot path. */

@@ -7,6 +7,14 @@
 #include "crypto.h"
 #include "testutil.h"
 
+/* t_end plus a line for passing cases too, so the log shows what ran. */
+static void end_case(tctx *t)
+{
+    if (!t->case_failures)
+        printf("ok   %s\n", t->name);
+    t_end(t);
+}
+
 #define NREP 4 /* g = 1 */
 #define CLIENT 65536u
 
@@ -177,7 +185,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.inject_seed == UINT64_MAX);
     CHECK(t, c.byzantine == ZZ_BYZ_DROP_REQUESTS);
     CHECK(t, strcmp(c.stats_file, "/tmp/x.json") == 0);
-    t_end(t);
+    end_case(t);
 
     t_begin(t, "valid file: keys sorted and looked up");
     CHECK(t, c.sign != NULL);
@@ -194,7 +202,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, zz_conf_key(&c, 4) == NULL);
     CHECK(t, zz_conf_key(&c, CLIENT + 1) == NULL);
     CHECK(t, zz_conf_key(&c, UINT32_MAX) == NULL);
-    t_end(t);
+    end_case(t);
 
     t_begin(t, "valid file: loaded keys are the ones in the files");
     /* A MAC from the loaded key equals one from the raw key bytes. */
@@ -227,7 +235,7 @@ static void test_valid(tctx *t, const fixture *fx)
     zz_conf_free(&c);
     CHECK(t, c.nkeys == 0 && c.sign == NULL);
     zz_conf_free(&c); /* idempotent */
-    t_end(t);
+    end_case(t);
 
     t_begin(t, "defaults when optional keys are absent");
     base_lines(fx, lines);
@@ -241,7 +249,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
     CHECK(t, c.stats_file[0] == '\0');
     zz_conf_free(&c);
-    t_end(t);
+    end_case(t);
 }
 
 /* One malformed replica file: line `at` (1-based) replaced by `text` (NULL deletes it,
@@ -283,7 +291,7 @@ static void run_conf_case(tctx *t, const fixture *fx, const conf_case *cc)
         CHECK(t, contains(err, cc->why));
     CHECK(t, c.nkeys == 0 && c.sign == NULL); /* nothing leaked into c on failure */
     zz_conf_free(&c);
-    t_end(t);
+    end_case(t);
 }
 
 static void test_conf_errors(tctx *t, const fixture *fx)
@@ -336,7 +344,7 @@ static void test_conf_errors(tctx *t, const fixture *fx)
     t_begin(t, "nonexistent replica file");
     CHECK(t, zz_conf_load("/nonexistent/agreed.conf", &c, err, sizeof err) == -1);
     CHECK(t, contains(err, "/nonexistent/agreed.conf: cannot open"));
-    t_end(t);
+    end_case(t);
 
     t_begin(t, "line too long");
     char *big = malloc(3000);
@@ -354,7 +362,7 @@ static void test_conf_errors(tctx *t, const fixture *fx)
     char want[300];
     snprintf(want, sizeof want, "%s:15: line too long", fx->conf);
     CHECK(t, contains(err, want));
-    t_end(t);
+    end_case(t);
 }
 
 /* A key file damaged on one line: the error names that file and line. */
@@ -392,7 +400,7 @@ static void key_case(tctx *t, const fixture *fx, const char *name, int secret_fi
     CHECK(t, contains(err, want));
     CHECK(t, contains(err, why));
     CHECK(t, c.nkeys == 0 && c.sign == NULL);
-    t_end(t);
+    end_case(t);
     write_keys(fx);
 }
 
@@ -439,7 +447,7 @@ static void test_key_errors(tctx *t, const fixture *fx)
         char want[300];
         snprintf(want, sizeof want, "%s:2: 1: public key does not match", fx->public_path);
         CHECK(t, contains(err, want));
-        t_end(t);
+        end_case(t);
         write_keys(fx);
     }
     {
@@ -456,7 +464,7 @@ static void test_key_errors(tctx *t, const fixture *fx)
         snprintf(want, sizeof want, "%s:11: secret: ", fx->conf);
         CHECK(t, contains(err, want));
         CHECK(t, contains(err, "no mac key for replica 3"));
-        t_end(t);
+        end_case(t);
         write_keys(fx);
     }
     {
@@ -468,7 +476,7 @@ static void test_key_errors(tctx *t, const fixture *fx)
         t_begin(t, "secret: no sign key");
         CHECK(t, zz_conf_load(fx->conf, &c, err, sizeof err) == -1);
         CHECK(t, contains(err, "has no sign key"));
-        t_end(t);
+        end_case(t);
         write_keys(fx);
     }
 }
@@ -515,7 +523,7 @@ static void test_keys_direct(tctx *t, const fixture *fx)
     CHECK(t, contains(err, "/nonexistent/public: cannot open"));
     CHECK(t, c.nkeys == 0 && c.sign == NULL);
     zz_conf_free(&c);
-    t_end(t);
+    end_case(t);
     unlink(path);
 }
 
