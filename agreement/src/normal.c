@@ -127,7 +127,10 @@ void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
     }
     zz_slot *s = zz_slot_get(r, pp->seq);
     if (!s) {
-        r->st.dropped[ZZ_DROP_WINDOW]++;
+        if (pp->seq <= r->stable)
+            r->st.stale++;
+        else
+            r->st.dropped[ZZ_DROP_WINDOW]++;
         return;
     }
     if (pp->seq <= r->last_exec)
@@ -161,7 +164,10 @@ void zz_on_phase(zz_replica *r, const zz_msg *m)
     }
     zz_slot *s = zz_slot_get(r, ph->seq);
     if (!s) {
-        r->st.dropped[ZZ_DROP_WINDOW]++;
+        if (ph->seq <= r->stable)
+            r->st.stale++;
+        else
+            r->st.dropped[ZZ_DROP_WINDOW]++;
         return;
     }
     /* Votes for a later view are kept: they count once we enter that view. */

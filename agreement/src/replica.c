@@ -361,7 +361,8 @@ void zz_write_stats(zz_replica *r)
                "\"requests_in\": %llu, \"requests_dup\": %llu, \"requests_readonly\": %llu, "
                "\"checkpoints\": %llu, \"stable_advances\": %llu, \"state_transfers\": %llu, "
                "\"view_changes\": %llu, \"new_views\": %llu, \"fetches_sent\": %llu, "
-               "\"fetches_served\": %llu, \"retransmits\": %llu, \"app_digest\": \"",
+               "\"fetches_served\": %llu, \"retransmits\": %llu, \"stale\": %llu, "
+               "\"app_digest\": \"",
             r->id, r->view, r->in_vc, (unsigned long long)r->last_exec,
             (unsigned long long)r->stable, (unsigned long long)r->st.executed,
             (unsigned long long)r->st.null_executed, (unsigned long long)r->st.batches_executed,
@@ -370,7 +371,8 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)r->st.checkpoints, (unsigned long long)r->st.stable_advances,
             (unsigned long long)r->st.state_transfers, (unsigned long long)r->st.view_changes,
             (unsigned long long)r->st.new_views, (unsigned long long)r->st.fetches_sent,
-            (unsigned long long)r->st.fetches_served, (unsigned long long)r->st.retransmits);
+            (unsigned long long)r->st.fetches_served, (unsigned long long)r->st.retransmits,
+            (unsigned long long)r->st.stale);
     for (int i = 0; i < ZZ_DIGEST_LEN; i++)
         fprintf(f, "%02x", r->app[i]);
     fprintf(f, "\", \"dropped\": {");

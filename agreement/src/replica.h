@@ -86,6 +86,7 @@ typedef struct {
     uint64_t checkpoints, stable_advances, state_transfers;
     uint64_t view_changes, new_views;
     uint64_t fetches_sent, fetches_served, retransmits;
+    uint64_t stale; /* votes and proposals below the low watermark: late, not malformed */
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -137,6 +138,7 @@ typedef struct zz_replica {
     zz_buf rbuf;                    /* replies */
     zz_rstats st;
     uint64_t last_progress_ms;
+    uint64_t tick_exec;             /* last_exec at the previous status tick */
 } zz_replica;
 
 /* replica.c */

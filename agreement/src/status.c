@@ -20,7 +20,11 @@ void zz_status_tick(zz_replica *r)
     zz_ckpt_tick(r);
     uint64_t now = zz_now_ms(r);
     static const uint64_t heartbeat_ms = 1000;
-    if (!waiting(r) && now - r->last_progress_ms < heartbeat_ms)
+    /* Only a replica that waited a whole tick without executing anything asks: under
+     * load everyone is always waiting for something, and that is not a loss. */
+    int stuck = waiting(r) && r->last_exec == r->tick_exec;
+    r->tick_exec = r->last_exec;
+    if (!stuck && now - r->last_progress_ms < heartbeat_ms)
         return;
     zz_buf *b = &r->out;
     zz_buf_reset(b);
@@ -70,7 +74,7 @@ void zz_on_status(zz_replica *r, const zz_msg *m)
         zz_slot *s = &r->slots[seq % r->L];
         if (s->seq != seq || !s->has_pp || s->view != r->view)
             continue;
-        if (s->pp_raw)
+        if (s->pp_raw && j != zz_primary(r, s->view))
             zz_net_send_peer(r->net, j, s->pp_raw, s->pp_raw_len);
         else if (r->nv_raw && !sent_nv) {
             zz_net_send_peer(r->net, j, r->nv_raw, r->nv_len);
