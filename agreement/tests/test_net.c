@@ -522,6 +522,11 @@ static void test_reconnect(tctx *t, parent *p, pid_t *child)
     t_begin(t, "peer link reconnects after the peer is killed and restarted");
     kill(*child, SIGKILL);
     child_exit_status(*child);
+    /* Large sends write at once (no loop iteration in between) into the dead peer's socket:
+     * EPIPE must be an error return, not a SIGPIPE that kills the replica. */
+    usleep(50000);
+    for (uint64_t s = 499; s < 5000; s += 500)
+        send_data(p->net, 1, s, p->buf);
     uint64_t rc0 = zz_net_get_stats(p->net)->reconnects;
     p->have_report = 0;
     p->hellos = 0;
