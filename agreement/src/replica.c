@@ -239,10 +239,14 @@ static int authenticate(zz_replica *r, const zz_msg *m)
             return ZZ_DROP_SENDER;
         return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
     }
-    case ZZ_FETCH:
-        if (!from_replica || m->sender == r->id)
+    case ZZ_FETCH: {
+        /* Agreement peers fetch batches and state; execution replicas fetch the log. */
+        int from_exec = m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_CLIENT;
+        if (!(from_replica || from_exec) || m->sender == r->id)
             return ZZ_DROP_SENDER;
-        return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
+        const zz_mackey *k = zz_mac_for(r, m->sender);
+        return k && zz_verify_mac(m, r->id, k) ? 0 : ZZ_DROP_AUTH;
+    }
     case ZZ_PRE_PREPARE:
     case ZZ_PREPARE:
     case ZZ_COMMIT:
