@@ -223,10 +223,7 @@ static int ep_set(zz_net *n, zz_conn *c, uint32_t events)
     if (c->events == events)
         return 0;
     struct epoll_event ev = {.events = events, .data.ptr = c};
-    int op = c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    if (events == 0) {
-        op = EPOLL_CTL_DEL;
-    }
+    int op = events == 0 ? EPOLL_CTL_DEL : c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     if (epoll_ctl(n->ep, op, c->fd, &ev) < 0)
         return -1;
     c->events = events;
@@ -431,7 +428,8 @@ static void link_connect_done(zz_net *n, zz_conn *c)
 static void link_down(zz_net *n, zz_conn *c)
 {
     if (c->fd >= 0) {
-        close(c->fd); /* also removes it from the epoll set */
+        ep_set(n, c, 0);
+        close(c->fd);
         c->fd = -1;
     }
     c->events = 0;
@@ -646,10 +644,15 @@ static void accept_all(zz_net *n)
     }
 }
 
-static void conn_destroy(zz_conn *c)
+/* Deregistered explicitly: close() alone leaves the registration alive while any other
+ * descriptor (a forked child's copy) still refers to the socket, and a later event would
+ * then carry a pointer to freed memory. */
+static void conn_destroy(zz_net *n, zz_conn *c)
 {
-    if (c->fd >= 0)
+    if (c->fd >= 0) {
+        ep_set(n, c, 0);
         close(c->fd);
+    }
     free(c->in);
     free(c->out);
     free(c);
@@ -685,7 +688,7 @@ static void settle(zz_net *n)
                 c->next->prev = c->prev;
             if (n->on_close)
                 n->on_close(n->ctx, c);
-            conn_destroy(c);
+            conn_destroy(n, c);
         }
     }
 }
@@ -882,7 +885,7 @@ void zz_net_free(zz_net *n)
     while (n->accepted) {
         zz_conn *c = n->accepted;
         n->accepted = c->next;
-        conn_destroy(c);
+        conn_destroy(n, c);
     }
     for (uint32_t p = 0; p < ZZ_MAX_REPLICAS; p++) {
         zz_conn *l = &n->links[p];
