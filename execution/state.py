@@ -1,0 +1,250 @@
+"""execution/state.py - StateDir: the only way an app touches its state directory (ZZ §5.3).
+Confines paths to the dataset and records changed files so a checkpoint re-hashes only those."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import shutil
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+# Modes that can change a file; "r" and "rb" alone cannot.
+_WRITE_FLAGS = frozenset("wax+")
+_VALID_MODE_CHARS = frozenset("rwaxbt+")
+
+
+class StateError(Exception):
+    """A state path or operation the app is not allowed to perform; names the path."""
+
+
+class ReadOnlyStateError(StateError):
+    """A write attempted while the state is read-only (a read-only request is executing)."""
+
+
+@dataclass(frozen=True)
+class DirtySet:
+    """Files changed since the previous take_dirty().
+
+    Invariant: `written` and `deleted` are disjoint. `written` holds paths that exist
+    now and may have new content; `deleted` holds paths that no longer exist (they may
+    or may not have existed at the previous checkpoint, so the manifest builder drops
+    them if present). A rename shows as a delete of the source and a write of the
+    destination. Paths are normalized, relative, '/'-separated, files only.
+    """
+
+    written: frozenset[str]
+    deleted: frozenset[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.written or self.deleted)
+
+
+def normalize(path: str) -> str:
+    """Canonical relative form of an app path, or StateError.
+
+    Rejects what could name something outside the state directory or give one file
+    two names (and so two manifest entries): absolute paths, '..', NUL, backslashes.
+    """
+    if not isinstance(path, str):
+        raise StateError(f"state path must be str, got {type(path).__name__}")
+    if path == "" or "\x00" in path or "\\" in path:
+        raise StateError(f"invalid state path {path!r}")
+    if path.startswith("/"):
+        raise StateError(f"state path {path!r} must be relative")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise StateError(f"state path {path!r} must not contain '..'")
+    if not parts:
+        raise StateError(f"state path {path!r} names the state root")
+    return "/".join(parts)
+
+
+class StateDir:
+    """An app's view of its state directory.
+
+    All paths are relative to `root`; symlinks are refused anywhere below the root
+    (apps cannot create them through this API, and following one could read or write
+    outside the dataset). Files opened for writing must not outlive the request that
+    opened them: `sync()` closes any that are still open before a checkpoint.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(os.path.realpath(root))
+        if not self.root.is_dir():
+            raise StateError(f"state root {str(self.root)!r} is not a directory")
+        self._written: set[str] = set()
+        self._deleted: set[str] = set()
+        self._open_writers: list[IO[Any]] = []
+        self._read_only = 0
+
+    # -- paths -------------------------------------------------------------------
+
+    def _resolve(self, path: str) -> tuple[str, Path]:
+        rel = normalize(path)
+        cur = self.root
+        for part in rel.split("/"):
+            cur = cur / part
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                break  # the rest does not exist yet, so it cannot be a symlink
+            if stat.S_ISLNK(st.st_mode):
+                raise StateError(f"state path {path!r} goes through a symlink")
+        return rel, self.root / rel
+
+    # -- dirty tracking ------------------------------------------------------------
+
+    def _check_writable(self, path: str) -> None:
+        if self._read_only:
+            raise ReadOnlyStateError(f"write to {path!r} during a read-only request")
+
+    def _mark_written(self, rel: str) -> None:
+        self._deleted.discard(rel)
+        self._written.add(rel)
+
+    def _mark_deleted(self, rel: str) -> None:
+        self._written.discard(rel)
+        self._deleted.add(rel)
+
+    def _files_under(self, rel: str, full: Path) -> list[str]:
+        """Relative paths of the regular files at or below `full` (a file or directory)."""
+        if not full.is_dir():
+            return [rel]
+        out = []
+        for dirpath, _dirs, files in os.walk(full):
+            sub = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            out.extend(posixpath.join(sub, f) for f in files)
+        return out
+
+    def take_dirty(self) -> DirtySet:
+        """Return and reset the dirty set; call after sync() when taking a checkpoint."""
+        dirty = DirtySet(frozenset(self._written), frozenset(self._deleted))
+        self._written.clear()
+        self._deleted.clear()
+        return dirty
+
+    def sync(self) -> None:
+        """Flush, fsync and close every file still open for writing.
+
+        A snapshot of a 9p-shared dataset only captures closed (or synced) files, so
+        this runs before every checkpoint.
+        """
+        writers, self._open_writers = self._open_writers, []
+        for f in writers:
+            if f.closed:
+                continue
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+    @contextlib.contextmanager
+    def read_only(self) -> Iterator[None]:
+        """Within this block every write raises ReadOnlyStateError (read-only requests)."""
+        self._read_only += 1
+        try:
+            yield
+        finally:
+            self._read_only -= 1
+
+    @property
+    def is_read_only(self) -> bool:
+        return self._read_only > 0
+
+    # -- file API ------------------------------------------------------------------
+
+    def open(self, path: str, mode: str = "rb", encoding: str | None = None) -> IO[Any]:
+        """Open a state file like open(); write modes mark it dirty.
+
+        Parent directories are created for write modes. Text modes default to UTF-8
+        so that the bytes written never depend on the replica's locale.
+        """
+        if not mode or set(mode) - _VALID_MODE_CHARS:
+            raise StateError(f"invalid mode {mode!r} for {path!r}")
+        rel, full = self._resolve(path)
+        writing = bool(set(mode) & _WRITE_FLAGS)
+        if writing:
+            self._check_writable(rel)
+            if full.is_dir():
+                raise StateError(f"state path {path!r} is a directory")
+            full.parent.mkdir(parents=True, exist_ok=True)
+        if "b" not in mode and encoding is None:
+            encoding = "utf-8"
+        f = open(full, mode, encoding=encoding)  # noqa: SIM115 - the caller closes it
+        if writing:
+            self._mark_written(rel)
+            self._open_writers = [w for w in self._open_writers if not w.closed]
+            self._open_writers.append(f)
+        return f
+
+    def read_bytes(self, path: str) -> bytes:
+        _rel, full = self._resolve(path)
+        return full.read_bytes()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with self.open(path, "wb") as f:
+            f.write(data)
+
+    def exists(self, path: str) -> bool:
+        _rel, full = self._resolve(path)
+        return full.exists()
+
+    def is_dir(self, path: str) -> bool:
+        _rel, full = self._resolve(path)
+        return full.is_dir()
+
+    def listdir(self, path: str = ".") -> list[str]:
+        """Sorted entry names (os.listdir order differs between file systems)."""
+        full = self.root if normalize_or_root(path) == "" else self._resolve(path)[1]
+        return sorted(os.listdir(full))
+
+    def makedirs(self, path: str) -> None:
+        # Directories are not manifest entries (only files are), so nothing to mark.
+        rel, full = self._resolve(path)
+        self._check_writable(rel)
+        full.mkdir(parents=True, exist_ok=True)
+
+    def delete(self, path: str) -> None:
+        """Delete a file, or a directory with everything below it."""
+        rel, full = self._resolve(path)
+        self._check_writable(rel)
+        if not full.exists():
+            raise StateError(f"state path {path!r} does not exist")
+        for f in self._files_under(rel, full):
+            self._mark_deleted(f)
+        if full.is_dir():
+            shutil.rmtree(full)
+        else:
+            full.unlink()
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename a file or directory, replacing a destination file (os.replace)."""
+        src_rel, src_full = self._resolve(src)
+        dst_rel, dst_full = self._resolve(dst)
+        self._check_writable(src_rel)
+        if not src_full.exists():
+            raise StateError(f"state path {src!r} does not exist")
+        if src_rel == dst_rel:
+            return
+        if dst_rel.startswith(src_rel + "/"):
+            raise StateError(f"cannot move {src!r} into itself ({dst!r})")
+        if dst_full.is_dir():
+            # os.replace would either fail or merge; neither is worth defining.
+            raise StateError(f"rename destination {dst!r} is a directory")
+        moved = self._files_under(src_rel, src_full)
+        dst_full.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src_full, dst_full)
+        for f in moved:
+            self._mark_deleted(f)
+            self._mark_written(dst_rel + f[len(src_rel) :])
+
+
+def normalize_or_root(path: str) -> str:
+    """Like normalize() but '', '.' and './' name the root itself (for listdir)."""
+    if path in ("", ".", "./"):
+        return ""
+    return normalize(path)
