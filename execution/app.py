@@ -1,5 +1,5 @@
 """execution/app.py - the application interface an execution replica drives (docs/apps.md).
-Apps see only ordered ops, agreement-chosen inputs (ExecContext) and a StateDir, so replicas agree."""
+Apps see only ordered ops, agreement-chosen inputs and a StateDir, so all replicas agree."""
 
 from __future__ import annotations
 
