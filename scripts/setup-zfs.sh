@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# setup-zfs.sh - idempotent ZFS setup for ZZ checkpoints: install zfs-fuse, start its daemon.
+# No ZFS kernel module and no systemd on the development machines (DESIGN.md §7): user space it is.
+set -euo pipefail
+
+say() { printf '[setup-zfs] %s\n' "$*"; }
+
+if ! command -v zfs >/dev/null 2>&1 || ! command -v zpool >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then
+        say "zfs is missing and we are not root: run as root (sudo bash scripts/setup.sh)"
+        exit 1
+    fi
+    say "apt-get install zfs-fuse"
+    # Try the cached package lists first: an update costs 10-30 s and is usually not needed.
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zfs-fuse; then
+        say "install failed: apt-get update, then retry"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zfs-fuse
+    fi
+fi
+
+# zfs-fuse needs /dev/fuse; in containers the node may be missing even though FUSE works.
+if [ ! -e /dev/fuse ]; then
+    mknod -m 0666 /dev/fuse c 10 229 || say "warning: cannot create /dev/fuse"
+fi
+
+if zpool list >/dev/null 2>&1; then
+    say "zfs-fuse is running"
+    exit 0
+fi
+
+# The package's init script would start it, but there is no init system here: start it
+# ourselves. zfs-fuse daemonizes and writes its pid file; a stale pid file blocks a restart.
+if ! pgrep -x zfs-fuse >/dev/null 2>&1; then
+    rm -f /var/run/zfs-fuse.pid /run/zfs-fuse.pid
+    say "starting zfs-fuse"
+    zfs-fuse
+fi
+for _ in $(seq 1 50); do
+    if zpool list >/dev/null 2>&1; then
+        say "zfs-fuse is running"
+        exit 0
+    fi
+    sleep 0.2
+done
+say "zfs-fuse did not answer 'zpool list' within 10 s"
+zpool list || true
+exit 1

@@ -1,0 +1,108 @@
+# snapshots/dirstore.py - CheckpointStore on a plain directory: snapshots are full copies.
+# For unit tests and for users without ZFS; O(state size) per snapshot, where ZFS is O(1).
+"""DirStore: ``root/live`` is the state, ``root/snapshots/<name>`` are full copies.
+
+Layout under ``root`` (the store owns all of it):
+
+* ``live/``             the live state directory (``path``).
+* ``snapshots/<name>/`` one complete copy per snapshot. Files are copied, never hard-linked,
+  so a later in-place write to ``live/`` cannot change a snapshot.
+* ``ORDER``             snapshot names, one a line, oldest first (directory timestamps are
+  not a reliable creation order: copies inherit the source's).
+
+A snapshot is first copied to ``snapshots/.tmp-<name>`` and renamed into place, so a crash
+mid-copy never leaves a partial snapshot under a valid name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from .store import CheckpointStore, StorageError, check_snapshot_name
+
+_ORDER = "ORDER"
+
+
+class DirStore(CheckpointStore):
+    """Plain-directory backend. ``root`` is created if missing."""
+
+    def __init__(self, root: Path | str) -> None:
+        self._root = Path(root).absolute()
+        self._live = self._root / "live"
+        self._snaps = self._root / "snapshots"
+        try:
+            self._live.mkdir(parents=True, exist_ok=True)
+            self._snaps.mkdir(exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot create store directory {self._root}: {e}") from e
+
+    @property
+    def path(self) -> Path:
+        return self._live
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def snapshot(self, name: str) -> None:
+        check_snapshot_name(name)
+        dest = self._snaps / name
+        if dest.exists() or name in self.list_snapshots():
+            raise StorageError(f"snapshot {name!r} already exists in {self._root}")
+        tmp = self._snaps / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            # symlinks=True copies a link as a link instead of following it out of the tree;
+            # copy2 writes new inodes (no hard links), keeping the snapshot independent.
+            shutil.copytree(self._live, tmp, symlinks=True, copy_function=shutil.copy2)
+            os.rename(tmp, dest)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StorageError(f"cannot snapshot {self._live} as {name!r}: {e}") from e
+        self._write_order([*self.list_snapshots(), name])
+
+    def list_snapshots(self) -> list[str]:
+        try:
+            lines = (self._root / _ORDER).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [n for n in lines if n]
+
+    def destroy_snapshot(self, name: str) -> None:
+        check_snapshot_name(name)
+        names = self.list_snapshots()
+        if name not in names:
+            raise StorageError(f"no snapshot {name!r} in {self._root}")
+        # Drop it from ORDER first: a crash then leaves an orphan copy, never a listed
+        # snapshot whose directory is half deleted.
+        self._write_order([n for n in names if n != name])
+        shutil.rmtree(self._snaps / name, ignore_errors=True)
+
+    @contextmanager
+    def _open(self, name: str) -> Iterator[Path]:
+        check_snapshot_name(name)
+        if name not in self.list_snapshots():
+            raise StorageError(f"no snapshot {name!r} in {self._root}")
+        # Known limit: the caller gets the snapshot copy itself, not a throw-away clone, so
+        # it is read-only by contract only (as root, file modes would not stop a write).
+        yield self._snaps / name
+
+    def open_snapshot(self, name: str) -> AbstractContextManager[Path]:
+        return self._open(name)
+
+    def destroy(self) -> None:
+        try:
+            shutil.rmtree(self._root)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(f"cannot remove store {self._root}: {e}") from e
+
+    def _write_order(self, names: list[str]) -> None:
+        tmp = self._root / f".{_ORDER}.tmp"
+        tmp.write_text("".join(f"{n}\n" for n in names))
+        os.replace(tmp, self._root / _ORDER)

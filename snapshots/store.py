@@ -1,0 +1,83 @@
+# snapshots/store.py - the one storage interface for a replica's checkpointed state directory.
+# Backends (zfs.py: OpenZFS CLI, dirstore.py: plain directory) implement it; open_store() picks.
+"""CheckpointStore: live state directory plus named, immutable snapshots of it.
+
+Invariants every backend keeps:
+
+* ``path`` is the live directory the application writes; it exists while the store does.
+* A snapshot captures ``path`` as it was when ``snapshot()`` returned; later writes to
+  ``path`` never show through it.
+* Snapshot names are plain tokens (``ckpt-16``): a letter or digit, then letters, digits
+  and ``_ - . :``, so they are valid ZFS snapshot names and safe as file names.
+* ``list_snapshots()`` returns names in creation order (oldest first).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+
+
+class StorageError(Exception):
+    """A storage operation failed; carries the command (argv) and its stderr when there is one."""
+
+    def __init__(self, message: str, command: Sequence[str] = (), stderr: str = "") -> None:
+        self.command = list(command)
+        self.stderr = stderr
+        detail = f": {stderr.strip()}" if stderr.strip() else ""
+        where = f" ({' '.join(self.command)})" if self.command else ""
+        super().__init__(f"{message}{where}{detail}")
+
+
+def checkpoint_name(seq: int) -> str:
+    """Snapshot name for the checkpoint at sequence number ``seq`` (DESIGN.md §3 step 5)."""
+    if seq < 0:
+        raise ValueError(f"checkpoint sequence number must be >= 0, got {seq}")
+    return f"ckpt-{seq}"
+
+
+def check_snapshot_name(name: str) -> str:
+    """Return ``name`` if it is a valid snapshot name, else raise ValueError."""
+    if not _SNAPSHOT_NAME.fullmatch(name):
+        raise ValueError(
+            f"bad snapshot name {name!r}: a letter or digit, then letters, digits, _ - . : only"
+        )
+    return name
+
+
+class CheckpointStore(ABC):
+    """One replica's state directory and its snapshots."""
+
+    @property
+    @abstractmethod
+    def path(self) -> Path:
+        """The live directory the application writes."""
+
+    @abstractmethod
+    def snapshot(self, name: str) -> None:
+        """Capture the live directory as snapshot ``name``; an existing name is an error."""
+
+    @abstractmethod
+    def list_snapshots(self) -> list[str]:
+        """Names of the existing snapshots, oldest first."""
+
+    @abstractmethod
+    def destroy_snapshot(self, name: str) -> None:
+        """Delete snapshot ``name``; a missing name is an error."""
+
+    @abstractmethod
+    def open_snapshot(self, name: str) -> AbstractContextManager[Path]:
+        """Context manager yielding a directory with the snapshot's content.
+
+        Read it only; whatever the backend had to create for it (a ZFS clone) is removed
+        on exit, also when the body raises.
+        """
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """Remove the live directory and every snapshot of it."""

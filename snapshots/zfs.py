@@ -1,0 +1,271 @@
+# snapshots/zfs.py - CheckpointStore on OpenZFS through the zpool/zfs command line.
+# Works with zfs-fuse (DESIGN.md §7): no .zfs/snapshot dir there, so snapshots are read via clones.
+"""ZFS backend: one pool per host (a file vdev is fine), one dataset per execution replica.
+
+Calls are synchronous subprocesses (each ~5-50 ms on zfs-fuse); an asyncio daemon runs them
+with ``asyncio.to_thread``. Every failure raises :class:`StorageError` carrying the argv and
+the tool's stderr.
+
+zfs-fuse quirks handled here, measured on the development machines:
+
+* a freshly mounted dataset or clone is "busy" for ~70 ms, so destroys retry on "busy";
+* there is no ``.zfs/snapshot`` directory: :meth:`ZfsStore.open_snapshot` makes a read-only
+  ``zfs clone`` mounted in a fresh temporary directory and destroys it on exit;
+* the daemon must be started by hand (no systemd): :func:`ensure_zfs_daemon`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from .store import CheckpointStore, StorageError, check_snapshot_name
+
+# ZFS component names: a letter first for pools; datasets allow digits first too.
+_POOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+_DATASET_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_BUSY_RETRY_S = 10.0
+_CMD_TIMEOUT_S = 120.0
+SETUP_HINT = "run `sudo bash scripts/setup.sh` (it installs and starts zfs-fuse)"
+DAEMON_PIDFILE = Path("/run/zz-zfs-fuse.pid")
+
+
+class ZfsMissingError(StorageError):
+    """The zfs/zpool commands are not installed."""
+
+
+def run_zfs(argv: Sequence[str], *, retry_busy: bool = False) -> str:
+    """Run a zfs/zpool command, return its stdout; StorageError on failure.
+
+    With ``retry_busy`` a "dataset is busy" / "pool is busy" failure is retried for up to
+    10 s: zfs-fuse reports busy for a short while after a mount.
+    """
+    deadline = time.monotonic() + _BUSY_RETRY_S
+    pause = 0.02
+    while True:
+        try:
+            proc = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False
+            )
+        except FileNotFoundError as e:
+            raise ZfsMissingError(f"{argv[0]} not found: {SETUP_HINT}", argv) from e
+        except subprocess.TimeoutExpired as e:
+            raise StorageError(f"timed out after {_CMD_TIMEOUT_S:.0f} s", argv) from e
+        if proc.returncode == 0:
+            return proc.stdout
+        busy = "busy" in proc.stderr
+        if not (retry_busy and busy and time.monotonic() < deadline):
+            raise StorageError(f"exit status {proc.returncode}", argv, proc.stderr)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def _zfs_daemon_pids() -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = Path(entry.path, "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "zfs-fuse":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _zpool_answers() -> bool:
+    try:
+        run_zfs(["zpool", "list", "-H"])
+    except ZfsMissingError:
+        raise
+    except StorageError:
+        return False
+    return True
+
+
+def ensure_zfs_daemon(timeout: float = 10.0) -> int | None:
+    """Make sure ``zpool``/``zfs`` work, starting zfs-fuse if needed.
+
+    Returns the pid of the daemon if this call started it (so the caller may stop it with
+    :func:`stop_zfs_daemon`), or None if it was running already or is not needed (a kernel
+    ZFS). Raises ZfsMissingError if the commands are not installed, StorageError if the
+    daemon does not answer within ``timeout`` seconds.
+    """
+    if shutil.which("zfs") is None or shutil.which("zpool") is None:
+        raise ZfsMissingError(f"the zfs/zpool commands are not installed: {SETUP_HINT}")
+    if _zpool_answers():
+        return None
+    started: int | None = None
+    if not _zfs_daemon_pids():
+        if shutil.which("zfs-fuse") is None:
+            raise ZfsMissingError(f"zpool does not answer and zfs-fuse is missing: {SETUP_HINT}")
+        argv = ["zfs-fuse", "--pidfile", str(DAEMON_PIDFILE)]
+        DAEMON_PIDFILE.unlink(missing_ok=True)
+        # zfs-fuse forks and the parent exits once the daemon is up; a failure to start
+        # (e.g. another instance won the race) shows as zpool not answering below.
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode == 0:
+            try:
+                started = int(DAEMON_PIDFILE.read_text().strip())
+            except (OSError, ValueError):
+                started = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _zpool_answers():
+            return started
+        time.sleep(0.1)
+    raise StorageError(f"zfs-fuse did not answer `zpool list` within {timeout:.0f} s: {SETUP_HINT}")
+
+
+def stop_zfs_daemon(pid: int, timeout: float = 10.0) -> None:
+    """Stop the zfs-fuse started by :func:`ensure_zfs_daemon` (by its pid, SIGTERM)."""
+    try:
+        os.kill(pid, 15)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.05)
+    else:
+        raise StorageError(f"zfs-fuse (pid {pid}) did not exit within {timeout:.0f} s")
+    DAEMON_PIDFILE.unlink(missing_ok=True)
+
+
+def check_pool_name(name: str) -> str:
+    if not _POOL_NAME.fullmatch(name):
+        raise ValueError(f"bad pool name {name!r}")
+    return name
+
+
+def check_dataset_name(name: str) -> str:
+    """A dataset path below the pool, e.g. ``web/exec-0``."""
+    parts = name.split("/")
+    if not all(_DATASET_PART.fullmatch(p) for p in parts):
+        raise ValueError(f"bad dataset name {name!r}")
+    return name
+
+
+def pool_exists(name: str) -> bool:
+    try:
+        run_zfs(["zpool", "list", "-H", "-o", "name", check_pool_name(name)])
+    except ZfsMissingError:
+        raise
+    except StorageError:
+        return False
+    return True
+
+
+def create_file_pool(name: str, file: Path | str, size: int) -> None:
+    """Create pool ``name`` on a sparse file vdev of ``size`` bytes (zfs-fuse wants >= 64 MiB).
+
+    The pool itself is not mounted (mountpoint=none); each dataset gets its own mountpoint.
+    The file must not exist yet; it is removed again if the pool cannot be created.
+    """
+    check_pool_name(name)
+    file = Path(file).absolute()
+    try:
+        with open(file, "xb") as f:
+            f.truncate(size)
+    except OSError as e:
+        raise StorageError(f"cannot create vdev file {file}: {e}") from e
+    try:
+        run_zfs(["zpool", "create", "-m", "none", name, str(file)])
+    except BaseException:
+        file.unlink(missing_ok=True)
+        raise
+
+
+def destroy_pool(name: str, file: Path | str | None = None) -> None:
+    """Destroy pool ``name`` (all its datasets go with it) and remove its vdev ``file``."""
+    run_zfs(["zpool", "destroy", "-f", check_pool_name(name)], retry_busy=True)
+    if file is not None:
+        Path(file).unlink(missing_ok=True)
+
+
+def dataset_exists(full_name: str) -> bool:
+    try:
+        run_zfs(["zfs", "list", "-H", "-o", "name", full_name])
+    except ZfsMissingError:
+        raise
+    except StorageError:
+        return False
+    return True
+
+
+class ZfsStore(CheckpointStore):
+    """Dataset ``pool/dataset``; created (with ``mountpoint``) if it does not exist yet."""
+
+    def __init__(self, pool: str, dataset: str, mountpoint: Path | str | None = None) -> None:
+        self.pool = check_pool_name(pool)
+        self.dataset = check_dataset_name(dataset)
+        self.name = f"{pool}/{dataset}"
+        if not dataset_exists(self.name):
+            argv = ["zfs", "create", "-p"]
+            if mountpoint is not None:
+                argv += ["-o", f"mountpoint={Path(mountpoint).absolute()}"]
+            run_zfs([*argv, self.name])
+        mp = run_zfs(["zfs", "get", "-H", "-o", "value", "mountpoint", self.name]).strip()
+        if not mp.startswith("/"):
+            raise StorageError(f"dataset {self.name} has no mountpoint ({mp!r}); pass one")
+        if mountpoint is not None and Path(mp) != Path(mountpoint).absolute():
+            raise StorageError(f"dataset {self.name} exists with mountpoint {mp}, not {mountpoint}")
+        self._path = Path(mp)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def _snap(self, name: str) -> str:
+        return f"{self.name}@{check_snapshot_name(name)}"
+
+    def snapshot(self, name: str) -> None:
+        run_zfs(["zfs", "snapshot", self._snap(name)])
+
+    def list_snapshots(self) -> list[str]:
+        # createtxg, not creation: creation has one-second resolution and checkpoints
+        # can come faster than that.
+        out = run_zfs(
+            ["zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg",
+             "-d", "1", self.name]
+        )  # fmt: skip
+        prefix = f"{self.name}@"
+        return [line[len(prefix) :] for line in out.splitlines() if line.startswith(prefix)]
+
+    def destroy_snapshot(self, name: str) -> None:
+        run_zfs(["zfs", "destroy", self._snap(name)], retry_busy=True)
+
+    def open_snapshot(self, name: str) -> AbstractContextManager[Path]:
+        return self._open(name)
+
+    @contextmanager
+    def _open(self, name: str) -> Iterator[Path]:
+        snap = self._snap(name)
+        # A unique clone name so concurrent readers of one snapshot do not collide.
+        clone = f"{self.name}--read-{name}-{uuid.uuid4().hex[:8]}"
+        mnt = Path(tempfile.mkdtemp(prefix=f"zz-snap-{name}-"))
+        try:
+            run_zfs(["zfs", "clone", "-o", "readonly=on", "-o", f"mountpoint={mnt}", snap, clone])
+            try:
+                yield mnt
+            finally:
+                run_zfs(["zfs", "destroy", clone], retry_busy=True)
+        finally:
+            try:
+                mnt.rmdir()
+            except FileNotFoundError:
+                pass
+
+    def destroy(self) -> None:
+        # -r takes the snapshots along; a clone still open would make this fail, loudly.
+        run_zfs(["zfs", "destroy", "-r", self.name], retry_busy=True)
