@@ -1,0 +1,355 @@
+# snapshots/manifest.py - per-file SHA-256 manifests of a replica's state and checkpoint digests.
+# DESIGN.md §3 step 5: re-hash only files written since the last checkpoint; C = SHA-256(encoding).
+"""Checkpoint manifests: sorted path -> (size, SHA-256), plus tombstones for deletions.
+
+Invariants of a :class:`Manifest`:
+
+* ``files`` maps every regular file of the state directory to its size and SHA-256;
+  ``deleted`` holds the paths that the previous checkpoint's manifest listed as files and
+  that are gone now (tombstones last one checkpoint). The two sets are disjoint.
+* Paths are canonical (see :func:`normalize_path`): relative, ``/``-separated, UTF-8, no
+  empty, ``.`` or ``..`` component. Directories are implicit; empty ones are not recorded
+  (known limit: a recovering replica does not recreate empty directories).
+* ``.zz/`` is reserved for the runtime; ``.zz/memory`` holds the application's in-memory
+  state, written by :meth:`ManifestBuilder.write_memory`, hashed like any other file.
+
+The byte encoding (and so the digest) is specified in docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import struct
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAGIC = b"ZZMF"
+VERSION = 1
+KIND_TOMBSTONE = 0
+KIND_FILE = 1
+RESERVED_DIR = ".zz"
+MEMORY_PATH = ".zz/memory"
+MAX_PATH_BYTES = 4096
+_CHUNK = 1 << 20
+
+
+class ManifestError(Exception):
+    """Bad path, unsupported file type, or malformed manifest encoding."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    size: int
+    sha256: bytes  # 32 raw bytes
+
+
+def normalize_path(path: str) -> str:
+    """Canonical form of a state-relative path; ManifestError if it cannot be one.
+
+    ``./a//b`` becomes ``a/b``; absolute paths, ``..`` components, NUL, backslashes (a
+    Windows separator we would otherwise store as a file name character) and non-UTF-8 names
+    are rejected.
+    """
+    if not isinstance(path, str):
+        raise ManifestError(f"path must be str, got {type(path).__name__}")
+    if path.startswith("/"):
+        raise ManifestError(f"{path!r}: absolute path, state paths are relative")
+    if "\0" in path or "\\" in path:
+        raise ManifestError(f"{path!r}: NUL or backslash in path")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts:
+        raise ManifestError(f"{path!r}: empty path")
+    if ".." in parts:
+        raise ManifestError(f"{path!r}: '..' is not allowed in state paths")
+    norm = "/".join(parts)
+    try:
+        raw = norm.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ManifestError(f"{path!r}: not valid UTF-8") from e
+    if len(raw) > MAX_PATH_BYTES:
+        raise ManifestError(f"{path[:40]!r}...: longer than {MAX_PATH_BYTES} bytes")
+    return norm
+
+
+def is_reserved(path: str) -> bool:
+    return path == RESERVED_DIR or path.startswith(RESERVED_DIR + "/")
+
+
+def _sort_key(path: str) -> bytes:
+    return path.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: Mapping[str, FileEntry] = field(default_factory=dict)
+    deleted: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        both = self.deleted & self.files.keys()
+        if both:
+            raise ManifestError(f"paths both present and deleted: {sorted(both)[:5]}")
+
+    def encode(self) -> bytes:
+        """Canonical encoding (docs/checkpoints.md); equal manifests encode equally."""
+        items: list[tuple[bytes, FileEntry | None]] = [
+            (_sort_key(p), e) for p, e in self.files.items()
+        ]
+        items += [(_sort_key(p), None) for p in self.deleted]
+        items.sort(key=lambda it: it[0])
+        out = [MAGIC, struct.pack(">BBHI", VERSION, 0, 0, len(items))]
+        for raw, e in items:
+            out.append(struct.pack(">I", len(raw)))
+            out.append(raw)
+            if e is None:
+                out.append(bytes([KIND_TOMBSTONE]))
+            else:
+                out.append(struct.pack(">BQ", KIND_FILE, e.size))
+                out.append(e.sha256)
+        return b"".join(out)
+
+    def digest(self) -> bytes:
+        """Checkpoint digest C = SHA-256(encode())."""
+        return hashlib.sha256(self.encode()).digest()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Manifest:
+        """Strict inverse of encode(): anything encode() would not produce is an error."""
+        mv = memoryview(data)
+        if len(mv) < 12 or bytes(mv[:4]) != MAGIC:
+            raise ManifestError("not a manifest (bad magic or too short)")
+        version, r1, r2, count = struct.unpack_from(">BBHI", mv, 4)
+        if version != VERSION or r1 or r2:
+            raise ManifestError(f"unsupported manifest version {version} or reserved bits set")
+        off = 12
+        files: dict[str, FileEntry] = {}
+        deleted: set[str] = set()
+        prev: bytes | None = None
+
+        def need(n: int) -> None:
+            if off + n > len(mv):
+                raise ManifestError(f"truncated manifest at byte {off}")
+
+        for _ in range(count):
+            need(4)
+            (plen,) = struct.unpack_from(">I", mv, off)
+            off += 4
+            if plen > MAX_PATH_BYTES:
+                raise ManifestError(f"path length {plen} over {MAX_PATH_BYTES}")
+            need(plen + 1)
+            raw = bytes(mv[off : off + plen])
+            off += plen
+            try:
+                path = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ManifestError(f"path at byte {off - plen} is not UTF-8") from e
+            if normalize_path(path) != path:
+                raise ManifestError(f"{path!r}: path not in canonical form")
+            if prev is not None and raw <= prev:
+                raise ManifestError(f"{path!r}: entries not strictly sorted")
+            prev = raw
+            kind = mv[off]
+            off += 1
+            if kind == KIND_TOMBSTONE:
+                deleted.add(path)
+            elif kind == KIND_FILE:
+                need(8 + 32)
+                (size,) = struct.unpack_from(">Q", mv, off)
+                files[path] = FileEntry(size, bytes(mv[off + 8 : off + 40]))
+                off += 40
+            else:
+                raise ManifestError(f"{path!r}: unknown entry kind {kind}")
+        if off != len(mv):
+            raise ManifestError(f"{len(mv) - off} trailing bytes after the manifest")
+        return cls(files, frozenset(deleted))
+
+
+HashFile = Callable[[Path], FileEntry]
+
+
+def hash_file(path: Path) -> FileEntry:
+    """Size and SHA-256 of a regular file, never following a symlink.
+
+    The size is the number of bytes hashed (not a separate stat), so the pair is consistent
+    even if the file changes under us; the caller must not let the app write meanwhile.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: the last component is a symlink
+            raise ManifestError(f"{path}: symbolic link, not allowed in state") from e
+        raise
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path}: not a regular file ({_kind(st.st_mode)})")
+        h = hashlib.sha256()
+        size = 0
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return FileEntry(size, h.digest())
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _walk_files(root: Path, rel: str = "") -> Iterator[str]:
+    """Relative paths of all regular files under root/rel; symlinks and specials raise."""
+    base = root / rel if rel else root
+    with os.scandir(base) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        try:
+            e.name.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ManifestError(f"{base / e.name!r}: file name is not UTF-8") from err
+        p = f"{rel}/{e.name}" if rel else e.name
+        st = e.stat(follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk_files(root, p)
+        elif stat.S_ISREG(st.st_mode):
+            yield normalize_path(p)
+        else:
+            raise ManifestError(f"{root / p}: {_kind(st.st_mode)}, not allowed in state")
+
+
+def scan(
+    root: Path | str, previous: Manifest | None = None, *, hasher: HashFile = hash_file
+) -> Manifest:
+    """Full manifest of ``root``, hashing every file (verification, first checkpoint).
+
+    Tombstones are the files of ``previous`` that are gone; without ``previous`` none.
+    """
+    root = Path(root)
+    files = {p: hasher(root / p) for p in _walk_files(root)}
+    gone = frozenset(previous.files.keys() - files.keys()) if previous else frozenset()
+    return Manifest(files, gone)
+
+
+class ManifestBuilder:
+    """Incremental manifests for one state directory.
+
+    The runtime reports every path the application wrote, created, deleted or renamed
+    (both names) through :meth:`mark_dirty` / :meth:`mark_renamed`; :meth:`build` then
+    re-hashes only those paths and takes every other entry from the previous manifest.
+    A dirty path that is a directory now is re-hashed as a whole tree; a dirty path that
+    is gone removes everything the previous manifest had at or below it.
+
+    Correct only if the dirty set is complete; :func:`scan` checks that (and is what a
+    replica runs when unsure, e.g. after a restart). With ``previous=None`` the first
+    :meth:`build` is a full scan.
+    """
+
+    def __init__(
+        self, root: Path | str, previous: Manifest | None = None, *, hasher: HashFile = hash_file
+    ) -> None:
+        self.root = Path(root)
+        self.previous = previous
+        self._hasher = hasher
+        self._dirty: set[str] = set()
+
+    @property
+    def dirty(self) -> frozenset[str]:
+        return frozenset(self._dirty)
+
+    def mark_dirty(self, path: str) -> None:
+        """The application wrote, created or deleted ``path`` (a file or a directory)."""
+        norm = normalize_path(path)
+        if is_reserved(norm):
+            raise ManifestError(f"{path!r}: {RESERVED_DIR}/ is reserved for the runtime")
+        self._dirty.add(norm)
+
+    def mark_renamed(self, old: str, new: str) -> None:
+        self.mark_dirty(old)
+        self.mark_dirty(new)
+
+    def mark_all_dirty(self, paths: Iterable[str]) -> None:
+        for p in paths:
+            self.mark_dirty(p)
+
+    def write_memory(self, data: bytes) -> None:
+        """Store the app's in-memory state as ``.zz/memory`` (atomically) and mark it dirty."""
+        target = self.root / MEMORY_PATH
+        target.parent.mkdir(exist_ok=True)
+        tmp = target.with_name("memory.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        self._dirty.add(MEMORY_PATH)
+
+    def build(self) -> Manifest:
+        """Manifest of the current state; it becomes ``previous`` and the dirty set empties."""
+        if self.previous is None:
+            m = scan(self.root, hasher=self._hasher)
+        else:
+            m = self._build_incremental(self.previous)
+        self.previous = m
+        self._dirty.clear()
+        return m
+
+    def _build_incremental(self, prev: Manifest) -> Manifest:
+        files = dict(prev.files)
+        order = sorted(prev.files)  # str order keeps every "p/..." range contiguous
+        for p in sorted(self._dirty):
+            # Whatever the previous manifest had at p or below it is stale...
+            for old in _at_or_below(order, p):
+                files.pop(old, None)
+            # ...then record what is there now.
+            full = self.root / p
+            try:
+                st = full.lstat()
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            # p exists, so each ancestor is a directory now: drop a file the previous
+            # manifest had there (a replaced by a/b), and refuse a symlinked ancestor,
+            # which would make us hash a file outside the state directory.
+            for anc in _ancestors(p):
+                files.pop(anc, None)
+                if stat.S_ISLNK((self.root / anc).lstat().st_mode):
+                    raise ManifestError(f"{self.root / anc}: symbolic link, not allowed in state")
+            if stat.S_ISREG(st.st_mode):
+                files[p] = self._hasher(full)
+            elif stat.S_ISDIR(st.st_mode):
+                for q in _walk_files(self.root, p):
+                    files[q] = self._hasher(self.root / q)
+            else:
+                raise ManifestError(f"{full}: {_kind(st.st_mode)}, not allowed in state")
+        gone = frozenset(prev.files.keys() - files.keys())
+        return Manifest(files, gone)
+
+
+def _at_or_below(order: list[str], p: str) -> Iterator[str]:
+    i = bisect_left(order, p)
+    if i < len(order) and order[i] == p:
+        yield p
+        i += 1
+    prefix = p + "/"
+    i = bisect_left(order, prefix, lo=i)
+    while i < len(order) and order[i].startswith(prefix):
+        yield order[i]
+        i += 1
+
+
+def _ancestors(p: str) -> Iterator[str]:
+    parts = p.split("/")
+    for k in range(1, len(parts)):
+        yield "/".join(parts[:k])
