@@ -1,0 +1,178 @@
+"""tests/test_apps_state.py - StateDir: path confinement, dirty tracking, sync, read-only mode.
+The checkpoint manifest trusts the dirty set: a missed write here is a silent divergence."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from zz.execution.state import (
+    DirtySet,
+    ReadOnlyStateError,
+    StateDir,
+    StateError,
+    normalize,
+)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> StateDir:
+    root = tmp_path / "state"
+    root.mkdir()
+    return StateDir(root)
+
+
+@pytest.mark.parametrize(
+    ("raw", "norm"),
+    [
+        ("a", "a"),
+        ("a/b", "a/b"),
+        ("./a//b/./c", "a/b/c"),
+        ("a/", "a"),
+        ("dir/.hidden", "dir/.hidden"),
+    ],
+)
+def test_normalize_canonical_form(raw: str, norm: str) -> None:
+    assert normalize(raw) == norm
+
+
+@pytest.mark.parametrize(
+    "bad", ["", ".", "/etc/passwd", "../x", "a/../../x", "a/..", "a\\b", "a\x00b", "./"]
+)
+def test_normalize_rejects(bad: str) -> None:
+    with pytest.raises(StateError):
+        normalize(bad)
+
+
+def test_escape_attempts_touch_nothing_outside(state: StateDir, tmp_path: Path) -> None:
+    for bad in ("../outside", "/tmp/outside", "a/../../outside"):
+        with pytest.raises(StateError):
+            state.write_bytes(bad, b"x")
+        with pytest.raises(StateError):
+            state.open(bad, "w")
+    assert not (tmp_path / "outside").exists()
+    assert state.take_dirty() == DirtySet(frozenset(), frozenset())
+
+
+def test_symlinks_refused(state: StateDir, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"s")
+    os.symlink(outside, state.root / "link")
+    os.symlink(outside / "secret", state.root / "filelink")
+    with pytest.raises(StateError, match="symlink"):
+        state.read_bytes("link/secret")
+    with pytest.raises(StateError, match="symlink"):
+        state.write_bytes("link/new", b"x")
+    with pytest.raises(StateError, match="symlink"):
+        state.read_bytes("filelink")
+    with pytest.raises(StateError, match="symlink"):
+        state.rename("filelink", "other")
+    assert not (outside / "new").exists()
+
+
+def test_write_read_exists_listdir(state: StateDir) -> None:
+    state.write_bytes("b/2", b"two")
+    state.write_bytes("b/1", b"one")
+    state.makedirs("empty/dir")
+    assert state.read_bytes("b/1") == b"one"
+    assert state.exists("b/2") and not state.exists("b/3")
+    assert state.listdir() == ["b", "empty"]
+    assert state.listdir("b") == ["1", "2"]
+    assert state.is_dir("empty/dir")
+
+
+def test_dirty_tracks_writes_and_resets(state: StateDir) -> None:
+    state.write_bytes("a", b"1")
+    with state.open("d/b.txt", "w") as f:
+        f.write("héllo")
+    with state.open("a", "rb") as f:  # a read does not dirty anything new
+        assert f.read() == b"1"
+    assert (state.root / "d/b.txt").read_bytes() == "héllo".encode()
+    assert state.take_dirty() == DirtySet(frozenset({"a", "d/b.txt"}), frozenset())
+    assert not state.take_dirty()
+    with state.open("a", "rb") as f:
+        f.read()
+    assert not state.take_dirty()
+    with state.open("a", "ab") as f:
+        f.write(b"2")
+    assert state.take_dirty().written == {"a"}
+
+
+def test_delete_and_rewrite(state: StateDir) -> None:
+    state.write_bytes("x", b"1")
+    state.take_dirty()
+    state.delete("x")
+    assert state.take_dirty() == DirtySet(frozenset(), frozenset({"x"}))
+    state.write_bytes("x", b"2")
+    state.delete("x")
+    state.write_bytes("x", b"3")
+    # Last action wins, and the two sets stay disjoint.
+    assert state.take_dirty() == DirtySet(frozenset({"x"}), frozenset())
+    with pytest.raises(StateError, match="does not exist"):
+        state.delete("nope")
+
+
+def test_rename_is_delete_plus_write(state: StateDir) -> None:
+    state.write_bytes("tmp/new", b"v2")
+    state.write_bytes("data", b"v1")
+    state.take_dirty()
+    state.rename("tmp/new", "data")
+    assert state.read_bytes("data") == b"v2"
+    assert state.take_dirty() == DirtySet(frozenset({"data"}), frozenset({"tmp/new"}))
+
+
+def test_rename_and_delete_directories_cover_every_file(state: StateDir) -> None:
+    state.write_bytes("d/a", b"a")
+    state.write_bytes("d/sub/b", b"b")
+    state.take_dirty()
+    state.rename("d", "e/d2")
+    dirty = state.take_dirty()
+    assert dirty.written == {"e/d2/a", "e/d2/sub/b"}
+    assert dirty.deleted == {"d/a", "d/sub/b"}
+    with pytest.raises(StateError, match="into itself"):
+        state.rename("e", "e/inner")
+    state.delete("e")
+    assert state.take_dirty() == DirtySet(frozenset(), frozenset({"e/d2/a", "e/d2/sub/b"}))
+    assert state.listdir() == []
+
+
+def test_sync_closes_writers(state: StateDir) -> None:
+    f = state.open("log", "wb")
+    f.write(b"pending")
+    state.sync()
+    assert f.closed
+    assert (state.root / "log").read_bytes() == b"pending"
+    reader = state.open("log", "rb")
+    state.sync()  # readers are not the checkpoint's business
+    assert not reader.closed
+    reader.close()
+
+
+def test_read_only_blocks_every_write(state: StateDir) -> None:
+    state.write_bytes("k", b"v")
+    state.take_dirty()
+    with state.read_only():
+        assert state.is_read_only
+        assert state.read_bytes("k") == b"v"
+        for attempt in (
+            lambda: state.write_bytes("k", b"w"),
+            lambda: state.open("k", "r+b"),
+            lambda: state.delete("k"),
+            lambda: state.rename("k", "k2"),
+            lambda: state.makedirs("d"),
+        ):
+            with pytest.raises(ReadOnlyStateError):
+                attempt()
+    assert not state.is_read_only
+    assert state.read_bytes("k") == b"v"
+    assert not state.take_dirty()
+
+
+def test_bad_mode_and_directory_write(state: StateDir) -> None:
+    state.makedirs("d")
+    with pytest.raises(StateError):
+        state.open("f", "wq")
+    with pytest.raises(StateError, match="directory"):
+        state.open("d", "wb")
