@@ -1,0 +1,181 @@
+# tests/test_snapshots_zfs.py - the ZFS CheckpointStore against real zfs-fuse (or kernel ZFS).
+# Each test gets its own pool on a sparse file in tmp_path; fixtures destroy it even on failure.
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from zz.snapshots import StorageError, checkpoint_name, open_store
+from zz.snapshots.manifest import ManifestBuilder, scan
+from zz.snapshots.zfs import (
+    ZfsMissingError,
+    ZfsStore,
+    create_file_pool,
+    dataset_exists,
+    destroy_pool,
+    ensure_zfs_daemon,
+    pool_exists,
+    run_zfs,
+    stop_zfs_daemon,
+)
+
+POOL_SIZE = 128 << 20  # zfs-fuse refuses vdevs under 64 MiB
+
+
+@pytest.fixture(scope="module")
+def zfs_daemon() -> Iterator[None]:
+    """zfs-fuse running for this module; stopped afterwards only if we started it."""
+    try:
+        started = ensure_zfs_daemon()
+    except ZfsMissingError as e:
+        pytest.fail(f"ZFS is required for these tests (CI installs it): {e}")
+    yield
+    # Stop only a daemon we started, and only if nobody else put a pool on it meanwhile.
+    if started is not None and not run_zfs(["zpool", "list", "-H", "-o", "name"]).strip():
+        stop_zfs_daemon(started)
+
+
+@pytest.fixture
+def pool(zfs_daemon: None, tmp_path: Path) -> Iterator[str]:
+    name = f"zztest{os.getpid()}x{uuid.uuid4().hex[:6]}"
+    vdev = tmp_path / "vdev.img"
+    create_file_pool(name, vdev, POOL_SIZE)
+    try:
+        yield name
+    finally:
+        destroy_pool(name, vdev)
+    assert not pool_exists(name) and not vdev.exists()
+
+
+@pytest.fixture
+def store(pool: str, tmp_path: Path) -> ZfsStore:
+    s = open_store("zfs", pool=pool, dataset="exec-0", mountpoint=tmp_path / "mnt")
+    assert isinstance(s, ZfsStore)
+    return s  # the pool fixture destroys it with the pool
+
+
+def _clones(pool: str) -> list[str]:
+    out = run_zfs(["zfs", "list", "-H", "-o", "name,origin", "-t", "filesystem", "-r", pool])
+    return [ln.split("\t")[0] for ln in out.splitlines() if ln.split("\t")[1] != "-"]
+
+
+def test_checkpoints_read_back_through_clones(store: ZfsStore, pool: str) -> None:
+    assert store.path.is_dir() and store.path == store.path.absolute()
+    (store.path / "a").write_text("v1")
+    (store.path / "d").mkdir()
+    (store.path / "d" / "big").write_bytes(os.urandom(1 << 20))
+    b = ManifestBuilder(store.path)
+    b.write_memory(b"mem-16")
+    m16 = b.build()
+    store.snapshot(checkpoint_name(16))
+
+    with open(store.path / "a", "r+") as f:  # in place, same inode
+        f.write("v2")
+    (store.path / "d" / "big").unlink()
+    (store.path / "c").write_text("new")
+    b.mark_all_dirty(["a", "d/big", "c"])
+    b.write_memory(b"mem-32")
+    m32 = b.build()
+    store.snapshot(checkpoint_name(32))
+    assert store.list_snapshots() == ["ckpt-16", "ckpt-32"]
+
+    with store.open_snapshot("ckpt-16") as p:
+        assert p != store.path
+        assert (p / "a").read_text() == "v1"
+        assert (p / "d" / "big").stat().st_size == 1 << 20
+        assert not (p / "c").exists()
+        assert scan(p).files == m16.files  # what a peer would serve matches the checkpoint
+        with pytest.raises(OSError):
+            (p / "x").write_text("clones for reading are read-only")
+        assert len(_clones(pool)) == 1
+    assert not p.exists()
+    assert _clones(pool) == []
+    with store.open_snapshot("ckpt-32") as p:
+        assert (p / "a").read_text() == "v2" and (p / "c").read_text() == "new"
+        assert scan(p, m16) == m32
+    assert (store.path / "a").read_text() == "v2"
+
+    store.destroy_snapshot("ckpt-16")
+    assert store.list_snapshots() == ["ckpt-32"]
+    store.destroy_snapshot("ckpt-32")
+    assert store.list_snapshots() == []
+
+
+def test_open_snapshot_cleans_up_when_the_body_raises(store: ZfsStore, pool: str) -> None:
+    (store.path / "f").write_text("x")
+    store.snapshot("s")
+    with pytest.raises(RuntimeError, match="boom"):
+        with store.open_snapshot("s") as p:
+            assert (p / "f").read_text() == "x"
+            raise RuntimeError("boom")
+    assert _clones(pool) == [] and not p.exists()
+    store.destroy_snapshot("s")  # no dependent clone left behind
+
+
+def test_two_readers_of_one_snapshot(store: ZfsStore, pool: str) -> None:
+    (store.path / "f").write_text("x")
+    store.snapshot("s")
+    with store.open_snapshot("s") as p1, store.open_snapshot("s") as p2:
+        assert p1 != p2 and (p1 / "f").read_text() == (p2 / "f").read_text() == "x"
+        assert len(_clones(pool)) == 2
+    assert _clones(pool) == []
+
+
+def test_list_order_is_creation_order_within_a_second(store: ZfsStore) -> None:
+    for n in ["ckpt-9", "ckpt-10", "b", "a"]:
+        store.snapshot(n)
+    assert store.list_snapshots() == ["ckpt-9", "ckpt-10", "b", "a"]
+
+
+def test_errors_carry_command_and_stderr(store: ZfsStore) -> None:
+    store.snapshot("ckpt-1")
+    with pytest.raises(StorageError) as e:
+        store.snapshot("ckpt-1")
+    assert e.value.command[:2] == ["zfs", "snapshot"] and "exists" in e.value.stderr
+    with pytest.raises(StorageError) as e:
+        store.destroy_snapshot("ckpt-2")
+    assert "ckpt-2" in e.value.stderr
+    with pytest.raises(StorageError):
+        with store.open_snapshot("nope"):
+            pass
+    for bad in ["a/b", "a@b", "", "-R"]:
+        with pytest.raises(ValueError):
+            store.snapshot(bad)
+    assert store.list_snapshots() == ["ckpt-1"]
+
+
+def test_reopen_existing_dataset_and_destroy(pool: str, tmp_path: Path) -> None:
+    mnt = tmp_path / "r1"
+    s = ZfsStore(pool, "svc/exec-1", mnt)
+    (s.path / "f").write_text("kept")
+    s.snapshot("one")
+    again = ZfsStore(pool, "svc/exec-1")  # existing dataset: its mountpoint is read back
+    assert again.path == mnt and (again.path / "f").read_text() == "kept"
+    assert again.list_snapshots() == ["one"]
+    with pytest.raises(StorageError, match="mountpoint"):
+        ZfsStore(pool, "svc/exec-1", tmp_path / "elsewhere")
+    again.destroy()
+    assert not dataset_exists(f"{pool}/svc/exec-1")
+    with pytest.raises(StorageError, match="no mountpoint"):
+        ZfsStore(pool, "nomount")  # the pool has mountpoint=none, so one must be given
+
+
+def test_pool_helpers_reject_bad_input(zfs_daemon: None, tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        create_file_pool("1bad", tmp_path / "v", POOL_SIZE)
+    with pytest.raises(ValueError):
+        ZfsStore("ok", "../x")
+    existing = tmp_path / "exists.img"
+    existing.write_text("not yours")
+    with pytest.raises(StorageError, match="cannot create vdev"):
+        create_file_pool(f"zztest{uuid.uuid4().hex[:6]}", existing, POOL_SIZE)
+    assert existing.read_text() == "not yours"
+    # zfs-fuse refuses a tiny vdev; the helper removes the file it created.
+    name = f"zztest{uuid.uuid4().hex[:6]}"
+    with pytest.raises(StorageError) as e:
+        create_file_pool(name, tmp_path / "tiny.img", 1 << 20)
+    assert e.value.command[:2] == ["zpool", "create"]
+    assert not (tmp_path / "tiny.img").exists() and not pool_exists(name)
