@@ -104,26 +104,37 @@ def ensure_zfs_daemon(timeout: float = 10.0) -> int | None:
         raise ZfsMissingError(f"the zfs/zpool commands are not installed: {SETUP_HINT}")
     if _zpool_answers():
         return None
+    if shutil.which("zfs-fuse") is None:
+        raise ZfsMissingError(f"zpool does not answer and zfs-fuse is missing: {SETUP_HINT}")
     started: int | None = None
-    if not _zfs_daemon_pids():
-        if shutil.which("zfs-fuse") is None:
-            raise ZfsMissingError(f"zpool does not answer and zfs-fuse is missing: {SETUP_HINT}")
-        argv = ["zfs-fuse", "--pidfile", str(DAEMON_PIDFILE)]
-        DAEMON_PIDFILE.unlink(missing_ok=True)
-        # zfs-fuse forks and the parent exits once the daemon is up; a failure to start
-        # (e.g. another instance won the race) shows as zpool not answering below.
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        if proc.returncode == 0:
-            try:
-                started = int(DAEMON_PIDFILE.read_text().strip())
-            except (OSError, ValueError):
-                started = None
+    tried = False
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
+        # A daemon still starting or still exiting may hold the name for a moment: start
+        # ours only once none is left (zfs-fuse refuses to run twice anyway).
+        if not tried and not _zfs_daemon_pids():
+            tried = True
+            started = _start_zfs_fuse()
         if _zpool_answers():
             return started
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.1)
     raise StorageError(f"zfs-fuse did not answer `zpool list` within {timeout:.0f} s: {SETUP_HINT}")
+
+
+def _start_zfs_fuse() -> int | None:
+    DAEMON_PIDFILE.unlink(missing_ok=True)
+    argv = ["zfs-fuse", "--pidfile", str(DAEMON_PIDFILE)]
+    # zfs-fuse forks and the parent exits once the daemon is up; a failure to start
+    # (e.g. another instance won the race) shows as zpool not answering.
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        return None
+    try:
+        return int(DAEMON_PIDFILE.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def stop_zfs_daemon(pid: int, timeout: float = 10.0) -> None:
