@@ -17,7 +17,7 @@ APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-confi
 # cpio kmod busybox-static debootstrap; plus the daemon start-up (virtlogd -d, libvirtd -d,
 # zfs-fuse) and the /dev/kvm group/mode fix. Keep them in this block.
 # APT_PACKAGES+=( ... )
-bash "$(dirname "$0")/setup-zfs.sh"
+bash "$ROOT/scripts/setup-zfs.sh"  # after the cd above, $(dirname "$0") may be stale
 # ------------------------------------------------------------------------------------------
 
 missing=()
