@@ -350,6 +350,7 @@ class WsgiApp(App):
 
     def handle(self, req: HttpRequest, ctx: ExecContext) -> HttpResponse:
         env = self.environ(req, ctx)
+        errors_sink = env["wsgi.errors"]  # middleware may replace the environ entry
         guard = self.state.read_only() if ctx.read_only else contextlib.nullcontext()
         try:
             with deterministic_inputs(ctx), guard:
@@ -367,7 +368,7 @@ class WsgiApp(App):
             log.exception("WSGI app %s failed on seq %d", self.name, ctx.seq)
             return simple_response(500, "Internal Server Error", "internal server error")
         finally:
-            errors = env["wsgi.errors"].getvalue()
+            errors = errors_sink.getvalue()
             if errors:
                 log.warning("%s wsgi.errors: %s", self.name, errors.rstrip())
         if req.method == "HEAD":
