@@ -430,6 +430,7 @@ void zz_on_fetch_reply(zz_replica *r, const zz_msg *m)
         r->next_seq = seq;
     r->transfer_seq = 0;
     r->st.state_transfers++;
+    r->last_progress_ms = zz_now_ms(r);
     zz_ckpt *k = ckpt_get(r, seq);
     if (k) {
         free(k->state);

@@ -137,7 +137,8 @@ typedef struct zz_replica {
     zz_buf out2;
     zz_buf rbuf;                    /* replies */
     zz_rstats st;
-    uint64_t last_progress_ms;
+    uint64_t last_progress_ms;      /* last time execution advanced or a view was installed */
+    uint64_t last_status_ms;        /* last STATUS sent */
     uint64_t tick_exec;             /* last_exec at the previous status tick */
 } zz_replica;
 

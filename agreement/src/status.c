@@ -24,15 +24,14 @@ void zz_status_tick(zz_replica *r)
      * load everyone is always waiting for something, and that is not a loss. */
     int stuck = waiting(r) && r->last_exec == r->tick_exec;
     r->tick_exec = r->last_exec;
-    if (!stuck && now - r->last_progress_ms < heartbeat_ms)
+    if (!stuck && now - r->last_status_ms < heartbeat_ms)
         return;
+    r->last_status_ms = now;
     zz_buf *b = &r->out;
     zz_buf_reset(b);
     size_t st = zz_enc_status(b, r->conf->service, r->id, r->view, r->last_exec, r->stable);
     zz_end_body(b, st);
     zz_bcast_mac(r, b, st);
-    if (!waiting(r))
-        r->last_progress_ms = now; /* heartbeat sent; next one in a second */
     /* A committed slot whose batch never arrived: ask again. */
     zz_try_execute(r);
 }

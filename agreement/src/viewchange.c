@@ -180,6 +180,7 @@ static void install_new_view(zz_replica *r, uint64_t min_s, const zz_choice *ch,
                              const zz_vc_info *info, const zz_msg *msgs, uint32_t nvc)
 {
     r->in_vc = 0;
+    r->last_progress_ms = zz_now_ms(r);
     r->st.new_views++;
     if (min_s > r->stable)
         for (uint32_t i = 0; i < nvc; i++)
@@ -319,7 +320,10 @@ void zz_vc_tick(zz_replica *r)
      * that first: its requests are late because it is, not because the primary is. */
     if (r->transfer_seq || (r->ahead_seq && r->ahead_seq > r->last_exec))
         return;
+    /* PBFT's timer: it runs while a request waits and restarts whenever execution makes
+     * progress. A replica that lags but keeps executing is catching up, not suspecting;
+     * suspecting alone would strand it in a view the others never join. */
     uint64_t t = r->conf->view_timeout_ms;
-    if (now > t && zz_has_pending(r, now - t))
+    if (now > t && now - r->last_progress_ms >= t && zz_has_pending(r, now - t))
         zz_start_view_change(r, r->view + 1);
 }
