@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -167,6 +168,7 @@ def application(environ: dict[str, Any], start_response: StartResponse) -> list[
 
 def standalone(root: str) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
     """The app outside ZZ, for trying it with wsgiref: state in `root`, the local clock."""
+    os.makedirs(root, exist_ok=True)
     state = StateDir(root)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
