@@ -66,6 +66,7 @@ class App(ABC):
     """
 
     name: str = "app"
+    state: StateDir  # set by open(); apps touch files only through it
 
     def open(self, state: StateDir) -> None:  # noqa: B027 - optional hook, no-op default
         """Attach the state directory at start or recovery; may read existing files."""
