@@ -76,6 +76,9 @@ class _Conn:
         self.writer: asyncio.StreamWriter | None = None
         self.waiting: bytes | None = None
         self.task: asyncio.Task[None] | None = None
+        # A replica replies on the connection a request of ours arrived on; until this
+        # connection has carried one, the replica cannot answer us at all.
+        self.introduced = False
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"zz-client-conn-{self.r}")
@@ -86,6 +89,7 @@ class _Conn:
             self.waiting = msg
             return
         w.write(wire.frame(msg))
+        self.introduced = True
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -100,9 +104,11 @@ class _Conn:
             backoff = 0.05
             stats["connects"] += 1
             self.writer = writer
+            self.introduced = False
             if self.waiting is not None:
                 writer.write(wire.frame(self.waiting))
                 self.waiting = None
+                self.introduced = True
             try:
                 while True:
                     self.client._on_message(await wire.read_frame(reader))
@@ -227,7 +233,10 @@ class Client:
         self.stats["requests"] += 1
         everyone = list(range(p.n))
         # Read-only requests skip ordering, so every replica must see them at once.
-        self._send(msg, everyone if read_only else [self.primary])
+        # Ordered ones go to the primary, and to any replica that has not heard from us on
+        # its current connection yet, so that it can send its REPLY back.
+        first = [r for r, c in enumerate(self._conns) if not c.introduced or r == self.primary]
+        self._send(msg, everyone if read_only else first)
         interval = p.initial_timeout
         try:
             while True:
