@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+# The manifest's path rules, shared so a path the app may write is one it can record.
+from ..snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR
+
 # Modes that can change a file; "r" and "rb" alone cannot.
 _WRITE_FLAGS = frozenset("wax+")
 _VALID_MODE_CHARS = frozenset("rwaxbt+")
@@ -48,7 +51,9 @@ def normalize(path: str) -> str:
     """Canonical relative form of an app path, or StateError.
 
     Rejects what could name something outside the state directory or give one file
-    two names (and so two manifest entries): absolute paths, '..', NUL, backslashes.
+    two names (and so two manifest entries): absolute paths, '..', NUL, backslashes;
+    and what the manifest cannot hold: non-UTF-8, over MAX_PATH_BYTES, or the
+    runtime's reserved '.zz/' (checkpointed app memory lives there).
     """
     if not isinstance(path, str):
         raise StateError(f"state path must be str, got {type(path).__name__}")
@@ -61,7 +66,16 @@ def normalize(path: str) -> str:
         raise StateError(f"state path {path!r} must not contain '..'")
     if not parts:
         raise StateError(f"state path {path!r} names the state root")
-    return "/".join(parts)
+    if parts[0] == RESERVED_DIR:
+        raise StateError(f"state path {path!r}: {RESERVED_DIR}/ is reserved for the runtime")
+    norm = "/".join(parts)
+    try:
+        size = len(norm.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise StateError(f"state path {path!r} is not valid UTF-8") from e
+    if size > MAX_PATH_BYTES:
+        raise StateError(f"state path {path[:40]!r}... is longer than {MAX_PATH_BYTES} bytes")
+    return norm
 
 
 class StateDir:
@@ -198,9 +212,14 @@ class StateDir:
         return full.is_dir()
 
     def listdir(self, path: str = ".") -> list[str]:
-        """Sorted entry names (os.listdir order differs between file systems)."""
-        full = self.root if normalize_or_root(path) == "" else self._resolve(path)[1]
-        return sorted(os.listdir(full))
+        """Sorted entry names (os.listdir order differs between file systems).
+
+        The root listing hides the runtime's reserved directory: whether it exists
+        yet differs between a fresh and a recovered replica.
+        """
+        if normalize_or_root(path) == "":
+            return sorted(n for n in os.listdir(self.root) if n != RESERVED_DIR)
+        return sorted(os.listdir(self._resolve(path)[1]))
 
     def makedirs(self, path: str) -> None:
         # Directories are not manifest entries (only files are), so nothing to mark.

@@ -4,6 +4,7 @@ The checkpoint manifest trusts the dirty set: a missed write here is a silent di
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from zz.execution.state import (
     StateError,
     normalize,
 )
+from zz.snapshots.manifest import ManifestBuilder, scan
 
 
 @pytest.fixture
@@ -176,3 +178,46 @@ def test_bad_mode_and_directory_write(state: StateDir) -> None:
         state.open("f", "wq")
     with pytest.raises(StateError, match="directory"):
         state.open("d", "wb")
+
+
+def test_reserved_and_unrecordable_paths(state: StateDir) -> None:
+    for bad in (".zz", ".zz/memory", "./.zz/x", "a\udcff", "x" * 5000):
+        with pytest.raises(StateError):
+            state.write_bytes(bad, b"x")
+    (state.root / ".zz").mkdir()  # the runtime's directory
+    (state.root / ".zz" / "memory").write_bytes(b"m")
+    state.write_bytes("sub/.zz", b"only the top-level name is reserved")
+    assert state.listdir() == ["sub"]
+
+
+def test_dirty_set_drives_an_exact_incremental_manifest(state: StateDir) -> None:
+    # The manifest builder re-hashes only what take_dirty() reports; after a random
+    # workload its result must equal a full scan, or a checkpoint would certify the
+    # wrong digest.
+    rng = random.Random(99)
+    builder = ManifestBuilder(state.root)
+    builder.build()  # first build is a full scan (empty directory)
+    names = ["a", "b", "d/x", "d/y", "d/e/z", "f/g"]
+    for round_ in range(30):
+        for _ in range(8):
+            action = rng.randrange(4)
+            p = rng.choice(names)
+            try:
+                if action == 0:
+                    state.write_bytes(p, rng.randbytes(rng.randrange(0, 64)))
+                elif action == 1 and state.exists(p):
+                    state.delete(rng.choice([p, p.split("/")[0]]))
+                elif action == 2 and state.exists(p):
+                    state.rename(p, rng.choice(names))
+                elif action == 3:
+                    with state.open(p, "ab") as f:
+                        f.write(b"+")
+            except (StateError, OSError):
+                pass  # e.g. a file where a directory is needed: skipped, like a failed app op
+        state.sync()
+        dirty = state.take_dirty()
+        builder.mark_all_dirty(dirty.written | dirty.deleted)
+        prev = builder.previous
+        incremental = builder.build()
+        full = scan(state.root, previous=prev)
+        assert incremental == full, f"round {round_}: dirty set {dirty} missed a change"
