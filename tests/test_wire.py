@@ -26,6 +26,10 @@ SAMPLES: list[wire.Message] = [
     wire.Fetch(5, 65537, 2, 128, D),
     wire.FetchReply(5, 1, 3, 0, NULL_DIGEST, b"log"),
     wire.Status(5, 3, 1, 2, 3),
+    wire.ExecCommit(5, 2, 7, 9, D, b"batch"),
+    wire.ExecCommit(5, 2, 7, 10, NULL_DIGEST, b""),
+    wire.ExecReport(5, 257, 9, D),
+    wire.ExecCheckpoint(5, 258, 128, D),
 ]
 
 
@@ -146,3 +150,84 @@ async def test_frames_round_trip_and_bounds() -> None:
     assert await _read(wire.frame(m1)[:-1]) == []
     with pytest.raises(ValueError):
         wire.frame(b"tiny")
+
+
+# ---- execution helpers ------------------------------------------------------------
+
+
+def test_reply_digest_layout_and_order() -> None:
+    a, b = (65536, 5, b"r1"), (65537, 6, b"")
+    want = sha256(
+        (65536).to_bytes(4, "big")
+        + (5).to_bytes(8, "big")
+        + (2).to_bytes(4, "big")
+        + b"r1"
+        + (65537).to_bytes(4, "big")
+        + (6).to_bytes(8, "big")
+        + (0).to_bytes(4, "big")
+    )
+    assert wire.reply_digest([a, b]) == want
+    assert wire.reply_digest([b, a]) != want  # batch order matters
+    assert wire.reply_digest([]) == sha256(b"")
+    # Length prefixes keep result boundaries: moving a byte between results changes it.
+    assert wire.reply_digest([(1, 1, b"ab"), (1, 2, b"")]) != wire.reply_digest(
+        [(1, 1, b"a"), (1, 2, b"b")]
+    )
+
+
+def _log() -> list[tuple[int, bytes, bytes]]:
+    b1 = wire.batch_encoding(1, 2, [b"req"])
+    b3 = wire.batch_encoding(3, 4, [])
+    return [(5, sha256(b1), b1), (6, NULL_DIGEST, b""), (9, sha256(b3), b3)]
+
+
+def test_log_entries_round_trip_and_truncation() -> None:
+    entries = _log()
+    data = wire.log_encoding(entries)
+    assert wire.log_entries(data) == entries
+    assert wire.log_entries(wire.log_encoding([])) == []
+    for cut in range(len(data)):
+        with pytest.raises(wire.WireError) as ei:
+            wire.log_entries(data[:cut])
+        assert ei.value.name == "short"
+    with pytest.raises(wire.WireError) as ei:
+        wire.log_entries(data + b"\x00")
+    assert ei.value.name == "length"
+    with pytest.raises(wire.WireError) as ei:
+        wire.log_entries((65537).to_bytes(4, "big"))
+    assert ei.value.name == "length"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "out-of-order",
+        "duplicate-seq",
+        "null-with-batch",
+        "digest-mismatch",
+    ],
+)
+def test_log_entries_rejects_what_no_correct_replica_sends(bad: str) -> None:
+    e = _log()
+    if bad == "out-of-order":
+        e = [e[1], e[0], e[2]]
+    elif bad == "duplicate-seq":
+        e = [e[0], (5, e[1][1], e[1][2]), e[2]]
+    elif bad == "null-with-batch":
+        e[1] = (6, NULL_DIGEST, e[0][2])
+    else:
+        e[2] = (9, e[0][1], e[2][2])
+    with pytest.raises(wire.WireError) as ei:
+        wire.log_entries(wire.log_encoding(e))
+    assert ei.value.name == "field"
+
+
+def test_exec_messages_only_accept_their_auth_kind() -> None:
+    ec = wire.ExecCommit(1, 0, 0, 1, D, b"x")
+    with pytest.raises(ValueError):
+        ec.signed(SK)
+    ecp = wire.ExecCheckpoint(1, 256, 128, D)
+    with pytest.raises(ValueError):
+        ecp.with_macs(K)
+    with pytest.raises(ValueError):
+        wire.ExecReport(1, 256, 1, b"short").encode()

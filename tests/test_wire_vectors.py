@@ -63,7 +63,7 @@ def test_file_is_regenerated_exactly() -> None:
 
 def test_coverage_of_types_and_errors() -> None:
     types = {wire.decode(v.msg).TYPE for v in VALID}
-    assert types == set(range(1, 12))
+    assert types == set(range(1, 12)) | {16, 17, 18}
     assert {v.error for v in INVALID} == set(wire.ERROR_NAMES)
     assert len({v.name for v in VECTORS}) == len(VECTORS)
 
@@ -114,3 +114,31 @@ def test_batch_digest_of_pre_prepare_matches_prepare() -> None:
     assert wire.decode_batch(fr.data) == (pp.nd_time, pp.nd_seed, pp.requests)
     for raw in pp.requests:
         assert isinstance(wire.decode(raw), wire.Request)
+
+
+def test_execution_vectors_agree_with_the_agreement_vectors() -> None:
+    by_name = {v.name: wire.decode(v.msg) for v in VALID}
+    pp = by_name["pre-prepare-batch-of-2"]
+    ec = by_name["exec-commit"]
+    null = by_name["exec-commit-null"]
+    log = by_name["fetch-reply-log"]
+    assert isinstance(pp, wire.PrePrepare) and isinstance(ec, wire.ExecCommit)
+    assert isinstance(null, wire.ExecCommit) and isinstance(log, wire.FetchReply)
+    # An EXEC-COMMIT carries the PRE-PREPARE's batch encoding under the same digest.
+    assert ec.batch == pp.batch() and ec.digest == pp.digest()
+    assert null.digest == wire.NULL_DIGEST and null.batch == b""
+    # FETCH-REPLY kind 3 lists exactly what the EXEC-COMMITs pushed.
+    assert log.kind == wire.FETCH_LOG
+    assert wire.log_entries(log.data) == [(1, ec.digest, ec.batch), (2, null.digest, b"")]
+    empty = by_name["fetch-reply-log-empty"]
+    assert isinstance(empty, wire.FetchReply) and wire.log_entries(empty.data) == []
+    rep = by_name["exec-report"]
+    assert isinstance(rep, wire.ExecReport)
+    # The first request of the batch echoes its op; recompute the digest from the requests.
+    reqs = [wire.decode(raw) for raw in pp.requests]
+    assert all(isinstance(q, wire.Request) for q in reqs)
+    expected = wire.reply_digest(
+        [(reqs[0].sender, reqs[0].timestamp, b"hello"), (reqs[1].sender, reqs[1].timestamp, b"")]
+    )
+    assert rep.reply_digest == expected
+    assert by_name["exec-checkpoint"].sender == wire.exec_principal(1)

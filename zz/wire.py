@@ -679,6 +679,131 @@ class Status(Message):
         ]
 
 
+# ---- execution messages (ZZ §4.1-4.2) -------------------------------------------
+
+
+@dataclass
+class ExecCommit(Message):
+    """An agreement replica's statement that batch `seq` committed (null digest and
+    empty batch for a null request). The codec does not check that the batch hashes
+    to the digest: the execution replica does, as part of its commit certificate."""
+
+    TYPE: ClassVar[int] = 16
+    NAME: ClassVar[str] = "EXEC-COMMIT"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    view: int
+    seq: int
+    digest: bytes
+    batch: bytes
+
+    def body(self) -> bytes:
+        return _u32(self.view) + _u64(self.seq) + _digest(self.digest) + _bytes(self.batch)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        view = r.u32("view")
+        seq = r.u64("seq")
+        digest = r.digest("digest")
+        return cls(service, sender, view, seq, digest, r.bytes_("batch"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"view={self.view}",
+            f"seq={self.seq}",
+            f"digest={self.digest.hex()}",
+            f"batch={_hx(self.batch)}",
+        ]
+
+
+@dataclass
+class ExecReport(Message):
+    TYPE: ClassVar[int] = 17
+    NAME: ClassVar[str] = "EXEC-REPORT"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    seq: int
+    reply_digest: bytes
+
+    def body(self) -> bytes:
+        return _u64(self.seq) + _digest(self.reply_digest)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        return cls(service, sender, seq, r.digest("reply_digest"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"seq={self.seq}", f"reply_digest={self.reply_digest.hex()}"]
+
+
+@dataclass
+class ExecCheckpoint(Message):
+    TYPE: ClassVar[int] = 18
+    NAME: ClassVar[str] = "EXEC-CHECKPOINT"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    seq: int
+    checkpoint: bytes
+
+    def body(self) -> bytes:
+        return _u64(self.seq) + _digest(self.checkpoint)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        return cls(service, sender, seq, r.digest("checkpoint"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"seq={self.seq}", f"checkpoint={self.checkpoint.hex()}"]
+
+
+def reply_digest(entries: Iterable[tuple[int, int, bytes]]) -> bytes:
+    """EXEC-REPORT digest of one batch's replies, (client, timestamp, result) in batch
+    order; the caller leaves out requests skipped as duplicates."""
+    return sha256(b"".join(_u32(c) + _u64(t) + _bytes(res) for c, t, res in entries))
+
+
+class LogEntry(NamedTuple):
+    """FETCH-REPLY kind 3 item: a committed batch (null digest + empty batch = null request)."""
+
+    seq: int
+    digest: bytes
+    batch: bytes
+
+
+def log_encoding(entries: Sequence[tuple[int, bytes, bytes]]) -> bytes:
+    """FETCH-REPLY kind 3 data: list<log_entry>."""
+    if len(entries) > MAX_LIST:
+        raise ValueError("list longer than ZZ_MAX_LIST")
+    return _u32(len(entries)) + b"".join(
+        _u64(seq) + _digest(d) + _bytes(b) for seq, d, b in entries
+    )
+
+
+def log_entries(data: bytes) -> list[LogEntry]:
+    """Decode FETCH-REPLY kind 3 data. Beyond the shape (exact fill, count limit) it
+    rejects what no correct replica sends, so a caller can count entries toward commit
+    certificates without re-checking them: seqs strictly increasing, a null digest only
+    with an empty batch, and every other batch hashing to its digest."""
+    r = _Reader(data, 0, len(data))
+    out: list[LogEntry] = []
+    for i in range(r.count("log")):
+        seq = r.u64(f"log[{i}].seq")
+        d = r.digest(f"log[{i}].digest")
+        batch = r.bytes_(f"log[{i}].batch")
+        if out and seq <= out[-1].seq:
+            raise WireError("field", f"log[{i}].seq: {seq} not above {out[-1].seq}")
+        if d == NULL_DIGEST:
+            if batch:
+                raise WireError("field", f"log[{i}]: null request with a non-empty batch")
+        elif sha256(batch) != d:
+            raise WireError("field", f"log[{i}]: batch does not hash to its digest")
+        out.append(LogEntry(seq, d, batch))
+    r.done("log")
+    return out
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls
     for cls in (
@@ -693,6 +818,9 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
         Fetch,
         FetchReply,
         Status,
+        ExecCommit,
+        ExecReport,
+        ExecCheckpoint,
     )
 }
 
@@ -813,9 +941,13 @@ __all__ = [
     "ClientEntry",
     "Commit",
     "Entry",
+    "ExecCheckpoint",
+    "ExecCommit",
+    "ExecReport",
     "Fetch",
     "FetchReply",
     "FrameError",
+    "LogEntry",
     "MESSAGE_TYPES",
     "Message",
     "NULL_DIGEST",
@@ -837,7 +969,10 @@ __all__ = [
     "exec_principal",
     "frame",
     "host_principal",
+    "log_encoding",
+    "log_entries",
     "principal_kind",
     "read_frame",
+    "reply_digest",
     "state_encoding",
 ]

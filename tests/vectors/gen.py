@@ -165,6 +165,25 @@ def generate() -> str:
     add(valid("fetch-reply-empty-data", wire.FetchReply(SVC, 1, 2, 0, d2, b""), [3]))
     add(valid("status", wire.Status(SVC, 3, 2, 1000, 896), [0, 1, 2]))
 
+    # -- execution messages: agreement replica 2 pushes batch 1 (and a null request at
+    # 2) to execution replica 1, which reports the echo replies and signs a checkpoint.
+    log = wire.log_encoding([(1, d1, pp.batch()), (2, NULL_DIGEST, b"")])
+    add(valid("fetch-reply-log", wire.FetchReply(SVC, 2, 3, 128, sd, log), [e1]))
+    add(
+        valid(
+            "fetch-reply-log-empty",
+            wire.FetchReply(SVC, 0, 3, 0, NULL_DIGEST, wire.log_encoding([])),
+            [e1],
+        )
+    )
+    add(valid("exec-commit", wire.ExecCommit(SVC, 2, 0, 1, d1, pp.batch()), [e1]))
+    add(valid("exec-commit-null", wire.ExecCommit(SVC, 3, 1, 2, NULL_DIGEST, b""), [e1]))
+    rd = wire.reply_digest([(c0, 1700000000000000001, b"hello"), (c3, 1700000000000000777, b"")])
+    add(valid("exec-report", wire.ExecReport(SVC, e1, 1, rd), replicas))
+    add(valid("exec-report-empty-batch", wire.ExecReport(SVC, e1, 2, wire.reply_digest([])), [0]))
+    ckpt = sha256(b"manifest at 128")
+    add(valid("exec-checkpoint", wire.ExecCheckpoint(SVC, e1, 128, ckpt)))
+
     # -- invalid vectors: each breaks exactly one rule of an otherwise valid message
     prep = wire.Prepare(SVC, 1, 0, 1, d1).with_macs(macs(1, [0, 2, 3])).encode()
     status = wire.Status(SVC, 3, 2, 1000, 896).with_macs(macs(3, [0])).encode()
@@ -197,7 +216,8 @@ def generate() -> str:
     add(invalid("version-zero", patch(prep, 2, b"\x00"), "version"))
     add(invalid("type-unknown", patch(status, 3, b"\x0c"), "type"))
     add(invalid("type-zero", patch(status, 3, b"\x00"), "type"))
-    add(invalid("type-reserved-16", patch(status, 3, b"\x10"), "type"))
+    add(invalid("type-reserved-19", patch(status, 3, b"\x13"), "type"))
+    add(invalid("type-reserved-31", patch(status, 3, b"\x1f"), "type"))
     # Well-formed authenticators of the wrong kind: only the kind/type pairing is wrong.
     cp_body = struct.pack(">Q", 128) + sd
     add(invalid("type-checkpoint-with-mac", with_raw_macs(6, 3, cp_body, [0]), "type"))
@@ -207,6 +227,55 @@ def generate() -> str:
     add(invalid("type-request-with-signature", signed_req, "type"))
     add(invalid("type-request-with-no-auth", raw_msg(1, wire.AUTH_NONE, c0, req_body, b""), "type"))
     add(invalid("type-auth-kind-3", patch(status, 4, b"\x03"), "type"))
+
+    # Execution messages: each with a well-formed authenticator of the wrong kind.
+    ec_body = struct.pack(">IQ", 0, 1) + d1 + struct.pack(">I", 2) + b"ab"
+    signed_ec = raw_msg(16, wire.AUTH_SIG, 2, ec_body, b"")
+    signed_ec += sign_key(2).sign(signed_ec)
+    add(invalid("type-exec-commit-with-signature", signed_ec, "type"))
+    er_body = struct.pack(">Q", 1) + rd
+    add(
+        invalid(
+            "type-exec-report-with-no-auth", raw_msg(17, wire.AUTH_NONE, e1, er_body, b""), "type"
+        )
+    )
+    signed_er = raw_msg(17, wire.AUTH_SIG, e1, er_body, b"")
+    signed_er += sign_key(e1).sign(signed_er)
+    add(invalid("type-exec-report-with-signature", signed_er, "type"))
+    ecp_body = struct.pack(">Q", 128) + ckpt
+    add(invalid("type-exec-checkpoint-with-mac", with_raw_macs(18, e1, ecp_body, [0]), "type"))
+    ec = wire.ExecCommit(SVC, 2, 0, 1, d1, pp.batch()).with_macs(macs(2, [e1])).encode()
+    er = wire.ExecReport(SVC, e1, 1, rd).with_macs(macs(e1, replicas)).encode()
+    ecp = wire.ExecCheckpoint(SVC, e1, 128, ckpt).signed(sign_key(e1)).encode()
+    add(invalid("short-exec-commit-digest", ec[: 16 + 12 + 20], "short"))
+    add(invalid("short-exec-commit-batch", ec[: 16 + 12 + 32 + 4 + 10], "short"))
+    add(
+        invalid(
+            "short-exec-commit-batch-length",
+            with_raw_macs(
+                16, 2, struct.pack(">IQ", 0, 1) + d1 + struct.pack(">I", 9) + b"ab", [e1]
+            ),
+            "short",
+        )
+    )
+    add(invalid("short-exec-report", er[: 16 + 8 + 31], "short"))
+    add(invalid("short-exec-checkpoint", ecp[: 16 + 7], "short"))
+    add(
+        invalid(
+            "length-trailing-exec-report",
+            with_raw_macs(17, e1, er_body + b"\x00", [0]),
+            "length",
+        )
+    )
+    add(invalid("auth-exec-checkpoint-signature-short", ecp[:-1], "auth"))
+    b = invalid("auth-exec-checkpoint-wrong-signer", ecp, "auth")
+    b.sign_pub = sign_key(e1 + 1).public
+    add(b)
+    bad_ec = bytearray(ec)
+    bad_ec[-1] ^= 0x01
+    b = invalid("auth-exec-commit-bad-mac", bytes(bad_ec), "auth")
+    b.mac_keys = [(e1, mac_key(2, e1))]
+    add(b)
 
     add(
         invalid(
