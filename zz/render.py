@@ -87,6 +87,9 @@ def replica_conf(
         f"id {r}",
         f"g {service.g}",
         f"listen {host} {port}",
+        # The echo app is the agreement replicas' built-in null service; any other app
+        # runs on execution replicas, to which zz-agreed pushes committed batches.
+        f"execution {'echo' if service.app == 'echo' else 'external'}",
     ]
     for p in range(service.n):
         ph, pp = config.replica_address(service, p)

@@ -296,7 +296,10 @@ void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
     zz_buf_reset(b);
     size_t st;
     if (f->kind == ZZ_FETCH_LOG) {
-        /* Execution replicas (not agreement peers) ask on their own connection. */
+        /* Execution replicas (not agreement peers) ask on their own connection, which is
+         * also where committed batches are pushed to them from now on. */
+        if (m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
+            r->exec_conn[m->sender - ZZ_PRINCIPAL_EXEC] = conn;
         encode_log(r, f->seq, &r->out2);
         if (r->out2.oom)
             return;

@@ -49,6 +49,7 @@ typedef struct {
     uint32_t inject_delay_ms;
     uint64_t inject_seed;
     enum zz_byz byzantine;
+    int external_exec; /* execution external: batches go to execution replicas, no echo */
     /* keys */
     zz_signkey *sign;
     uint32_t nkeys;

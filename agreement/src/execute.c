@@ -36,6 +36,17 @@ static void execute_request(zz_replica *r, const zz_bytes *raw)
         return; /* exactly-once: already executed */
     const zz_bytes *op = &m.u.request.op;
     echo_apply(r, m.sender, t, op);
+    if (r->conf->external_exec) {
+        /* Execution replicas run the app and reply; we only record the order. */
+        c->last_t = t;
+        if (c->pend_t <= t) {
+            free(c->pend_raw);
+            c->pend_raw = NULL;
+            c->pend_len = 0;
+        }
+        r->st.executed++;
+        return;
+    }
     uint8_t *res = zz_memdup(op->p, op->len);
     if (!res)
         return;
@@ -81,6 +92,40 @@ static void fetch_batch(zz_replica *r, zz_slot *s)
     r->st.fetches_sent++;
 }
 
+/* ZZ §3 step 3: every committed batch goes, in order, to the execution replicas that
+ * registered (FETCH kind 3); they execute on 2g+1 matching EXEC-COMMITs. */
+static void push_exec_commit(zz_replica *r, zz_slot *s)
+{
+    static const uint8_t null_digest[ZZ_DIGEST_LEN];
+    zz_buf *b = &r->out;
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
+        if (!r->exec_conn[i] || r->conf->byzantine == ZZ_BYZ_SILENT)
+            continue;
+        uint32_t to = ZZ_PRINCIPAL_EXEC + i;
+        zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);
+        if (!k)
+            continue;
+        zz_buf_reset(b);
+        size_t st = zz_enc_exec_commit(b, r->conf->service, r->id, s->view, s->seq,
+                                       s->is_null ? null_digest : s->digest, s->batch,
+                                       s->is_null ? 0 : s->batch_len);
+        zz_auth_mac(b, st, &to, &k, 1);
+        if (!b->oom) {
+            zz_net_send_conn(r->net, r->exec_conn[i], b->p + st, b->len - st);
+            r->st.exec_commits_sent++;
+        }
+    }
+}
+
+void zz_on_exec_message(zz_replica *r, const zz_msg *m)
+{
+    /* Fault detection over these (ZZ §4.3) is the next step; for now they are counted. */
+    if (m->type == ZZ_EXEC_REPORT)
+        r->st.exec_reports++;
+    else
+        r->st.exec_checkpoints++;
+}
+
 void zz_try_execute(zz_replica *r)
 {
     int progress = 0;
@@ -99,6 +144,8 @@ void zz_try_execute(zz_replica *r)
             r->st.null_executed++;
         else
             execute_batch(r, s);
+        if (r->conf->external_exec)
+            push_exec_commit(r, s);
         r->last_exec = seq;
         r->st.batches_executed++;
         progress = 1;

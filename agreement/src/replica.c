@@ -179,6 +179,9 @@ void zz_replica_on_close(void *ctx, zz_conn *conn)
     for (uint32_t i = 0; i < r->conf->nkeys; i++)
         if (r->clients[i].conn == conn)
             r->clients[i].conn = NULL;
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        if (r->exec_conn[i] == conn)
+            r->exec_conn[i] = NULL;
 }
 
 /* ---- sending ---- */
@@ -263,6 +266,17 @@ static int authenticate(zz_replica *r, const zz_msg *m)
         const zz_pubkey *pk = zz_pub_for(r, m->sender);
         return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
     }
+    case ZZ_EXEC_REPORT:
+    case ZZ_EXEC_CHECKPOINT: {
+        if (m->sender < ZZ_PRINCIPAL_EXEC || m->sender >= ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
+            return ZZ_DROP_SENDER;
+        if (m->type == ZZ_EXEC_REPORT) {
+            const zz_mackey *k = zz_mac_for(r, m->sender);
+            return k && zz_verify_mac(m, r->id, k) ? 0 : ZZ_DROP_AUTH;
+        }
+        const zz_pubkey *pk = zz_pub_for(r, m->sender);
+        return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
+    }
     default:
         return ZZ_DROP_TYPE; /* REPLY and unknown: not for a replica */
     }
@@ -315,6 +329,10 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
     case ZZ_STATUS:
         zz_on_status(r, &m);
         break;
+    case ZZ_EXEC_REPORT:
+    case ZZ_EXEC_CHECKPOINT:
+        zz_on_exec_message(r, &m);
+        break;
     default:
         break;
     }
@@ -366,6 +384,7 @@ void zz_write_stats(zz_replica *r)
                "\"checkpoints\": %llu, \"stable_advances\": %llu, \"state_transfers\": %llu, "
                "\"view_changes\": %llu, \"new_views\": %llu, \"fetches_sent\": %llu, "
                "\"fetches_served\": %llu, \"retransmits\": %llu, \"stale\": %llu, "
+               "\"exec_commits_sent\": %llu, \"exec_reports\": %llu, \"exec_checkpoints\": %llu, "
                "\"app_digest\": \"",
             r->id, r->view, r->in_vc, (unsigned long long)r->last_exec,
             (unsigned long long)r->stable, (unsigned long long)r->st.executed,
@@ -376,7 +395,8 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)r->st.state_transfers, (unsigned long long)r->st.view_changes,
             (unsigned long long)r->st.new_views, (unsigned long long)r->st.fetches_sent,
             (unsigned long long)r->st.fetches_served, (unsigned long long)r->st.retransmits,
-            (unsigned long long)r->st.stale);
+            (unsigned long long)r->st.stale, (unsigned long long)r->st.exec_commits_sent,
+            (unsigned long long)r->st.exec_reports, (unsigned long long)r->st.exec_checkpoints);
     for (int i = 0; i < ZZ_DIGEST_LEN; i++)
         fprintf(f, "%02x", r->app[i]);
     fprintf(f, "\", \"dropped\": {");

@@ -40,6 +40,8 @@ typedef struct {
     uint64_t fetch_sent_ms;        /* last FETCH for the missing batch */
 } zz_slot;
 
+#define ZZ_MAX_EXEC 64 /* execution replicas per service */
+
 /* Checkpoint votes for one sequence number. */
 #define ZZ_CKPT_RECORDS 16
 typedef struct {
@@ -87,6 +89,7 @@ typedef struct {
     uint64_t view_changes, new_views;
     uint64_t fetches_sent, fetches_served, retransmits;
     uint64_t stale; /* votes and proposals below the low watermark: late, not malformed */
+    uint64_t exec_commits_sent, exec_reports, exec_checkpoints;
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -127,6 +130,7 @@ typedef struct zz_replica {
     uint8_t app[ZZ_DIGEST_LEN];     /* hash chain of executed operations */
     uint64_t last_nd_time;
     zz_client *clients;             /* conf->nkeys entries, only client principals used */
+    zz_conn *exec_conn[ZZ_MAX_EXEC]; /* external execution: where execution replica i listens */
     /* primary's proposal queue of client indexes */
     uint32_t *queue;
     uint32_t q_head, q_len;
@@ -186,6 +190,7 @@ int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t 
 /* execute.c */
 void zz_try_execute(zz_replica *r);
 void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
+void zz_on_exec_message(zz_replica *r, const zz_msg *m);
 
 /* checkpoint.c */
 void zz_take_checkpoint(zz_replica *r);

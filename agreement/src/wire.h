@@ -29,8 +29,13 @@ enum zz_type {
     ZZ_FETCH = 9,
     ZZ_FETCH_REPLY = 10,
     ZZ_STATUS = 11,
-    ZZ_TYPE_MAX = 11
+    ZZ_EXEC_COMMIT = 16,
+    ZZ_EXEC_REPORT = 17,
+    ZZ_EXEC_CHECKPOINT = 18,
+    ZZ_TYPE_MAX = 18
 };
+/* 12..15 are unassigned; a decoder rejects them like any unknown type. */
+int zz_type_known(uint8_t type);
 
 enum zz_auth_kind { ZZ_AUTH_NONE = 0, ZZ_AUTH_MAC = 1, ZZ_AUTH_SIG = 2 };
 
@@ -165,6 +170,18 @@ typedef struct {
 } zz_status;
 
 typedef struct {
+    uint32_t view;
+    uint64_t seq;
+    const uint8_t *digest;
+    zz_bytes batch;
+} zz_exec_commit;
+
+typedef struct {
+    uint64_t seq;
+    const uint8_t *digest; /* reply digest (EXEC-REPORT) or checkpoint digest (EXEC-CHECKPOINT) */
+} zz_exec_digest;
+
+typedef struct {
     uint8_t type;
     uint8_t auth_kind;
     uint16_t service;
@@ -187,6 +204,8 @@ typedef struct {
         zz_fetch fetch;
         zz_fetch_reply fetch_reply;
         zz_status status;
+        zz_exec_commit exec_commit;
+        zz_exec_digest exec_digest; /* EXEC-REPORT and EXEC-CHECKPOINT */
     } u;
 } zz_msg;
 
@@ -249,6 +268,11 @@ size_t zz_enc_fetch_reply(zz_buf *b, uint16_t svc, uint32_t sender, uint8_t kind
                           const uint8_t digest[ZZ_DIGEST_LEN], const void *data, uint32_t len);
 size_t zz_enc_status(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t last_exec,
                      uint64_t stable_seq);
+size_t zz_enc_exec_commit(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t seq,
+                          const uint8_t digest[ZZ_DIGEST_LEN], const void *batch, uint32_t len);
+/* EXEC-REPORT (MAC) or EXEC-CHECKPOINT (signed): u64 seq, digest */
+size_t zz_enc_exec_digest(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t seq,
+                          const uint8_t digest[ZZ_DIGEST_LEN]);
 /* VIEW-CHANGE and NEW-VIEW have variable lists: build them with zz_begin, the zz_put_*
  * helpers, zz_put_entry/zz_put_choice, then zz_end_body. */
 void zz_put_entry(zz_buf *b, const zz_entry *e);
