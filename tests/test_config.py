@@ -102,3 +102,40 @@ def test_render_with_overrides(rack_config: Path) -> None:
             render_service(c, s, bad)
     with pytest.raises(ConfigError, match="no replica 9"):
         render_service(c, s, {"byzantine": {9: "silent"}})
+
+
+def test_execution_replica_placement(write_rack: Callable[[str], Path]) -> None:
+    c = load(write_rack(BASE.replace("f = 1", 'f = 1\napp = "kv"', 1)))
+    s = c.service("web")
+    assert s.uses_execution_replicas and s.n_exec == 3
+    # One host further than agreement replica i; ports start 64 above base_port.
+    assert [s.exec_host(c, i).name for i in range(3)] == ["h1", "h0", "h1"]
+    assert s.exec_addresses(c) == [("127.0.0.1", 17164 + i) for i in range(3)]
+    assert s.exec_state_dir(c, 2) == c.rack.run_dir / "s1" / "exec-2"
+    with pytest.raises(ValueError):
+        s.exec_state_dir(c, 3)
+    with pytest.raises(ValueError):
+        s.exec_address(c, -1)
+    echo = load(write_rack(BASE)).service("web")
+    assert not echo.uses_execution_replicas
+
+
+def test_execution_ports_collide_with_other_services(
+    write_rack: Callable[[str], Path],
+) -> None:
+    kv = BASE.replace("f = 1", 'f = 1\napp = "kv"', 1)
+    svc2 = '\n[[services]]\nname = "db"\nid = 2\ng = 1\nf = 1\nbase_port = {p}\n{app}'
+    # 17164..17166 belong to web's execution replicas: db's agreement replicas clash.
+    with pytest.raises(ConfigError, match=r"^services\[1\]\.base_port: port 17164 ") as e:
+        load(write_rack(kv + svc2.format(p=17163, app="")))
+    assert "services[0] execution replica 0" in str(e.value)
+    # An echo service reserves no execution ports, so the same layout is fine for it.
+    load(write_rack(BASE + svc2.format(p=17163, app="")))
+    # Two external-execution services: db's exec ports (17264..) against web's agreement.
+    with pytest.raises(ConfigError, match=r"^services\[1\]\.base_port: port 17100") as e:
+        load(write_rack(BASE + svc2.format(p=17036, app='app = "kv"')))
+    assert "services[0] replica 0" in str(e.value)
+    with pytest.raises(ConfigError, match=r"^services\[0\]\.base_port: execution replica ports"):
+        load(write_rack(kv.replace("base_port = 17100", "base_port = 65472")))
+    # Without an external app the same base port is valid (agreement needs 4 ports).
+    load(write_rack(BASE.replace("base_port = 17100", "base_port = 65472")))

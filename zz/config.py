@@ -12,6 +12,9 @@ _NAME_RE = re.compile(r"^[a-z0-9-]+$")
 # Mirrors agreement/src/conf.h: a replica holds at most this many keyed principals.
 MAX_REPLICAS = 64
 MAX_PRINCIPALS = 4096
+# Execution replica i listens on base_port + EXEC_PORT_OFFSET + i. Agreement replicas use
+# base_port .. base_port + n - 1 and n <= MAX_REPLICAS, so the two ranges never overlap.
+EXEC_PORT_OFFSET = MAX_REPLICAS
 
 
 class ConfigError(Exception):
@@ -63,6 +66,43 @@ class Service:
     def exec_replicas(self) -> int:
         """Execution replicas with keys: f+1 active + f sleeping, more if `active` asks."""
         return max(2 * self.f + 1, self.active)
+
+    @property
+    def n_exec(self) -> int:
+        """Execution replicas 0 .. n_exec-1 (same as exec_replicas)."""
+        return self.exec_replicas
+
+    @property
+    def uses_execution_replicas(self) -> bool:
+        """Whether the app runs on execution replicas. The built-in echo state machine
+        runs inside the agreement replicas, and clients take their replies."""
+        return self.app != "echo"
+
+    def exec_host(self, config: Config, i: int) -> Host:
+        """Execution replica i sits one host further than agreement replica i, so that
+        with several hosts replica i's agreement and execution halves are apart."""
+        self._check_exec(i)
+        return _exec_host(config.hosts, self, i)
+
+    def exec_address(self, config: Config, i: int) -> tuple[str, int]:
+        return self.exec_host(config, i).address, self.base_port + EXEC_PORT_OFFSET + i
+
+    def exec_addresses(self, config: Config) -> list[tuple[str, int]]:
+        """Where execution replica i listens, for i in 0 .. n_exec-1."""
+        return [self.exec_address(config, i) for i in range(self.n_exec)]
+
+    def exec_state_dir(self, config: Config, i: int) -> Path:
+        """Execution replica i's working state: run_dir/s<id>/exec-<i>."""
+        self._check_exec(i)
+        return config.rack.run_dir / f"s{self.id}" / f"exec-{i}"
+
+    def _check_exec(self, i: int) -> None:
+        if not 0 <= i < self.n_exec:
+            raise ValueError(f"{self.name}: no execution replica {i} (0..{self.n_exec - 1})")
+
+
+def _exec_host(hosts: list[Host], service: Service, i: int) -> Host:
+    return hosts[(i + service.index + 1) % len(hosts)]
 
 
 @dataclass(frozen=True)
@@ -234,14 +274,31 @@ def parse(data: dict[str, Any], path: Path) -> Config:
                 f"services[{i}].clients: {n} replicas + {svc.exec_replicas} execution replicas"
                 f" + {clients} clients exceed {MAX_PRINCIPALS} principals"
             )
-        for r in range(n):
-            addr = hosts[(r + i) % len(hosts)].address, base_port + r
+        listeners = [
+            ((hosts[(r + i) % len(hosts)].address, base_port + r), f"replica {r}") for r in range(n)
+        ]
+        # Echo services start no execution replicas, so their exec ports stay free for
+        # other services; their keys still exist, for when the app changes.
+        if svc.uses_execution_replicas:
+            last = base_port + EXEC_PORT_OFFSET + svc.n_exec - 1
+            if last > 65535:
+                raise ConfigError(
+                    f"services[{i}].base_port: execution replica ports up to {last} exceed 65535"
+                )
+            listeners += [
+                (
+                    (_exec_host(hosts, svc, x).address, base_port + EXEC_PORT_OFFSET + x),
+                    f"execution replica {x}",
+                )
+                for x in range(svc.n_exec)
+            ]
+        for addr, who in listeners:
             if addr in used:
                 raise ConfigError(
                     f"services[{i}].base_port: port {addr[1]} on {addr[0]}"
                     f" already used by {used[addr]}"
                 )
-            used[addr] = f"services[{i}] replica {r}"
+            used[addr] = f"services[{i}] {who}"
         services.append(svc)
     top.finish()
     return Config(path=path.resolve(), rack=rack, hosts=hosts, services=services)
