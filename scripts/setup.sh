@@ -9,7 +9,7 @@ ROOT=$(pwd)
 say() { printf '[setup] %s\n' "$*"; }
 
 # Build and test dependencies of the agreement daemon (C11 + OpenSSL, ASan/UBSan, libFuzzer).
-APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-config)
+APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-config xxd curl)
 
 # ---- later issues: virtualization and storage -------------------------------------------
 # The execution/controld/snapshots issues add their packages here (DESIGN.md §7):
