@@ -166,6 +166,7 @@ static void test_valid(tctx *t, const fixture *fx)
     snprintf(lines[n++], 256, "inject_delay_ms 40");
     snprintf(lines[n++], 256, "inject_seed 18446744073709551615");
     snprintf(lines[n++], 256, "byzantine drop-requests");
+    snprintf(lines[n++], 256, "execution external");
     snprintf(lines[n++], 256, "stats_file /tmp/x.json");
     write_keys(fx);
     write_conf(fx, lines, n);
@@ -184,6 +185,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.inject_drop == 0.25 && c.inject_dup == 1.0 && c.inject_delay_ms == 40);
     CHECK(t, c.inject_seed == UINT64_MAX);
     CHECK(t, c.byzantine == ZZ_BYZ_DROP_REQUESTS);
+    CHECK(t, c.external_exec == 1);
     CHECK(t, strcmp(c.stats_file, "/tmp/x.json") == 0);
     end_case(t);
 
@@ -247,6 +249,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.max_inflight == 4 && c.view_timeout_ms == 1000 && c.status_interval_ms == 100);
     CHECK(t, c.time_tolerance_ms == 2000 && c.inject_drop == 0 && c.inject_dup == 0);
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
+    CHECK(t, c.external_exec == 0);
     CHECK(t, c.stats_file[0] == '\0');
     zz_conf_free(&c);
     end_case(t);
@@ -329,6 +332,7 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"duplicate key", 0, "g 1", 15, "g", "duplicate (first on line 4)"},
         {"wrong value count", 5, "listen 127.0.0.1", 5, "listen", "expected 2 values"},
         {"byzantine unknown", 0, "byzantine sometimes", 15, "byzantine", "not one of"},
+        {"execution unknown", 0, "execution remote", 15, "execution", "not one of"},
         {"secret file missing", 11, "secret /nonexistent/p1.secret", 11, "secret",
          "cannot open"},
         {"host too long", 5,
