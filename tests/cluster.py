@@ -72,6 +72,8 @@ class Cluster:
         checkpoint_interval: int = 128,
         log_window: int = 256,
         view_timeout_ms: int = 1000,
+        app: str = "echo",
+        f: int = 1,
     ) -> None:
         self.dir = Path(tmp_path).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -106,8 +108,8 @@ libvirt_uri = "test:///default"
 name = "{SERVICE_NAME}"
 id = {SERVICE_ID}
 g = {g}
-f = 1
-app = "echo"
+f = {f}
+app = "{app}"
 clients = {clients}
 base_port = {self.base_port}
 """
