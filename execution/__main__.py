@@ -1,0 +1,64 @@
+"""execution/__main__.py - `python -m zz.execution --rack RACK.toml --service NAME --index I`.
+Runs one execution replica as an OS process (the process backend, DESIGN §4)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from ..config import ConfigError, load
+from ..keys import KeyFileError
+from ..snapshots import StorageError
+from .registry import AppRegistryError
+from .runtime import AppFault, serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zz.execution", description=__doc__)
+    p.add_argument("--rack", required=True, help="rack config (TOML)")
+    p.add_argument("--service", required=True, help="service name or id")
+    p.add_argument("--index", required=True, type=int, help="execution replica index i")
+    p.add_argument("--store", choices=("dir", "zfs"), default="dir", help="checkpoint store")
+    p.add_argument("--zfs-pool", help="ZFS pool (with --store zfs)")
+    p.add_argument("--zfs-dataset", help="ZFS dataset under the pool (default s<id>-exec-<i>)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s exec-{args.index} %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load(args.rack)
+        service = config.service(args.service)
+        if not service.uses_execution_replicas:
+            raise ConfigError(
+                f"service {service.name!r}: app {service.app!r} runs inside the agreement"
+                " replicas, not on execution replicas"
+            )
+        asyncio.run(
+            serve(
+                config,
+                service,
+                args.index,
+                store_kind=args.store,
+                zfs_pool=args.zfs_pool,
+                zfs_dataset=args.zfs_dataset,
+            )
+        )
+    except (ConfigError, KeyFileError, AppRegistryError, StorageError, ValueError) as e:
+        print(f"zz.execution: {e}", file=sys.stderr)
+        return 2
+    except AppFault as e:
+        print(f"zz.execution: {e}", file=sys.stderr)
+        return 3
+    except OSError as e:
+        print(f"zz.execution: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

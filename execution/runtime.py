@@ -1,0 +1,724 @@
+"""execution/runtime.py - one execution replica (ZZ §4.1-4.2, DESIGN §3 steps 3-5).
+Executes batches on 2g+1-replica commit certificates, replies to clients, checkpoints every CP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import keys, wire
+from ..config import Config, Service
+from ..crypto import NULL_DIGEST, SigningKey
+from ..snapshots import CheckpointStore, checkpoint_name, open_store
+from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
+from .app import App, ExecContext
+from .certificates import DEFAULT_WINDOW, Certificate, CommitCollector
+from .registry import create_app
+from .replycache import PATH as REPLIES_PATH
+from .replycache import ReplyCache
+from .state import StateDir
+
+log = logging.getLogger("zz.execution")
+
+_BACKOFF_MIN = 0.05
+_BACKOFF_MAX = 1.0
+# A FETCH-REPLY this large may have been cut at the replier's ~4 MiB limit: ask for more.
+_REFETCH_BYTES = 1 << 20
+# A connection whose peer stops reading is dropped rather than buffering without bound.
+_MAX_WRITE_BUFFER = 64 << 20
+_STALL_SECONDS = 1.0
+
+
+class AppFault(Exception):
+    """The app raised instead of returning a reply: this replica cannot go on."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One reply produced by a batch, sent once the batch is done."""
+
+    client: int
+    timestamp: int
+    read_only: bool
+    result: bytes
+
+
+class _RuntimeBuilder(ManifestBuilder):
+    """ManifestBuilder that may also write runtime files under the reserved `.zz/`.
+
+    mark_dirty() refuses reserved paths (apps must not write there); the runtime is the
+    one writer that may, exactly like write_memory() does for `.zz/memory`."""
+
+    def write_runtime_file(self, rel: str, data: bytes) -> None:
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        self._dirty.add(rel)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class _Link:
+    """A reconnecting outgoing connection (to an agreement replica or a peer execution
+    replica). `on_connect` returns what to send first on every fresh connection."""
+
+    def __init__(self, rt: Runtime, name: str, addr: tuple[str, int], peer: int) -> None:
+        self.rt = rt
+        self.name = name
+        self.addr = addr
+        self.peer = peer
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.connects = 0
+
+    @property
+    def up(self) -> bool:
+        return self.writer is not None and not self.writer.is_closing()
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"zz-exec-link-{self.name}")
+
+    def send(self, msg: bytes) -> bool:
+        w = self.writer
+        if w is None or w.is_closing():
+            return False
+        if w.transport.get_write_buffer_size() > _MAX_WRITE_BUFFER:
+            self.rt.counters["slow_peer_closed"] += 1
+            w.close()
+            return False
+        w.write(wire.frame(msg))
+        return True
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_MIN
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(*self.addr)
+            except OSError:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            backoff = _BACKOFF_MIN
+            self.connects += 1
+            self.writer = writer
+            try:
+                for msg in self.rt.on_link_connect(self):
+                    writer.write(wire.frame(msg))
+                while True:
+                    raw = await wire.read_frame(reader)
+                    self.rt.on_link_frame(self, raw)
+            except wire.FrameError:
+                self.rt.counters["frame_error"] += 1
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                self.writer = None
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            await asyncio.sleep(backoff)
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Runtime:
+    """Execution replica `index` of `service`.
+
+    Life cycle: `await rt.start()`, then `await rt.wait()` until stop() or a fatal
+    error, then `await rt.shutdown()`; `serve()` does all three."""
+
+    def __init__(
+        self,
+        config: Config,
+        service: Service,
+        index: int,
+        *,
+        store_kind: str = "dir",
+        zfs_pool: str | None = None,
+        zfs_dataset: str | None = None,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        if not 0 <= index < service.n_exec:
+            raise ValueError(f"{service.name}: no execution replica {index}")
+        self.config = config
+        self.svc = service
+        self.index = index
+        self.me = wire.exec_principal(index)
+        self.cp = config.rack.checkpoint_interval
+        self.state_dir = service.exec_state_dir(config, index)
+        self.status_path = self.state_dir.with_name(f"{self.state_dir.name}.status.json")
+        self.manifest_dir = self.state_dir / "manifests"
+        self.store_kind = store_kind
+        self.zfs_pool = zfs_pool
+        self.zfs_dataset = zfs_dataset or f"s{service.id}-exec-{index}"
+        self.window = window
+        self.collector = CommitCollector(service.n, service.g, window)
+        self.replies = ReplyCache()
+        self.counters: Counter[str] = Counter()
+        self.last_checkpoint = 0
+        self.stable_checkpoint = 0
+        self.my_checkpoints: dict[int, bytes] = {}  # seq -> C, not yet garbage-collected
+        self.ckpt_votes: dict[int, dict[int, bytes]] = {}  # seq -> exec principal -> C
+        self._ckpt_msgs: dict[int, bytes] = {}  # seq -> my signed EXEC-CHECKPOINT
+        self._clients: dict[int, set[asyncio.StreamWriter]] = {}
+        self._conn_writers: set[asyncio.StreamWriter] = set()
+        self._links: list[_Link] = []
+        self._peer_links: list[_Link] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: asyncio.base_events.Server | None = None
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self.fatal: BaseException | None = None
+        self._batch_counts: Counter[str] = Counter()
+        self._view = 0  # of the latest certificate; a cached reply resent later carries it
+        # Set in start():
+        self.store: CheckpointStore
+        self.state: StateDir
+        self.app: App
+        self.builder: _RuntimeBuilder
+        self.sign_key: SigningKey
+        self.agree_keys: dict[int, bytes] = {}
+        self.macs: dict[int, bytes] = {}
+        self.publics: dict[int, bytes] = {}
+
+    @property
+    def last_executed(self) -> int:
+        return self.collector.last_executed
+
+    # ---- start-up and shutdown ----------------------------------------------------
+
+    async def start(self) -> None:
+        rack = self.config.rack
+        secret = keys.load_secret(keys.secret_path(rack.key_dir, self.svc.id, self.me))
+        if secret.sign is None:
+            raise keys.KeyFileError(f"principal {self.me} has no signing key")
+        self.sign_key = secret.sign
+        self.agree_keys = keys.peer_keys(secret, range(self.svc.n))
+        self.macs = dict(secret.macs)
+        self.publics = keys.load_public(keys.public_path(rack.key_dir, self.svc.id))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_dir.mkdir(exist_ok=True)
+        await asyncio.to_thread(self._open_state)
+
+        host, port = self.svc.exec_address(self.config, self.index)
+        self._server = await asyncio.start_server(self._serve_conn, host, port)
+        for r in range(self.svc.n):
+            link = _Link(self, f"r{r}", self.config.replica_address(self.svc, r), r)
+            self._links.append(link)
+            link.start()
+        for j in range(self.svc.n_exec):
+            if j != self.index:
+                addr = self.svc.exec_address(self.config, j)
+                link = _Link(self, f"x{j}", addr, wire.exec_principal(j))
+                self._peer_links.append(link)
+                link.start()
+        self._tasks = [
+            asyncio.create_task(self._executor(), name="zz-exec-executor"),
+            asyncio.create_task(self._status_loop(), name="zz-exec-status"),
+            asyncio.create_task(self._stall_loop(), name="zz-exec-stall"),
+        ]
+        log.info(
+            "execution replica %d of service %s listening on %s:%d, last executed %d",
+            self.index,
+            self.svc.name,
+            host,
+            port,
+            self.last_executed,
+        )
+
+    def _open_state(self) -> None:
+        if self.store_kind == "dir":
+            self.store = open_store("dir", root=self.state_dir / "store")
+        elif self.store_kind == "zfs":
+            if not self.zfs_pool:
+                raise ValueError("--store zfs needs a pool (--zfs-pool)")
+            self.store = open_store(
+                "zfs",
+                pool=self.zfs_pool,
+                dataset=self.zfs_dataset,
+                mountpoint=self.state_dir / "live",
+            )
+        else:
+            raise ValueError(f"unknown store kind {self.store_kind!r}")
+        self.app = create_app(self.svc.app)
+        ckpts = sorted(
+            (int(n[5:]), n)
+            for n in self.store.list_snapshots()
+            if n.startswith("ckpt-") and n[5:].isdigit()
+        )
+        live = self.store.path
+        # Anything in the live directory past the last checkpoint may be half a batch:
+        # only a checkpoint is a state every correct replica also had.
+        for child in list(live.iterdir()):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        previous: Manifest | None = None
+        if ckpts:
+            seq, name = ckpts[-1]
+            with self.store.open_snapshot(name) as snap:
+                shutil.copytree(snap, live, dirs_exist_ok=True, symlinks=True)
+            previous = scan(live)
+            saved = self.manifest_dir / f"{name}.manifest"
+            if saved.exists() and Manifest.decode(saved.read_bytes()).files != previous.files:
+                raise RuntimeError(f"{name}: restored state does not match its manifest")
+            replies = live / REPLIES_PATH
+            if replies.exists():
+                self.replies = ReplyCache.decode(replies.read_bytes())
+            self.collector.executed(seq)
+            self.last_checkpoint = seq
+            self.my_checkpoints[seq] = previous.digest()
+            log.info("restored checkpoint %s", name)
+        self.state = StateDir(live)
+        self.app.open(self.state)
+        memory = live / MEMORY_PATH
+        if memory.exists():
+            self.app.load_memory(memory.read_bytes())
+        self.builder = _RuntimeBuilder(live, previous)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+    async def shutdown(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        for link in self._links + self._peer_links:
+            await link.close()
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._conn_writers):
+            w.close()
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                await self._server.wait_closed()
+        with contextlib.suppress(OSError, AttributeError):
+            self._write_status()
+
+    async def serve(self) -> None:
+        """Run until stop() (SIGTERM/SIGINT in the process) or a fatal error."""
+        try:
+            await self.start()
+            await self.wait()
+        finally:
+            await self.shutdown()
+        if self.fatal is not None:
+            raise self.fatal
+
+    # ---- agreement and peer links -------------------------------------------------
+
+    def _fetch_msg(self, r: int) -> bytes:
+        m = wire.Fetch(self.svc.id, self.me, wire.FETCH_LOG, self.last_executed, NULL_DIGEST)
+        return m.with_macs({r: self.agree_keys[r]}).encode()
+
+    def on_link_connect(self, link: _Link) -> list[bytes]:
+        # Registration (FETCH kind 3) must be re-sent after every reconnect: the agreement
+        # replica forgets the connection, and with it where to push EXEC-COMMITs.
+        if link.peer < wire.PRINCIPAL_EXEC:
+            return [self._fetch_msg(link.peer), *self._latest_ckpt_msgs()]
+        return self._latest_ckpt_msgs()
+
+    def _latest_ckpt_msgs(self) -> list[bytes]:
+        return [self._ckpt_msgs[s] for s in sorted(self._ckpt_msgs)[-2:]]
+
+    def on_link_frame(self, link: _Link, raw: bytes) -> None:
+        if link.peer >= wire.PRINCIPAL_EXEC:
+            self._on_peer_message(raw)
+            return
+        m = self._decode(raw)
+        if m is None:
+            return
+        if m.sender != link.peer:
+            self.counters["wrong_sender"] += 1
+            return
+        if not isinstance(m, wire.ExecCommit | wire.FetchReply):
+            self.counters["unexpected"] += 1
+            return
+        if not m.verify_mac(self.me, self.agree_keys[link.peer]):
+            self.counters["bad_mac"] += 1
+            return
+        if isinstance(m, wire.ExecCommit):
+            self.counters["exec_commits"] += 1
+            self.collector.add(m.sender, m.seq, m.digest, m.batch, m.view)
+        else:
+            self._on_fetch_reply(link, m)
+        self._wake.set()
+
+    def _on_fetch_reply(self, link: _Link, m: wire.FetchReply) -> None:
+        if m.kind != wire.FETCH_LOG:
+            self.counters["unexpected"] += 1
+            return
+        try:
+            entries = wire.log_entries(m.data)
+        except wire.WireError:
+            self.counters["bad_log"] += 1
+            return
+        self.counters["fetch_replies"] += 1
+        for e in entries:
+            self.collector.add(m.sender, e.seq, e.digest, e.batch, 0)
+        if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
+            # The replica's log starts above us: only state transfer (recovery) can help.
+            self.counters["behind_stable"] += 1
+        if entries and len(m.data) >= _REFETCH_BYTES:
+            more = wire.Fetch(self.svc.id, self.me, wire.FETCH_LOG, entries[-1].seq, NULL_DIGEST)
+            link.send(more.with_macs({link.peer: self.agree_keys[link.peer]}).encode())
+
+    def _decode(self, raw: bytes) -> wire.Message | None:
+        try:
+            m = wire.decode(raw)
+        except wire.WireError as e:
+            self.counters[f"bad_{e.name}"] += 1
+            return None
+        if m.service != self.svc.id:
+            self.counters["wrong_service"] += 1
+            return None
+        return m
+
+    def _on_peer_message(self, raw: bytes) -> None:
+        m = self._decode(raw)
+        if m is None:
+            return
+        if isinstance(m, wire.ExecCheckpoint):
+            self._on_exec_checkpoint(m)
+        else:
+            self.counters["unexpected"] += 1
+
+    def _send_agreement(self, msg: bytes) -> None:
+        for link in self._links:
+            link.send(msg)
+
+    # ---- client connections ---------------------------------------------------------
+
+    async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._conn_writers.add(writer)
+        known: set[int] = set()
+        try:
+            while True:
+                raw = await wire.read_frame(reader)
+                m = self._decode(raw)
+                if m is None:
+                    continue
+                if isinstance(m, wire.Request):
+                    c = self._on_client_request(m, writer)
+                    if c is not None:
+                        known.add(c)
+                elif isinstance(m, wire.ExecCheckpoint):
+                    self._on_exec_checkpoint(m)
+                else:
+                    self.counters["unexpected"] += 1
+        except wire.FrameError:
+            self.counters["frame_error"] += 1
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for c in known:
+                ws = self._clients.get(c)
+                if ws is not None:
+                    ws.discard(writer)
+                    if not ws:
+                        del self._clients[c]
+            self._conn_writers.discard(writer)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    def _on_client_request(self, m: wire.Request, writer: asyncio.StreamWriter) -> int | None:
+        kind, idx = wire.principal_kind(m.sender)
+        if kind != "client" or idx >= self.svc.clients or m.sender not in self.macs:
+            self.counters["wrong_sender"] += 1
+            return None
+        if not m.verify_mac(self.me, self.macs[m.sender]):
+            self.counters["bad_mac"] += 1
+            return None
+        self.counters["client_requests"] += 1
+        self._clients.setdefault(m.sender, set()).add(writer)
+        # Only the agreement cluster orders requests; here a retransmission is answered
+        # from the reply cache when it is the one the cache holds.
+        hit = self.replies.cached(m.sender, m.timestamp)
+        if hit is not None:
+            self.counters["cache_resends"] += 1
+            self._send_reply(Outgoing(m.sender, m.timestamp, hit.read_only, hit.result), None)
+        return m.sender
+
+    def _send_reply(self, out: Outgoing, view: int | None) -> None:
+        writers = self._clients.get(out.client)
+        if not writers:
+            return
+        rep = wire.Reply(
+            self.svc.id,
+            self.me,
+            self._view if view is None else view,
+            out.timestamp,
+            out.client,
+            wire.FLAG_READONLY if out.read_only else 0,
+            out.result,
+        )
+        msg = wire.frame(rep.with_macs({out.client: self.macs[out.client]}).encode())
+        for w in list(writers):
+            if w.is_closing():
+                continue
+            if w.transport.get_write_buffer_size() > _MAX_WRITE_BUFFER:
+                self.counters["slow_client_closed"] += 1
+                w.close()
+                continue
+            w.write(msg)
+            self.counters["replies_sent"] += 1
+
+    # ---- execution ------------------------------------------------------------------
+
+    async def _executor(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while (cert := self.collector.next_ready()) is not None:
+                    self._batch_counts = Counter()
+                    outs, digest = await asyncio.to_thread(self._run_batch, cert)
+                    self.counters.update(self._batch_counts)
+                    self.collector.executed(cert.seq)
+                    self._view = max(self._view, cert.view)
+                    for out in outs:
+                        self._send_reply(out, cert.view)
+                    rep = wire.ExecReport(self.svc.id, self.me, cert.seq, digest)
+                    self._send_agreement(rep.with_macs(self.agree_keys).encode())
+                    self.counters["batches_executed"] += 1
+                    if cert.seq % self.cp == 0:
+                        c = await asyncio.to_thread(self._checkpoint, cert.seq)
+                        self._after_checkpoint(cert.seq, c)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            log.exception("execution stopped")
+            self.fatal = e
+            self._stopped.set()
+
+    def _run_batch(self, cert: Certificate) -> tuple[list[Outgoing], bytes]:
+        """Execute one certified batch (in a worker thread; nothing else touches the app,
+        the state or the reply cache's writes meanwhile)."""
+        outs: list[Outgoing] = []
+        fresh: list[tuple[int, int, bytes]] = []
+        # The status writer iterates self.counters on the loop thread: count locally.
+        counts = self._batch_counts
+        if cert.is_null:
+            return outs, wire.reply_digest(fresh)
+        try:
+            nd_time, nd_seed, requests = wire.decode_batch(cert.batch)
+        except wire.WireError:
+            # Certified but undecodable: every correct replica skips it alike.
+            counts["bad_batch"] += 1
+            return outs, wire.reply_digest(fresh)
+        for raw in requests:
+            try:
+                req = wire.decode(raw)
+            except wire.WireError:
+                counts["bad_request"] += 1
+                continue
+            kind, idx = wire.principal_kind(req.sender)
+            if (
+                not isinstance(req, wire.Request)
+                or req.service != self.svc.id
+                or kind != "client"
+                or idx >= self.svc.clients
+            ):
+                counts["bad_request"] += 1
+                continue
+            if not self.replies.is_new(req.sender, req.timestamp):
+                hit = self.replies.cached(req.sender, req.timestamp)
+                if hit is not None:  # re-proposed retransmission: the client may wait
+                    outs.append(Outgoing(req.sender, req.timestamp, hit.read_only, hit.result))
+                counts["duplicates"] += 1
+                continue
+            ctx = ExecContext(
+                seq=cert.seq,
+                client=req.sender,
+                timestamp=req.timestamp,
+                time_ms=nd_time,
+                seed=nd_seed,
+                read_only=req.read_only,
+            )
+            try:
+                if req.read_only:
+                    with self.state.read_only():
+                        result = self.app.execute(req.op, ctx)
+                else:
+                    result = self.app.execute(req.op, ctx)
+            except Exception as e:
+                raise AppFault(f"app {self.app.name!r} raised at seq {cert.seq}: {e!r}") from e
+            result = bytes(result)
+            self.replies.record(req.sender, req.timestamp, result, req.read_only)
+            outs.append(Outgoing(req.sender, req.timestamp, req.read_only, result))
+            fresh.append((req.sender, req.timestamp, result))
+            counts["requests_executed"] += 1
+        return outs, wire.reply_digest(fresh)
+
+    # ---- checkpoints ----------------------------------------------------------------
+
+    def _checkpoint(self, seq: int) -> bytes:
+        """Manifest + snapshot of the state after `seq` (worker thread); returns C."""
+        self.state.sync()
+        dirty = self.state.take_dirty()
+        self.builder.mark_all_dirty(dirty.written | dirty.deleted)
+        memory = self.app.save_memory()
+        if memory is not None:
+            self.builder.write_memory(memory)
+        self.builder.write_runtime_file(REPLIES_PATH, self.replies.encode())
+        manifest = self.builder.build()
+        name = checkpoint_name(seq)
+        _write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
+        self.store.snapshot(name)
+        return manifest.digest()
+
+    def _after_checkpoint(self, seq: int, c: bytes) -> None:
+        self.last_checkpoint = seq
+        self.my_checkpoints[seq] = c
+        self.counters["checkpoints"] += 1
+        m = wire.ExecCheckpoint(self.svc.id, self.me, seq, c).signed(self.sign_key).encode()
+        self._ckpt_msgs[seq] = m
+        self._send_agreement(m)
+        for link in self._peer_links:
+            link.send(m)
+        self.ckpt_votes.setdefault(seq, {})[self.me] = c
+        self._check_stable(seq)
+
+    def _on_exec_checkpoint(self, m: wire.ExecCheckpoint) -> None:
+        kind, idx = wire.principal_kind(m.sender)
+        if kind != "exec" or idx >= self.svc.n_exec or m.sender == self.me:
+            self.counters["wrong_sender"] += 1
+            return
+        pub = self.publics.get(m.sender)
+        if pub is None or not m.verify_sig(pub):
+            self.counters["bad_sig"] += 1
+            return
+        if m.seq <= self.stable_checkpoint or m.seq % self.cp:
+            self.counters["stale_checkpoint"] += 1
+            return
+        if m.seq > self.last_executed + self.window:
+            self.counters["too_far"] += 1
+            return
+        self.counters["peer_checkpoints"] += 1
+        votes = self.ckpt_votes.setdefault(m.seq, {})
+        votes.setdefault(m.sender, m.checkpoint)  # first signed statement counts
+        self._check_stable(m.seq)
+
+    def _check_stable(self, seq: int) -> None:
+        mine = self.my_checkpoints.get(seq)
+        if mine is None or seq <= self.stable_checkpoint:
+            return
+        votes = self.ckpt_votes.get(seq, {})
+        agree = sum(1 for c in votes.values() if c == mine)
+        if agree < self.svc.f + 1:
+            if len(votes) - agree >= self.svc.f + 1:
+                self.counters["checkpoint_divergence"] += 1
+                log.error("f+1 execution replicas certify a different state at %d", seq)
+            return
+        self.stable_checkpoint = seq
+        log.info("checkpoint %d stable (%s)", seq, mine.hex()[:16])
+        for s in [s for s in self.ckpt_votes if s <= seq]:
+            del self.ckpt_votes[s]
+        for s in [s for s in self.my_checkpoints if s < seq]:
+            del self.my_checkpoints[s]
+        for s in [s for s in self._ckpt_msgs if s < seq]:
+            del self._ckpt_msgs[s]
+        asyncio.get_running_loop().create_task(self._collect_garbage(seq))
+
+    async def _collect_garbage(self, stable: int) -> None:
+        try:
+            await asyncio.to_thread(self._destroy_below, stable)
+        except Exception:
+            log.exception("garbage collection below %d failed", stable)
+            self.counters["gc_errors"] += 1
+
+    def _destroy_below(self, stable: int) -> None:
+        for name in self.store.list_snapshots():
+            if name.startswith("ckpt-") and name[5:].isdigit() and int(name[5:]) < stable:
+                self.store.destroy_snapshot(name)
+                (self.manifest_dir / f"{name}.manifest").unlink(missing_ok=True)
+                self.counters["snapshots_destroyed"] += 1
+
+    # ---- liveness and status --------------------------------------------------------
+
+    async def _stall_loop(self) -> None:
+        last = -1
+        while True:
+            await asyncio.sleep(_STALL_SECONDS)
+            # Votes above us but nothing executable for a while: something was lost
+            # (e.g. on a reconnect). Registration again makes the replicas resend the log.
+            if self.last_executed == last and self.collector.pending():
+                self.counters["refetches"] += 1
+                for link in self._links:
+                    link.send(self._fetch_msg(link.peer))
+            last = self.last_executed
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "service": self.svc.id,
+            "index": self.index,
+            "principal": self.me,
+            "pid": os.getpid(),
+            "last_executed": self.last_executed,
+            "last_checkpoint": self.last_checkpoint,
+            "stable_checkpoint": self.stable_checkpoint,
+            "checkpoints": {str(s): c.hex() for s, c in sorted(self.my_checkpoints.items())},
+            "agreement_links_up": sum(1 for link in self._links if link.up),
+            "clients_connected": len(self._clients),
+            "pending_seqs": len(self.collector.pending()),
+            "counters": dict(sorted(self.counters.items())),
+            "certificates": dict(sorted(self.collector.dropped.items())),
+        }
+
+    def _write_status(self) -> None:
+        _write_atomic(self.status_path, json.dumps(self.status(), indent=1).encode() + b"\n")
+
+    async def _status_loop(self) -> None:
+        while True:
+            try:
+                self._write_status()
+            except OSError as e:
+                log.warning("cannot write %s: %s", self.status_path, e)
+            await asyncio.sleep(1.0)
+
+
+async def serve(
+    config: Config, service: Service, index: int, *, store_kind: str = "dir", **kw: Any
+) -> None:
+    """Run one execution replica until SIGTERM/SIGINT."""
+    rt = Runtime(config, service, index, store_kind=store_kind, **kw)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, rt.stop)
+    try:
+        await rt.serve()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
