@@ -108,3 +108,63 @@ def test_read_only_requests(tmp_path: Path) -> None:
         )
         # Read-only requests are not ordered: one write executed, nothing else.
         assert all(c.stats(r)["executed"] <= 1 for r in range(4))
+
+
+def test_committed_batches_are_pushed_to_registered_execution_replicas(tmp_path: Path) -> None:
+    """`execution external`: after FETCH kind 3 an execution replica gets an EXEC-COMMIT
+    for every batch, in order, from every agreement replica (ZZ §3 step 3)."""
+    import time
+
+    with running_cluster(tmp_path, g=1, app="kv") as c:
+        me = wire.exec_principal(0)
+        secret = _secret(c, me)
+        socks = {}
+        for r in range(c.n):
+            s = socket.create_connection(("127.0.0.1", c.port(r)), timeout=5)
+            fetch = wire.Fetch(1, me, kind=wire.FETCH_LOG, seq=0, digest=bytes(32))
+            s.sendall(wire.frame(fetch.with_macs({r: secret[r]}).encode()))
+            socks[r] = s
+        # A client request, sent straight to every replica (no execution replica answers
+        # it here, so zz.client would wait for a reply certificate that never comes).
+        ops = [f"put-{k}".encode() for k in range(3)]
+        client = c.client_principal(0)
+        ckeys = _secret(c, client)
+        with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
+            for op in ops:
+                req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=op)
+                cs.sendall(wire.frame(req.with_macs({r: ckeys[r] for r in range(c.n)}).encode()))
+                time.sleep(0.05)
+            seen: dict[int, dict[int, bytes]] = {r: {} for r in range(c.n)}
+            got_ops: dict[int, list[bytes]] = {r: [] for r in range(c.n)}
+            deadline = time.monotonic() + 10
+            bufs = {r: b"" for r in range(c.n)}
+            while time.monotonic() < deadline and any(len(v) < 3 for v in got_ops.values()):
+                for r, s in socks.items():
+                    s.settimeout(0.05)
+                    try:
+                        bufs[r] += s.recv(65536)
+                    except TimeoutError:
+                        continue
+                    while len(bufs[r]) >= 4 and len(bufs[r]) >= 4 + int.from_bytes(
+                        bufs[r][:4], "big"
+                    ):
+                        n = int.from_bytes(bufs[r][:4], "big")
+                        m = wire.decode(bufs[r][4 : 4 + n])
+                        bufs[r] = bufs[r][4 + n :]
+                        assert m.verify_mac(receiver=me, key=secret[r]), "bad MAC"
+                        if isinstance(m, wire.ExecCommit):
+                            assert m.sender == r
+                            assert sha256(m.batch) == m.digest
+                            assert m.seq not in seen[r], "a batch pushed twice"
+                            seen[r][m.seq] = m.digest
+                            _t, _s, reqs = wire.decode_batch(m.batch)
+                            got_ops[r] += [wire.decode(x).op for x in reqs]
+        for s in socks.values():
+            s.close()
+        # Every agreement replica pushed the same batches, in order, with the requests.
+        for r in range(c.n):
+            assert got_ops[r] == ops, (r, got_ops[r])
+            assert sorted(seen[r]) == list(range(1, len(seen[r]) + 1))
+            assert seen[r] == seen[0]
+        # The stats file counts the pushes (what operators watch).
+        assert all(c.stats(r)["exec_commits_sent"] >= 1 for r in range(c.n))
