@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,196 @@ async def test_reconnects_after_replica_restart(rig: Rig) -> None:
         rep.server = await asyncio.start_server(rep.handle, host, port)
         assert await c.invoke(b"two", timeout=5) == b"two"
         assert c.stats["connects"] >= N + 1
+
+
+# ---- services whose app runs on execution replicas ------------------------------------
+
+F = 1
+N_EXEC = 2 * F + 1
+
+
+@dataclass
+class FakeExec:
+    """An execution replica: executes what the fake primary orders (standing in for
+    EXEC-COMMIT certificates), pushes the REPLY to the client if it has its connection,
+    and answers a REQUEST it receives directly from its reply cache."""
+
+    i: int
+    key: bytes
+    mode: str = "echo"  # echo | wrong | silent | badmac | lost (executes, first REPLY lost)
+    view: int = 0
+    received: list[wire.Request] = field(default_factory=list)
+    cache: dict[int, bytes] = field(default_factory=dict)
+    server: asyncio.Server | None = None
+    writer: asyncio.StreamWriter | None = None
+
+    @property
+    def principal(self) -> int:
+        return wire.exec_principal(self.i)
+
+    def execute(self, m: wire.Request) -> None:
+        if self.mode == "silent":
+            return
+        self.cache[m.timestamp] = b"evil" if self.mode == "wrong" else b"exec:" + m.op
+        if self.mode != "lost":
+            self.reply(m.timestamp)
+
+    def reply(self, ts: int) -> None:
+        if self.writer is None or ts not in self.cache:
+            return
+        rep = wire.Reply(1, self.principal, self.view, ts, CLIENT, 0, self.cache[ts])
+        key = os.urandom(32) if self.mode == "badmac" else self.key
+        self.writer.write(wire.frame(rep.with_macs({CLIENT: key}).encode()))
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                m = wire.decode(await wire.read_frame(reader))
+                assert isinstance(m, wire.Request)
+                assert m.verify_mac(self.principal, self.key), "client sent a bad MAC"
+                self.received.append(m)
+                self.reply(m.timestamp)
+        writer.close()
+
+
+@dataclass
+class ExecRig:
+    replicas: list[FakeReplica]
+    execs: list[FakeExec]
+    params: ClientParams
+
+
+class OrderingReplica(FakeReplica):
+    """Agreement fake for an external-execution service: a working primary hands the
+    request to every execution replica, and every replica still sends its own echo
+    REPLY, which the client must not count as a result."""
+
+    execs: list[FakeExec]
+
+    def reply(self, m: wire.Request) -> None:
+        super().reply(m)
+        if self.mode != "silent" and self.r == self.view % N:
+            for x in self.execs:
+                x.execute(m)
+
+
+@pytest.fixture
+async def exec_rig() -> AsyncIterator[ExecRig]:
+    keys = {r: os.urandom(32) for r in range(N)}
+    xkeys = {i: os.urandom(32) for i in range(N_EXEC)}
+    execs = [FakeExec(i, xkeys[i]) for i in range(N_EXEC)]
+    reps: list[FakeReplica] = []
+    for r in range(N):
+        rep = OrderingReplica(r, keys[r])
+        rep.execs = execs
+        reps.append(rep)
+    for rep in reps:
+        rep.cluster = reps
+    addrs, xaddrs = [], []
+    for rep in reps:
+        rep.server = await asyncio.start_server(rep.handle, "127.0.0.1", 0)
+        addrs.append(rep.server.sockets[0].getsockname()[:2])
+    for x in execs:
+        x.server = await asyncio.start_server(x.handle, "127.0.0.1", 0)
+        xaddrs.append(x.server.sockets[0].getsockname()[:2])
+    params = ClientParams(
+        1, G, 0, addrs, keys, initial_timeout=0.2, f=F, exec_replicas=xaddrs, exec_keys=xkeys
+    )
+    yield ExecRig(reps, execs, params)
+    for srv in [rep.server for rep in reps] + [x.server for x in execs]:
+        assert srv is not None
+        srv.close()
+
+
+async def test_exec_f_plus_1_matching_replies_are_a_result(exec_rig: ExecRig) -> None:
+    exec_rig.execs[2].mode = "silent"  # a sleeping spare: only f+1 are active
+    async with Client(exec_rig.params) as c:
+        assert await c.invoke(b"hello", timeout=5) == b"exec:hello"
+        assert await c.invoke(b"again", timeout=5) == b"exec:again"
+        assert c.stats["retransmits"] == 0
+        # Every agreement replica answered too (they were introduced), to no effect.
+        assert c.stats["agreement_replies_ignored"] >= G + 1
+    # Fresh connections to execution replicas carry the first request, so they know
+    # where to reply; after that only the primary gets requests.
+    assert [len(x.received) for x in exec_rig.execs] == [1, 1, 1]
+    assert [len(r.received) for r in exec_rig.replicas] == [2, 1, 1, 1]
+
+
+async def test_exec_single_faulty_reply_is_outvoted(exec_rig: ExecRig) -> None:
+    exec_rig.execs[0].mode = "wrong"
+    exec_rig.execs[2].mode = "silent"
+    async with Client(exec_rig.params) as c:
+        # One wrong and one correct reply: f+1 = 2 matching impossible, no result.
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"x", timeout=0.8)
+        assert c.stats["retransmits"] >= 1
+        exec_rig.execs[2].mode = "echo"  # a woken spare joins
+        assert await c.invoke(b"y", timeout=5) == b"exec:y"
+
+
+async def test_exec_bad_mac_reply_does_not_count(exec_rig: ExecRig) -> None:
+    exec_rig.execs[0].mode = "badmac"
+    exec_rig.execs[2].mode = "silent"
+    async with Client(exec_rig.params) as c:
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"x", timeout=0.8)
+        assert c.stats["bad_mac"] >= 1
+
+
+async def test_agreement_replies_are_not_results(exec_rig: ExecRig) -> None:
+    for x in exec_rig.execs:
+        x.mode = "silent"
+    async with Client(exec_rig.params) as c:
+        # All 3g+1 agreement replicas answer with valid MACs and matching results.
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"x", timeout=1.0)
+        assert c.stats["agreement_replies_ignored"] >= G + 1
+        assert c.stats["retransmits"] >= 1
+
+
+async def test_exec_retransmission_reaches_execution_replicas(exec_rig: ExecRig) -> None:
+    async with Client(exec_rig.params) as c:
+        assert await c.invoke(b"warm-up", timeout=5) == b"exec:warm-up"
+        for x in exec_rig.execs:
+            x.mode = "lost"  # executed, but the pushed REPLY never reaches the client
+        assert await c.invoke(b"op", timeout=5) == b"exec:op"
+        assert c.stats["retransmits"] == 1
+    ts = exec_rig.replicas[0].received[-1].timestamp
+    for x in exec_rig.execs:
+        # Answered from the reply cache once the retransmission arrived directly.
+        assert [m.timestamp for m in x.received][-1] == ts
+    assert all(r.received[-1].timestamp == ts for r in exec_rig.replicas)
+    # One MAC vector covers every agreement and every execution replica.
+    receivers = [rcv for rcv, _ in exec_rig.execs[0].received[-1].mac_entries()]
+    assert receivers == list(range(N)) + [wire.exec_principal(i) for i in range(N_EXEC)]
+
+
+async def test_exec_read_only_is_ordered(exec_rig: ExecRig) -> None:
+    async with Client(exec_rig.params) as c:
+        assert await c.invoke(b"get", read_only=True, timeout=5) == b"exec:get"
+        assert c.stats["read_only_ordered"] == 1 and c.stats["read_only_fallbacks"] == 0
+    assert not exec_rig.replicas[0].received[-1].read_only
+    # Ordered, so only the primary and the not yet introduced replicas were asked once.
+    assert [len(r.received) for r in exec_rig.replicas] == [1, 1, 1, 1]
+
+
+def test_params_from_config_for_external_app(write_rack: Callable[[str], Path]) -> None:
+    from conftest import RACK_TOML
+
+    from zz import keys
+    from zz.config import load
+
+    text = RACK_TOML.format(base_port=17100).replace("f = 1", 'f = 1\napp = "kv"', 1)
+    cfg = load(write_rack(text))
+    keys.generate(cfg)
+    svc = cfg.service("web")
+    p = ClientParams.from_config(cfg, "web", 2)
+    assert p.uses_execution_replicas and p.f == 1
+    assert p.exec_replicas == svc.exec_addresses(cfg)
+    me = wire.client_principal(2)
+    for i in range(svc.n_exec):
+        xsec = keys.load_secret(keys.secret_path(cfg.rack.key_dir, 1, wire.exec_principal(i)))
+        assert p.exec_keys[i] == xsec.macs[me]
+    echo = load(write_rack(RACK_TOML.format(base_port=17100)))
+    assert not ClientParams.from_config(echo, "web", 2).uses_execution_replicas

@@ -1,5 +1,6 @@
 # zz/client.py - asyncio client library for one ZZ service (PBFT client side, docs/wire.md).
-# Sends MAC'd REQUESTs, retransmits to all replicas on timeout, accepts g+1 matching REPLYs.
+# Sends MAC'd REQUESTs, retransmits to all replicas on timeout, accepts g+1 matching REPLYs
+# (echo services) or f+1 matching REPLYs from execution replicas (every other app).
 from __future__ import annotations
 
 import asyncio
@@ -32,6 +33,12 @@ class ClientParams:
     keys: dict[int, bytes]  # MAC key shared with each agreement replica r
     initial_timeout: float = 0.5
     max_timeout: float = 8.0
+    # Services whose app runs on execution replicas: execution replica i listens at
+    # exec_replicas[i] and shares exec_keys[i]; results need f+1 of their REPLYs.
+    # Empty for echo services, whose agreement replicas answer themselves.
+    f: int = 0
+    exec_replicas: list[tuple[str, int]] = field(default_factory=list)
+    exec_keys: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = 3 * self.g + 1
@@ -40,6 +47,23 @@ class ClientParams:
         missing = [r for r in range(n) if r not in self.keys]
         if missing:
             raise ValueError(f"no MAC key for replica {missing[0]}")
+        if self.exec_replicas:
+            if len(self.exec_replicas) < self.f + 1:
+                raise ValueError(
+                    f"f={self.f} needs at least {self.f + 1} execution replica addresses,"
+                    f" got {len(self.exec_replicas)}"
+                )
+            missing = [i for i in range(len(self.exec_replicas)) if i not in self.exec_keys]
+            if missing:
+                raise ValueError(f"no MAC key for execution replica {missing[0]}")
+
+    @property
+    def uses_execution_replicas(self) -> bool:
+        return bool(self.exec_replicas)
+
+    @property
+    def n_exec(self) -> int:
+        return len(self.exec_replicas)
 
     @property
     def n(self) -> int:
@@ -56,12 +80,21 @@ class ClientParams:
             raise ValueError(f"client {client_index} not in 0..{svc.clients - 1} of {svc.name}")
         pid = wire.client_principal(client_index)
         secret = keys.load_secret(keys.secret_path(config.rack.key_dir, svc.id, pid))
+        exec_addrs: list[tuple[str, int]] = []
+        exec_keys: dict[int, bytes] = {}
+        if svc.uses_execution_replicas:
+            exec_addrs = svc.exec_addresses(config)
+            pids = [wire.exec_principal(i) for i in range(svc.n_exec)]
+            exec_keys = dict(enumerate(keys.peer_keys(secret, pids).values()))
         return cls(
             service=svc.id,
             g=svc.g,
             client_index=client_index,
             replicas=[config.replica_address(svc, r) for r in range(svc.n)],
             keys=keys.peer_keys(secret, range(svc.n)),
+            f=svc.f,
+            exec_replicas=exec_addrs,
+            exec_keys=exec_keys,
         )
 
 
@@ -69,10 +102,11 @@ class _Conn:
     """A persistent, reconnecting connection to one replica. While it is down the latest
     message waits (older ones are superseded: the protocol retransmits anyway)."""
 
-    def __init__(self, client: Client, r: int, addr: tuple[str, int]) -> None:
+    def __init__(self, client: Client, r: int, addr: tuple[str, int], label: str = "") -> None:
         self.client = client
         self.r = r
         self.addr = addr
+        self.label = label or str(r)
         self.writer: asyncio.StreamWriter | None = None
         self.waiting: bytes | None = None
         self.task: asyncio.Task[None] | None = None
@@ -81,7 +115,7 @@ class _Conn:
         self.introduced = False
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"zz-client-conn-{self.r}")
+        self.task = asyncio.create_task(self._run(), name=f"zz-client-conn-{self.label}")
 
     def send(self, msg: bytes) -> None:
         w = self.writer
@@ -138,7 +172,10 @@ class _Pending:
     read_only: bool
     quorum: int
     future: asyncio.Future[bytes]
-    replies: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # r -> (result, view)
+    # Replies counted from repliers of which at most `faulty` lie (g agreement replicas
+    # or f execution replicas), keyed by sender principal: (result, view).
+    faulty: int = 0
+    replies: dict[int, tuple[bytes, int]] = field(default_factory=dict)
 
 
 class Client:
@@ -166,6 +203,7 @@ class Client:
         self.stats: Counter[str] = Counter()
         self._last_ts = 0
         self._conns: list[_Conn] = []
+        self._exec_conns: list[_Conn] = []
         self._pending: _Pending | None = None
         self._lock = asyncio.Lock()
 
@@ -185,11 +223,15 @@ class Client:
     def start(self) -> None:
         if not self._conns:
             self._conns = [_Conn(self, r, a) for r, a in enumerate(self.params.replicas)]
-            for c in self._conns:
+            self._exec_conns = [
+                _Conn(self, i, a, f"exec-{i}") for i, a in enumerate(self.params.exec_replicas)
+            ]
+            for c in self._conns + self._exec_conns:
                 c.start()
 
     async def close(self) -> None:
-        conns, self._conns = self._conns, []
+        conns, self._conns = self._conns + self._exec_conns, []
+        self._exec_conns = []
         for c in conns:
             await c.close()
 
@@ -202,9 +244,11 @@ class Client:
         self._last_ts = max(time.time_ns(), self._last_ts + 1)
         return self._last_ts
 
-    def _send(self, msg: bytes, to: list[int]) -> None:
+    def _send(self, msg: bytes, to: list[int], to_exec: list[int] | None = None) -> None:
         for r in to:
             self._conns[r].send(msg)
+        for i in to_exec or []:
+            self._exec_conns[i].send(msg)
 
     async def invoke(self, op: bytes, read_only: bool = False, timeout: float = 30.0) -> bytes:
         """Run `op` and return its result once a reply certificate is in. Raises
@@ -213,13 +257,19 @@ class Client:
         async with self._lock:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            g = self.params.g
+            p = self.params
+            if p.uses_execution_replicas:
+                # Only f+1 execution replicas are active, so the 2f+1 matching unordered
+                # replies a read-only certificate needs cannot be had: order it instead.
+                if read_only:
+                    self.stats["read_only_ordered"] += 1
+                return await self._attempt(op, False, p.f + 1, deadline)
             if read_only:
                 try:
-                    return await self._attempt(op, True, 2 * g + 1, deadline)
+                    return await self._attempt(op, True, 2 * p.g + 1, deadline)
                 except _NoQuorum:
                     self.stats["read_only_fallbacks"] += 1
-            return await self._attempt(op, False, g + 1, deadline)
+            return await self._attempt(op, False, p.g + 1, deadline)
 
     async def _attempt(self, op: bytes, read_only: bool, quorum: int, deadline: float) -> bytes:
         p = self.params
@@ -227,16 +277,22 @@ class Client:
         ts = self._next_timestamp()
         flags = wire.FLAG_READONLY if read_only else 0
         req = wire.Request(p.service, p.principal, ts, flags, op)
-        msg = req.with_macs({r: p.keys[r] for r in range(p.n)}).encode()
-        pend = _Pending(ts, read_only, quorum, loop.create_future())
+        macs = {r: p.keys[r] for r in range(p.n)}
+        macs |= {wire.exec_principal(i): k for i, k in sorted(p.exec_keys.items())}
+        msg = req.with_macs(macs).encode()
+        faulty = p.f if p.uses_execution_replicas else p.g
+        pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty)
         self._pending = pend
         self.stats["requests"] += 1
         everyone = list(range(p.n))
+        all_exec = list(range(p.n_exec))
         # Read-only requests skip ordering, so every replica must see them at once.
         # Ordered ones go to the primary, and to any replica that has not heard from us on
-        # its current connection yet, so that it can send its REPLY back.
+        # its current connection yet, so that it can send its REPLY back. Execution
+        # replicas likewise reply on connections we have used, so fresh ones get a copy.
         first = [r for r, c in enumerate(self._conns) if not c.introduced or r == self.primary]
-        self._send(msg, everyone if read_only else first)
+        first_exec = [i for i, c in enumerate(self._exec_conns) if not c.introduced]
+        self._send(msg, everyone if read_only else first, first_exec)
         interval = p.initial_timeout
         try:
             while True:
@@ -257,7 +313,7 @@ class Client:
                     # The primary may be faulty or the request lost: tell everyone, so
                     # backups forward it and start their view-change timers.
                     self.stats["retransmits"] += 1
-                    self._send(msg, everyone)
+                    self._send(msg, everyone, all_exec)
                     interval = min(interval * 2, p.max_timeout)
         finally:
             self._pending = None
@@ -271,15 +327,26 @@ class Client:
         except wire.WireError:
             self.stats["bad_msg"] += 1
             return
-        if (
-            not isinstance(m, wire.Reply)
-            or m.service != p.service
-            or m.client != p.principal
-            or not 0 <= m.sender < p.n
-        ):
+        if not isinstance(m, wire.Reply) or m.service != p.service or m.client != p.principal:
             self.stats["unexpected"] += 1
             return
-        if not m.verify_mac(p.principal, p.keys[m.sender]):
+        kind, idx = wire.principal_kind(m.sender)
+        if p.uses_execution_replicas:
+            if kind == "agreement" and idx < p.n:
+                # Agreement replicas of such a service do not run the app: whatever they
+                # answer is not a result.
+                self.stats["agreement_replies_ignored"] += 1
+                return
+            if kind != "exec" or idx >= p.n_exec:
+                self.stats["unexpected"] += 1
+                return
+            key = p.exec_keys[idx]
+        else:
+            if kind != "agreement" or idx >= p.n:
+                self.stats["unexpected"] += 1
+                return
+            key = p.keys[idx]
+        if not m.verify_mac(p.principal, key):
             self.stats["bad_mac"] += 1
             return
         self.stats["replies"] += 1
@@ -296,8 +363,8 @@ class Client:
         result, count = votes.most_common(1)[0]
         if count >= pend.quorum:
             views = sorted((v for res, v in pend.replies.values() if res == result), reverse=True)
-            # The (g+1)-th highest view is vouched for by at least one correct replica.
-            self.view = max(self.view, views[p.g])
+            # The (faulty+1)-th highest view is vouched for by at least one correct replica.
+            self.view = max(self.view, views[pend.faulty])
             pend.future.set_result(result)
         elif pend.read_only and len(pend.replies) - count + pend.quorum > p.n:
             pend.future.set_exception(_NoQuorum())
