@@ -58,6 +58,36 @@ def _cmd_client(args: argparse.Namespace) -> int:
         return 2
 
 
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    import logging
+
+    from . import proxy
+    from .http import Limits
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s zz-proxy %(message)s", stream=sys.stderr
+    )
+    host, port = proxy.parse_listen(args.listen)
+    if args.timeout <= 0:
+        raise ValueError("--timeout must be positive")
+    if args.max_body < 0:
+        raise ValueError("--max-body must be >= 0")
+    options = proxy.ProxyOptions(
+        host=host,
+        port=port,
+        timeout=args.timeout,
+        limits=Limits(max_body=args.max_body),
+        read_only=not args.ordered_reads,
+    )
+    config = load(args.config)
+    try:
+        asyncio.run(proxy.serve(config, args.service, options, args.clients, args.first_client))
+    except OSError as e:
+        print(f"zz proxy: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="zz",
@@ -103,6 +133,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--hex-out", action="store_true", help="print results as hex")
     c.add_argument("--stats", action="store_true", help="print client counters to stderr")
     c.set_defaults(func=_cmd_client)
+
+    p = sub.add_parser(
+        "proxy",
+        help="serve a WSGI service over HTTP/1.1",
+        description="HTTP front of a BFT web app: each request becomes one ordered op, "
+        "answered once f+1 replicas agree on the reply (docs/proxy.md).",
+    )
+    p.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    p.add_argument("service", metavar="SERVICE", help="service name or id (a wsgi:* app)")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
+    p.add_argument(
+        "--clients", type=int, default=8, help="client principals to use (default %(default)s)"
+    )
+    p.add_argument("--first-client", type=int, default=0, help="first client index (default 0)")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds per request before 504 (default 30)"
+    )
+    p.add_argument(
+        "--max-body", type=int, default=8 << 20, help="request body limit in bytes (default 8 MiB)"
+    )
+    p.add_argument(
+        "--ordered-reads", action="store_true", help="never try GET/HEAD on the read-only path"
+    )
+    p.set_defaults(func=_cmd_proxy)
     return ap
 
 
