@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -225,7 +226,7 @@ class Runtime:
         await asyncio.to_thread(self._open_state)
 
         host, port = self.svc.exec_address(self.config, self.index)
-        self._server = await asyncio.start_server(self._serve_conn, host, port)
+        self._server = await self._listen(host, port)
         for r in range(self.svc.n):
             link = _Link(self, f"r{r}", self.config.replica_address(self.svc, r), r)
             self._links.append(link)
@@ -249,6 +250,20 @@ class Runtime:
             port,
             self.last_executed,
         )
+
+    async def _listen(self, host: str, port: int) -> asyncio.base_events.Server:
+        # The port can be briefly held by someone's outgoing connection (it lies in the
+        # ephemeral range on most hosts), or by our predecessor's closing sockets.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while True:
+            try:
+                return await asyncio.start_server(self._serve_conn, host, port)
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or loop.time() > deadline:
+                    raise
+                self.counters["bind_retries"] += 1
+                await asyncio.sleep(0.2)
 
     def _open_state(self) -> None:
         if self.store_kind == "dir":

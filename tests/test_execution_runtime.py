@@ -18,7 +18,7 @@ import pytest
 from zz.execution.certificates import CommitCollector
 from zz.execution.replycache import ReplyCache, ReplyCacheError
 
-from tests.cluster import REPO, SERVICE_ID, Cluster
+from tests.cluster import REPO, SERVICE_ID, Cluster, _port_free
 from zz import wire
 from zz.crypto import NULL_DIGEST, sha256
 
@@ -273,85 +273,190 @@ def _wait(pred: Any, timeout: float, what: str, diag: Any) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+CP = 4
+needs_agreed = pytest.mark.skipif(
     not (REPO / "agreement" / "src" / "main.c").exists(), reason="zz-agreed not written yet"
 )
-def test_kv_through_agreement_and_execution_replicas(tmp_path: Path) -> None:
-    cp = 4
-    cluster = _kv_cluster(tmp_path, cp)
+
+
+class Rig:
+    def __init__(self, cluster: Cluster, execs: ExecReplicas) -> None:
+        self.cluster = cluster
+        self.execs = execs
+
+    def diag(self) -> str:
+        return self.execs.tails() + "\n" + self.cluster.summary()
+
+    def wait(self, pred: Any, what: str, timeout: float = 30.0) -> None:
+        _wait(pred, timeout, what, self.diag)
+
+    def wait_linked(self, i: int) -> None:
+        n = self.cluster.n
+        self.wait(
+            lambda: self.execs.status(i).get("agreement_links_up") == n,
+            f"execution replica {i} connected to every agreement replica",
+        )
+
+    def invoke_all(self, ops: list[bytes], client_index: int = 0) -> list[bytes]:
+        async def drive() -> list[bytes]:
+            client = self.cluster.client(client_index)
+            try:
+                return [await client.invoke(op, timeout=30) for op in ops]
+            finally:
+                await client.close()
+
+        return asyncio.run(drive())
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Any:
+    """zz-agreed (g = 1, kv app) + execution replicas 0 and 1, always torn down; the
+    replicas must exit cleanly (status 0) on SIGTERM."""
+    for attempt in range(20):
+        cluster = _kv_cluster(tmp_path / f"try{attempt}", CP)
+        # The harness picks free agreement ports; ours sit at base_port + 64 + i.
+        addrs = cluster.service.exec_addresses(cluster.config)
+        if all(_port_free(a[1]) for a in addrs):
+            break
     execs = ExecReplicas(cluster)
-    failed = True
+    r = Rig(cluster, execs)
+    ok = False
     try:
         cluster.start()
         execs.start(0)
         execs.start(1)
-
-        def diag() -> str:
-            return execs.tails() + "\n" + cluster.summary()
-
-        _wait(
-            lambda: all(execs.status(i).get("agreement_links_up") == cluster.n for i in (0, 1)),
-            30,
-            "execution replicas connected to every agreement replica",
-            diag,
-        )
-
-        async def drive() -> list[bytes]:
-            client = cluster.client(0)
-            out = []
-            try:
-                for k in range(2 * cp + 1):
-                    key = f"k{k}".encode()
-                    out.append(await client.invoke(_kv(KV_PUT, key, b"v%d" % k), timeout=30))
-                out.append(await client.invoke(_kv(KV_GET, b"k3"), timeout=30))
-                out.append(await client.invoke(_kv(KV_GET, b"nope"), timeout=30))
-                # Replies counted toward the certificate came from execution replicas.
-                assert client.stats["replies"] > 0
-            finally:
-                await client.close()
-            return out
-
-        results = asyncio.run(drive())
-        assert results[: 2 * cp + 1] == [_kv_ok()] * (2 * cp + 1)
-        assert results[-2] == _kv_ok(b"v3")
-        assert results[-1][0] == 1  # NOT_FOUND
-
-        _wait(
-            lambda: all(execs.status(i).get("stable_checkpoint", 0) >= cp for i in (0, 1)),
-            30,
-            "a stable checkpoint on both execution replicas",
-            diag,
-        )
-        st = [execs.status(i) for i in (0, 1)]
-        assert all(s["last_executed"] >= 2 * cp for s in st)
-        assert all(s["counters"].get("requests_executed", 0) >= 2 * cp + 3 for s in st)
-        # Same checkpoint, same manifest, byte for byte, on both replicas.
-        common = set(st[0]["checkpoints"]) & set(st[1]["checkpoints"])
-        assert common, st
-        for seq in common:
-            assert st[0]["checkpoints"][seq] == st[1]["checkpoints"][seq]
-            m = [
-                (cluster.run_dir / f"exec-{i}" / "manifests" / f"ckpt-{seq}.manifest").read_bytes()
-                for i in (0, 1)
-            ]
-            assert m[0] == m[1]
-            assert sha256(m[0]).hex() == st[0]["checkpoints"][seq]
-        # Snapshots live in the dir store; those below the stable checkpoint are gone.
-        for i in (0, 1):
-            store = cluster.run_dir / f"exec-{i}" / "store"
-            names = (store / "ORDER").read_text().split()
-            stable = st[i]["stable_checkpoint"]
-            assert f"ckpt-{stable}" in names
-            assert all(int(n[5:]) >= stable for n in names)
-            snap = store / "snapshots" / f"ckpt-{stable}"
-            assert (snap / ".zz" / "replies").is_file()
-            assert any((snap / "kv").iterdir())
-            assert execs.alive(i)
-        failed = False
+        r.wait_linked(0)
+        r.wait_linked(1)
+        yield r
+        ok = True
     finally:
+        if not ok:
+            print(r.diag(), file=sys.stderr)
         codes = execs.close()
-        if failed:
-            print(execs.tails(), file=sys.stderr)
-        cluster.__exit__(None if not failed else RuntimeError, None, None)
-    assert codes == {0: 0, 1: 0}, codes
+        cluster.__exit__(None if ok else RuntimeError, None, None)
+    assert all(c == 0 for c in codes.values()), codes
+
+
+@pytest.mark.slow
+@needs_agreed
+def test_kv_through_agreement_and_execution_replicas(rig: Rig) -> None:
+    cp = CP
+    cluster, execs = rig.cluster, rig.execs
+    ops = [_kv(KV_PUT, f"k{k}".encode(), b"v%d" % k) for k in range(2 * cp + 1)]
+    ops += [_kv(KV_GET, b"k3"), _kv(KV_GET, b"nope")]
+    results = rig.invoke_all(ops)
+    assert results[: 2 * cp + 1] == [_kv_ok()] * (2 * cp + 1)
+    assert results[-2] == _kv_ok(b"v3")
+    assert results[-1][0] == 1  # NOT_FOUND
+
+    rig.wait(
+        lambda: all(execs.status(i).get("stable_checkpoint", 0) >= cp for i in (0, 1)),
+        "a stable checkpoint on both execution replicas",
+    )
+    st = [execs.status(i) for i in (0, 1)]
+    assert all(s["last_executed"] >= 2 * cp for s in st)
+    assert all(s["counters"].get("requests_executed", 0) >= 2 * cp + 3 for s in st)
+    # Same checkpoint, same manifest, byte for byte, on both replicas.
+    common = set(st[0]["checkpoints"]) & set(st[1]["checkpoints"])
+    assert common, st
+    for seq in common:
+        assert st[0]["checkpoints"][seq] == st[1]["checkpoints"][seq]
+        m = [
+            (cluster.run_dir / f"exec-{i}" / "manifests" / f"ckpt-{seq}.manifest").read_bytes()
+            for i in (0, 1)
+        ]
+        assert m[0] == m[1]
+        assert sha256(m[0]).hex() == st[0]["checkpoints"][seq]
+    # Snapshots live in the dir store; those below the stable checkpoint are gone.
+    for i in (0, 1):
+        store = cluster.run_dir / f"exec-{i}" / "store"
+        names = (store / "ORDER").read_text().split()
+        stable = st[i]["stable_checkpoint"]
+        assert f"ckpt-{stable}" in names
+        assert all(int(n[5:]) >= stable for n in names)
+        snap = store / "snapshots" / f"ckpt-{stable}"
+        assert (snap / ".zz" / "replies").is_file()
+        assert any((snap / "kv").iterdir())
+        assert execs.alive(i)
+    # The agreement replicas got the execution replicas' reports and checkpoints.
+    agreed = cluster.stats(0)
+    assert agreed.get("exec_reports", 0) >= 2 * (2 * cp)
+    assert agreed.get("exec_checkpoints", 0) >= 2
+
+
+@pytest.mark.slow
+@needs_agreed
+def test_hostile_input_is_dropped_and_counted(rig: Rig) -> None:
+    cluster, execs = rig.cluster, rig.execs
+    host, port = cluster.service.exec_address(cluster.config, 0)
+    me = wire.exec_principal(0)
+    client = wire.client_principal(0)
+    key = cluster.client_secret(0)[me]
+    junk = b"\x00" * 20
+    bad_mac = wire.Request(SERVICE_ID, client, 1, 0, b"op").with_macs({me: bytes(32)})
+    stranger = wire.client_principal(cluster.nclients + 5)
+    unknown_client = wire.Request(SERVICE_ID, stranger, 1, 0, b"op").with_macs({me: key})
+    wrong_service = wire.Request(SERVICE_ID + 1, client, 1, 0, b"op").with_macs({me: key})
+    # A client key is not execution replica 1's signing key.
+    from zz.crypto import SigningKey
+
+    forged = wire.ExecCheckpoint(SERVICE_ID, wire.exec_principal(1), CP, bytes(32)).signed(
+        SigningKey(bytes(range(32)))
+    )
+    not_for_us = wire.Prepare(SERVICE_ID, 0, 0, 1, bytes(32)).with_macs({me: key})
+    import socket
+
+    with socket.create_connection((host, port), timeout=5) as s:
+        for m in (junk, *(x.encode() for x in (bad_mac, unknown_client, wrong_service))):
+            s.sendall(wire.frame(m))
+        s.sendall(wire.frame(forged.encode()) + wire.frame(not_for_us.encode()))
+        s.sendall(b"\x00\x00\x00\x03abc")  # framing error: the replica closes
+        s.settimeout(5)
+        assert s.recv(1) == b""
+
+    def counted() -> bool:
+        c = execs.status(0).get("counters", {})
+        return (
+            c.get("bad_magic", 0) >= 1
+            and c.get("bad_mac", 0) >= 1
+            and c.get("wrong_sender", 0) >= 1
+            and c.get("wrong_service", 0) >= 1
+            and c.get("bad_sig", 0) >= 1
+            and c.get("unexpected", 0) >= 1
+            and c.get("frame_error", 0) >= 1
+        )
+
+    rig.wait(counted, "every bad message counted")
+    # Nothing of it executed, and the replica still serves.
+    assert execs.status(0)["counters"].get("requests_executed", 0) == 0
+    assert rig.invoke_all([_kv(KV_PUT, b"a", b"1"), _kv(KV_GET, b"a")]) == [
+        _kv_ok(),
+        _kv_ok(b"1"),
+    ]
+    assert execs.alive(0) and execs.alive(1)
+
+
+@pytest.mark.slow
+@needs_agreed
+def test_restart_resumes_from_own_checkpoint(rig: Rig) -> None:
+    execs = rig.execs
+    puts = [_kv(KV_PUT, f"k{k}".encode(), b"v%d" % k) for k in range(2 * CP)]
+    assert rig.invoke_all(puts) == [_kv_ok()] * (2 * CP)
+    rig.wait(
+        lambda: execs.status(1).get("stable_checkpoint", 0) >= 2 * CP,
+        "checkpoint 2*CP stable on replica 1",
+    )
+    p = execs.procs[1]
+    os.killpg(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
+    execs.start(1)
+    rig.wait_linked(1)
+    # Both replicas are needed for f+1 = 2 matching replies: replica 1 must have
+    # restored the checkpoint's files and caught up with the committed log.
+    more = [_kv(KV_GET, b"k2"), _kv(KV_PUT, b"after", b"x"), _kv(KV_GET, b"after")]
+    assert rig.invoke_all(more, client_index=1) == [_kv_ok(b"v2"), _kv_ok(), _kv_ok(b"x")]
+    rig.wait(
+        lambda: execs.status(1).get("last_executed") == execs.status(0).get("last_executed"),
+        "replica 1 caught up",
+    )
+    assert "restored checkpoint ckpt-" in execs.log_path(1).read_text()
