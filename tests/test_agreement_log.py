@@ -168,3 +168,34 @@ def test_committed_batches_are_pushed_to_registered_execution_replicas(tmp_path:
             assert seen[r] == seen[0]
         # The stats file counts the pushes (what operators watch).
         assert all(c.stats(r)["exec_commits_sent"] >= 1 for r in range(c.n))
+
+
+def test_request_sent_only_to_a_backup_is_relayed_to_the_primary(tmp_path: Path) -> None:
+    """A client that talks only to a backup gets its request ordered without a view
+    change: the backup relays it to the primary (a faulty client cannot force one)."""
+    import time
+
+    with running_cluster(tmp_path, g=1, view_timeout_ms=800) as c:
+        client = c.client_principal(5)
+        keys = _secret(c, client)
+        req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"via-backup")
+        raw = req.with_macs({r: keys[r] for r in range(c.n)}).encode()
+        with socket.create_connection(("127.0.0.1", c.port(2)), timeout=5) as s:
+            s.sendall(wire.frame(raw))
+            s.settimeout(5)
+            buf = b""
+            while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+                chunk = s.recv(65536)
+                assert chunk, "backup closed the connection"
+                buf += chunk
+        reply = wire.decode(buf[4 : 4 + int.from_bytes(buf[:4], "big")])
+        assert isinstance(reply, wire.Reply) and reply.sender == 2
+        assert reply.verify_mac(receiver=client, key=keys[2])
+        assert reply.result == b"via-backup" and reply.timestamp == req.timestamp
+        time.sleep(1.2)  # longer than the view-change timer
+        c.wait_for(
+            lambda: all(c.stats(r)["executed"] == 1 for r in range(c.n)),
+            timeout=5,
+            what="executed once everywhere",
+        )
+        assert all(c.stats(r)["view"] == 0 for r in range(c.n)), c.summary()

@@ -56,6 +56,7 @@ struct zz_conn {
     uint32_t backoff_ms;
     uint64_t retry_timer;
     int ever_up;
+    uint32_t tag; /* the owner's label for this connection (zz_net_conn_tag) */
 };
 
 typedef struct {
@@ -906,4 +907,11 @@ void zz_net_free(zz_net *n)
     if (n->ep >= 0)
         close(n->ep);
     free(n);
+}
+
+uint32_t zz_net_conn_tag(const zz_conn *c) { return c ? c->tag : 0; }
+void zz_net_conn_set_tag(zz_conn *c, uint32_t tag)
+{
+    if (c)
+        c->tag = tag;
 }

@@ -42,6 +42,11 @@ void zz_net_bcast(zz_net *n, const uint8_t *msg, size_t len);
 /* Send on a specific (e.g. client) connection. No injection. */
 void zz_net_send_conn(zz_net *n, zz_conn *conn, const uint8_t *msg, size_t len);
 
+/* A label the owner keeps on a connection (0 when new), e.g. "an agreement peer speaks
+ * here", so a REQUEST relayed by a peer is not mistaken for the client's own connection. */
+uint32_t zz_net_conn_tag(const zz_conn *c);
+void zz_net_conn_set_tag(zz_conn *c, uint32_t tag);
+
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);
 void zz_net_cancel(zz_net *n, uint64_t id);

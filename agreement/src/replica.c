@@ -300,6 +300,8 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
         drop(r, why);
         return;
     }
+    if (m.type != ZZ_REQUEST && m.sender < r->n)
+        zz_net_conn_set_tag(conn, ZZ_TAG_PEER);
     switch (m.type) {
     case ZZ_REQUEST:
         zz_on_request(r, conn, &m);

@@ -41,6 +41,7 @@ typedef struct {
 } zz_slot;
 
 #define ZZ_MAX_EXEC 64 /* execution replicas per service */
+#define ZZ_TAG_PEER 1  /* connection tag: an agreement replica sends on it */
 
 /* Checkpoint votes for one sequence number. */
 #define ZZ_CKPT_RECORDS 16

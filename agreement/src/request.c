@@ -39,7 +39,8 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
     zz_client *c = &r->clients[ci];
     uint64_t t = m->u.request.timestamp;
     r->st.requests_in++;
-    if (conn)
+    int relayed = zz_net_conn_tag(conn) == ZZ_TAG_PEER;
+    if (conn && !relayed)
         c->conn = conn;
     if (m->u.request.flags & ZZ_REQ_READONLY) {
         zz_exec_readonly(r, (uint32_t)ci, m);
@@ -62,6 +63,10 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
         c->pend_len = m->raw_len;
         c->pend_t = t;
         c->pend_since_ms = zz_now_ms(r);
+        /* A backup relays a request it hears of first to the primary (PBFT): a client
+         * that talks only to backups must not be able to force a view change. */
+        if (!zz_is_primary(r) && !relayed && r->conf->byzantine != ZZ_BYZ_SILENT)
+            zz_net_send_peer(r->net, zz_primary(r, r->view), m->raw, m->raw_len);
     } else if (t < c->pend_t) {
         r->st.requests_dup++;
         return;
