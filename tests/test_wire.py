@@ -102,7 +102,7 @@ def test_principals() -> None:
 
 
 def test_state_encoding_sorted_and_strict() -> None:
-    entries = [wire.ClientEntry(65540, 9, 1, b"x"), wire.ClientEntry(65536, 3, 0, b"")]
+    entries = [wire.ClientEntry(65540, 9, b"x"), wire.ClientEntry(65536, 3, b"")]
     enc = wire.state_encoding(64, D, entries)
     seq, app, got = wire.decode_state(enc)
     assert (seq, app) == (64, D)
@@ -111,7 +111,7 @@ def test_state_encoding_sorted_and_strict() -> None:
         wire.decode_state(enc + b"\x00")
     assert e.value.name == "length"
     # Swap the two entries: a state encoding must be sorted by client id.
-    first = 4 + 8 + 4 + 4 + 0
+    first = 4 + 8 + 4 + 0  # client, timestamp, result length, empty result
     head = enc[: 8 + 32 + 4]
     body = enc[8 + 32 + 4 :]
     with pytest.raises(wire.WireError) as e:

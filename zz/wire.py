@@ -879,9 +879,11 @@ def decode(buf: bytes) -> Message:
 
 
 class ClientEntry(NamedTuple):
+    """One client's exactly-once record in the checkpoint state (no view: replicas may
+    execute the same batch in different views, docs/wire.md)."""
+
     client: int
     timestamp: int
-    view: int
     result: bytes
 
 
@@ -891,7 +893,7 @@ def state_encoding(seq: int, app_state: bytes, clients: Iterable[ClientEntry]) -
         raise ValueError("list longer than ZZ_MAX_LIST")
     out = [_u64(seq), _digest(app_state), _u32(len(items))]
     for e in items:
-        out.append(_u32(e.client) + _u64(e.timestamp) + _u32(e.view) + _bytes(e.result))
+        out.append(_u32(e.client) + _u64(e.timestamp) + _bytes(e.result))
     return b"".join(out)
 
 
@@ -907,8 +909,7 @@ def decode_state(buf: bytes) -> tuple[int, bytes, list[ClientEntry]]:
             raise WireError("field", f"clients[{i}]: not sorted by client id")
         last = c
         ts = r.u64(f"clients[{i}].timestamp")
-        view = r.u32(f"clients[{i}].view")
-        entries.append(ClientEntry(c, ts, view, r.bytes_(f"clients[{i}].result")))
+        entries.append(ClientEntry(c, ts, r.bytes_(f"clients[{i}].result")))
     r.done("state")
     return seq, app, entries
 

@@ -134,8 +134,8 @@ def generate() -> str:
         128,
         sha256(b"echo state"),
         [
-            wire.ClientEntry(c3, 1700000000000000777, 0, b"ok"),
-            wire.ClientEntry(c0, 1700000000000000001, 0, b"hello"),
+            wire.ClientEntry(c3, 1700000000000000777, b"ok"),
+            wire.ClientEntry(c0, 1700000000000000001, b"hello"),
         ],
     )
     sd = sha256(state)
