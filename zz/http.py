@@ -156,6 +156,8 @@ def _parse_request_line(line: bytes) -> tuple[str, str, str | None, tuple[int, i
     ver = (int(m.group(1)), int(m.group(2)))
     if ver[0] != 1:
         raise HttpError(505, f"HTTP/{ver[0]}.{ver[1]} not supported")
+    if method == b"CONNECT":
+        raise HttpError(501, "CONNECT is not supported")  # its target is not a path
     if not target or _BAD_TARGET_RE.search(target):
         raise HttpError(400, "malformed request target")
     authority, path = _origin_form(target)

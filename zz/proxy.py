@@ -232,15 +232,17 @@ class Proxy:
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             return False
-        keep = req.keep_alive and not self._closing
-        status = await self._respond(req, writer, keep)
+        status, keep = await self._respond(req, writer)
         self._log(peer, req.method, req.target, status, t0)
         self._conns[task] = False
         return keep
 
-    async def _respond(self, req: Request, writer: asyncio.StreamWriter, keep: bool) -> int:
+    async def _respond(self, req: Request, writer: asyncio.StreamWriter) -> tuple[int, bool]:
+        """Forward `req` and write the answer; (status, whether the connection stays)."""
         head = req.method == "HEAD"
         resp = await self._forward(req)
+        # Decided after the wait: a shutdown that began meanwhile closes the connection.
+        keep = req.keep_alive and not self._closing
         self.stats[f"status_{resp.status // 100}xx"] += 1
         headers = _response_headers(resp, keep_length=head or resp.status == 304)
         if head and resp.body and not any(n.lower() == "content-length" for n, _ in headers):
@@ -259,7 +261,7 @@ class Proxy:
             )
         )
         await writer.drain()
-        return resp.status
+        return resp.status, keep
 
     async def _forward(self, req: Request) -> HttpResponse:
         """The certified response to `req`, or the proxy's own 400/502/504."""
@@ -311,8 +313,6 @@ class Proxy:
 
 
 def _check_method(method: str) -> None:
-    if method == "CONNECT":
-        raise HttpError(501, "CONNECT is not supported")
     if not _APP_METHOD_RE.match(method):
         # Methods are case-sensitive; the op encoding carries uppercase letters only.
         raise HttpError(501, f"method {method[:32]} not supported")
