@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +26,8 @@ from zz.execution.apps.wsgi import WsgiApp, decode_request
 from zz.execution.registry import create_app
 from zz.execution.state import StateDir
 
+from tests.cluster import REPO, Cluster, _port_free, default_binary
+from tests.test_execution_runtime import ExecReplicas
 from zz.client import ClientTimeout
 from zz.http import Limits
 from zz.proxy import Proxy, ProxyOptions, parse_listen
@@ -511,3 +519,98 @@ def test_parse_listen() -> None:
     for bad in ("8080", ":80", "h:x", "h:70000"):
         with pytest.raises(ValueError):
             parse_listen(bad)
+
+
+# -- end to end: curl -> zz proxy -> zz-agreed -> execution replicas (real processes) ----
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _curl(*args: str) -> str:
+    out = subprocess.run(
+        ["curl", "-sS", "--max-time", "30", *args], capture_output=True, check=True, timeout=60
+    )
+    return out.stdout.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+@pytest.mark.skipif(not default_binary().exists(), reason="zz-agreed not built")
+def test_guestbook_through_real_replicas_with_curl(tmp_path: Path) -> None:
+    for attempt in range(20):
+        cluster = Cluster(tmp_path / f"try{attempt}", app="wsgi:guestbook", f=1,
+                          checkpoint_interval=4, log_window=8)  # fmt: skip
+        addrs = cluster.service.exec_addresses(cluster.config)
+        if all(_port_free(a[1]) for a in addrs):
+            break
+    execs = ExecReplicas(cluster)
+    proxy_log = tmp_path / "proxy.log"
+    port = _free_port()
+    proxy: subprocess.Popen[bytes] | None = None
+    ok = False
+    try:
+        cluster.start()
+        execs.start(0)
+        execs.start(1)
+        with open(proxy_log, "ab") as log:
+            proxy = subprocess.Popen(
+                [sys.executable, "-m", "zz", "proxy", str(cluster.config_path), "svc",
+                 "--listen", f"127.0.0.1:{port}", "--clients", "3", "--timeout", "20"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=REPO,
+            )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while b"listening on" not in proxy_log.read_bytes():
+            assert proxy.poll() is None, proxy_log.read_text()
+            assert time.monotonic() < deadline, proxy_log.read_text()
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        code = ("-o", "/dev/null", "-w", "%{http_code}")
+        assert "<form" in _curl(f"{url}/")
+        form = ("--data-urlencode", "name=<b>x</b>", "--data-urlencode", "message=a <script> & b")
+        assert _curl(*code, *form, f"{url}/") == "303"
+        # More concurrent requests than pooled clients: the rest queue for one.
+        posts = [
+            subprocess.Popen(
+                ["curl", "-sS", "--max-time", "30", *code, "-d", f"message=m{i}", f"{url}/"],
+                stdout=subprocess.PIPE,
+            )
+            for i in range(8)
+        ]
+        assert [p.communicate(timeout=60)[0] for p in posts] == [b"303"] * 8
+        page = _curl(f"{url}/")
+        assert "a &lt;script&gt; &amp; b" in page and "&lt;b&gt;x&lt;/b&gt;" in page
+        assert "<script>" not in page
+        entries = json.loads(_curl(f"{url}/entries.json"))
+        assert sorted(e["message"] for e in entries[1:]) == sorted(f"m{i}" for i in range(8))
+        head = _curl("-I", f"{url}/entries.json")
+        assert head.startswith("HTTP/1.1 200 OK") and "Content-Length:" in head
+        # Both active execution replicas hold the same entries, byte for byte (both had
+        # to reply for every certificate, so both have executed every POST).
+        trees = []
+        for i in (0, 1):
+            root = cluster.run_dir / f"exec-{i}" / "store" / "live" / "guestbook"
+            trees.append({p.relative_to(root): p.read_bytes() for p in root.rglob("*.json")})
+        assert trees[0] == trees[1] and len(trees[0]) == 1 + 9
+        ok = True
+    finally:
+        if proxy is not None and proxy.poll() is None:
+            os.killpg(proxy.pid, signal.SIGTERM)
+            try:
+                proxy.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proxy.pid, signal.SIGKILL)
+                proxy.wait(timeout=10)
+        if not ok:
+            print(execs.tails(), proxy_log.read_text(errors="replace"), file=sys.stderr)
+        codes = execs.close()
+        cluster.__exit__(None if ok else RuntimeError, None, None)
+    assert proxy is not None and proxy.returncode == 0, proxy_log.read_text()
+    text = proxy_log.read_text()
+    assert "POST / 303" in text and "GET /entries.json 200" in text
+    assert "stats " in text and "requests=13" in text
+    assert all(c == 0 for c in codes.values()), codes
