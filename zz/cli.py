@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("service", metavar="SERVICE", help="service name or id (a wsgi:* app)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
     p.add_argument(
-        "--clients", type=int, default=8, help="client principals to use (default %(default)s)"
+        "--clients", type=int, help="client principals to use (default 8, or all if fewer)"
     )
     p.add_argument("--first-client", type=int, default=0, help="first client index (default 0)")
     p.add_argument(

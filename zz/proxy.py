@@ -40,6 +40,7 @@ Invoker = Callable[[bytes, bool, float], Awaitable[bytes]]
 DROPPED_REQUEST_HEADERS = EXCLUDED_HEADERS | {"expect", "proxy-authorization"}
 # Framing of the reply is the proxy's business: the app's values would contradict it.
 DROPPED_RESPONSE_HEADERS = EXCLUDED_HEADERS
+DEFAULT_CLIENTS = 8  # pool size unless the service has fewer client principals
 _APP_METHOD_RE = re.compile(r"^[A-Z]{1,16}$")  # what the op encoding can carry
 
 
@@ -354,7 +355,7 @@ async def serve(
     config: Config,
     service_name: str,
     options: ProxyOptions,
-    clients: int = 8,
+    clients: int | None = None,
     first_client: int = 0,
     ready: Callable[[tuple[str, int]], None] | None = None,
 ) -> Counter[str]:
@@ -364,6 +365,8 @@ async def serve(
         raise ConfigError(
             f"service {service.name!r} runs app {service.app!r}; zz proxy fronts wsgi:* apps"
         )
+    if clients is None:
+        clients = max(1, min(DEFAULT_CLIENTS, service.clients - first_client))
     pool = ClientPool.from_config(config, service, clients, first_client)
     proxy = Proxy(pool.invoke, options)
     loop = asyncio.get_running_loop()
