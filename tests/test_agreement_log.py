@@ -21,18 +21,23 @@ def _secret(c: Cluster, principal: int) -> dict[int, bytes]:
     return keys
 
 
+def _read_frame(s: socket.socket) -> wire.Message:
+    """Read one framed message from a blocking socket."""
+    buf = b""
+    while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+        chunk = s.recv(65536)
+        assert chunk, "replica closed the connection without answering"
+        buf += chunk
+    return wire.decode(buf[4 : 4 + int.from_bytes(buf[:4], "big")])
+
+
 def _fetch_log(c: Cluster, replica: int, principal: int, from_seq: int) -> wire.FetchReply:
     key = _secret(c, principal)[replica]
     msg = wire.Fetch(1, principal, kind=wire.FETCH_LOG, seq=from_seq, digest=bytes(32))
     raw = msg.with_macs({replica: key}).encode()
     with socket.create_connection(("127.0.0.1", c.port(replica)), timeout=5) as s:
         s.sendall(wire.frame(raw))
-        buf = b""
-        while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
-            chunk = s.recv(65536)
-            assert chunk, "replica closed the connection without answering"
-            buf += chunk
-    reply = wire.decode(buf[4 : 4 + int.from_bytes(buf[:4], "big")])
+        reply = _read_frame(s)
     assert isinstance(reply, wire.FetchReply)
     assert reply.verify_mac(receiver=principal, key=key)
     return reply
@@ -183,12 +188,7 @@ def test_request_sent_only_to_a_backup_is_relayed_to_the_primary(tmp_path: Path)
         with socket.create_connection(("127.0.0.1", c.port(2)), timeout=5) as s:
             s.sendall(wire.frame(raw))
             s.settimeout(5)
-            buf = b""
-            while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
-                chunk = s.recv(65536)
-                assert chunk, "backup closed the connection"
-                buf += chunk
-        reply = wire.decode(buf[4 : 4 + int.from_bytes(buf[:4], "big")])
+            reply = _read_frame(s)
         assert isinstance(reply, wire.Reply) and reply.sender == 2
         assert reply.verify_mac(receiver=client, key=keys[2])
         assert reply.result == b"via-backup" and reply.timestamp == req.timestamp

@@ -36,23 +36,6 @@ static void execute_request(zz_replica *r, const zz_bytes *raw)
         return; /* exactly-once: already executed */
     const zz_bytes *op = &m.u.request.op;
     echo_apply(r, m.sender, t, op);
-    if (r->conf->external_exec) {
-        /* Execution replicas run the app and reply; we only record the order. */
-        c->last_t = t;
-        if (c->pend_t <= t) {
-            free(c->pend_raw);
-            c->pend_raw = NULL;
-            c->pend_len = 0;
-        }
-        r->st.executed++;
-        return;
-    }
-    uint8_t *res = zz_memdup(op->p, op->len);
-    if (!res)
-        return;
-    free(c->result);
-    c->result = res;
-    c->result_len = op->len;
     c->last_t = t;
     if (c->pend_t <= t) {
         free(c->pend_raw);
@@ -60,7 +43,13 @@ static void execute_request(zz_replica *r, const zz_bytes *raw)
         c->pend_len = 0;
     }
     r->st.executed++;
-    zz_send_reply(r, (uint32_t)ci, r->view, t, 0, c->result, c->result_len);
+    if (r->conf->external_exec)
+        return; /* execution replicas run the app and reply; we only record the order */
+    free(c->result);
+    c->result = zz_memdup(op->p, op->len);
+    c->result_len = c->result ? op->len : 0;
+    if (c->result)
+        zz_send_reply(r, (uint32_t)ci, r->view, t, 0, c->result, c->result_len);
 }
 
 static void execute_batch(zz_replica *r, zz_slot *s)
