@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from tests.cluster import REPO, Cluster, _port_free, default_binary
 from tests.test_execution_runtime import ExecReplicas
 from zz.client import ClientTimeout
 from zz.http import Limits
-from zz.proxy import Proxy, ProxyOptions, parse_listen
+from zz.proxy import ClientPool, Proxy, ProxyOptions, parse_listen
 
 T0 = 1_700_000_000_000
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -511,6 +512,59 @@ async def test_curl(proxy: Proxy, tmp_path: Path) -> None:
     assert await curl(*code, "--data-binary", f"@{big}", f"{url}/") == "413"
     head = await curl("-I", f"{url}/entries.json")
     assert head.startswith("HTTP/1.1 200 OK")
+
+
+class _OneAtATime:
+    """A Client stand-in that fails if it is ever given two requests at once."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.served = 0
+        self.stats: Counter[str] = Counter()
+
+    async def invoke(self, op: bytes, read_only: bool = False, timeout: float = 30.0) -> bytes:
+        assert not self.busy, "a Client got a second request while one was outstanding"
+        self.busy = True
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            self.busy = False
+        self.served += 1
+        return op
+
+
+async def test_client_pool_queues_for_idle_clients() -> None:
+    fakes = [_OneAtATime(), _OneAtATime()]
+    pool = ClientPool(fakes)  # type: ignore[arg-type]
+    got = await asyncio.gather(*(pool.invoke(b"op%d" % i, False, 5.0) for i in range(10)))
+    assert got == [b"op%d" % i for i in range(10)]
+    assert sorted(f.served for f in fakes) == [5, 5]
+    assert pool.stats["queued"] == 8
+    # Waiting for a client counts against the request's own timeout.
+    slow = [pool.invoke(b"x", False, 5.0) for _ in range(2)]
+    late = pool.invoke(b"late", False, 0.01)
+    results = await asyncio.gather(*slow, late, return_exceptions=True)
+    assert results[:2] == [b"x", b"x"] and isinstance(results[2], TimeoutError)
+    assert await pool.invoke(b"after", False, 1.0) == b"after"  # no client was lost
+
+
+async def test_many_concurrent_connections(proxy: Proxy) -> None:
+    async def conn(i: int) -> list[int]:
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        try:
+            statuses = []
+            for j in range(3):
+                writer.write(b"GET /entries.json?c=%d&r=%d HTTP/1.1\r\nHost: x\r\n\r\n" % (i, j))
+                status, _, body = await _read_response(reader)
+                assert body == b"[]\n"
+                statuses.append(status)
+            return statuses
+        finally:
+            writer.close()
+
+    got = await asyncio.gather(*(conn(i) for i in range(100)))
+    assert got == [[200, 200, 200]] * 100
+    assert proxy.stats["requests"] == 300 and proxy.stats["connections"] == 100
 
 
 def test_parse_listen() -> None:

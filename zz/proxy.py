@@ -261,7 +261,13 @@ class Proxy:
                 version=req.version,
             )
         )
-        await writer.drain()
+        try:
+            # A client that never reads must not hold the connection task forever.
+            async with asyncio.timeout(self.options.idle_timeout):
+                await writer.drain()
+        except TimeoutError:
+            self.stats["write_timeouts"] += 1
+            return resp.status, False
         return resp.status, keep
 
     async def _forward(self, req: Request) -> HttpResponse:
