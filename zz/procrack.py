@@ -1,0 +1,251 @@
+# zz/procrack.py - start and stop a whole rack as local OS processes (the process backend).
+# Every agreement replica (zz-agreed) and every ACTIVE execution replica (python -m
+# zz.execution) of the chosen services; sleeping replicas are simply not started.
+"""Process launcher for a rack config.
+
+    config = zz.config.load("rack.toml")      # keys already generated (zz keys)
+    with ProcRack(config) as rack:            # stops everything on exit, also on errors
+        rack.start()                          # renders replica files, waits until listening
+        ...                                   # clients talk to the addresses in the config
+    report = rack.last_stop                   # exit codes and leftover pids
+
+Each process runs in its own session (process group), so a stop reaches anything it
+spawned. Execution replicas `0 .. active-1` are the active ones (docs/config.md).
+Logs go to `run/s<id>/agreed-<r>.log` and `run/s<id>/exec-<i>.log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import render
+from .config import Config, Service
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_AGREED = REPO / "agreement" / "build" / "zz-agreed"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Proc:
+    """One started replica process."""
+
+    kind: str  # "agreed" or "exec"
+    service: Service
+    index: int
+    address: tuple[str, int]
+    log: Path
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def name(self) -> str:
+        return f"{self.service.name}/{self.kind}-{self.index}"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class StopReport:
+    """What stop() found: exit codes (None = had to be SIGKILLed) and survivors."""
+
+    codes: dict[str, int | None] = field(default_factory=dict)
+    leftovers: list[int] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftovers and all(c == 0 for c in self.codes.values())
+
+
+class ProcRack:
+    """The processes of `services` (default: all) of one rack config."""
+
+    def __init__(
+        self,
+        config: Config,
+        services: Iterable[Service] | None = None,
+        agreed: Path | str | None = None,
+        python: str = sys.executable,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.services = list(services) if services is not None else list(config.services)
+        self.agreed = Path(agreed) if agreed else DEFAULT_AGREED
+        self.python = python
+        self.overrides = overrides
+        self.procs: list[Proc] = []
+        self.last_stop: StopReport | None = None
+
+    # ---- start ------------------------------------------------------------------------
+    def start(self, timeout: float = 30.0, linked: bool = True) -> None:
+        """Start every agreement replica, then every active execution replica, and wait
+        until all listen (and, with `linked`, until every execution replica is connected
+        to all agreement replicas). Anything already started is stopped on failure."""
+        if not self.agreed.exists():
+            raise FileNotFoundError(f"{self.agreed} not built: make -C agreement")
+        try:
+            for svc in self.services:
+                render.render_service(self.config, svc, self.overrides)
+                for r in range(svc.n):
+                    self._spawn(
+                        "agreed",
+                        svc,
+                        r,
+                        self.config.replica_address(svc, r),
+                        [str(self.agreed), "--conf", str(self._run(svc) / f"agreed-{r}.conf")],
+                    )
+            for svc in self.services:
+                if not svc.uses_execution_replicas:
+                    continue
+                for i in range(svc.active):
+                    cmd = [self.python, "-m", "zz.execution", "--rack", str(self.config.path)]
+                    cmd += ["--service", svc.name, "--index", str(i)]
+                    self._spawn("exec", svc, i, svc.exec_address(self.config, i), cmd)
+            deadline = time.monotonic() + timeout
+            for p in self.procs:
+                self._wait_listening(p, deadline)
+            if linked:
+                for p in self.procs:
+                    if p.kind == "exec":
+                        self._wait_linked(p, deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _run(self, svc: Service) -> Path:
+        return self.config.rack.run_dir / f"s{svc.id}"
+
+    def _spawn(
+        self, kind: str, svc: Service, index: int, addr: tuple[str, int], cmd: list[str]
+    ) -> None:
+        log = self._run(svc) / f"{kind}-{index}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        # The execution package must import from this tree even when not installed.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        with open(log, "ab") as fh:
+            popen = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=REPO,
+                env=env,
+            )
+        self.procs.append(Proc(kind, svc, index, addr, log, popen))
+
+    def _wait_listening(self, p: Proc, deadline: float) -> None:
+        while True:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_tail()}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(p.address, timeout=0.5),
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{p.name} not listening on {p.address}:\n{p.log_tail()}")
+            time.sleep(0.05)
+
+    def _wait_linked(self, p: Proc, deadline: float) -> None:
+        import json
+
+        status = self._run(p.service) / f"exec-{p.index}.status.json"
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(status.read_text()).get("agreement_links_up") == p.service.n:
+                    return
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{p.name} not linked to its agreement replicas")
+            time.sleep(0.1)
+
+    # ---- observe ----------------------------------------------------------------------
+    def cpu_seconds(self) -> dict[str, float]:
+        """User+system CPU seconds per live process (its main process, from /proc), so
+        a caller can tell which part of the rack a benchmark saturates."""
+        out: dict[str, float] = {}
+        for p in self.procs:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{p.popen.pid}/stat").read_text()
+                # Fields after the parenthesised command name; utime, stime are 14, 15.
+                rest = stat[stat.rindex(")") + 2 :].split()
+                out[p.name] = (int(rest[11]) + int(rest[12])) / _TICKS
+        return out
+
+    def dead(self) -> list[Proc]:
+        return [p for p in self.procs if not p.alive()]
+
+    def log_tails(self, lines: int = 15) -> str:
+        return "\n".join(f"---- {p.name} ({p.log}) ----\n{p.log_tail(lines)}" for p in self.procs)
+
+    # ---- stop -------------------------------------------------------------------------
+    def stop(self, timeout: float = 10.0) -> StopReport:
+        """SIGTERM every process group, SIGKILL what is still there after `timeout`,
+        then look for leftovers (processes naming this rack's files)."""
+        report = StopReport()
+        for p in self.procs:
+            if p.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                report.codes[p.name] = p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                report.codes[p.name] = None
+            # Also reaps anything the replica spawned in its group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            if report.codes[p.name] is None:
+                p.popen.wait(timeout=10)
+        report.leftovers = self.leftovers()
+        self.last_stop = report
+        return report
+
+    def leftovers(self) -> list[int]:
+        """Live processes (not zombies) whose command line names this rack's config or
+        run directory: anything of ours that survived."""
+        # The separator keeps run_dir "x/run" from matching a neighbour "x/run2".
+        markers = [str(self.config.path).encode(), f"{self.config.rack.run_dir}/".encode()]
+        found = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            try:
+                cmd = (d / "cmdline").read_bytes()
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if any(m in cmd for m in markers) and stat[stat.rindex(")") + 2] != "Z":
+                found.append(int(d.name))
+        return found
+
+    def __enter__(self) -> ProcRack:
+        return self
+
+    def __exit__(self, et: object, ev: object, tb: object) -> None:
+        try:
+            if et is not None and self.procs:
+                print(self.log_tails(), file=sys.stderr)
+        finally:
+            self.stop()
