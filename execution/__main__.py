@@ -12,7 +12,7 @@ from ..config import ConfigError, load
 from ..keys import KeyFileError
 from ..snapshots import StorageError
 from .registry import AppRegistryError
-from .runtime import AppFault, serve
+from .runtime import FAULTS, AppFault, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zfs-pool", help="ZFS pool (with --store zfs)")
     p.add_argument("--zfs-dataset", help="ZFS dataset under the pool (default s<id>-exec-<i>)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--inject-fault",
+        choices=FAULTS,
+        help="TESTS ONLY: make this replica faulty (diverge-state: one extra state file"
+        " before every checkpoint, so its checkpoint digest differs)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 store_kind=args.store,
                 zfs_pool=args.zfs_pool,
                 zfs_dataset=args.zfs_dataset,
+                inject_fault=args.inject_fault,
             )
         )
     except (ConfigError, KeyFileError, AppRegistryError, StorageError, ValueError) as e:

@@ -37,6 +37,14 @@ _REFETCH_BYTES = 1 << 20
 # A connection whose peer stops reading is dropped rather than buffering without bound.
 _MAX_WRITE_BUFFER = 64 << 20
 _STALL_SECONDS = 1.0
+# Own checkpoint digests kept for comparison with peers' statements, also after GC: a slow
+# peer's EXEC-CHECKPOINT may arrive after the seq became stable here.
+_DIGEST_HISTORY = 16
+# Mismatches listed in the status file (the counter keeps the total).
+_MISMATCH_LIST = 64
+# Test-only fault switches (tests/test_execution_faults.py); see docs/execution.md.
+FAULTS = ("diverge-state",)
+DIVERGE_PATH = "zz-fault-diverge"
 
 
 class AppFault(Exception):
@@ -162,9 +170,13 @@ class Runtime:
         zfs_pool: str | None = None,
         zfs_dataset: str | None = None,
         window: int = DEFAULT_WINDOW,
+        inject_fault: str | None = None,
     ) -> None:
         if not 0 <= index < service.n_exec:
             raise ValueError(f"{service.name}: no execution replica {index}")
+        if inject_fault is not None and inject_fault not in FAULTS:
+            raise ValueError(f"unknown fault {inject_fault!r}: one of {', '.join(FAULTS)}")
+        self.inject_fault = inject_fault
         self.config = config
         self.svc = service
         self.index = index
@@ -185,6 +197,9 @@ class Runtime:
         self.my_checkpoints: dict[int, bytes] = {}  # seq -> C, not yet garbage-collected
         self.ckpt_votes: dict[int, dict[int, bytes]] = {}  # seq -> exec principal -> C
         self._ckpt_msgs: dict[int, bytes] = {}  # seq -> my signed EXEC-CHECKPOINT
+        self._my_digests: dict[int, bytes] = {}  # seq -> C, the last _DIGEST_HISTORY
+        self.checkpoint_mismatches: list[dict[str, Any]] = []
+        self._mismatch_seen: set[tuple[int, int]] = set()  # (seq, peer principal)
         self._clients: dict[int, set[asyncio.StreamWriter]] = {}
         self._conn_writers: set[asyncio.StreamWriter] = set()
         self._links: list[_Link] = []
@@ -313,6 +328,7 @@ class Runtime:
             self.collector.executed(seq)
             self.last_checkpoint = seq
             self.my_checkpoints[seq] = previous.digest()
+            self._my_digests[seq] = previous.digest()
             log.info("restored checkpoint %s", name)
         self.state = StateDir(live)
         self.app.open(self.state)
@@ -613,6 +629,11 @@ class Runtime:
         if memory is not None:
             self.builder.write_memory(memory)
         self.builder.write_runtime_file(REPLIES_PATH, self.replies.encode())
+        if self.inject_fault == "diverge-state":
+            # A deterministic wrong state: one file no correct replica has, so this
+            # replica's C differs from theirs at every checkpoint.
+            (self.builder.root / DIVERGE_PATH).write_bytes(b"diverged at %d\n" % seq)
+            self.builder.mark_dirty(DIVERGE_PATH)
         manifest = self.builder.build()
         name = checkpoint_name(seq)
         _write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
@@ -622,6 +643,9 @@ class Runtime:
     def _after_checkpoint(self, seq: int, c: bytes) -> None:
         self.last_checkpoint = seq
         self.my_checkpoints[seq] = c
+        self._my_digests[seq] = c
+        for s in sorted(self._my_digests)[:-_DIGEST_HISTORY]:
+            del self._my_digests[s]
         self.counters["checkpoints"] += 1
         m = wire.ExecCheckpoint(self.svc.id, self.me, seq, c).signed(self.sign_key).encode()
         self._ckpt_msgs[seq] = m
@@ -629,6 +653,9 @@ class Runtime:
         for link in self._peer_links:
             link.send(m)
         self.ckpt_votes.setdefault(seq, {})[self.me] = c
+        for peer, theirs in list(self.ckpt_votes[seq].items()):
+            if peer != self.me:
+                self._compare_checkpoint(seq, peer, theirs)
         self._check_stable(seq)
 
     def _on_exec_checkpoint(self, m: wire.ExecCheckpoint) -> None:
@@ -640,6 +667,8 @@ class Runtime:
         if pub is None or not m.verify_sig(pub):
             self.counters["bad_sig"] += 1
             return
+        # Before the stale check: a replica that is slow and wrong still gets noticed.
+        self._compare_checkpoint(m.seq, m.sender, m.checkpoint)
         if m.seq <= self.stable_checkpoint or m.seq % self.cp:
             self.counters["stale_checkpoint"] += 1
             return
@@ -650,6 +679,29 @@ class Runtime:
         votes = self.ckpt_votes.setdefault(m.seq, {})
         votes.setdefault(m.sender, m.checkpoint)  # first signed statement counts
         self._check_stable(m.seq)
+
+    def _compare_checkpoint(self, seq: int, peer: int, theirs: bytes) -> None:
+        """Record a peer's signed checkpoint digest that differs from ours at `seq` (once
+        per seq and peer; a peer's later statements for a seq do not count anyway)."""
+        mine = self._my_digests.get(seq)
+        if mine is None or theirs == mine or (seq, peer) in self._mismatch_seen:
+            return
+        self._mismatch_seen.add((seq, peer))
+        for old in [k for k in self._mismatch_seen if k[0] <= seq - _DIGEST_HISTORY * self.cp]:
+            self._mismatch_seen.discard(old)
+        _, idx = wire.principal_kind(peer)
+        self.counters["checkpoint_mismatches"] += 1
+        self.checkpoint_mismatches.append(
+            {"seq": seq, "peer": idx, "principal": peer, "mine": mine.hex(), "theirs": theirs.hex()}
+        )
+        del self.checkpoint_mismatches[:-_MISMATCH_LIST]
+        log.warning(
+            "checkpoint %d: execution replica %d signed %s, this replica has %s",
+            seq,
+            idx,
+            theirs.hex()[:16],
+            mine.hex()[:16],
+        )
 
     def _check_stable(self, seq: int) -> None:
         mine = self.my_checkpoints.get(seq)
@@ -710,6 +762,7 @@ class Runtime:
             "last_checkpoint": self.last_checkpoint,
             "stable_checkpoint": self.stable_checkpoint,
             "checkpoints": {str(s): c.hex() for s, c in sorted(self.my_checkpoints.items())},
+            "checkpoint_mismatches": list(self.checkpoint_mismatches),
             "agreement_links_up": sum(1 for link in self._links if link.up),
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
