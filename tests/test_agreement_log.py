@@ -199,3 +199,60 @@ def test_request_sent_only_to_a_backup_is_relayed_to_the_primary(tmp_path: Path)
             what="executed once everywhere",
         )
         assert all(c.stats(r)["view"] == 0 for r in range(c.n)), c.summary()
+
+
+def _sign_seed(c: Cluster, principal: int) -> bytes:
+    for line in (c.key_dir / f"p{principal}.secret").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "sign":
+            return bytes.fromhex(parts[1])
+    raise AssertionError(f"no signing key for {principal}")
+
+
+def test_execution_log_is_kept_until_an_execution_checkpoint_is_stable(tmp_path: Path) -> None:
+    """With external execution the agreement replicas keep every committed batch since the
+    last stable execution checkpoint (f+1 matching signed EXEC-CHECKPOINTs), even past
+    their own checkpoints, so execution replicas can replay (ZZ §3 step 5)."""
+    import time
+
+    from zz.crypto import SigningKey
+
+    with running_cluster(tmp_path, g=1, app="kv", checkpoint_interval=8, log_window=16) as c:
+        client = c.client_principal(1)
+        keys = _secret(c, client)
+        with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
+            for k in range(30):
+                req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"op%d" % k)
+                cs.sendall(wire.frame(req.with_macs({r: keys[r] for r in range(c.n)}).encode()))
+                time.sleep(0.01)
+            c.wait_for(lambda: c.stats(1)["executed"] == 30, timeout=10, what="30 ordered")
+        s1 = c.stats(1)
+        assert s1["stable_seq"] >= 16  # the agreement replicas' own log moved on
+        me = wire.exec_principal(0)
+        log = wire.log_entries(_fetch_log(c, 1, me, 0).data)
+        assert [e.seq for e in log] == list(range(1, s1["last_exec"] + 1))
+        # One execution replica's checkpoint is not enough (f = 1) ...
+        digest = sha256(b"checkpoint at 8")
+        for i in (0, 1):
+            p = wire.exec_principal(i)
+            msg = wire.ExecCheckpoint(1, p, seq=8, checkpoint=digest)
+            raw = msg.signed(SigningKey(_sign_seed(c, p))).encode()
+            with socket.create_connection(("127.0.0.1", c.port(1)), timeout=5) as s:
+                s.sendall(wire.frame(raw))
+                time.sleep(0.3)
+            st = c.stats(1)
+            if i == 0:
+                assert st["exec_stable"] == 0
+                assert _fetch_log(c, 1, me, 0).seq == 0
+        # ... f+1 matching ones are: the log now starts after 8 and names that checkpoint.
+        c.wait_for(lambda: c.stats(1)["exec_stable"] == 8, timeout=5, what="exec stable")
+        reply = _fetch_log(c, 1, me, 0)
+        assert (reply.seq, reply.digest) == (8, digest)
+        assert [e.seq for e in wire.log_entries(reply.data)] == list(range(9, s1["last_exec"] + 1))
+        # A forged execution checkpoint (wrong key) is dropped and counted.
+        before = c.stats(1)["dropped"]["auth"]
+        bad = wire.ExecCheckpoint(1, wire.exec_principal(2), seq=16, checkpoint=digest)
+        with socket.create_connection(("127.0.0.1", c.port(1)), timeout=5) as s:
+            s.sendall(wire.frame(bad.signed(SigningKey(bytes(32))).encode()))
+            time.sleep(0.3)
+        c.wait_for(lambda: c.stats(1)["dropped"]["auth"] > before, timeout=5, what="auth drop")

@@ -90,6 +90,7 @@ def replica_conf(
         # The echo app is the agreement replicas' built-in null service; any other app
         # runs on execution replicas, to which zz-agreed pushes committed batches.
         f"execution {'echo' if service.app == 'echo' else 'external'}",
+        f"f {service.f}",
     ]
     for p in range(service.n):
         ph, pp = config.replica_address(service, p)

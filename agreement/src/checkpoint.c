@@ -275,7 +275,21 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
     zz_buf_reset(b);
     zz_put_u32(b, 0);
     uint32_t count = 0;
-    for (uint64_t seq = (from > r->stable ? from : r->stable) + 1; seq <= r->last_exec; seq++) {
+    if (r->xlog) {
+        /* External execution: the execution log, from the last stable execution checkpoint. */
+        for (uint64_t seq = (from > r->xlog_low ? from : r->xlog_low) + 1; seq <= r->last_exec;
+             seq++) {
+            const zz_xlog_entry *e = zz_xlog_get(r, seq);
+            if (!e || b->len > cap)
+                break;
+            zz_put_u64(b, seq);
+            zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
+            zz_put_bytes(b, e->batch, e->batch_len);
+            count++;
+        }
+    }
+    for (uint64_t seq = (from > r->stable ? from : r->stable) + 1;
+         !r->xlog && seq <= r->last_exec; seq++) {
         zz_slot *s = &r->slots[seq % r->L];
         if (s->seq != seq || !s->committed || (!s->is_null && !s->batch) || b->len > cap)
             break;
@@ -303,8 +317,12 @@ void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
         encode_log(r, f->seq, &r->out2);
         if (r->out2.oom)
             return;
-        st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind, r->stable, r->stable_dig,
-                                r->out2.p, (uint32_t)r->out2.len);
+        /* The log starts after the stable checkpoint the replier names: the execution one
+         * with external execution, its own otherwise. */
+        st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind,
+                                r->xlog ? r->exec_stable : r->stable,
+                                r->xlog ? r->exec_stable_dig : r->stable_dig, r->out2.p,
+                                (uint32_t)r->out2.len);
         zz_end_body(b, st);
         uint32_t to = m->sender;
         zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);

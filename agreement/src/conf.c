@@ -392,14 +392,14 @@ enum {
     K_SERVICE, K_ID, K_G, K_LISTEN, K_PEER, K_SECRET, K_PUBLIC, K_CP, K_LOG_WINDOW,
     K_BATCH_MAX, K_MAX_INFLIGHT, K_VIEW_TIMEOUT, K_STATUS_INTERVAL, K_TIME_TOLERANCE,
     K_STATS_FILE, K_INJECT_DROP, K_INJECT_DUP, K_INJECT_DELAY, K_INJECT_SEED, K_BYZANTINE,
-    K_EXECUTION, K_COUNT
+    K_EXECUTION, K_F, K_EXEC_LOG, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
     "service", "id", "g", "listen", "peer", "secret", "public", "checkpoint_interval",
     "log_window", "batch_max", "max_inflight", "view_timeout_ms", "status_interval_ms",
     "time_tolerance_ms", "stats_file", "inject_drop", "inject_dup", "inject_delay_ms",
-    "inject_seed", "byzantine", "execution",
+    "inject_seed", "byzantine", "execution", "f", "exec_log",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -597,6 +597,10 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
             return bad(ps, line, name,
                        "'%s' is not one of none, equivocate, drop-requests, silent", tok[1]);
         return 0;
+    case K_F:
+        return set_u32(ps, line, k, tok[1], 0, 21, &c->f);
+    case K_EXEC_LOG:
+        return set_u32(ps, line, k, tok[1], 1, 1u << 20, &c->exec_log);
     case K_EXECUTION:
         if (strcmp(tok[1], "echo") == 0)
             c->external_exec = 0;
@@ -647,6 +651,8 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
     c->status_interval_ms = 100;
     c->time_tolerance_ms = 2000;
     c->byzantine = ZZ_BYZ_NONE;
+    c->f = 1;
+    c->exec_log = 65536;
 
     parse_state *ps = calloc(1, sizeof *ps);
     if (!ps) {

@@ -50,6 +50,8 @@ typedef struct {
     uint64_t inject_seed;
     enum zz_byz byzantine;
     int external_exec; /* execution external: batches go to execution replicas, no echo */
+    uint32_t f;        /* execution faults tolerated: f+1 matching EXEC-CHECKPOINTs are stable */
+    uint32_t exec_log; /* committed batches kept for execution replicas, at most */
     /* keys */
     zz_signkey *sign;
     uint32_t nkeys;

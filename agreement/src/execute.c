@@ -106,15 +106,6 @@ static void push_exec_commit(zz_replica *r, zz_slot *s)
     }
 }
 
-void zz_on_exec_message(zz_replica *r, const zz_msg *m)
-{
-    /* Fault detection over these (ZZ §4.3) is the next step; for now they are counted. */
-    if (m->type == ZZ_EXEC_REPORT)
-        r->st.exec_reports++;
-    else
-        r->st.exec_checkpoints++;
-}
-
 void zz_try_execute(zz_replica *r)
 {
     int progress = 0;
@@ -133,8 +124,10 @@ void zz_try_execute(zz_replica *r)
             r->st.null_executed++;
         else
             execute_batch(r, s);
-        if (r->conf->external_exec)
+        if (r->conf->external_exec) {
+            zz_xlog_append(r, s);
             push_exec_commit(r, s);
+        }
         r->last_exec = seq;
         r->st.batches_executed++;
         progress = 1;

@@ -113,6 +113,8 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->stable_proof = xcalloc(r->n, sizeof(uint8_t *), &fail);
     r->stable_proof_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     r->clients = xcalloc(c->nkeys, sizeof(zz_client), &fail);
+    if (c->external_exec)
+        r->xlog = xcalloc(c->exec_log, sizeof(zz_xlog_entry), &fail);
     r->queue = xcalloc(c->nkeys, sizeof(uint32_t), &fail);
     if (fail) {
         snprintf(err, errcap, "out of memory allocating the replica (L=%u n=%u)", r->L, r->n);
@@ -166,6 +168,7 @@ void zz_replica_free(zz_replica *r)
     }
     free(r->clients);
     free(r->queue);
+    zz_xlog_free(r);
     zz_buf_free(&r->out);
     zz_buf_free(&r->out2);
     zz_buf_free(&r->rbuf);
@@ -387,6 +390,7 @@ void zz_write_stats(zz_replica *r)
                "\"view_changes\": %llu, \"new_views\": %llu, \"fetches_sent\": %llu, "
                "\"fetches_served\": %llu, \"retransmits\": %llu, \"stale\": %llu, "
                "\"exec_commits_sent\": %llu, \"exec_reports\": %llu, \"exec_checkpoints\": %llu, "
+               "\"exec_stable\": %llu, \"exec_stable_advances\": %llu, \"exec_log_overflow\": %llu, "
                "\"app_digest\": \"",
             r->id, r->view, r->in_vc, (unsigned long long)r->last_exec,
             (unsigned long long)r->stable, (unsigned long long)r->st.executed,
@@ -398,7 +402,9 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)r->st.new_views, (unsigned long long)r->st.fetches_sent,
             (unsigned long long)r->st.fetches_served, (unsigned long long)r->st.retransmits,
             (unsigned long long)r->st.stale, (unsigned long long)r->st.exec_commits_sent,
-            (unsigned long long)r->st.exec_reports, (unsigned long long)r->st.exec_checkpoints);
+            (unsigned long long)r->st.exec_reports, (unsigned long long)r->st.exec_checkpoints,
+            (unsigned long long)r->exec_stable, (unsigned long long)r->st.exec_stable_advances,
+            (unsigned long long)r->st.exec_log_overflow);
     for (int i = 0; i < ZZ_DIGEST_LEN; i++)
         fprintf(f, "%02x", r->app[i]);
     fprintf(f, "\", \"dropped\": {");

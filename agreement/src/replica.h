@@ -43,6 +43,24 @@ typedef struct {
 #define ZZ_MAX_EXEC 64 /* execution replicas per service */
 #define ZZ_TAG_PEER 1  /* connection tag: an agreement replica sends on it */
 
+/* The execution log (external execution): committed batches kept from the last stable
+ * execution checkpoint on, so that a woken or restarted execution replica can replay them
+ * (ZZ §4.4). Ring of conf->exec_log entries; entry seq lives at seq % cap. */
+typedef struct {
+    uint64_t seq; /* 0 = empty */
+    uint8_t digest[ZZ_DIGEST_LEN];
+    uint8_t *batch; /* owned; NULL for a null request */
+    uint32_t batch_len;
+} zz_xlog_entry;
+
+/* EXEC-CHECKPOINT votes for one sequence number. */
+#define ZZ_XCKPT_RECORDS 8
+typedef struct {
+    uint64_t seq;
+    uint8_t voted[ZZ_MAX_EXEC];
+    uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
+} zz_xckpt;
+
 /* Checkpoint votes for one sequence number. */
 #define ZZ_CKPT_RECORDS 16
 typedef struct {
@@ -90,7 +108,8 @@ typedef struct {
     uint64_t view_changes, new_views;
     uint64_t fetches_sent, fetches_served, retransmits;
     uint64_t stale; /* votes and proposals below the low watermark: late, not malformed */
-    uint64_t exec_commits_sent, exec_reports, exec_checkpoints;
+    uint64_t exec_commits_sent, exec_reports, exec_checkpoints, exec_stable_advances;
+    uint64_t exec_log_overflow; /* batches dropped from a full execution log */
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -132,6 +151,11 @@ typedef struct zz_replica {
     uint64_t last_nd_time;
     zz_client *clients;             /* conf->nkeys entries, only client principals used */
     zz_conn *exec_conn[ZZ_MAX_EXEC]; /* external execution: where execution replica i listens */
+    zz_xlog_entry *xlog;            /* conf->exec_log entries (external execution only) */
+    uint64_t xlog_low;              /* entries are kept for seq in (xlog_low, last_exec] */
+    uint64_t exec_stable;           /* last stable execution checkpoint (f+1 matching) */
+    uint8_t exec_stable_dig[ZZ_DIGEST_LEN];
+    zz_xckpt xckpts[ZZ_XCKPT_RECORDS];
     /* primary's proposal queue of client indexes */
     uint32_t *queue;
     uint32_t q_head, q_len;
@@ -192,6 +216,9 @@ int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t 
 void zz_try_execute(zz_replica *r);
 void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
 void zz_on_exec_message(zz_replica *r, const zz_msg *m);
+void zz_xlog_append(zz_replica *r, const zz_slot *s);
+const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
+void zz_xlog_free(zz_replica *r);
 
 /* checkpoint.c */
 void zz_take_checkpoint(zz_replica *r);

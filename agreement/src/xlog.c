@@ -1,0 +1,117 @@
+/* xlog.c - the execution log of external execution: committed batches kept from the last
+ * stable execution checkpoint (f+1 matching signed EXEC-CHECKPOINTs) on, served to execution
+ * replicas that replay after a restart or a wake-up (ZZ §4.2 step 5, §4.4). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "replica.h"
+
+static void entry_clear(zz_xlog_entry *e)
+{
+    free(e->batch);
+    memset(e, 0, sizeof *e);
+}
+
+void zz_xlog_free(zz_replica *r)
+{
+    for (uint32_t i = 0; r->xlog && i < r->conf->exec_log; i++)
+        entry_clear(&r->xlog[i]);
+    free(r->xlog);
+    r->xlog = NULL;
+}
+
+const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq)
+{
+    if (!r->xlog || seq <= r->xlog_low)
+        return NULL;
+    const zz_xlog_entry *e = &r->xlog[seq % r->conf->exec_log];
+    return e->seq == seq ? e : NULL;
+}
+
+void zz_xlog_append(zz_replica *r, const zz_slot *s)
+{
+    static const uint8_t null_digest[ZZ_DIGEST_LEN];
+    if (!r->xlog)
+        return;
+    uint32_t cap = r->conf->exec_log;
+    /* Full: the oldest entry goes. Execution replicas that needed it must get state from
+     * a peer's checkpoint instead of replaying; the counter tells the operator. */
+    while (s->seq - r->xlog_low > cap) {
+        r->xlog_low++;
+        zz_xlog_entry *old = &r->xlog[r->xlog_low % cap];
+        if (old->seq == r->xlog_low) {
+            entry_clear(old);
+            r->st.exec_log_overflow++;
+        }
+    }
+    zz_xlog_entry *e = &r->xlog[s->seq % cap];
+    entry_clear(e);
+    e->seq = s->seq;
+    memcpy(e->digest, s->is_null ? null_digest : s->digest, ZZ_DIGEST_LEN);
+    if (!s->is_null && s->batch) {
+        e->batch = zz_memdup(s->batch, s->batch_len);
+        e->batch_len = e->batch ? s->batch_len : 0;
+    }
+}
+
+static void xlog_collect(zz_replica *r, uint64_t upto)
+{
+    if (!r->xlog)
+        return;
+    for (uint64_t seq = r->xlog_low + 1; seq <= upto; seq++) {
+        zz_xlog_entry *e = &r->xlog[seq % r->conf->exec_log];
+        if (e->seq == seq)
+            entry_clear(e);
+    }
+    if (upto > r->xlog_low)
+        r->xlog_low = upto;
+}
+
+static zz_xckpt *xckpt_get(zz_replica *r, uint64_t seq)
+{
+    zz_xckpt *victim = &r->xckpts[0];
+    for (int i = 0; i < ZZ_XCKPT_RECORDS; i++) {
+        if (r->xckpts[i].seq == seq)
+            return &r->xckpts[i];
+        if (r->xckpts[i].seq < victim->seq)
+            victim = &r->xckpts[i];
+    }
+    memset(victim, 0, sizeof *victim);
+    victim->seq = seq;
+    return victim;
+}
+
+/* A signed EXEC-CHECKPOINT from execution replica i (signature already checked). */
+static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
+                               const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    if (seq <= r->exec_stable || seq % r->conf->checkpoint_interval != 0)
+        return;
+    zz_xckpt *k = xckpt_get(r, seq);
+    k->voted[i] = 1;
+    memcpy(k->dig[i], digest, ZZ_DIGEST_LEN);
+    uint32_t match = 0;
+    for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
+        match += k->voted[j] && memcmp(k->dig[j], digest, ZZ_DIGEST_LEN) == 0;
+    if (match < r->conf->f + 1)
+        return;
+    r->exec_stable = seq;
+    memcpy(r->exec_stable_dig, digest, ZZ_DIGEST_LEN);
+    r->st.exec_stable_advances++;
+    xlog_collect(r, seq < r->last_exec ? seq : r->last_exec);
+    for (int j = 0; j < ZZ_XCKPT_RECORDS; j++)
+        if (r->xckpts[j].seq <= seq)
+            memset(&r->xckpts[j], 0, sizeof r->xckpts[j]);
+}
+
+void zz_on_exec_message(zz_replica *r, const zz_msg *m)
+{
+    /* Fault detection over EXEC-REPORTs (ZZ §4.3) is the next issue; they are counted. */
+    if (m->type == ZZ_EXEC_REPORT) {
+        r->st.exec_reports++;
+        return;
+    }
+    r->st.exec_checkpoints++;
+    on_exec_checkpoint(r, m->sender - ZZ_PRINCIPAL_EXEC, m->u.exec_digest.seq,
+                       m->u.exec_digest.digest);
+}
