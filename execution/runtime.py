@@ -192,6 +192,9 @@ class Runtime:
         self.collector = CommitCollector(service.n, service.g, window)
         self.replies = ReplyCache()
         self.counters: Counter[str] = Counter()
+        # The snapshot store is not safe for concurrent use (a checkpoint and the
+        # collection of older snapshots both rewrite its index): one operation at a time.
+        self._store_lock = asyncio.Lock()
         self.last_checkpoint = 0
         self.stable_checkpoint = 0
         self.my_checkpoints: dict[int, bytes] = {}  # seq -> C, not yet garbage-collected
@@ -550,7 +553,8 @@ class Runtime:
                     self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
                     if cert.seq % self.cp == 0:
-                        c = await asyncio.to_thread(self._checkpoint, cert.seq)
+                        async with self._store_lock:
+                            c = await asyncio.to_thread(self._checkpoint, cert.seq)
                         self._after_checkpoint(cert.seq, c)
         except asyncio.CancelledError:
             raise
@@ -726,7 +730,8 @@ class Runtime:
 
     async def _collect_garbage(self, stable: int) -> None:
         try:
-            await asyncio.to_thread(self._destroy_below, stable)
+            async with self._store_lock:
+                await asyncio.to_thread(self._destroy_below, stable)
         except Exception:
             log.exception("garbage collection below %d failed", stable)
             self.counters["gc_errors"] += 1
