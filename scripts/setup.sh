@@ -18,6 +18,7 @@ APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-confi
 # zfs-fuse) and the /dev/kvm group/mode fix. Keep them in this block.
 # APT_PACKAGES+=( ... )
 bash "$ROOT/scripts/setup-zfs.sh"  # after the cd above, $(dirname "$0") may be stale
+bash "$ROOT/scripts/setup-go.sh"   # the linearizability checker (tools/lincheck) is Go
 # ------------------------------------------------------------------------------------------
 
 missing=()
