@@ -1,0 +1,294 @@
+# tests/test_faults.py - zz/faults.py against the shared scenarios in tests/vectors/faults.txt
+# plus randomized properties (single faulty agreement replica, no client input, agreeing reports).
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from zz import faults
+from zz.faults import Entry, FaultStatement, Kind
+
+VECTORS = Path(__file__).parent / "vectors" / "faults.txt"
+
+
+@dataclass
+class Case:
+    name: str
+    source: str = ""
+    f: int = 0
+    g: int = 0
+    service: str = ""
+    seq: int = 0
+    awake: list[int] = field(default_factory=list)
+    sleeping: list[int] = field(default_factory=list)
+    rows: list[FaultStatement] = field(default_factory=list)
+    wake: tuple[bool, str, list[int]] | None = None
+    reports: dict[int, Entry] | None = None
+    decided: str | None = None
+    convict: list[int] = field(default_factory=list)
+    stay: list[int] = field(default_factory=list)
+    sleep: list[int] = field(default_factory=list)
+
+
+def parse_entry(tok: str) -> Entry:
+    if tok == "-":
+        return Entry.missing()
+    if tok.endswith("'"):
+        return Entry.late(tok[:-1].encode())
+    return Entry.ontime(tok.encode())
+
+
+def _ids(fields: list[str]) -> list[int]:
+    return [int(x) for x in fields]
+
+
+def parse(text: str) -> tuple[list[Case], list[tuple[float, float, float, float, float]]]:
+    cases: list[Case] = []
+    timers: list[tuple[float, float, float, float, float]] = []
+    cur: Case | None = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, *rest = line.split(" ")
+        if key == "timer":
+            t1, k, lo, hi, want = (float(x) for x in rest)
+            timers.append((t1, k, lo, hi, want))
+        elif key == "case":
+            assert cur is None, f"case {rest} inside {cur and cur.name}"
+            cur = Case(rest[0])
+        elif key == "end":
+            assert cur is not None
+            cases.append(cur)
+            cur = None
+        else:
+            assert cur is not None, f"{key} outside a case"
+            _apply(cur, key, rest)
+    assert cur is None, "missing end"
+    return cases, timers
+
+
+def _apply(c: Case, key: str, rest: list[str]) -> None:
+    if key == "source":
+        c.source = " ".join(rest)
+    elif key == "params":
+        kv = dict(x.split("=", 1) for x in rest)
+        c.f, c.g, c.service, c.seq = int(kv["f"]), int(kv["g"]), kv["service"], int(kv["seq"])
+    elif key == "awake":
+        c.awake = _ids(rest)
+    elif key == "sleeping":
+        c.sleeping = _ids(rest)
+    elif key == "row":
+        signer, seq, cells = int(rest[0]), c.seq, rest[1:]
+        if cells and cells[0].startswith("seq="):
+            seq, cells = int(cells[0][4:]), cells[1:]
+        entries = tuple(parse_entry(t) for t in cells)
+        c.rows.append(FaultStatement(signer, c.service, seq, tuple(c.awake), entries))
+    elif key == "expect-wake":
+        c.wake = (rest[0] == "yes", rest[1], _ids(rest[2:]))
+    elif key == "report":
+        c.reports = {int(j): parse_entry(e) for j, e in (x.split("=", 1) for x in rest)}
+    elif key == "expect-decided":
+        c.decided = None if rest[0] == "-" else rest[0]
+    elif key == "expect-convict":
+        c.convict = _ids(rest)
+    elif key == "expect-stay":
+        c.stay = _ids(rest)
+    elif key == "expect-sleep":
+        c.sleep = _ids(rest)
+    else:
+        raise AssertionError(f"unknown keyword {key!r}")
+
+
+CASES, TIMERS = parse(VECTORS.read_text())
+
+
+def test_vector_file_has_the_paper_shaped_set() -> None:
+    # Seven stand-ins for TR §9.1.2 and four for Lemma 2A, as the issue asks.
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names))
+    assert sum(n.startswith("w") for n in names) == 7
+    assert sum(n.startswith("l") for n in names) == 4
+    assert all(c.source for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_vector(case: Case) -> None:
+    kw = dict(f=case.f, g=case.g, service=case.service, seq=case.seq, awake=case.awake)
+    d = faults.evaluate_evidence(case.rows, sleeping=case.sleeping, **kw)
+    assert case.wake is not None
+    justified, reason, wake = case.wake
+    assert (d.justified, d.reason, list(d.wake)) == (justified, reason, wake)
+    if case.reports is None:
+        return
+    r = faults.resolve(case.rows, case.reports, woken=d.wake, **kw)
+    assert r.decided == (None if case.decided is None else case.decided.encode())
+    assert list(r.convict) == case.convict
+    assert list(r.stay_active) == case.stay
+    assert list(r.to_sleep) == case.sleep
+    if r.decided is not None:
+        assert r.shortfall == case.f + 1 - len(case.stay)
+        assert r.provision == len(case.convict)
+
+
+@pytest.mark.parametrize("t1,k,lo,hi,want", TIMERS)
+def test_timer_vector(t1: float, k: float, lo: float, hi: float, want: float) -> None:
+    assert faults.timer_duration(t1, k, lo, hi) == want
+
+
+def test_late_is_relative_to_first_report() -> None:
+    # commit at 0, first report at 100 ms, K=3: the deadline is 100 + 300.
+    assert not faults.is_late(400, 0, 100, 3, 50, 1000)
+    assert faults.is_late(401, 0, 100, 3, 50, 1000)
+    # A faulty replica answering at once only buys the floor, not a zero timer.
+    assert not faults.is_late(50, 0, 0, 3, 50, 1000)
+
+
+def test_timer_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        faults.timer_duration(1, 0.5, 0, 10)
+    with pytest.raises(ValueError):
+        faults.timer_duration(1, 2, 10, 5)
+
+
+def test_late_entry_never_matches_ontime() -> None:
+    rows = [Entry.ontime(b"a"), Entry.late(b"a")]
+    assert faults.is_fault_row(rows, f=1)
+    assert faults.certified_digest([Entry.ontime(b"a"), Entry.ontime(b"a")], f=1) == b"a"
+    with pytest.raises(ValueError):
+        Entry(Kind.LATE, None)
+
+
+def test_resolve_refuses_rejected_evidence() -> None:
+    row = FaultStatement(0, "web", 7, (0, 1), (Entry.ontime(b"a"), Entry.ontime(b"a")))
+    with pytest.raises(ValueError, match="not-a-fault"):
+        faults.resolve([row], {}, f=1, g=1, service="web", seq=7, awake=[0, 1], woken=[2])
+
+
+# ---- randomized properties ------------------------------------------------------------------
+
+DIGESTS = [b"a", b"b", b"c"]
+
+
+def _random_entry(rng: random.Random) -> Entry:
+    kind = rng.choice(list(Kind))
+    return Entry(kind, None if kind is Kind.NONE else rng.choice(DIGESTS))
+
+
+def _params(rng: random.Random) -> tuple[int, int, list[int], list[int]]:
+    f, g = rng.randint(1, 3), rng.randint(1, 3)
+    awake = list(range(f + 1))
+    return f, g, awake, list(range(f + 1, 2 * f + 1))
+
+
+def _stmt(signer: int, awake: list[int], entries: list[Entry]) -> FaultStatement:
+    return FaultStatement(signer, "web", 7, tuple(awake), tuple(entries))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_single_agreement_replica_never_wakes(seed: int) -> None:
+    rng = random.Random(seed)
+    f, g, awake, sleeping = _params(rng)
+    stmt = _stmt(rng.randint(0, 3 * g), awake, [_random_entry(rng) for _ in awake])
+    d = faults.evaluate_evidence(
+        [stmt], f=f, g=g, service="web", seq=7, awake=awake, sleeping=sleeping
+    )
+    assert not d.justified and d.wake == ()
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_agreeing_ontime_reports_never_wake(seed: int) -> None:
+    rng = random.Random(seed)
+    f, g, awake, sleeping = _params(rng)
+    digest = rng.choice(DIGESTS)
+    signers = rng.sample(range(3 * g + 1), rng.randint(1, 3 * g + 1))
+    rows = [_stmt(s, awake, [Entry.ontime(digest)] * len(awake)) for s in signers]
+    d = faults.evaluate_evidence(
+        rows, f=f, g=g, service="web", seq=7, awake=awake, sleeping=sleeping
+    )
+    assert not d.justified and d.reason == "not-a-fault"
+
+
+def test_no_client_input() -> None:
+    # The decision may depend on statements, f, g and replica ids only (DESIGN.md §1).
+    allowed = {"statements", "reports", "f", "g", "service", "seq", "awake", "sleeping", "woken"}
+    for fn in (faults.evaluate_evidence, faults.resolve):
+        assert set(inspect.signature(fn).parameters) <= allowed, fn.__name__
+    fields = set(FaultStatement.__dataclass_fields__)
+    assert fields == {"signer", "service", "seq", "replicas", "entries"}
+
+
+def _scenario(rng: random.Random):
+    """Correct agreement replicas see correct execution replicas report D (maybe late);
+    faulty execution replicas and faulty agreement replicas (<= f, <= g) do anything."""
+    f, g, awake, sleeping = _params(rng)
+    truth = rng.choice(DIGESTS)
+    bad_exec = set(rng.sample(awake, rng.randint(0, f)))
+    bad_agree = set(rng.sample(range(3 * g + 1), rng.randint(0, g)))
+    slow = {j for j in awake if j not in bad_exec and rng.random() < 0.15}
+    rows, timely_somewhere_late = [], set()
+    for i in range(3 * g + 1):
+        if i in bad_agree:
+            entries = [_random_entry(rng) for _ in awake]
+        else:
+            entries = []
+            for j in awake:
+                if j in bad_exec:
+                    entries.append(_random_entry(rng))
+                elif j in slow and rng.random() < 0.5:
+                    entries.append(rng.choice([Entry.late(truth), Entry.missing()]))
+                    timely_somewhere_late.add(j)
+                else:
+                    entries.append(Entry.ontime(truth))
+        if faults.is_fault_row(entries, f):
+            rows.append(_stmt(i, awake, entries))
+    rng.shuffle(rows)
+    rows = rows[: rng.randint(0, len(rows))]
+    return f, g, awake, sleeping, truth, bad_exec, timely_somewhere_late, rows
+
+
+@pytest.mark.parametrize("seed", range(1500))
+def test_wakeups_convict_and_spare_timely_correct_replicas(seed: int) -> None:
+    rng = random.Random(seed)
+    f, g, awake, sleeping, truth, bad_exec, late_at_correct, rows = _scenario(rng)
+    kw = dict(f=f, g=g, service="web", seq=7, awake=awake)
+    d = faults.evaluate_evidence(rows, sleeping=sleeping, **kw)
+    assert d == faults.evaluate_evidence(list(reversed(rows)), sleeping=sleeping, **kw)
+    if not d.justified:
+        assert d.reason in {"too-few-signers", "not-convictable"}
+        return
+    assert 1 <= len(d.wake) <= f and set(d.wake) <= set(sleeping)
+    reports = {j: (_random_entry(rng) if j in bad_exec else Entry.ontime(truth)) for j in awake}
+    reports |= {j: Entry.ontime(truth) for j in d.wake}
+    r = faults.resolve(rows, reports, woken=d.wake, **kw)
+    assert r.decided in (None, truth)
+    if r.decided is None:
+        return
+    assert r.convict, "a justified wake-up must convict someone (Definition 1)"
+    # Only a faulty replica, or a correct one a correct agreement replica saw late, is convicted.
+    assert set(r.convict) <= bad_exec | late_at_correct
+    assert len(r.stay_active) + r.shortfall == f + 1
+    assert not set(r.stay_active) & set(r.convict)
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_convictable_means_someone_is_convicted_whatever_is_correct(seed: int) -> None:
+    # Definition 1 as a property: for every digest that could turn out correct
+    # (any reported one, or one nobody reported), resolution convicts somebody.
+    rng = random.Random(seed)
+    f, g, awake, sleeping = _params(rng)
+    signers = rng.sample(range(3 * g + 1), rng.randint(g + 1, 3 * g + 1))
+    rows = [_stmt(s, awake, [_random_entry(rng) for _ in awake]) for s in signers]
+    rows = [r for r in rows if faults.is_fault_row(r.entries, f)]
+    kw = dict(f=f, g=g, service="web", seq=7, awake=awake)
+    d = faults.evaluate_evidence(rows, sleeping=sleeping, **kw)
+    if not d.justified:
+        return
+    for truth in [*DIGESTS, b"unseen"]:
+        reports = {j: Entry.ontime(truth) for j in [*awake, *d.wake]}
+        r = faults.resolve(rows, reports, woken=d.wake, **kw)
+        assert r.decided == truth and r.convict, truth
