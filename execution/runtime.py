@@ -19,6 +19,7 @@ from typing import Any
 from .. import keys, wire
 from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
+from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
@@ -30,8 +31,6 @@ from .state import StateDir
 
 log = logging.getLogger("zz.execution")
 
-_BACKOFF_MIN = 0.05
-_BACKOFF_MAX = 1.0
 # A FETCH-REPLY this large may have been cut at the replier's ~4 MiB limit: ask for more.
 _REFETCH_BYTES = 1 << 20
 # A connection whose peer stops reading is dropped rather than buffering without bound.
@@ -85,73 +84,29 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class _Link:
+class _Link(Link):
     """A reconnecting outgoing connection (to an agreement replica or a peer execution
-    replica). `on_connect` returns what to send first on every fresh connection."""
+    replica, principal `peer`). `Runtime.on_link_connect` returns what to send first on
+    every fresh connection; a peer that stops reading is dropped at _MAX_WRITE_BUFFER."""
 
     def __init__(self, rt: Runtime, name: str, addr: tuple[str, int], peer: int) -> None:
+        super().__init__(
+            addr, name, task_prefix="zz-exec-link-", max_write_buffer=_MAX_WRITE_BUFFER
+        )
         self.rt = rt
-        self.name = name
-        self.addr = addr
         self.peer = peer
-        self.writer: asyncio.StreamWriter | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.connects = 0
 
-    @property
-    def up(self) -> bool:
-        return self.writer is not None and not self.writer.is_closing()
+    def on_connect(self) -> list[bytes]:
+        return self.rt.on_link_connect(self)
 
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"zz-exec-link-{self.name}")
+    def on_frame(self, raw: bytes) -> None:
+        self.rt.on_link_frame(self, raw)
 
-    def send(self, msg: bytes) -> bool:
-        w = self.writer
-        if w is None or w.is_closing():
-            return False
-        if w.transport.get_write_buffer_size() > _MAX_WRITE_BUFFER:
-            self.rt.counters["slow_peer_closed"] += 1
-            w.close()
-            return False
-        w.write(wire.frame(msg))
-        return True
+    def on_frame_error(self) -> None:
+        self.rt.counters["frame_error"] += 1
 
-    async def _run(self) -> None:
-        backoff = _BACKOFF_MIN
-        while True:
-            try:
-                reader, writer = await asyncio.open_connection(*self.addr)
-            except OSError:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
-                continue
-            backoff = _BACKOFF_MIN
-            self.connects += 1
-            self.writer = writer
-            try:
-                for msg in self.rt.on_link_connect(self):
-                    writer.write(wire.frame(msg))
-                while True:
-                    raw = await wire.read_frame(reader)
-                    self.rt.on_link_frame(self, raw)
-            except wire.FrameError:
-                self.rt.counters["frame_error"] += 1
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                self.writer = None
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-            await asyncio.sleep(backoff)
-
-    async def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        if self.writer is not None:
-            self.writer.close()
+    def on_overflow(self) -> None:
+        self.rt.counters["slow_peer_closed"] += 1
 
 
 class Runtime:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from . import keys, wire
 from .config import Config
+from .link import Link
 
 
 class ClientTimeout(Exception):
@@ -98,72 +98,37 @@ class ClientParams:
         )
 
 
-class _Conn:
+class _Conn(Link):
     """A persistent, reconnecting connection to one replica. While it is down the latest
     message waits (older ones are superseded: the protocol retransmits anyway)."""
 
     def __init__(self, client: Client, r: int, addr: tuple[str, int], label: str = "") -> None:
+        super().__init__(addr, label or str(r), task_prefix="zz-client-conn-")
         self.client = client
         self.r = r
-        self.addr = addr
-        self.label = label or str(r)
-        self.writer: asyncio.StreamWriter | None = None
         self.waiting: bytes | None = None
-        self.task: asyncio.Task[None] | None = None
         # A replica replies on the connection a request of ours arrived on; until this
         # connection has carried one, the replica cannot answer us at all.
         self.introduced = False
 
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"zz-client-conn-{self.label}")
-
-    def send(self, msg: bytes) -> None:
-        w = self.writer
-        if w is None or w.is_closing():
+    def send(self, msg: bytes) -> bool:
+        if not super().send(msg):
             self.waiting = msg
-            return
-        w.write(wire.frame(msg))
+            return False
         self.introduced = True
+        return True
 
-    async def _run(self) -> None:
-        backoff = 0.05
-        stats = self.client.stats
-        while True:
-            try:
-                reader, writer = await asyncio.open_connection(*self.addr)
-            except OSError:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                continue
-            backoff = 0.05
-            stats["connects"] += 1
-            self.writer = writer
-            self.introduced = False
-            if self.waiting is not None:
-                writer.write(wire.frame(self.waiting))
-                self.waiting = None
-                self.introduced = True
-            try:
-                while True:
-                    self.client._on_message(await wire.read_frame(reader))
-            except wire.FrameError:
-                stats["frame_errors"] += 1
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                self.writer = None
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-            await asyncio.sleep(backoff)
+    def on_connect(self) -> list[bytes]:
+        self.client.stats["connects"] += 1
+        first, self.waiting = self.waiting, None
+        self.introduced = first is not None
+        return [first] if first is not None else []
 
-    async def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        if self.writer is not None:
-            self.writer.close()
+    def on_frame(self, raw: bytes) -> None:
+        self.client._on_message(raw)
+
+    def on_frame_error(self) -> None:
+        self.client.stats["frame_errors"] += 1
 
 
 @dataclass
