@@ -19,17 +19,17 @@ if ! flock -w 300 9; then
     exit 1
 fi
 
-# Leftovers of an interrupted run: processes whose command line names one of our temp
-# dirs (zz-agreed --conf, python -m zz.execution --rack, zz proxy, demo_web.py), killed
-# by pid with their process groups, then the dirs themselves.
-cleanup_leftovers() {
+# Processes of ours whose command line names a path starting with $1 (zz-agreed --conf,
+# python -m zz.execution --rack, zz proxy, demo_web.py): SIGKILL by pid, with their
+# process groups (each replica and the proxy lead their own). Prints how many.
+kill_named() {
     local d pid cmd n=0
     for d in /proc/[0-9]*; do
         pid=${d#/proc/}
         [ "$pid" = "$$" ] && continue
         cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
         case "$cmd" in
-        *"$PREFIX"*)
+        *"$1"*)
             case "$cmd" in
             *zz-agreed* | *zz.execution* | *"zz proxy"* | *demo_web.py* | *tests.cluster*)
                 kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
@@ -39,10 +39,15 @@ cleanup_leftovers() {
             ;;
         esac
     done
-    if [ "$n" -gt 0 ]; then
-        echo "[main] killed $n leftover process(es) of an earlier run"
-        sleep 0.5
-    fi
+    [ "$n" -eq 0 ] || sleep 0.5
+    echo "$n"
+}
+
+# Leftovers of an interrupted run: its processes, then its temp dirs.
+cleanup_leftovers() {
+    local d n
+    n=$(kill_named "$PREFIX")
+    [ "$n" -eq 0 ] || echo "[main] killed $n leftover process(es) of an earlier run"
     for d in "$PREFIX"*/; do
         [ -d "$d" ] || continue
         echo "[main] removing leftover ${d%/}"
@@ -52,11 +57,18 @@ cleanup_leftovers() {
 cleanup_leftovers
 
 WORK=$(mktemp -d "${PREFIX}XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# demo_web.py stops the proxy and every replica itself (also on errors, Ctrl-C, SIGTERM);
+# should it die without doing so, whatever still names $WORK goes here.
+finish() {
+    local n
+    n=$(kill_named "$WORK")
+    [ "$n" -eq 0 ] || echo "[main] killed $n process(es) the demo left behind"
+    rm -rf "$WORK"
+}
+trap finish EXIT
 echo "[main] work dir $WORK"
 
-# demo_web.py stops the proxy and every replica itself (also on errors, Ctrl-C, SIGTERM).
 rc=0
 ZZ_AGREED=${ZZ_AGREED:-agreement/build/zz-agreed} "$PY" scripts/demo_web.py "$WORK" || rc=$?
-echo "[main] torn down (exit status $rc)"
+echo "[main] done, exit status $rc"
 exit "$rc"
