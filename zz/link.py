@@ -10,13 +10,10 @@ the teardown of a broken one); `send` never blocks or queues while the link is d
 (it returns False and what to do with the message is the caller's business). With
 `max_write_buffer` set, a peer that stops reading has its connection closed once that
 many bytes wait in the transport (counted in `overflows`), rather than buffering
-without bound; the link then reconnects as after any other break.
-
-Known limit: closing is asyncio's graceful `close()`, which keeps the bytes already
-buffered until the peer reads them or the connection fails. A peer that stays stalled
-(stopped, not crashed) therefore holds the link down, with up to `max_write_buffer`
-bytes, until it reads again or dies; and `close()` of the link waits for that too.
-`transport.abort()` would drop them at once.
+without bound; the connection is aborted (its buffered bytes dropped at once: the
+protocol retransmits what matters) and the link reconnects as after any other break.
+A graceful close would keep those bytes, and the link down, for as long as the peer
+stays stalled (stopped, not crashed).
 """
 
 from __future__ import annotations
@@ -93,7 +90,7 @@ class Link:
         if cap is not None and w.transport.get_write_buffer_size() > cap:
             self.overflows += 1
             self.on_overflow()
-            w.close()
+            w.transport.abort()
             return False
         w.write(wire.frame(msg))
         return True
