@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -297,6 +298,7 @@ class Drill:
     checks: list[tuple[str, bool]] = field(default_factory=list)
     acked: dict[str, int] = field(default_factory=dict)
     killed: Proc | None = None
+    kill_view: int = 0
 
     def check(self, what: str, ok: bool) -> bool:
         self.checks.append((what, ok))
@@ -374,7 +376,7 @@ class Drill:
 
     def kill_primary(self, t0: float) -> float:
         views = [agreed_stats(self.cfg, r).get("view", 0) for r in range(4)]
-        view = max(views)
+        view = self.kill_view = max(views)
         primary = view % 4
         self.killed = next(p for p in self.rack.procs if p.kind == "agreed" and p.index == primary)
         t = time.monotonic()
@@ -447,7 +449,7 @@ class Drill:
             stats = {r: agreed_stats(self.cfg, r) for r in range(4)}
             views = {stats[r].get("view", 0) for r in survivors}
             execs = {stats[r].get("last_exec") for r in survivors}
-            settled = len(views) == 1 and min(views) >= 1 and len(execs) == 1
+            settled = len(views) == 1 and min(views) > self.kill_view and len(execs) == 1
             if settled or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -462,7 +464,8 @@ class Drill:
             )
         view = max(views)
         self.check(
-            f"survivors r{survivors} agree on view {view} >= 1 (new primary r{view % 4})",
+            f"survivors r{survivors} agree on view {view} > {self.kill_view} "
+            f"(new primary r{view % 4})",
             settled,
         )
 
@@ -493,6 +496,10 @@ class Drill:
             if (last[0] == last[1] and last[0] is not None) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
+        # Status files are rewritten every second: one more round so they show the end.
+        time.sleep(1.2)
+        st = [exec_status(self.cfg, i) for i in range(2)]
+        last = [s.get("last_executed") for s in st]
         trees = []
         for i in range(2):
             root = svc.exec_state_dir(self.cfg, i) / "store" / "live" / "guestbook"
@@ -513,16 +520,21 @@ class Drill:
                 f"stable_checkpoint={st[i].get('stable_checkpoint')} "
                 f"guestbook files={len(trees[i])} manifests={sorted(manifests[i])}"
             )
-        if common_cp:
-            say(f"  checkpoint {common_cp[-1]}: C = {cps[0][common_cp[-1]][:16]}… on both")
+        if common:
+            c = hashlib.sha256(manifests[0][common[-1]]).hexdigest()
+            say(f"  {common[-1]}: C = SHA-256 = {c[:16]}… on both")
         self.check("execution replicas executed up to the same seq", last[0] == last[1])
         self.check(
             f"execution replicas hold identical guestbook state ({len(trees[0])} files)",
             trees[0] == trees[1] and len(trees[0]) == len(final) + 1,
         )
+        # A very slow run may not reach the first checkpoint at all; then there is none
+        # to compare (the live files above still are), but one replica alone is wrong.
+        none_yet = not manifests[0] and not manifests[1]
         self.check(
-            f"identical checkpoint manifests on both ({len(common)} in common)",
-            bool(common)
+            f"identical checkpoint manifests on both ({len(common)} in common"
+            + (", no checkpoint reached yet)" if none_yet else ")"),
+            (bool(common) or none_yet)
             and all(manifests[0][n] == manifests[1][n] for n in common)
             and all(cps[0][s] == cps[1][s] for s in common_cp),
         )
