@@ -114,6 +114,20 @@ static int batch_ok(zz_replica *r, const zz_bytes *batch)
     return 1;
 }
 
+/* The slot for seq, or NULL after counting why there is none: below the low watermark a
+ * message is merely late; above the high one it is outside what we accept. */
+static zz_slot *slot_or_count(zz_replica *r, uint64_t seq)
+{
+    zz_slot *s = zz_slot_get(r, seq);
+    if (!s) {
+        if (seq <= r->stable)
+            r->st.stale++;
+        else
+            r->st.dropped[ZZ_DROP_WINDOW]++;
+    }
+    return s;
+}
+
 void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
 {
     const zz_pre_prepare *pp = &m->u.pre_prepare;
@@ -125,14 +139,9 @@ void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
         r->st.dropped[ZZ_DROP_SENDER]++;
         return;
     }
-    zz_slot *s = zz_slot_get(r, pp->seq);
-    if (!s) {
-        if (pp->seq <= r->stable)
-            r->st.stale++;
-        else
-            r->st.dropped[ZZ_DROP_WINDOW]++;
+    zz_slot *s = slot_or_count(r, pp->seq);
+    if (!s)
         return;
-    }
     if (pp->seq <= r->last_exec)
         return;
     uint8_t d[ZZ_DIGEST_LEN];
@@ -162,14 +171,9 @@ void zz_on_phase(zz_replica *r, const zz_msg *m)
         r->st.dropped[ZZ_DROP_VIEW]++;
         return;
     }
-    zz_slot *s = zz_slot_get(r, ph->seq);
-    if (!s) {
-        if (ph->seq <= r->stable)
-            r->st.stale++;
-        else
-            r->st.dropped[ZZ_DROP_WINDOW]++;
+    zz_slot *s = slot_or_count(r, ph->seq);
+    if (!s)
         return;
-    }
     /* Votes for a later view are kept: they count once we enter that view. */
     if (m->type == ZZ_PREPARE) {
         if (m->sender == zz_primary(r, ph->view)) {
