@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         "--inject-fault",
         choices=FAULTS,
         help="TESTS ONLY: make this replica faulty (diverge-state: one extra state file"
-        " before every checkpoint, so its checkpoint digest differs)",
+        " before every checkpoint, so its checkpoint digest differs; wrong-reply: a wrong"
+        " result for every request; slow-report: every EXEC-REPORT held back 0.5 s)",
     )
     args = p.parse_args(argv)
     logging.basicConfig(

@@ -42,7 +42,10 @@ _DIGEST_HISTORY = 16
 # Mismatches listed in the status file (the counter keeps the total).
 _MISMATCH_LIST = 64
 # Test-only fault switches (tests/test_execution_faults.py); see docs/execution.md.
-FAULTS = ("diverge-state",)
+FAULTS = ("diverge-state", "wrong-reply", "slow-report")
+# slow-report: how long the faulty replica holds each EXEC-REPORT back (beyond any sane
+# K·t1 on this machine, so the agreement replicas time it out).
+SLOW_REPORT_SECONDS = 0.5
 DIVERGE_PATH = "zz-fault-diverge"
 
 
@@ -504,6 +507,8 @@ class Runtime:
                     self._view = max(self._view, cert.view)
                     for out in outs:
                         self._send_reply(out, cert.view)
+                    if self.inject_fault == "slow-report":
+                        await asyncio.sleep(SLOW_REPORT_SECONDS)
                     rep = wire.ExecReport(self.svc.id, self.me, cert.seq, digest)
                     self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
@@ -571,6 +576,8 @@ class Runtime:
             except Exception as e:
                 raise AppFault(f"app {self.app.name!r} raised at seq {cert.seq}: {e!r}") from e
             result = bytes(result)
+            if self.inject_fault == "wrong-reply":
+                result += b" (wrong)"  # a deterministic wrong answer to every request
             self.replies.record(req.sender, req.timestamp, result, req.read_only)
             outs.append(Outgoing(req.sender, req.timestamp, req.read_only, result))
             fresh.append((req.sender, req.timestamp, result))

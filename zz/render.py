@@ -27,6 +27,10 @@ OVERRIDABLE = {
     "inject_delay_ms",
     "inject_seed",
     "byzantine",
+    "detect_k",
+    "detect_floor_ms",
+    "detect_ceiling_ms",
+    "exec_log",
 }
 BYZANTINE = ("none", "equivocate", "drop-requests", "silent")
 

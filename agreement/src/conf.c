@@ -392,14 +392,15 @@ enum {
     K_SERVICE, K_ID, K_G, K_LISTEN, K_PEER, K_SECRET, K_PUBLIC, K_CP, K_LOG_WINDOW,
     K_BATCH_MAX, K_MAX_INFLIGHT, K_VIEW_TIMEOUT, K_STATUS_INTERVAL, K_TIME_TOLERANCE,
     K_STATS_FILE, K_INJECT_DROP, K_INJECT_DUP, K_INJECT_DELAY, K_INJECT_SEED, K_BYZANTINE,
-    K_EXECUTION, K_F, K_EXEC_LOG, K_COUNT
+    K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
     "service", "id", "g", "listen", "peer", "secret", "public", "checkpoint_interval",
     "log_window", "batch_max", "max_inflight", "view_timeout_ms", "status_interval_ms",
     "time_tolerance_ms", "stats_file", "inject_drop", "inject_dup", "inject_delay_ms",
-    "inject_seed", "byzantine", "execution", "f", "exec_log",
+    "inject_seed", "byzantine", "execution", "f", "exec_log", "detect_k", "detect_floor_ms",
+    "detect_ceiling_ms",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -599,6 +600,12 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
         return 0;
     case K_F:
         return set_u32(ps, line, k, tok[1], 0, 21, &c->f);
+    case K_DETECT_K:
+        return set_u32(ps, line, k, tok[1], 1, 1000, &c->detect_k);
+    case K_DETECT_FLOOR:
+        return set_u32(ps, line, k, tok[1], 1, 3600000, &c->detect_floor_ms);
+    case K_DETECT_CEILING:
+        return set_u32(ps, line, k, tok[1], 1, 3600000, &c->detect_ceiling_ms);
     case K_EXEC_LOG:
         return set_u32(ps, line, k, tok[1], 1, 1u << 20, &c->exec_log);
     case K_EXECUTION:
@@ -637,6 +644,12 @@ static int check_conf(parse_state *ps, zz_conf *c, uint32_t eof)
         return bad(ps, line, "log_window", "%u is not a multiple of checkpoint_interval %u",
                    c->log_window, c->checkpoint_interval);
     }
+    if (c->detect_floor_ms > c->detect_ceiling_ms) {
+        uint32_t line = ps->line[K_DETECT_FLOOR] ? ps->line[K_DETECT_FLOOR]
+                        : ps->line[K_DETECT_CEILING] ? ps->line[K_DETECT_CEILING] : eof;
+        return bad(ps, line, "detect_floor_ms", "%u is above detect_ceiling_ms %u",
+                   c->detect_floor_ms, c->detect_ceiling_ms);
+    }
     return 0;
 }
 
@@ -653,6 +666,9 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
     c->byzantine = ZZ_BYZ_NONE;
     c->f = 1;
     c->exec_log = 65536;
+    c->detect_k = 4;
+    c->detect_floor_ms = 50;
+    c->detect_ceiling_ms = 5000;
 
     parse_state *ps = calloc(1, sizeof *ps);
     if (!ps) {

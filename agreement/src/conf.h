@@ -52,6 +52,7 @@ typedef struct {
     int external_exec; /* execution external: batches go to execution replicas, no echo */
     uint32_t f;        /* execution faults tolerated: f+1 matching EXEC-CHECKPOINTs are stable */
     uint32_t exec_log; /* committed batches kept for execution replicas, at most */
+    uint32_t detect_k, detect_floor_ms, detect_ceiling_ms; /* report timer K·t1, clamped */
     /* keys */
     zz_signkey *sign;
     uint32_t nkeys;

@@ -87,6 +87,7 @@ static void push_exec_commit(zz_replica *r, zz_slot *s)
 {
     static const uint8_t null_digest[ZZ_DIGEST_LEN];
     zz_buf *b = &r->out;
+    zz_detect_dispatched(r, s->seq);
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
         if (!r->exec_conn[i] || r->conf->byzantine == ZZ_BYZ_SILENT)
             continue;

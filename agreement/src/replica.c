@@ -113,8 +113,10 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->stable_proof = xcalloc(r->n, sizeof(uint8_t *), &fail);
     r->stable_proof_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     r->clients = xcalloc(c->nkeys, sizeof(zz_client), &fail);
-    if (c->external_exec)
+    if (c->external_exec) {
         r->xlog = xcalloc(c->exec_log, sizeof(zz_xlog_entry), &fail);
+        r->reports = xcalloc(ZZ_DETECT_RECORDS, sizeof(zz_report_rec), &fail);
+    }
     r->queue = xcalloc(c->nkeys, sizeof(uint32_t), &fail);
     if (fail) {
         snprintf(err, errcap, "out of memory allocating the replica (L=%u n=%u)", r->L, r->n);
@@ -169,6 +171,7 @@ void zz_replica_free(zz_replica *r)
     free(r->clients);
     free(r->queue);
     zz_xlog_free(r);
+    zz_detect_free(r);
     zz_buf_free(&r->out);
     zz_buf_free(&r->out2);
     zz_buf_free(&r->rbuf);
@@ -391,6 +394,7 @@ void zz_write_stats(zz_replica *r)
                "\"fetches_served\": %llu, \"retransmits\": %llu, \"stale\": %llu, "
                "\"exec_commits_sent\": %llu, \"exec_reports\": %llu, \"exec_checkpoints\": %llu, "
                "\"exec_stable\": %llu, \"exec_stable_advances\": %llu, \"exec_log_overflow\": %llu, "
+               "\"exec_certificates\": %llu, \"exec_mismatches\": %llu, \"exec_timeouts\": %llu, "
                "\"app_digest\": \"",
             r->id, r->view, r->in_vc, (unsigned long long)r->last_exec,
             (unsigned long long)r->stable, (unsigned long long)r->st.executed,
@@ -404,7 +408,8 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)r->st.stale, (unsigned long long)r->st.exec_commits_sent,
             (unsigned long long)r->st.exec_reports, (unsigned long long)r->st.exec_checkpoints,
             (unsigned long long)r->exec_stable, (unsigned long long)r->st.exec_stable_advances,
-            (unsigned long long)r->st.exec_log_overflow);
+            (unsigned long long)r->st.exec_log_overflow, (unsigned long long)r->st.exec_certificates,
+            (unsigned long long)r->st.exec_mismatches, (unsigned long long)r->st.exec_timeouts);
     for (int i = 0; i < ZZ_DIGEST_LEN; i++)
         fprintf(f, "%02x", r->app[i]);
     fprintf(f, "\", \"dropped\": {");

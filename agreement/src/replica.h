@@ -61,6 +61,18 @@ typedef struct {
     uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
 } zz_xckpt;
 
+/* EXEC-REPORTs for one sequence number (detect.c). */
+#define ZZ_DETECT_RECORDS 1024
+typedef struct zz_report_rec {
+    uint64_t seq; /* 0 = unused */
+    struct zz_replica *owner;
+    uint64_t dispatch_ms, first_ms;
+    uint64_t timer;       /* net timer id of the K·t1 deadline, 0 = none */
+    int expired, certified, flagged;
+    uint8_t reported[ZZ_MAX_EXEC], late[ZZ_MAX_EXEC];
+    uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
+} zz_report_rec;
+
 /* Checkpoint votes for one sequence number. */
 #define ZZ_CKPT_RECORDS 16
 typedef struct {
@@ -110,6 +122,7 @@ typedef struct {
     uint64_t stale; /* votes and proposals below the low watermark: late, not malformed */
     uint64_t exec_commits_sent, exec_reports, exec_checkpoints, exec_stable_advances;
     uint64_t exec_log_overflow; /* batches dropped from a full execution log */
+    uint64_t exec_certificates, exec_mismatches, exec_timeouts;
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -156,6 +169,8 @@ typedef struct zz_replica {
     uint64_t exec_stable;           /* last stable execution checkpoint (f+1 matching) */
     uint8_t exec_stable_dig[ZZ_DIGEST_LEN];
     zz_xckpt xckpts[ZZ_XCKPT_RECORDS];
+    zz_report_rec *reports;         /* ZZ_DETECT_RECORDS (external execution only) */
+    uint32_t n_exec;                /* execution replicas seen reporting (row width) */
     /* primary's proposal queue of client indexes */
     uint32_t *queue;
     uint32_t q_head, q_len;
@@ -219,6 +234,11 @@ void zz_on_exec_message(zz_replica *r, const zz_msg *m);
 void zz_xlog_append(zz_replica *r, const zz_slot *s);
 const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
 void zz_xlog_free(zz_replica *r);
+
+/* detect.c */
+void zz_detect_dispatched(zz_replica *r, uint64_t seq);
+void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest);
+void zz_detect_free(zz_replica *r);
 
 /* checkpoint.c */
 void zz_take_checkpoint(zz_replica *r);

@@ -106,9 +106,10 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
 
 void zz_on_exec_message(zz_replica *r, const zz_msg *m)
 {
-    /* Fault detection over EXEC-REPORTs (ZZ §4.3) is the next issue; they are counted. */
     if (m->type == ZZ_EXEC_REPORT) {
         r->st.exec_reports++;
+        zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, m->u.exec_digest.seq,
+                         m->u.exec_digest.digest);
         return;
     }
     r->st.exec_checkpoints++;

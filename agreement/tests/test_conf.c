@@ -333,6 +333,8 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"wrong value count", 5, "listen 127.0.0.1", 5, "listen", "expected 2 values"},
         {"byzantine unknown", 0, "byzantine sometimes", 15, "byzantine", "not one of"},
         {"execution unknown", 0, "execution remote", 15, "execution", "not one of"},
+        {"detect floor above ceiling", 0, "detect_floor_ms 9000", 15, "detect_floor_ms",
+         "above detect_ceiling_ms 5000"},
         {"secret file missing", 11, "secret /nonexistent/p1.secret", 11, "secret",
          "cannot open"},
         {"host too long", 5,

@@ -1,0 +1,134 @@
+/* detect.c - fault detection over EXEC-REPORTs (ZZ §4.3): per sequence number a timer of
+ * K·t1 (t1 = delay from dispatch to the first report, clamped to a floor and a ceiling)
+ * starts at the first report; f+1 matching on-time reports make an execution certificate.
+ * A mismatch or a timeout is recorded as a suspected fault (signed fault statements, the
+ * convictability rule and WAKEUP follow in the fault-detection issue; see
+ * docs/fault-detection.md). Late reports are kept as distinct values (the TR's hatted P). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "replica.h"
+
+static zz_report_rec *rec_for(zz_replica *r, uint64_t seq, int create)
+{
+    if (!r->reports)
+        return NULL;
+    zz_report_rec *k = &r->reports[seq % ZZ_DETECT_RECORDS];
+    if (k->seq == seq)
+        return k;
+    if (!create || seq + ZZ_DETECT_RECORDS <= r->last_exec)
+        return NULL;
+    if (k->timer)
+        zz_net_cancel(r->net, k->timer);
+    memset(k, 0, sizeof *k);
+    k->seq = seq;
+    k->owner = r;
+    return k;
+}
+
+void zz_detect_dispatched(zz_replica *r, uint64_t seq)
+{
+    zz_report_rec *k = rec_for(r, seq, 1);
+    if (k)
+        k->dispatch_ms = zz_now_ms(r);
+}
+
+/* One line per suspected fault, with the row of what each execution replica reported:
+ * the first 4 hex digits of its digest, "late:" before a late one, "-" for none. */
+static void log_fault(zz_replica *r, const zz_report_rec *k, const char *what)
+{
+    char row[ZZ_MAX_EXEC * 12 + 1];
+    size_t off = 0;
+    for (uint32_t i = 0; i < r->n_exec && off + 12 < sizeof row; i++) {
+        if (!k->reported[i])
+            off += (size_t)snprintf(row + off, sizeof row - off, " %u=-", i);
+        else
+            off += (size_t)snprintf(row + off, sizeof row - off, " %u=%s%02x%02x", i,
+                                    k->late[i] ? "late:" : "", k->dig[i][0], k->dig[i][1]);
+    }
+    fprintf(stderr, "zz-agreed: replica %u: %s at seq %llu:%s\n", r->id, what,
+            (unsigned long long)k->seq, row);
+}
+
+static void on_deadline(void *ctx)
+{
+    zz_report_rec *k = ctx;
+    zz_replica *r = k->owner;
+    k->timer = 0;
+    k->expired = 1;
+    if (k->certified || k->flagged)
+        return;
+    k->flagged = 1;
+    r->st.exec_timeouts++;
+    log_fault(r, k, "execution timeout");
+}
+
+static void check_reports(zz_replica *r, zz_report_rec *k)
+{
+    uint32_t best = 0, distinct = 0;
+    for (uint32_t i = 0; i < r->n_exec; i++) {
+        if (!k->reported[i] || k->late[i])
+            continue;
+        uint32_t same = 0;
+        int first = 1;
+        for (uint32_t j = 0; j < r->n_exec; j++) {
+            if (!k->reported[j] || k->late[j])
+                continue;
+            if (memcmp(k->dig[i], k->dig[j], ZZ_DIGEST_LEN) == 0) {
+                same++;
+                if (j < i)
+                    first = 0;
+            }
+        }
+        distinct += first;
+        if (same > best)
+            best = same;
+    }
+    if (distinct > 1 && !k->flagged) {
+        k->flagged = 1;
+        r->st.exec_mismatches++;
+        log_fault(r, k, "execution mismatch");
+    }
+    if (best >= r->conf->f + 1 && !k->certified) {
+        k->certified = 1;
+        r->st.exec_certificates++;
+        if (k->timer) {
+            zz_net_cancel(r->net, k->timer);
+            k->timer = 0;
+        }
+    }
+}
+
+void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest)
+{
+    zz_report_rec *k = rec_for(r, seq, 1);
+    if (!k || i >= ZZ_MAX_EXEC)
+        return;
+    if (i >= r->n_exec)
+        r->n_exec = i + 1;
+    if (k->reported[i])
+        return; /* the first report counts; a replica that changes its answer is caught by
+                 * the others' reports, not by believing its second one */
+    uint64_t now = zz_now_ms(r);
+    k->reported[i] = 1;
+    memcpy(k->dig[i], digest, ZZ_DIGEST_LEN);
+    k->late[i] = (uint8_t)k->expired;
+    if (!k->first_ms) {
+        k->first_ms = now;
+        uint64_t t1 = k->dispatch_ms && now > k->dispatch_ms ? now - k->dispatch_ms : 0;
+        uint64_t t = (uint64_t)r->conf->detect_k * t1;
+        if (t < r->conf->detect_floor_ms)
+            t = r->conf->detect_floor_ms;
+        if (t > r->conf->detect_ceiling_ms)
+            t = r->conf->detect_ceiling_ms;
+        k->timer = zz_net_timer(r->net, (uint32_t)t, on_deadline, k);
+    }
+    check_reports(r, k);
+}
+
+void zz_detect_free(zz_replica *r)
+{
+    free(r->reports);
+    r->reports = NULL;
+}
