@@ -1,0 +1,142 @@
+# domain.py - libvirt domain XML of a ZZ guest from images/domain.xml (string.Template), and
+# the domain type check (kvm only where a guest really boots under it; DESIGN.md §4, §7).
+# docs/images.md.
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from string import Template
+from xml.sax.saxutils import escape, quoteattr
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "domain.xml"
+GUEST_PORT = 7000  # guest_ok.py; the port the default command listens on
+
+
+def kernel_cmdline(cmd: str | None = None, extra: str = "") -> str:
+    """The guest kernel command line; cmd (a sh command) goes base64-encoded (zz.cmd64)."""
+    parts = ["console=ttyS0", "quiet", "panic=-1"]
+    if cmd is not None:
+        parts.append("zz.cmd64=" + base64.b64encode(cmd.encode()).decode())
+    if extra:
+        parts.append(extra)
+    return " ".join(parts)
+
+
+def render_domain(
+    name: str,
+    kernel: Path | str,
+    initrd: Path | str,
+    *,
+    console_socket: Path | str,
+    console_log: Path | str | None = None,
+    memory_mib: int = 512,
+    current_memory_mib: int | None = None,
+    vcpus: int = 1,
+    hostfwds: list[tuple[int, int]] | None = None,
+    state_dir: Path | str | None = None,
+    state_accessmode: str = "squash",
+    cmd: str | None = None,
+    extra_cmdline: str = "",
+    domain_type: str = "qemu",
+) -> str:
+    """Domain XML. hostfwds: (host port on 127.0.0.1, guest port) pairs. state_dir: a host
+    directory shared as 9p tag "state" (the guest mounts it at /state); accessmode 'squash'
+    needs it owned by libvirt-qemu, 'passthrough' adds a static DAC seclabel +0:+0 so QEMU
+    runs as root (DESIGN.md §7)."""
+    if domain_type not in ("qemu", "kvm"):
+        raise ValueError(f"domain type {domain_type!r}")
+    fwd = "".join(f",hostfwd=tcp:127.0.0.1:{int(h)}-:{int(g)}" for h, g in hostfwds or [])
+    filesystems = ""
+    seclabel = ""
+    if state_dir is not None:
+        if state_accessmode not in ("squash", "passthrough", "mapped"):
+            raise ValueError(f"accessmode {state_accessmode!r}")
+        filesystems = (
+            f"    <filesystem type='mount' accessmode='{state_accessmode}'>\n"
+            f"      <source dir={quoteattr(str(state_dir))}/>\n"
+            "      <target dir='state'/>\n"
+            "    </filesystem>"
+        )
+        if state_accessmode == "passthrough":
+            seclabel = (
+                "  <seclabel type='static' model='dac' relabel='no'><label>+0:+0</label></seclabel>"
+            )
+    log = ""
+    if console_log is not None:
+        log = f"<log file={quoteattr(str(console_log))} append='off'/>"
+    return Template(TEMPLATE.read_text()).substitute(
+        domain_type=domain_type,
+        name=escape(name),
+        memory_mib=int(memory_mib),
+        current_memory_mib=int(current_memory_mib or memory_mib),
+        vcpus=int(vcpus),
+        kernel=escape(str(kernel)),
+        initrd=escape(str(initrd)),
+        cmdline=escape(kernel_cmdline(cmd, extra_cmdline)),
+        console_socket=escape(str(console_socket)),
+        console_log=log,
+        filesystems=filesystems,
+        seclabel=seclabel,
+        hostfwds=escape(fwd),
+    )
+
+
+def _kvm_boots(kernel: Path, initrd: Path, timeout: float) -> bool:
+    """Boot the image under KVM with a command that powers off at once."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    argv = [
+        "qemu-system-x86_64", "-accel", "kvm", "-M", "pc", "-m", "256", "-nodefaults",
+        "-nographic", "-no-reboot", "-serial", "stdio", "-kernel", str(kernel),
+        "-initrd", str(initrd), "-append", kernel_cmdline("echo zz-kvm-ok"),
+    ]  # fmt: skip
+    try:
+        p = subprocess.run(argv, capture_output=True, timeout=timeout)
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return p.returncode == 0 and b"zz-kvm-ok" in p.stdout
+
+
+def detect_domain_type(
+    kernel: Path, initrd: Path, cache_dir: Path | None = None, timeout: float = 6.0
+) -> str:
+    """'kvm' if the image boots to its command under KVM within timeout (a TCG boot takes
+    ~8 s, a KVM one ~1-2 s), else 'qemu'. ZZ_DOMAIN_TYPE=kvm|qemu overrides. The answer is
+    cached per image, QEMU binary and host kernel in cache_dir/domain-type.json."""
+    forced = os.environ.get("ZZ_DOMAIN_TYPE")
+    if forced:
+        return forced
+    if not Path("/dev/kvm").exists():
+        return "qemu"
+    qemu = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True)
+    key = (
+        f"{Path(initrd).resolve()}|{qemu.stdout.splitlines()[0] if qemu.stdout else ''}|"
+        f"{os.uname().release}"
+    )
+    cache = Path(cache_dir or Path(initrd).parent) / "domain-type.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return str(known[key])
+    t0 = time.monotonic()
+    answer = "kvm" if _kvm_boots(Path(kernel), Path(initrd), timeout) else "qemu"
+    known[key] = answer
+    try:
+        cache.write_text(json.dumps(known, indent=1) + "\n")
+    except OSError:
+        pass
+    print(f"[images] KVM check: {answer} ({time.monotonic() - t0:.1f} s)")
+    return answer
+
+
+def shell_quote(argv: list[str]) -> str:
+    """argv as one sh command for render_domain(cmd=...)."""
+    return shlex.join(argv)

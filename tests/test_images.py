@@ -1,0 +1,231 @@
+# tests/test_images.py - the guest image (images/build.py) and its libvirt domain
+# (images/domain.py + images/domain.xml): cached build, XML rendering, and a real boot on
+# qemu:///system: boot to "zz-guest ok" through the slirp host forward, suspend/resume,
+# destroy, no domain left behind. docs/images.md.
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+URI = os.environ.get("ZZ_LIBVIRT_URI", "qemu:///system")
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        f"zz_images_{name}", REPO / "images" / f"{name}.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look the module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+build = _load("build")
+domain = _load("domain")
+
+
+def _can_build() -> str | None:
+    if os.geteuid() != 0:
+        return "building the image writes /var/cache/zz-images: needs root"
+    for tool in ("apt-get", "apt-cache", "dpkg-deb", "depmod"):
+        if shutil.which(tool) is None:
+            return f"{tool} missing (scripts/setup-virt.sh)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def image():  # type: ignore[no-untyped-def]
+    why = _can_build()
+    if why:
+        pytest.skip(why)
+    t0 = time.monotonic()
+    img = build.build()
+    print(
+        f"\nimage {img.key}: {'built' if img.built else 'cached'} in "
+        f"{time.monotonic() - t0:.2f} s, initrd {img.initrd.stat().st_size / 2**20:.1f} MiB"
+    )
+    return img
+
+
+def test_build_is_cached(image) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    again = build.build()
+    assert again.key == image.key and not again.built
+    assert time.monotonic() - t0 < 5
+    assert image.kernel.stat().st_size > 1 << 20
+    assert image.initrd.read_bytes()[:2] == b"\x1f\x8b"
+
+
+def test_key_changes_with_our_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("apt-cache") is None:
+        pytest.skip("apt-cache missing")
+    key, desc = build.inputs()
+    assert "zz/wire.py" in desc["files"] and "execution/runtime.py" in desc["files"]
+    real = build.own_files
+
+    def patched() -> dict[str, Path]:
+        files = real()
+        files["images/init"] = REPO / "images" / "guest_ok.py"  # different content
+        return files
+
+    monkeypatch.setattr(build, "own_files", patched)
+    assert build.inputs()[0] != key
+
+
+def test_cpio_is_deterministic() -> None:
+    def make() -> bytes:
+        c = build.Cpio()
+        c.add_file("b/x", b"1")
+        c.add_symlink("a/y", "../b/x")
+        c.add_chardev("dev/console", 5, 1)
+        return c.write()
+
+    a = make()
+    assert a == make()
+    assert a.startswith(b"070701") and b"TRAILER!!!" in a
+
+
+def test_render_domain_xml(tmp_path: Path) -> None:
+    xml = domain.render_domain(
+        "zz-x", "/k", "/i", console_socket=tmp_path / "c.sock", console_log=tmp_path / "c.log",
+        memory_mib=2048, current_memory_mib=192, hostfwds=[(17001, 7000), (17002, 7100)],
+        state_dir=tmp_path / "state & co", state_accessmode="passthrough", cmd='echo "hi" > /x',
+    )  # fmt: skip
+    root = ET.fromstring(xml)
+    assert root.get("type") == "qemu"
+    assert root.findtext("memory") == "2048" and root.findtext("currentMemory") == "192"
+    assert root.find("devices/memballoon").get("autodeflate") == "on"  # type: ignore[union-attr]
+    fs = root.find("devices/filesystem")
+    assert fs is not None and fs.find("source").get("dir") == str(tmp_path / "state & co")  # type: ignore[union-attr]
+    assert root.find("seclabel/label").text == "+0:+0"  # type: ignore[union-attr]
+    args = [a.get("value") for a in root.iter("{http://libvirt.org/schemas/domain/qemu/1.0}arg")]
+    assert "hostfwd=tcp:127.0.0.1:17001-:7000,hostfwd=tcp:127.0.0.1:17002-:7100" in args[1]
+    cmdline = root.findtext("os/cmdline") or ""
+    enc = [p for p in cmdline.split() if p.startswith("zz.cmd64=")][0].split("=", 1)[1]
+    assert base64.b64decode(enc).decode() == 'echo "hi" > /x'
+    plain = ET.fromstring(domain.render_domain("zz-y", "/k", "/i", console_socket="/s"))
+    assert plain.find("devices/filesystem") is None and plain.find("seclabel") is None
+
+
+# ---- a real guest on libvirt ---------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ask(port: int, timeout: float) -> bytes:
+    """Connect and read until EOF. Before the guest listens, slirp accepts and closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        data = b""
+        while chunk := s.recv(64):
+            data += chunk
+        return data
+
+
+def _wait_ok(port: int, deadline: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            if _ask(port, 2.0) == b"zz-guest ok\n":
+                return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no 'zz-guest ok' on 127.0.0.1:{port}")
+
+
+def _all_domains() -> list[str]:
+    out = subprocess.run(
+        ["virsh", "-c", URI, "list", "--all", "--name"], capture_output=True, text=True, check=True
+    ).stdout
+    return [n for n in out.split() if n]
+
+
+@pytest.fixture
+def conn() -> Iterator[object]:
+    try:
+        import libvirt  # type: ignore[import-not-found]
+    except ImportError as e:
+        pytest.skip(f"libvirt-python not importable ({e}): bash scripts/setup-virt.sh")
+    try:
+        c = libvirt.open(URI)
+    except libvirt.libvirtError as e:
+        pytest.skip(f"cannot connect to {URI} ({e}): bash scripts/setup-virt.sh")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+def test_guest_boots_suspends_resumes(image, conn) -> None:  # type: ignore[no-untyped-def]
+    import libvirt
+
+    name = f"zz-test-{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    workdir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    os.chmod(workdir, 0o755)
+    log = workdir / "console.log"
+    dtype = domain.detect_domain_type(image.kernel, image.initrd)
+    xml = domain.render_domain(
+        name, image.kernel, image.initrd, console_socket=workdir / "console.sock",
+        console_log=log, memory_mib=512, hostfwds=[(port, domain.GUEST_PORT)], domain_type=dtype,
+    )  # fmt: skip
+    dom = None
+    try:
+        t0 = time.monotonic()
+        dom = conn.createXML(xml, 0)  # transient: gone once destroyed
+        t_create = time.monotonic() - t0
+        _wait_ok(port, t0 + 120)
+        boot = time.monotonic() - t0
+        t1 = time.monotonic()
+        dom.suspend()
+        t_suspend = time.monotonic() - t1
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        try:  # paused: slirp (QEMU's main loop) still accepts, but the guest cannot answer
+            paused_answer = _ask(port, 1.0)
+        except OSError:
+            paused_answer = b""
+        assert paused_answer != b"zz-guest ok\n"
+        t1 = time.monotonic()
+        dom.resume()
+        t_resume = time.monotonic() - t1
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        again = _wait_ok(port, time.monotonic() + 30)
+        print(
+            f"\n{name} ({dtype}): create {t_create:.2f} s, boot to 'zz-guest ok' {boot:.2f} s, "
+            f"suspend {t_suspend * 1000:.1f} ms, resume {t_resume * 1000:.1f} ms, "
+            f"answers again after {again * 1000:.0f} ms"
+        )
+    except BaseException:
+        if log.exists():
+            print(f"--- console of {name} ---\n{log.read_text(errors='replace')[-4000:]}")
+        raise
+    finally:
+        try:
+            if dom is not None:
+                dom.destroy()
+        except libvirt.libvirtError:
+            pass
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert name not in _all_domains()
