@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -37,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from zz import config as zconfig  # noqa: E402
 from zz import keys as zkeys  # noqa: E402
-from zz.procrack import DEFAULT_AGREED, Proc, ProcRack  # noqa: E402
+from zz.procrack import DEFAULT_AGREED, Proc, ProcRack, repo_env, spawn, terminate  # noqa: E402
 
 HOSTS = [f"127.0.0.{h}" for h in range(1, 5)]
 SERVICE = "web"
@@ -124,17 +123,7 @@ class ProxyProc:
 
     def stop(self) -> int | None:
         """SIGTERM (it drains for up to 5 s), SIGKILL after 15 s; its exit code."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(timeout=10)
-                return None
-        return self.popen.returncode
+        return terminate(self.popen, timeout=15)
 
     def stats(self) -> dict[str, str]:
         """Counters from the proxy's last `stats k=v ...` log line."""
@@ -145,23 +134,13 @@ class ProxyProc:
 
 
 def start_proxy(cfg: zconfig.Config, work: Path) -> ProxyProc:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = repo_env()
     for attempt in range(3):  # a port picked free can be taken before the proxy binds it
         port = free_port()
         log = work / f"proxy-{attempt}.log"
         cmd = [sys.executable, "-m", "zz", "proxy", str(cfg.path), SERVICE]
         cmd += ["--listen", f"127.0.0.1:{port}", "--timeout", "30"]
-        with open(log, "ab") as fh:
-            popen = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-                env=env,
-            )
+        popen = spawn(cmd, log, env)
         proc = ProxyProc(popen, f"http://127.0.0.1:{port}", log)
         deadline = time.monotonic() + 20
         while b"listening on" not in log.read_bytes():

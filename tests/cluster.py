@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from zz.procrack import leftover_pids, signal_group, spawn, terminate
+
 REPO = Path(__file__).resolve().parent.parent
 SERVICE_ID = 1
 SERVICE_NAME = "svc"
@@ -164,19 +166,9 @@ base_port = {self.base_port}
             env = dict(os.environ)
             env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
             env.setdefault("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
-            log = open(self.log_path(i), "ab")
-            try:
-                # Own session = own process group, so a kill reaches anything it spawns.
-                p = subprocess.Popen(
-                    [str(self.binary), "--conf", str(self.conf_path(i))],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=env,
-                )
-            finally:
-                log.close()
+            # Own session = own process group, so a kill reaches anything it spawns.
+            cmd = [str(self.binary), "--conf", str(self.conf_path(i))]
+            p = spawn(cmd, self.log_path(i), env, cwd=None)
             self.procs[i] = p
             self.all_pids.append(p.pid)
         deadline = time.monotonic() + timeout
@@ -205,22 +197,16 @@ base_port = {self.base_port}
         p = self.procs.get(r)
         if p is None or p.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
+        signal_group(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
 
     def stop(self, r: int, timeout: float = 10.0) -> int:
-        """Orderly stop (SIGTERM); returns the exit status (0 = clean)."""
+        """Orderly stop (SIGTERM, SIGKILL after `timeout`); returns the exit status
+        (0 = clean)."""
         p = self.procs.get(r)
         if p is None:
             return 0
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill(r)
+        terminate(p, timeout)
         return p.returncode
 
     def close(self) -> dict[int, int]:
@@ -229,25 +215,12 @@ base_port = {self.base_port}
         self._clients.clear()
         codes = {r: self.stop(r) for r in list(self.procs)}
         for pid in self.all_pids:  # belt and braces: nothing of ours may survive
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
         return codes
 
     def leftover_pids(self) -> list[int]:
         """Our daemon's processes still running with a conf file of this cluster."""
-        found = []
-        marker = str(self.run_dir).encode()
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                cmd = (d / "cmdline").read_bytes()
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if marker in cmd and self.binary.name.encode() in cmd and ") Z " not in stat:
-                found.append(int(d.name))
-        return found
+        return leftover_pids([str(self.run_dir)], [self.binary.name])
 
     def __enter__(self) -> Cluster:
         return self

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from zz.snapshots.manifest import Manifest
 
-from tests.cluster import REPO, SERVICE_ID, Cluster, _port_free
+from tests.cluster import REPO, Cluster, _port_free
 from tests.test_execution_runtime import (
     CP,
     KV_PUT,
@@ -27,32 +27,6 @@ FAULTY = 2
 DIVERGE_PATH = "zz-fault-diverge"  # execution/runtime.py DIVERGE_PATH
 
 
-class ExecProcs(ExecReplicas):
-    """ExecReplicas with extra command-line arguments per replica (fault switches, store)."""
-
-    def __init__(self, cluster: Cluster, args: dict[int, list[str]] | None = None) -> None:
-        super().__init__(cluster)
-        self.args = args or {}
-
-    def start(self, i: int) -> None:
-        argv = [
-            sys.executable, "-m", "zz.execution",
-            "--rack", str(self.cluster.config_path),
-            "--service", str(SERVICE_ID),
-            "--index", str(i),
-            *self.args.get(i, []),
-        ]  # fmt: skip
-        with open(self.log_path(i), "ab") as log:
-            self.procs[i] = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-            )
-
-
 def start_rig(tmp_path: Path, replicas: list[int], args: dict[int, list[str]]) -> Iterator[Rig]:
     """zz-agreed (g = f = 1, kv app) + the given execution replica processes; everything is
     torn down also on failure, and every replica must exit 0 on SIGTERM."""
@@ -60,7 +34,7 @@ def start_rig(tmp_path: Path, replicas: list[int], args: dict[int, list[str]]) -
         cluster = _kv_cluster(tmp_path / f"try{attempt}", CP)
         if all(_port_free(a[1]) for a in cluster.service.exec_addresses(cluster.config)):
             break
-    execs = ExecProcs(cluster, args)
+    execs = ExecReplicas(cluster, args)
     rig = Rig(cluster, execs)
     ok = False
     try:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import signal
 import struct
 import subprocess
@@ -21,6 +19,7 @@ from zz.execution.replycache import ReplyCache, ReplyCacheError
 from tests.cluster import REPO, SERVICE_ID, Cluster, _port_free
 from zz import wire
 from zz.crypto import NULL_DIGEST, sha256
+from zz.procrack import reap, signal_group, spawn, terminate
 
 # ---- certificates ---------------------------------------------------------------------
 
@@ -184,10 +183,12 @@ def _kv_ok(value: bytes = b"") -> bytes:
 
 
 class ExecReplicas:
-    """`python -m zz.execution` processes for one service; always torn down."""
+    """`python -m zz.execution` processes for one service; always torn down. `args[i]` are
+    extra command-line arguments of replica i (fault switches, store)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, args: dict[int, list[str]] | None = None) -> None:
         self.cluster = cluster
+        self.args = args or {}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def log_path(self, i: int) -> Path:
@@ -197,28 +198,14 @@ class ExecReplicas:
         return self.cluster.run_dir / f"exec-{i}.status.json"
 
     def start(self, i: int) -> None:
-        log = open(self.log_path(i), "ab")
-        try:
-            self.procs[i] = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "zz.execution",
-                    "--rack",
-                    str(self.cluster.config_path),
-                    "--service",
-                    str(SERVICE_ID),
-                    "--index",
-                    str(i),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-            )
-        finally:
-            log.close()
+        argv = [
+            sys.executable, "-m", "zz.execution",
+            "--rack", str(self.cluster.config_path),
+            "--service", str(SERVICE_ID),
+            "--index", str(i),
+            *self.args.get(i, []),
+        ]  # fmt: skip
+        self.procs[i] = spawn(argv, self.log_path(i))
 
     def status(self, i: int) -> dict[str, Any]:
         try:
@@ -229,21 +216,16 @@ class ExecReplicas:
     def alive(self, i: int) -> bool:
         return self.procs[i].poll() is None
 
+    def stop(self, i: int) -> int | None:
+        """SIGTERM replica i, SIGKILL after 10 s: its exit status, None if killed."""
+        return terminate(self.procs[i], timeout=10)
+
     def close(self) -> dict[int, int | None]:
+        """Stop every replica (all SIGTERMed at once): exit status per replica."""
         for p in self.procs.values():
             if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
-        codes: dict[int, int | None] = {}
-        for i, p in self.procs.items():
-            try:
-                codes[i] = p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
-                codes[i] = None
-        return codes
+                signal_group(p.pid, signal.SIGTERM)
+        return {i: reap(p, timeout=10) for i, p in self.procs.items()}
 
     def tails(self) -> str:
         out = []
@@ -306,6 +288,24 @@ class Rig:
                 await client.close()
 
         return asyncio.run(drive())
+
+
+def restart_after_checkpoint(rig: Rig, exact: bool = False) -> None:
+    """PUT k0 .. k(2CP-1) = v0 .. ; once replica 1's stable checkpoint is 2*CP (or later,
+    unless `exact`), stop replica 1 (SIGTERM: it must exit 0), start it again and wait
+    until it is connected to every agreement replica."""
+    execs = rig.execs
+    puts = [_kv(KV_PUT, f"k{k}".encode(), b"v%d" % k) for k in range(2 * CP)]
+    assert rig.invoke_all(puts) == [_kv_ok()] * (2 * CP)
+
+    def stable() -> bool:
+        seq = execs.status(1).get("stable_checkpoint", 0)
+        return seq == 2 * CP if exact else seq >= 2 * CP
+
+    rig.wait(stable, "checkpoint 2*CP stable on replica 1")
+    assert execs.stop(1) == 0
+    execs.start(1)
+    rig.wait_linked(1)
 
 
 @pytest.fixture
@@ -440,17 +440,7 @@ def test_hostile_input_is_dropped_and_counted(rig: Rig) -> None:
 @needs_agreed
 def test_restart_resumes_from_own_checkpoint(rig: Rig) -> None:
     execs = rig.execs
-    puts = [_kv(KV_PUT, f"k{k}".encode(), b"v%d" % k) for k in range(2 * CP)]
-    assert rig.invoke_all(puts) == [_kv_ok()] * (2 * CP)
-    rig.wait(
-        lambda: execs.status(1).get("stable_checkpoint", 0) >= 2 * CP,
-        "checkpoint 2*CP stable on replica 1",
-    )
-    p = execs.procs[1]
-    os.killpg(p.pid, signal.SIGTERM)
-    assert p.wait(timeout=10) == 0
-    execs.start(1)
-    rig.wait_linked(1)
+    restart_after_checkpoint(rig)
     # Both replicas are needed for f+1 = 2 matching replies: replica 1 must have
     # restored the checkpoint's files and caught up with the committed log.
     more = [_kv(KV_GET, b"k2"), _kv(KV_PUT, b"after", b"x"), _kv(KV_GET, b"after")]

@@ -12,6 +12,9 @@
 Each process runs in its own session (process group), so a stop reaches anything it
 spawned. Execution replicas `0 .. active-1` are the active ones (docs/config.md).
 Logs go to `run/s<id>/agreed-<r>.log` and `run/s<id>/exec-<i>.log`.
+
+The single-process helpers (spawn, terminate, reap, signal_group, leftover_pids) are the
+one implementation of this start/stop discipline; the test harness and scripts use them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,88 @@ from .config import Config, Service
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_AGREED = REPO / "agreement" / "build" / "zz-agreed"
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- single processes (also used by tests/cluster.py, the tests and scripts/demo_web.py) --
+def repo_env() -> dict[str, str]:
+    """Our environment with this tree first on PYTHONPATH, so `python -m zz...` imports
+    from it even when the package is not installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def spawn(
+    cmd: list[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = REPO,
+) -> subprocess.Popen[bytes]:
+    """Start `cmd` in its own session (= its own process group, so a signal to the group
+    reaches anything it spawns), stdin from /dev/null, stdout and stderr appended to
+    `log_path`; `env` None inherits ours."""
+    with open(log_path, "ab") as fh:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+            env=env,
+        )
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send `sig` to process group `pid` (a spawn()ed process's pid); gone already is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def reap(popen: subprocess.Popen[bytes], timeout: float, kill_group: bool = False) -> int | None:
+    """Wait up to `timeout` for `popen` to exit: its exit code, or None when it had to be
+    SIGKILLed (with its group). With `kill_group`, the group is SIGKILLed also after an
+    exit, which takes down anything it spawned."""
+    try:
+        code: int | None = popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is None or kill_group:
+        signal_group(popen.pid, signal.SIGKILL)
+    if code is None:
+        popen.wait(timeout=10)
+    return code
+
+
+def terminate(popen: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
+    """SIGTERM `popen`'s group (if it still runs), SIGKILL after `timeout`: its exit code,
+    None if it had to be killed."""
+    if popen.poll() is None:
+        signal_group(popen.pid, signal.SIGTERM)
+    return reap(popen, timeout)
+
+
+def leftover_pids(any_of: Iterable[str], all_of: Iterable[str] = ()) -> list[int]:
+    """Live processes (not zombies, not this one) whose command line contains one of
+    `any_of` and every one of `all_of`: what survived of processes we started."""
+    some = [m.encode() for m in any_of]
+    every = [m.encode() for m in all_of]
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        if (
+            any(m in cmd for m in some)
+            and all(m in cmd for m in every)
+            and stat[stat.rindex(")") + 2] != "Z"
+        ):
+            found.append(int(d.name))
+    return found
 
 
 @dataclass
@@ -137,20 +222,7 @@ class ProcRack:
     ) -> None:
         log = self._run(svc) / f"{kind}-{index}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        # The execution package must import from this tree even when not installed.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        with open(log, "ab") as fh:
-            popen = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-                env=env,
-            )
-        self.procs.append(Proc(kind, svc, index, addr, log, popen))
+        self.procs.append(Proc(kind, svc, index, addr, log, spawn(cmd, log, repo_env())))
 
     def _wait_listening(self, p: Proc, deadline: float) -> None:
         while True:
@@ -205,19 +277,12 @@ class ProcRack:
         report = StopReport()
         for p in self.procs:
             if p.alive():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.popen.pid, signal.SIGTERM)
+                signal_group(p.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for p in self.procs:
-            try:
-                report.codes[p.name] = p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                report.codes[p.name] = None
-            # Also reaps anything the replica spawned in its group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.popen.pid, signal.SIGKILL)
-            if report.codes[p.name] is None:
-                p.popen.wait(timeout=10)
+            # kill_group also reaps anything the replica spawned in its group.
+            left = max(0.1, deadline - time.monotonic())
+            report.codes[p.name] = reap(p.popen, left, kill_group=True)
         report.leftovers = self.leftovers()
         self.last_stop = report
         return report
@@ -226,19 +291,7 @@ class ProcRack:
         """Live processes (not zombies) whose command line names this rack's config or
         run directory: anything of ours that survived."""
         # The separator keeps run_dir "x/run" from matching a neighbour "x/run2".
-        markers = [str(self.config.path).encode(), f"{self.config.rack.run_dir}/".encode()]
-        found = []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit() or int(d.name) == os.getpid():
-                continue
-            try:
-                cmd = (d / "cmdline").read_bytes()
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if any(m in cmd for m in markers) and stat[stat.rindex(")") + 2] != "Z":
-                found.append(int(d.name))
-        return found
+        return leftover_pids([str(self.config.path), f"{self.config.rack.run_dir}/"])
 
     def __enter__(self) -> ProcRack:
         return self
