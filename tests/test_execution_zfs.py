@@ -2,54 +2,28 @@
 # @ckpt-N snapshots of each replica's dataset, collected after stability, equal manifests.
 from __future__ import annotations
 
-import os
-import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from zz.snapshots.manifest import Manifest, scan
-from zz.snapshots.zfs import (
-    ZfsMissingError,
-    ZfsStore,
-    create_file_pool,
-    destroy_pool,
-    ensure_zfs_daemon,
-    pool_exists,
-    run_zfs,
-    stop_zfs_daemon,
-)
+from zz.snapshots.zfs import ZfsStore, run_zfs
 
+from tests import zfs_pool
 from tests.test_execution_faults import start_rig
-from tests.test_execution_runtime import CP, KV_GET, KV_PUT, Rig, _kv, _kv_ok, needs_agreed
+from tests.test_execution_runtime import (
+    CP,
+    KV_GET,
+    KV_PUT,
+    Rig,
+    _kv,
+    _kv_ok,
+    needs_agreed,
+    restart_after_checkpoint,
+)
 from zz.crypto import sha256
 
-POOL_SIZE = 128 << 20  # zfs-fuse refuses vdevs under 64 MiB
-
-
-@pytest.fixture(scope="module")
-def zfs_daemon() -> Iterator[None]:
-    try:
-        started = ensure_zfs_daemon()
-    except ZfsMissingError as e:
-        pytest.fail(f"ZFS is required for these tests (CI installs it): {e}")
-    yield
-    # Stop only a daemon we started, and only if nobody else has a pool on it.
-    if started is not None and not run_zfs(["zpool", "list", "-H", "-o", "name"]).strip():
-        stop_zfs_daemon(started)
-
-
-@pytest.fixture
-def pool(zfs_daemon: None, tmp_path: Path) -> Iterator[str]:
-    name = f"zzexec{os.getpid()}x{uuid.uuid4().hex[:6]}"
-    vdev = tmp_path / "vdev.img"
-    create_file_pool(name, vdev, POOL_SIZE)
-    try:
-        yield name
-    finally:
-        destroy_pool(name, vdev)
-    assert not pool_exists(name) and not vdev.exists()
+zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 
 
 @pytest.fixture
@@ -125,17 +99,7 @@ def test_kv_on_zfs_checkpoints_are_snapshots(zfs_rig: Rig, pool: str) -> None:
 def test_restart_on_zfs_restores_the_snapshot(zfs_rig: Rig, pool: str) -> None:
     rig = zfs_rig
     execs = rig.execs
-    puts = [_kv(KV_PUT, f"k{k}".encode(), b"v%d" % k) for k in range(2 * CP)]
-    assert rig.invoke_all(puts) == [_kv_ok()] * (2 * CP)
-    rig.wait(
-        lambda: execs.status(1).get("stable_checkpoint") == 2 * CP,
-        "checkpoint 2*CP stable on replica 1",
-    )
-    p = execs.procs[1]
-    os.killpg(p.pid, signal.SIGTERM)
-    assert p.wait(timeout=10) == 0
-    execs.start(1)
-    rig.wait_linked(1)
+    restart_after_checkpoint(rig, exact=True)
     # f+1 = 2 matching replies need replica 1: it must have restored ckpt-2CP from its
     # ZFS snapshot (through a clone) and replayed the rest from the agreement log.
     more = [_kv(KV_GET, b"k3"), _kv(KV_PUT, b"after", b"x"), _kv(KV_GET, b"after")]

@@ -4,50 +4,23 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from zz.snapshots import StorageError, checkpoint_name, open_store
 from zz.snapshots.manifest import ManifestBuilder, scan
 from zz.snapshots.zfs import (
-    ZfsMissingError,
     ZfsStore,
     create_file_pool,
     dataset_exists,
-    destroy_pool,
-    ensure_zfs_daemon,
     pool_exists,
     run_zfs,
-    stop_zfs_daemon,
 )
 
-POOL_SIZE = 128 << 20  # zfs-fuse refuses vdevs under 64 MiB
+from tests import zfs_pool
+from tests.zfs_pool import POOL_SIZE
 
-
-@pytest.fixture(scope="module")
-def zfs_daemon() -> Iterator[None]:
-    """zfs-fuse running for this module; stopped afterwards only if we started it."""
-    try:
-        started = ensure_zfs_daemon()
-    except ZfsMissingError as e:
-        pytest.fail(f"ZFS is required for these tests (CI installs it): {e}")
-    yield
-    # Stop only a daemon we started, and only if nobody else put a pool on it meanwhile.
-    if started is not None and not run_zfs(["zpool", "list", "-H", "-o", "name"]).strip():
-        stop_zfs_daemon(started)
-
-
-@pytest.fixture
-def pool(zfs_daemon: None, tmp_path: Path) -> Iterator[str]:
-    name = f"zztest{os.getpid()}x{uuid.uuid4().hex[:6]}"
-    vdev = tmp_path / "vdev.img"
-    create_file_pool(name, vdev, POOL_SIZE)
-    try:
-        yield name
-    finally:
-        destroy_pool(name, vdev)
-    assert not pool_exists(name) and not vdev.exists()
+zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 
 
 @pytest.fixture
