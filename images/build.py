@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import json
@@ -19,7 +20,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,6 +366,16 @@ def build(cache: Path = DEFAULT_CACHE, force: bool = False) -> Image:
     kver = desc["kernel"].removeprefix("linux-image-")
     if not force and (out / "manifest.json").exists():
         return Image(key, out, out / "vmlinuz", out / "initrd.gz", kver, built=False)
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:  # one build per cache dir at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and (out / "manifest.json").exists():  # built while we waited
+            return Image(key, out, out / "vmlinuz", out / "initrd.gz", kver, built=False)
+        return _build(cache, key, desc, kver, t0)
+
+
+def _build(cache: Path, key: str, desc: dict, kver: str, t0: float) -> Image:
+    out = cache / key
     log(f"building image {key} (kernel {kver})")
     trees = fetch(cache, desc["packages"])
     kroot = trees.pop(desc["kernel"])
@@ -411,8 +421,12 @@ def build(cache: Path = DEFAULT_CACHE, force: bool = False) -> Image:
         cpio.add_symlink(f"bin/{a}", "busybox")
 
     # python: stage it on disk first so that the image's own python3.11 can byte-compile it
-    with tempfile.TemporaryDirectory(prefix="zz-image-") as tmpdir:
-        stage = Path(tmpdir)
+    # A fixed staging path: the compiler's own state (and so the .pyc bytes) depends on it.
+    stage = cache / ".stage"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    try:
         py = trees["python3.11-minimal"] / "usr/bin/python3.11"
         (stage / "usr/bin").mkdir(parents=True)
         shutil.copy2(py, stage / "usr/bin/python3.11")
@@ -481,7 +495,12 @@ def build(cache: Path = DEFAULT_CACHE, force: bool = False) -> Image:
         os.symlink("python3.11", stage / "usr/bin/python3")
 
         # byte-compile with the image's own interpreter (run on the host through its ld.so)
-        env = {"PYTHONHOME": str(stage / "usr"), "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+        env = {
+            "PYTHONHOME": str(stage / "usr"),
+            "PATH": "/usr/bin:/bin",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONHASHSEED": "0",  # set/frozenset constants in a fixed order: same .pyc
+        }
         libpath = f"{stage}/lib/x86_64-linux-gnu:{stage}/usr/lib/x86_64-linux-gnu"
         subprocess.run(
             [
@@ -492,7 +511,7 @@ def build(cache: Path = DEFAULT_CACHE, force: bool = False) -> Image:
                 "-m",
                 "compileall",
                 "-q",
-                "-j0",
+                "-j1",  # one process, fixed order: byte-identical .pyc (with PYTHONHASHSEED)
                 "--invalidation-mode",
                 "unchecked-hash",
                 "-s",
@@ -521,6 +540,8 @@ def build(cache: Path = DEFAULT_CACHE, force: bool = False) -> Image:
             text=True,
         ).stdout.strip()
         add_tree(cpio, stage)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
     # kernel modules, dependency order, uncompressed for busybox insmod
     mods = _resolve_modules(kroot, kver)
