@@ -19,6 +19,7 @@ APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-confi
 # APT_PACKAGES+=( ... )
 bash "$ROOT/scripts/setup-zfs.sh"  # after the cd above, $(dirname "$0") may be stale
 bash "$ROOT/scripts/setup-go.sh"   # the linearizability checker (tools/lincheck) is Go
+bash "$ROOT/scripts/setup-virt.sh"  # QEMU/libvirt, virtlogd+libvirtd, /dev/kvm fix, libvirt-python
 # ------------------------------------------------------------------------------------------
 
 missing=()
