@@ -63,24 +63,6 @@ class Outgoing:
     result: bytes
 
 
-class _RuntimeBuilder(ManifestBuilder):
-    """ManifestBuilder that may also write runtime files under the reserved `.zz/`.
-
-    mark_dirty() refuses reserved paths (apps must not write there); the runtime is the
-    one writer that may, exactly like write_memory() does for `.zz/memory`."""
-
-    def write_runtime_file(self, rel: str, data: bytes) -> None:
-        target = self.root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        self._dirty.add(rel)
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
@@ -176,7 +158,7 @@ class Runtime:
         self.store: CheckpointStore
         self.state: StateDir
         self.app: App
-        self.builder: _RuntimeBuilder
+        self.builder: ManifestBuilder
         self.sign_key: SigningKey
         self.agree_keys: dict[int, bytes] = {}
         self.macs: dict[int, bytes] = {}
@@ -296,7 +278,7 @@ class Runtime:
         memory = live / MEMORY_PATH
         if memory.exists():
             self.app.load_memory(memory.read_bytes())
-        self.builder = _RuntimeBuilder(live, previous)
+        self.builder = ManifestBuilder(live, previous)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -286,15 +286,24 @@ class ManifestBuilder:
 
     def write_memory(self, data: bytes) -> None:
         """Store the app's in-memory state as ``.zz/memory`` (atomically) and mark it dirty."""
-        target = self.root / MEMORY_PATH
-        target.parent.mkdir(exist_ok=True)
-        tmp = target.with_name("memory.tmp")
+        self.write_runtime_file(MEMORY_PATH, data)
+
+    def write_runtime_file(self, path: str, data: bytes) -> None:
+        """Write one of the runtime's own files under the reserved ``.zz/`` (atomically,
+        synced) and mark it dirty. mark_dirty() refuses these paths: apps must not write
+        there, the runtime is the one writer that may."""
+        rel = normalize_path(path)
+        if not is_reserved(rel) or rel == RESERVED_DIR:
+            raise ManifestError(f"{path!r}: runtime files live under {RESERVED_DIR}/")
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        self._dirty.add(MEMORY_PATH)
+        self._dirty.add(rel)
 
     def build(self) -> Manifest:
         """Manifest of the current state; it becomes ``previous`` and the dirty set empties."""

@@ -250,6 +250,16 @@ def test_memory_state_is_a_file_of_the_manifest(tmp_path: Path) -> None:
     assert not (tmp_path / ".zz" / "memory.tmp").exists()
 
 
+def test_runtime_files_only_under_the_reserved_dir(tmp_path: Path) -> None:
+    b = ManifestBuilder(tmp_path)
+    b.write_runtime_file(".zz/replies", b"r1")
+    assert b.build().files[".zz/replies"] == FileEntry(2, sha(b"r1"))
+    for bad in ("replies", ".zz", "../.zz/x", "/abs/.zz/x"):
+        with pytest.raises(ManifestError):
+            b.write_runtime_file(bad, b"x")
+    assert not (tmp_path / "replies").exists()
+
+
 def test_directory_replaced_by_file_and_back(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x").write_text("x")
