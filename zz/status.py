@@ -1,0 +1,120 @@
+# zz/status.py - `zz status`: every service's replicas, role, host, state, checkpoints and
+# recent faults, read from the files the daemons rewrite every second (no extra RPC).
+"""Rack status from the replicas' own stats files.
+
+Agreement replicas write ``run/s<id>/agreed-<r>.stats.json`` (zz-agreed, docs/agreement.md),
+execution replicas ``run/s<id>/exec-<i>.status.json`` (docs/execution.md). A file older
+than `stale_after` seconds means the process is not running (or hung): shown as ``down``.
+Sleeping replicas (index >= active) are shown as such until controld reports on them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config, Service
+
+
+@dataclass
+class Row:
+    service: str
+    replica: str  # "A<r>" or "E<i>"
+    role: str  # agreement role (primary/backup) or execution role (active/sleeping)
+    host: str
+    state: str  # up / down / in view change / the sleep mode
+    checkpoint: str  # stable / last checkpoint
+    detail: str  # view, last executed, faults seen
+
+
+def _read(path: Path, stale_after: float) -> dict[str, Any] | None:
+    try:
+        if time.time() - path.stat().st_mtime > stale_after:
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _stats_path(run: Path, r: int) -> Path:
+    """The stats file the replica was told to write: its rendered replica file says where
+    (a harness may have overridden the default)."""
+    try:
+        for line in (run / f"agreed-{r}.conf").read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "stats_file":
+                return Path(parts[1])
+    except OSError:
+        pass
+    return run / f"agreed-{r}.stats.json"
+
+
+def _agreement_rows(config: Config, svc: Service, stale_after: float) -> list[Row]:
+    run = config.rack.run_dir / f"s{svc.id}"
+    stats = [_read(_stats_path(run, r), stale_after) for r in range(svc.n)]
+    views = [s["view"] for s in stats if s]
+    view = max(views) if views else 0
+    rows = []
+    for r, s in enumerate(stats):
+        role = "primary" if r == view % svc.n else "backup"
+        host = config.replica_host(svc, r).name
+        if s is None:
+            rows.append(Row(svc.name, f"A{r}", role, host, "down", "-", ""))
+            continue
+        faults = s.get("exec_mismatches", 0) + s.get("exec_timeouts", 0)
+        detail = f"view {s['view']} last_exec {s['last_exec']}"
+        if svc.uses_execution_replicas:
+            detail += f" exec_stable {s.get('exec_stable', 0)}"
+        if faults:
+            detail += (
+                f" faults: {s.get('exec_mismatches', 0)} mismatch,"
+                f" {s.get('exec_timeouts', 0)} timeout"
+            )
+        state = "view change" if s.get("in_view_change") else "up"
+        rows.append(Row(svc.name, f"A{r}", role, host, state, f"{s['stable_seq']}", detail))
+    return rows
+
+
+def _execution_rows(config: Config, svc: Service, stale_after: float) -> list[Row]:
+    rows = []
+    for i in range(svc.n_exec):
+        role = "active" if i < svc.active else "sleeping"
+        host = svc.exec_host(config, i).name
+        st = _read(svc.exec_state_dir(config, i).with_name(f"exec-{i}.status.json"), stale_after)
+        if st is None:
+            state = "down" if role == "active" else svc.sleep
+            rows.append(Row(svc.name, f"E{i}", role, host, state, "-", ""))
+            continue
+        mism = st.get("checkpoint_mismatches", [])
+        detail = f"last_exec {st['last_executed']}"
+        if mism:
+            peers = sorted({m["peer"] for m in mism})
+            detail += f" checkpoint mismatch with E{', E'.join(map(str, peers))}"
+        ckpt = f"{st['stable_checkpoint']}/{st['last_checkpoint']}"
+        rows.append(Row(svc.name, f"E{i}", role, host, "up", ckpt, detail))
+    return rows
+
+
+def rack_status(config: Config, stale_after: float = 5.0) -> list[Row]:
+    rows: list[Row] = []
+    for svc in config.services:
+        rows += _agreement_rows(config, svc, stale_after)
+        if svc.uses_execution_replicas:
+            rows += _execution_rows(config, svc, stale_after)
+    return rows
+
+
+def format_rows(rows: list[Row]) -> str:
+    head = Row("SERVICE", "REPLICA", "ROLE", "HOST", "STATE", "CHECKPOINT", "DETAIL")
+    table = [head, *rows]
+    cols = list(vars(head))
+    widths = {c: max(len(str(getattr(r, c))) for r in table) for c in cols[:-1]}
+    lines = []
+    for r in table:
+        cells = [str(getattr(r, c)).ljust(widths[c]) for c in cols[:-1]]
+        lines.append("  ".join([*cells, str(r.detail)]).rstrip())
+    return "\n".join(lines)
