@@ -7,7 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from . import __version__, keys, render
+from . import __version__, keys, placement, render
 from .client import Client, ClientParams, ClientTimeout
 from .config import ConfigError, load
 
@@ -30,6 +30,18 @@ def _cmd_render(args: argparse.Namespace) -> int:
     for s in services:
         for p in render.render_service(config, s):
             print(p)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    try:
+        p = placement.plan(config)
+    except placement.PlacementError as e:
+        for reason in e.reasons:
+            print(f"zz rack plan: {reason}", file=sys.stderr)
+        return 2
+    sys.stdout.write(placement.format_plan(p))
     return 0
 
 
@@ -116,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     r.add_argument("--service", action="append", help="only this service (name or id); repeatable")
     r.set_defaults(func=_cmd_render)
+    pl = rsub.add_parser(
+        "plan",
+        help="show which host carries each replica, and the load per host",
+        description="Place every agreement and execution replica of every service "
+        "(at most one of each per service per host, docs/placement.md) and print the "
+        "host x service table with the load per host. Exit 2 if the rack cannot.",
+    )
+    pl.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    pl.set_defaults(func=_cmd_plan)
 
     c = sub.add_parser(
         "client",
