@@ -2,6 +2,8 @@
 # roles, hosts and states are right, a dead replica shows as down, faults are shown.
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +38,16 @@ def test_status_shows_roles_states_and_faults(rig3: Rig) -> None:
     assert rows["E2"].state == "up"  # started here although it is the spare's index
     text = format_rows(list(rows.values()))
     assert text.splitlines()[0].split()[:3] == ["SERVICE", "REPLICA", "ROLE"]
+    cli = subprocess.run(
+        [sys.executable, "-m", "zz", "status", str(rig.cluster.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    lines = cli.stdout.splitlines()
+    assert len(lines) == 1 + 4 + rig.cluster.service.n_exec, cli.stdout
+    assert any(ln.split()[1:3] == ["A0", "primary"] for ln in lines[1:]), cli.stdout
     # A killed agreement replica goes stale and is shown as down.
     rig.cluster.kill(3)
     time.sleep(2.2)

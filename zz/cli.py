@@ -1,4 +1,4 @@
-# zz/cli.py - the `zz` command line: keys, rack render, client.
+# zz/cli.py - the `zz` command line: keys, rack render/plan, client, proxy, status.
 # Thin argparse layer: every command is a library call so tests and scripts share the code.
 from __future__ import annotations
 
@@ -100,6 +100,13 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .status import format_rows, rack_status
+
+    print(format_rows(rack_status(load(args.config), stale_after=args.stale_after)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="zz",
@@ -178,6 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--ordered-reads", action="store_true", help="never try GET/HEAD on the read-only path"
     )
     p.set_defaults(func=_cmd_proxy)
+
+    st = sub.add_parser(
+        "status",
+        help="every replica's role, host, state, checkpoint and faults",
+        description="Read the stats files the replicas rewrite every second (run_dir of the"
+        " rack config) and print one line per replica: role (primary/backup, active/sleeping),"
+        " host, state (up, down = no fresh stats, view change, or the spare's sleep mode),"
+        " checkpoint (agreement: stable seq; execution: stable/last) and faults seen.",
+    )
+    st.add_argument("config", help="rack config (TOML)")
+    st.add_argument(
+        "--stale-after",
+        type=float,
+        default=5.0,
+        help="seconds after which a stats file counts as a dead replica (default 5)",
+    )
+    st.set_defaults(func=_cmd_status)
     return ap
 
 
