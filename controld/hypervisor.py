@@ -1,0 +1,129 @@
+# controld/hypervisor.py - the one narrow interface controld drives replicas through, the
+# replica spec, the project's hypervisor exception and open_backend(), the one place a
+# backend (hv_libvirt.py, hv_process.py) is chosen. DESIGN.md §4, docs/controld.md.
+"""Hypervisor interface (in the shape of Redis' ae.c: one set of calls, a file per backend).
+
+Every call is synchronous and short, one lifecycle action each; the daemon runs them with
+`asyncio.to_thread` (libvirt blocks). A failure of any call raises HypervisorError naming
+the domain and the action; an unknown domain raises its subclass DomainNotFound.
+
+Life of a replica domain, the same in both backends:
+
+    create(spec) -> running     suspend -> paused      resume -> running
+    save(name, path) -> the domain is gone from list() until restore(path) -> running;
+                        discard(path) drops a save that will never be restored
+    set_memory(name, kib)       destroy(name) -> gone
+
+state(name) is one of RUNNING, PAUSED, SHUTOFF, OTHER (libvirt's crashed, blocked, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+RUNNING = "running"
+PAUSED = "paused"
+SHUTOFF = "shutoff"
+OTHER = "other"
+STATES = (RUNNING, PAUSED, SHUTOFF, OTHER)
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class HypervisorError(Exception):
+    """A lifecycle action on one domain failed; `detail` is the backend's own message."""
+
+    def __init__(self, name: str, action: str, detail: str) -> None:
+        super().__init__(f"{action} {name}: {detail}")
+        self.name = name
+        self.action = action
+        self.detail = detail
+
+
+class DomainNotFound(HypervisorError):
+    """The backend has no domain of that name (never created, destroyed, or saved)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What create() needs to start one replica.
+
+    name       the domain name, unique on the host (letters, digits, _ . -; at most 64)
+    run_dir    controld's own files of this replica: the console socket and log (libvirt),
+               the process's log (process backend). Must exist.
+    command    process backend: the argv run on the host (required). libvirt: the command
+               the guest runs (None: the image's default, images/guest_ok.py).
+    image      libvirt on a real driver: the image directory made by images/build.py
+               (vmlinuz + initrd.gz). Ignored by the process backend and test:///.
+    memory_mib the guest's maximum memory; current_mib its balloon target at start (None:
+               all of it). The process backend ignores both (a process has no balloon).
+    ports      (host port on 127.0.0.1, guest port) pairs forwarded into the guest. A process
+               listens on the host itself, so the process backend only records them.
+    state_dir  the replica's state directory: shared into the guest as 9p tag "state"
+               (mounted at /state), the working directory of a process.
+    """
+
+    name: str
+    run_dir: Path
+    command: tuple[str, ...] | None = None
+    image: Path | None = None
+    memory_mib: int = 512
+    current_mib: int | None = None
+    vcpus: int = 1
+    ports: tuple[tuple[int, int], ...] = ()
+    state_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"replica name {self.name!r}: letters, digits, _ . - (<= 64)")
+        if self.memory_mib <= 0 or self.vcpus <= 0:
+            raise ValueError(f"{self.name}: memory_mib and vcpus must be positive")
+        if self.current_mib is not None and not 0 < self.current_mib <= self.memory_mib:
+            raise ValueError(f"{self.name}: current_mib must be in 1..memory_mib")
+        for host, guest in self.ports:
+            if not (0 < host < 65536 and 0 < guest < 65536):
+                raise ValueError(f"{self.name}: port pair {(host, guest)} out of range")
+        if self.command is not None and not self.command:
+            raise ValueError(f"{self.name}: empty command")
+
+
+@runtime_checkable
+class Hypervisor(Protocol):
+    """The calls controld makes; hv_libvirt.LibvirtHypervisor and hv_process.ProcessHypervisor
+    implement them. `kind` names the backend ("libvirt", "process")."""
+
+    kind: str
+
+    def create(self, spec: ReplicaSpec) -> None: ...
+    def suspend(self, name: str) -> None: ...
+    def resume(self, name: str) -> None: ...
+    def save(self, name: str, path: Path) -> None: ...
+    def restore(self, path: Path) -> str: ...  # the restored domain's name
+    def set_memory(self, name: str, kib: int) -> None: ...
+    def memory_kib(self, name: str) -> int: ...  # current memory (balloon target)
+    def destroy(self, name: str) -> None: ...
+    def state(self, name: str) -> str: ...
+    def list(self) -> list[str]: ...  # names of the running or paused domains
+    def discard(self, path: Path) -> None: ...  # drop a save file (and what it holds)
+    def close(self) -> None: ...
+
+
+BACKENDS = ("libvirt", "process")
+
+
+def open_backend(kind: str, **opts: Any) -> Hypervisor:
+    """The one place a backend is chosen: kind "libvirt" (opts: uri, domain_type) or
+    "process" (opts: env). Imports lazily so the process backend works without
+    libvirt-python installed."""
+    if kind == "libvirt":
+        from .hv_libvirt import LibvirtHypervisor
+
+        return LibvirtHypervisor(**opts)
+    if kind == "process":
+        from .hv_process import ProcessHypervisor
+
+        return ProcessHypervisor(**opts)
+    raise ValueError(f"hypervisor backend {kind!r}: one of {', '.join(BACKENDS)}")

@@ -1,0 +1,286 @@
+# tests/test_controld_hypervisor.py - controld's hypervisor backends: libvirt against the
+# in-process test:///default driver (whole lifecycle, error mapping), the process backend
+# with a real looping python3 (SIGSTOP really stops it), and a slow real guest on
+# qemu:///system through the same interface. docs/controld.md.
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from zz.controld.hv_process import proc_state
+from zz.controld.hypervisor import (
+    PAUSED,
+    RUNNING,
+    DomainNotFound,
+    Hypervisor,
+    HypervisorError,
+    ReplicaSpec,
+    open_backend,
+)
+
+
+def _uniq(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_spec_validation(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="name"):
+        ReplicaSpec("bad name", tmp_path)
+    with pytest.raises(ValueError, match="port"):
+        ReplicaSpec("x", tmp_path, ports=((0, 7000),))
+    with pytest.raises(ValueError, match="current_mib"):
+        ReplicaSpec("x", tmp_path, memory_mib=256, current_mib=512)
+    with pytest.raises(ValueError, match="backend"):
+        open_backend("xen")
+
+
+# ---- libvirt, test:///default ---------------------------------------------------------------
+
+
+@pytest.fixture
+def test_hv() -> Iterator[Hypervisor]:
+    pytest.importorskip("libvirt", reason="libvirt-python: bash scripts/setup-virt.sh")
+    hv = open_backend("libvirt", uri="test:///default")
+    before = set(hv.list())
+    try:
+        yield hv
+    finally:
+        for name in set(hv.list()) - before:  # whatever a failing test left running
+            hv.destroy(name)
+        hv.close()
+
+
+def test_libvirt_lifecycle_on_test_driver(test_hv: Hypervisor, tmp_path: Path) -> None:
+    hv = test_hv
+    assert isinstance(hv, Hypervisor) and hv.kind == "libvirt"
+    name = _uniq("zz-t")
+    hv.create(ReplicaSpec(name, tmp_path, memory_mib=256))
+    assert name in hv.list() and hv.state(name) == RUNNING
+    hv.suspend(name)
+    assert hv.state(name) == PAUSED
+    hv.resume(name)
+    assert hv.state(name) == RUNNING
+    # Paged-out hibernation: shrink, save, restore, grow back.
+    hv.set_memory(name, 128 * 1024)
+    assert hv.memory_kib(name) == 128 * 1024
+    save = tmp_path / f"{name}.save"
+    hv.save(name, save)
+    assert save.stat().st_size > 0 and name not in hv.list()
+    with pytest.raises(DomainNotFound):
+        hv.state(name)
+    assert hv.restore(save) == name
+    assert hv.state(name) == RUNNING and hv.memory_kib(name) == 128 * 1024
+    hv.set_memory(name, 256 * 1024)
+    assert hv.memory_kib(name) == 256 * 1024
+    hv.discard(save)
+    assert not save.exists()
+    hv.destroy(name)
+    assert name not in hv.list()
+
+
+def test_libvirt_errors_name_the_domain(test_hv: Hypervisor, tmp_path: Path) -> None:
+    hv = test_hv
+    ghost = _uniq("zz-ghost")
+    for action, call in [
+        ("suspend", lambda: hv.suspend(ghost)),
+        ("resume", lambda: hv.resume(ghost)),
+        ("save", lambda: hv.save(ghost, tmp_path / "x.save")),
+        ("set_memory", lambda: hv.set_memory(ghost, 1024)),
+        ("destroy", lambda: hv.destroy(ghost)),
+        ("state", lambda: hv.state(ghost)),
+    ]:
+        with pytest.raises(DomainNotFound) as ei:
+            call()
+        assert ei.value.name == ghost and ei.value.action == action
+        assert ghost in str(ei.value)
+    # Not a lookup failure: resuming a running domain, restoring garbage.
+    name = _uniq("zz-t")
+    hv.create(ReplicaSpec(name, tmp_path, memory_mib=64))
+    with pytest.raises(HypervisorError) as ei:
+        hv.resume(name)
+    assert not isinstance(ei.value, DomainNotFound) and ei.value.name == name
+    with pytest.raises(HypervisorError):
+        hv.create(ReplicaSpec(name, tmp_path, memory_mib=64))  # the name is taken
+    junk = tmp_path / "junk.save"
+    junk.write_bytes(b"not a save image")
+    with pytest.raises(HypervisorError) as ei:
+        hv.restore(junk)
+    assert ei.value.action == "restore"
+    hv.destroy(name)
+
+
+def test_libvirt_real_guest_needs_an_image(tmp_path: Path) -> None:
+    libvirt = pytest.importorskip("libvirt")
+    try:
+        hv = open_backend("libvirt", uri="qemu:///system", domain_type="qemu")
+    except HypervisorError as e:
+        pytest.skip(f"no qemu:///system: {e}")
+    try:
+        with pytest.raises(HypervisorError, match="spec.image"):
+            hv.create(ReplicaSpec(_uniq("zz-t"), tmp_path))
+        xml = hv.domain_xml(  # type: ignore[attr-defined]
+            ReplicaSpec("zz-x", tmp_path, image=Path("/img"), ports=((17001, 7000),),
+                        command=("python3", "-c", "print(1)"))
+        )  # fmt: skip
+        assert "/img/vmlinuz" in xml and "hostfwd=tcp:127.0.0.1:17001-:7000" in xml
+        assert "zz.cmd64=" in xml and str(tmp_path / "console.sock") in xml
+    finally:
+        hv.close()
+    del libvirt
+
+
+# ---- process backend --------------------------------------------------------------------------
+
+LOOP = "import time\nwhile True:\n    print(time.monotonic(), flush=True)\n    time.sleep(0.02)\n"
+
+
+@pytest.fixture
+def proc_hv() -> Iterator[Hypervisor]:
+    hv = open_backend("process")
+    try:
+        yield hv
+    finally:
+        hv.close()  # terminates everything, also after a failed assertion
+
+
+def _lines(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _wait_lines(log: Path, more_than: int, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (n := _lines(log)) > more_than:
+            return n
+        time.sleep(0.02)
+    raise AssertionError(f"{log}: no output beyond {more_than} lines")
+
+
+def test_process_lifecycle(proc_hv: Hypervisor, tmp_path: Path) -> None:
+    hv = proc_hv
+    name = _uniq("zz-p")
+    marker = name  # in the command line, to look for survivors
+    spec = ReplicaSpec(name, tmp_path, command=(sys.executable, "-c", LOOP, marker))
+    hv.create(spec)
+    pid = hv.pid(name)  # type: ignore[attr-defined]
+    log = tmp_path / "replica.log"
+    _wait_lines(log, 2)
+    assert hv.state(name) == RUNNING and name in hv.list()
+
+    hv.suspend(name)
+    assert proc_state(pid) == "T" and hv.state(name) == PAUSED
+    n = _lines(log)
+    time.sleep(0.3)
+    assert _lines(log) == n, "a stopped process went on printing"
+
+    hv.resume(name)
+    assert proc_state(pid) in ("R", "S") and hv.state(name) == RUNNING
+    _wait_lines(log, n)
+
+    # "Hibernation" here is a stop plus a record (a process cannot be saved to disk).
+    save = tmp_path / "p.save"
+    hv.save(name, save)
+    record = json.loads(save.read_text())
+    assert record["pid"] == pid and record["name"] == name
+    assert proc_state(pid) == "T" and name not in hv.list()
+    with pytest.raises(DomainNotFound):
+        hv.suspend(name)
+    assert hv.restore(save) == name and proc_state(pid) in ("R", "S")
+
+    hv.set_memory(name, 128 * 1024)
+    assert hv.memory_kib(name) == 128 * 1024
+    with pytest.raises(HypervisorError, match="outside"):
+        hv.set_memory(name, 10**9)
+
+    hv.suspend(name)  # destroy must also end a stopped group
+    hv.destroy(name)
+    assert proc_state(pid) is None, "destroy left the process (or a zombie) behind"
+    assert name not in hv.list()
+    with pytest.raises(DomainNotFound) as ei:
+        hv.destroy(name)
+    assert ei.value.name == name and ei.value.action == "destroy"
+    from zz.procrack import leftover_pids
+
+    assert leftover_pids([marker]) == []
+
+
+def test_process_discard_and_exit(proc_hv: Hypervisor, tmp_path: Path) -> None:
+    hv = proc_hv
+    name = _uniq("zz-p")
+    hv.create(ReplicaSpec(name, tmp_path, command=(sys.executable, "-c", LOOP)))
+    pid = hv.pid(name)  # type: ignore[attr-defined]
+    save = tmp_path / "p.save"
+    hv.save(name, save)
+    hv.discard(save)  # a hibernated process replica convicted: the process goes too
+    assert proc_state(pid) is None and not save.exists()
+    # A replica whose process exits on its own: state says so, actions fail with its name.
+    quick = _uniq("zz-q")
+    hv.create(ReplicaSpec(quick, tmp_path, command=(sys.executable, "-c", "raise SystemExit(3)")))
+    deadline = time.monotonic() + 10
+    while hv.state(quick) != "shutoff":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(HypervisorError, match="exited with 3") as ei:
+        hv.suspend(quick)
+    assert ei.value.name == quick
+    hv.destroy(quick)
+    with pytest.raises(HypervisorError, match="needs a command"):
+        hv.create(ReplicaSpec(_uniq("zz-p"), tmp_path))
+
+
+# ---- a real guest on qemu:///system ---------------------------------------------------------
+
+# The image fixture and the port helpers of the guest image tests, not a copy of them.
+from test_images import _all_domains, _ask, _free_port, _wait_ok, image  # noqa: E402, F401
+
+
+@pytest.mark.slow
+def test_real_guest_through_the_interface(request: pytest.FixtureRequest) -> None:
+    pytest.importorskip("libvirt")
+    img = request.getfixturevalue("image")  # test_images' fixture: builds or skips
+    uri = os.environ.get("ZZ_LIBVIRT_URI", "qemu:///system")
+    try:
+        hv = open_backend("libvirt", uri=uri)
+    except HypervisorError as e:
+        pytest.skip(f"{e}: bash scripts/setup-virt.sh")
+    name = _uniq("zz-hv")
+    port = _free_port()
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    os.chmod(run_dir, 0o755)  # QEMU (libvirt-qemu) writes the console socket and log here
+    spec = ReplicaSpec(name, run_dir, image=img.directory, memory_mib=512, ports=((port, 7000),))
+    try:
+        t0 = time.monotonic()
+        hv.create(spec)
+        boot = _wait_ok(port, t0 + 120)
+        hv.suspend(name)
+        assert hv.state(name) == PAUSED
+        try:
+            paused_answer = _ask(port, 1.0)
+        except OSError:
+            paused_answer = b""
+        assert paused_answer != b"zz-guest ok\n"
+        hv.resume(name)
+        assert hv.state(name) == RUNNING
+        again = _wait_ok(port, time.monotonic() + 30)
+        print(f"\n{name}: boot {boot:.1f} s, answers again {again * 1000:.0f} ms after resume")
+    except BaseException:
+        log = run_dir / "console.log"
+        if log.exists():
+            print(f"--- console of {name} ---\n{log.read_text(errors='replace')[-4000:]}")
+        raise
+    finally:
+        try:
+            hv.destroy(name)
+        except HypervisorError:
+            pass
+        hv.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert name not in _all_domains()
