@@ -25,6 +25,19 @@ static void set_err(char *err, size_t errcap, const char *fmt, ...)
     va_end(ap);
 }
 
+/* set_err, then -1: the one-line failure of a line handler. */
+__attribute__((format(printf, 3, 4))) static int line_err(char *err, size_t errcap,
+                                                          const char *fmt, ...)
+{
+    if (err && errcap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errcap, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 /* Splits in place on blanks; a '#' starting a token ends the line (comment). */
 static int tokenize(char *line, char **tok, int max)
 {
@@ -160,8 +173,14 @@ static int raw_push(raw_vec *rv, uint32_t id, uint8_t kind, uint32_t line, const
     return 0;
 }
 
-static int load_secret(const char *path, raw_vec *rv, uint8_t seed[32], int *have_seed,
-                       uint32_t *seed_line, char *err, size_t errcap)
+/* One line of a key file, split into tokens (blank lines are skipped by the reader). Returns
+ * 0, or -1 after writing "path:line: reason" to err. */
+typedef int (*line_fn)(void *ctx, char **tok, int nt, const char *path, uint32_t lineno,
+                       char *err, size_t errcap);
+
+/* Open `path` and hand each non-blank line to fn. The line buffer is wiped afterwards:
+ * secret files pass through it. */
+static int for_each_line(const char *path, line_fn fn, void *ctx, char *err, size_t errcap)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -172,7 +191,7 @@ static int load_secret(const char *path, raw_vec *rv, uint8_t seed[32], int *hav
     char *tok[MAX_TOKENS];
     uint32_t lineno = 0;
     int rc = 0, r;
-    while ((r = read_line(f, buf, sizeof buf)) != 0) {
+    while (rc == 0 && (r = read_line(f, buf, sizeof buf)) != 0) {
         lineno++;
         if (r < 0) {
             set_err(err, errcap, "%s:%u: line too long", path, lineno);
@@ -180,101 +199,78 @@ static int load_secret(const char *path, raw_vec *rv, uint8_t seed[32], int *hav
             break;
         }
         int nt = tokenize(buf, tok, MAX_TOKENS);
-        if (nt == 0)
-            continue;
-        uint8_t key[32];
-        if (strcmp(tok[0], "sign") == 0 && nt == 2) {
-            if (parse_hex32(tok[1], key) < 0) {
-                set_err(err, errcap, "%s:%u: sign: expected 64 hex digits", path, lineno);
-                rc = -1;
-                break;
-            }
-            if (*have_seed) {
-                set_err(err, errcap, "%s:%u: sign: duplicate (first on line %u)", path, lineno,
-                        *seed_line);
-                rc = -1;
-                break;
-            }
-            memcpy(seed, key, 32);
-            *have_seed = 1;
-            *seed_line = lineno;
-        } else if (strcmp(tok[0], "mac") == 0 && nt == 3) {
-            uint64_t peer;
-            if (parse_u64(tok[1], UINT32_MAX, &peer) < 0) {
-                set_err(err, errcap, "%s:%u: mac: bad peer id '%s'", path, lineno, tok[1]);
-                rc = -1;
-                break;
-            }
-            if (parse_hex32(tok[2], key) < 0) {
-                set_err(err, errcap, "%s:%u: mac: expected 64 hex digits", path, lineno);
-                rc = -1;
-                break;
-            }
-            if (raw_push(rv, (uint32_t)peer, 0, lineno, key) < 0) {
-                set_err(err, errcap, "%s:%u: out of memory", path, lineno);
-                rc = -1;
-                break;
-            }
-        } else {
-            set_err(err, errcap, "%s:%u: expected 'sign HEX' or 'mac PEER HEX'", path, lineno);
-            rc = -1;
-            break;
-        }
+        if (nt > 0)
+            rc = fn(ctx, tok, nt, path, lineno, err, errcap);
     }
     if (rc == 0 && ferror(f)) {
         set_err(err, errcap, "%s: read error", path);
         rc = -1;
     }
     fclose(f);
-    memset(buf, 0, sizeof buf); /* the buffer held secret hex */
+    memset(buf, 0, sizeof buf);
     return rc;
+}
+
+typedef struct {
+    raw_vec *rv;
+    uint8_t *seed;
+    int *have_seed;
+    uint32_t *seed_line;
+} secret_ctx;
+
+static int secret_line(void *vctx, char **tok, int nt, const char *path, uint32_t lineno,
+                       char *err, size_t errcap)
+{
+    secret_ctx *sc = vctx;
+    uint8_t key[32];
+    if (strcmp(tok[0], "sign") == 0 && nt == 2) {
+        if (parse_hex32(tok[1], key) < 0)
+            return line_err(err, errcap, "%s:%u: sign: expected 64 hex digits", path, lineno);
+        if (*sc->have_seed)
+            return line_err(err, errcap, "%s:%u: sign: duplicate (first on line %u)", path,
+                           lineno, *sc->seed_line);
+        memcpy(sc->seed, key, 32);
+        *sc->have_seed = 1;
+        *sc->seed_line = lineno;
+        return 0;
+    }
+    if (strcmp(tok[0], "mac") == 0 && nt == 3) {
+        uint64_t peer;
+        if (parse_u64(tok[1], UINT32_MAX, &peer) < 0)
+            return line_err(err, errcap, "%s:%u: mac: bad peer id '%s'", path, lineno, tok[1]);
+        if (parse_hex32(tok[2], key) < 0)
+            return line_err(err, errcap, "%s:%u: mac: expected 64 hex digits", path, lineno);
+        if (raw_push(sc->rv, (uint32_t)peer, 0, lineno, key) < 0)
+            return line_err(err, errcap, "%s:%u: out of memory", path, lineno);
+        return 0;
+    }
+    return line_err(err, errcap, "%s:%u: expected 'sign HEX' or 'mac PEER HEX'", path, lineno);
+}
+
+static int load_secret(const char *path, raw_vec *rv, uint8_t seed[32], int *have_seed,
+                       uint32_t *seed_line, char *err, size_t errcap)
+{
+    secret_ctx sc = {rv, seed, have_seed, seed_line};
+    return for_each_line(path, secret_line, &sc, err, errcap);
+}
+
+static int public_line(void *vctx, char **tok, int nt, const char *path, uint32_t lineno,
+                       char *err, size_t errcap)
+{
+    uint64_t id;
+    uint8_t key[32];
+    if (nt != 2 || parse_u64(tok[0], UINT32_MAX, &id) < 0)
+        return line_err(err, errcap, "%s:%u: expected '<id> <hex public key>'", path, lineno);
+    if (parse_hex32(tok[1], key) < 0)
+        return line_err(err, errcap, "%s:%u: %s: expected 64 hex digits", path, lineno, tok[0]);
+    if (raw_push(vctx, (uint32_t)id, 1, lineno, key) < 0)
+        return line_err(err, errcap, "%s:%u: out of memory", path, lineno);
+    return 0;
 }
 
 static int load_public(const char *path, raw_vec *rv, char *err, size_t errcap)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        set_err(err, errcap, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    char buf[LINE_MAX_LEN];
-    char *tok[MAX_TOKENS];
-    uint32_t lineno = 0;
-    int rc = 0, r;
-    while ((r = read_line(f, buf, sizeof buf)) != 0) {
-        lineno++;
-        if (r < 0) {
-            set_err(err, errcap, "%s:%u: line too long", path, lineno);
-            rc = -1;
-            break;
-        }
-        int nt = tokenize(buf, tok, MAX_TOKENS);
-        if (nt == 0)
-            continue;
-        uint64_t id;
-        uint8_t key[32];
-        if (nt != 2 || parse_u64(tok[0], UINT32_MAX, &id) < 0) {
-            set_err(err, errcap, "%s:%u: expected '<id> <hex public key>'", path, lineno);
-            rc = -1;
-            break;
-        }
-        if (parse_hex32(tok[1], key) < 0) {
-            set_err(err, errcap, "%s:%u: %s: expected 64 hex digits", path, lineno, tok[0]);
-            rc = -1;
-            break;
-        }
-        if (raw_push(rv, (uint32_t)id, 1, lineno, key) < 0) {
-            set_err(err, errcap, "%s:%u: out of memory", path, lineno);
-            rc = -1;
-            break;
-        }
-    }
-    if (rc == 0 && ferror(f)) {
-        set_err(err, errcap, "%s: read error", path);
-        rc = -1;
-    }
-    fclose(f);
-    return rc;
+    return for_each_line(path, public_line, rv, err, errcap);
 }
 
 /* c->id must be set first: the sign key is checked against the public key listed for it,
