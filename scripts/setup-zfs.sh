@@ -25,8 +25,20 @@ if [ ! -e /dev/fuse ]; then
 fi
 
 if zpool list >/dev/null 2>&1; then
-    say "zfs-fuse is running"
-    exit 0
+    # A long-lived zfs-fuse that has mounted and destroyed many datasets was seen to stop
+    # completing new FUSE mounts (a stat on the fresh mount never returns). With no pool
+    # in use, start the test run on a fresh daemon; with pools, leave it alone.
+    if [ -z "$(zpool list -H -o name 2>/dev/null)" ] && pgrep -x zfs-fuse >/dev/null 2>&1; then
+        say "restarting the idle zfs-fuse (no pools) for a fresh daemon"
+        pkill -x zfs-fuse || true
+        for _ in $(seq 1 50); do
+            pgrep -x zfs-fuse >/dev/null 2>&1 || break
+            sleep 0.2
+        done
+    else
+        say "zfs-fuse is running"
+        exit 0
+    fi
 fi
 
 # The package's init script would start it, but there is no init system here: start it
