@@ -139,3 +139,19 @@ def test_execution_ports_collide_with_other_services(
         load(write_rack(kv.replace("base_port = 17100", "base_port = 65472")))
     # Without an external app the same base port is valid (agreement needs 4 ports).
     load(write_rack(BASE.replace("base_port = 17100", "base_port = 65472")))
+
+
+def test_control_port(write_rack: Callable[[str], Path]) -> None:
+    c = load(write_rack(BASE))
+    assert [h.control_port for h in c.hosts] == [7000, 7001]
+    h1 = 'name = "h1"\naddress = "127.0.0.1"\n'
+    c = load(write_rack(BASE.replace(h1, h1 + "control_port = 7500\n")))
+    assert [h.control_port for h in c.hosts] == [7000, 7500]
+    for bad in ("0", "65536", "true", '"7000"'):
+        with pytest.raises(ConfigError, match=r"^hosts\[1\]\.control_port: must be an integer"):
+            load(write_rack(BASE.replace(h1, h1 + f"control_port = {bad}\n")))
+    # Two controlds on one address, and a service listener on a controld's port, collide.
+    with pytest.raises(ConfigError, match=r"^hosts\[1\]\.control_port: port 7000 on 127"):
+        load(write_rack(BASE.replace(h1, h1 + "control_port = 7000\n")))
+    with pytest.raises(ConfigError, match=r"^services\[0\]\.base_port: port 7000 .* hosts\[0\]"):
+        load(write_rack(BASE.replace("base_port = 17100", "base_port = 6999")))

@@ -71,3 +71,41 @@ def test_malformed_key_files(tmp_path: Path) -> None:
     assert sec.sign is not None and sec.sign.public == SigningKey(bytes([0x11]) * 32).public
     with pytest.raises(keys.KeyFileError, match="no MAC key with 8"):
         keys.peer_keys(sec, [7, 8])
+
+
+def test_rack_level_keys(rack_config: Path) -> None:
+    c = load(rack_config)
+    out = keys.generate(c)
+    d = out / "s0"
+    ctl, ops = keys.rack_principals(c)
+    assert ctl == [16777216, 16777217] and ops == [33554432]
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    pub = keys.load_public(d / "public")
+    assert sorted(pub) == ctl + ops
+    secrets = {p: keys.load_secret(keys.secret_path(out, 0, p)) for p in ctl + ops}
+    for p, sec in secrets.items():
+        assert stat.S_IMODE(os.stat(keys.secret_path(out, 0, p)).st_mode) == 0o600
+        assert sec.sign is not None and sec.sign.public == pub[p]
+    # Operator <-> every controld, symmetric, distinct; controlds share nothing with each other.
+    assert set(secrets[ops[0]].macs) == set(ctl)
+    for h in ctl:
+        assert set(secrets[h].macs) == set(ops)
+        assert secrets[h].macs[ops[0]] == secrets[ops[0]].macs[h]
+    assert secrets[ctl[0]].macs[ops[0]] != secrets[ctl[1]].macs[ops[0]]
+    # What a controld loads: its MAC keys with operators and every service's public keys.
+    ck = keys.load_controld(out, c, 1)
+    assert ck.secret.principal == ctl[1] and set(ck.operators) == set(ops)
+    assert ck.services[1] == keys.load_public(out / "s1" / "public")
+    # A CONTROL-like MAC from the operator verifies with the controld's copy of the key.
+    msg = wire.Request(0, ops[0], 1, 0, b"op").with_macs(keys.peer_keys(secrets[ops[0]], ctl))
+    assert msg.verify_mac(ctl[1], ck.operators[ops[0]])
+    assert not msg.verify_mac(ctl[1], secrets[ctl[0]].macs[ops[0]])
+
+
+def test_several_operators(rack_config: Path) -> None:
+    c = load(rack_config)
+    out = keys.generate(c, operators=3)
+    ck = keys.load_controld(out, c, 0)
+    assert sorted(ck.operators) == [33554432, 33554433, 33554434]
+    with pytest.raises(ValueError, match="operator"):
+        keys.generate(c, force=True, operators=0)

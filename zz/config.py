@@ -42,6 +42,8 @@ class Host:
     name: str
     address: str
     libvirt_uri: str = "qemu:///system"
+    # controld's RPC port (docs/controld.md); default 7000 + index.
+    control_port: int = 7000
 
 
 @dataclass(frozen=True)
@@ -229,23 +231,35 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if not raw_hosts:
         raise ConfigError("hosts: at least one [[hosts]] entry is required")
     names: set[str] = set()
+    # Every listener on the rack, (address, port) -> who; services are checked against it too.
+    used: dict[tuple[str, int], str] = {}
     for i, h in enumerate(raw_hosts):
         t = _Table(h, f"hosts[{i}]")
         name = t.get_str("name")
         if name in names:
             raise ConfigError(f"hosts[{i}].name: duplicate {name!r}")
         names.add(name)
-        hosts.append(
-            Host(i, name, t.get_str("address"), t.get_str("libvirt_uri", "qemu:///system"))
+        host = Host(
+            i,
+            name,
+            t.get_str("address"),
+            t.get_str("libvirt_uri", "qemu:///system"),
+            t.get_int("control_port", 7000 + i, lo=1, hi=65535),
         )
         t.finish()
+        addr = (host.address, host.control_port)
+        if addr in used:
+            raise ConfigError(
+                f"hosts[{i}].control_port: port {addr[1]} on {addr[0]} already used by {used[addr]}"
+            )
+        used[addr] = f"hosts[{i}] control_port"
+        hosts.append(host)
 
     services: list[Service] = []
     raw_services = _array(data, "services")
     top.seen.add("services")
     snames: set[str] = set()
     ids: set[int] = set()
-    used: dict[tuple[str, int], str] = {}
     for i, s in enumerate(raw_services):
         t = _Table(s, f"services[{i}]")
         name = t.get_str("name", pattern=_NAME_RE)

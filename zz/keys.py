@@ -46,6 +46,29 @@ def mac_pairs(service: Service) -> list[tuple[int, int]]:
     return pairs
 
 
+# Rack-level principals in service 0 (docs/wire.md): controld of host h, operator k (`zz`).
+RACK_SERVICE = 0
+PRINCIPAL_OPERATOR = 33554432
+
+
+def controld_principal(h: int) -> int:
+    return wire.host_principal(h)
+
+
+def operator_principal(k: int) -> int:
+    if not 0 <= k <= 0xFFFFFFFF - PRINCIPAL_OPERATOR:
+        raise ValueError(f"operator index {k} out of range")
+    return PRINCIPAL_OPERATOR + k
+
+
+def rack_principals(config: Config, operators: int = 1) -> tuple[list[int], list[int]]:
+    """(controld, operator) principal ids of the rack (service 0)."""
+    return (
+        [controld_principal(h.index) for h in config.hosts],
+        [operator_principal(k) for k in range(operators)],
+    )
+
+
 def service_dir(key_dir: Path, service_id: int) -> Path:
     return key_dir / f"s{service_id}"
 
@@ -84,8 +107,30 @@ def _generate_service(root: Path, service: Service) -> None:
         _write_secret(d / f"p{p}.secret", s)
 
 
-def generate(config: Config, force: bool = False) -> Path:
-    """Write the whole key directory; refuse to replace an existing one unless `force`."""
+def _generate_rack(root: Path, config: Config, operators: int) -> None:
+    """keys/s0: controlds and operators, each with an Ed25519 key; every operator shares a
+    MAC key with every controld (CONTROL/CONTROL-REPLY). Controlds verify WAKEUP/SHUTDOWN
+    with the services' own public files, so they need no keys shared with replicas."""
+    d = service_dir(root, RACK_SERVICE)
+    d.mkdir(mode=0o700)
+    ctl, ops = rack_principals(config, operators)
+    secrets = {p: Secret(p, SigningKey(os.urandom(KEY_LEN))) for p in ctl + ops}
+    for o in ops:
+        for c in ctl:
+            k = os.urandom(KEY_LEN)
+            secrets[o].macs[c] = k
+            secrets[c].macs[o] = k
+    pub_lines = [f"{p} {s.sign.public.hex()}" for p, s in sorted(secrets.items()) if s.sign]
+    (d / "public").write_text("\n".join(pub_lines) + "\n")
+    for p, s in secrets.items():
+        _write_secret(d / f"p{p}.secret", s)
+
+
+def generate(config: Config, force: bool = False, operators: int = 1) -> Path:
+    """Write the whole key directory (every service plus the rack-level s0); refuse to
+    replace an existing one unless `force`."""
+    if operators < 1:
+        raise ValueError("at least one operator principal is needed")
     key_dir = config.rack.key_dir
     if key_dir.exists() and not force:
         raise FileExistsError(f"{key_dir} exists; pass --force to replace it")
@@ -93,6 +138,7 @@ def generate(config: Config, force: bool = False) -> Path:
     # Build next to the target and rename: a crash never leaves a half-written key set.
     tmp = Path(tempfile.mkdtemp(prefix=f".{key_dir.name}.", dir=key_dir.parent))
     try:
+        _generate_rack(tmp, config, operators)
         for s in config.services:
             _generate_service(tmp, s)
         if key_dir.exists():
@@ -165,3 +211,23 @@ def peer_keys(secret: Secret, peers: Iterable[int]) -> dict[int, bytes]:
             raise KeyFileError(f"principal {secret.principal} has no MAC key with {p}")
         out[p] = secret.macs[p]
     return out
+
+
+@dataclass
+class ControldKeys:
+    """What one controld needs: its own secret (MAC keys with the operators) and every
+    service's public keys, by service id (WAKEUP/SHUTDOWN signatures)."""
+
+    secret: Secret
+    operators: dict[int, bytes]
+    services: dict[int, dict[int, bytes]]
+
+
+def load_controld(key_dir: Path, config: Config, host_index: int) -> ControldKeys:
+    me = controld_principal(host_index)
+    sec = load_secret(secret_path(key_dir, RACK_SERVICE, me))
+    if sec.sign is None:
+        raise KeyFileError(f"{secret_path(key_dir, RACK_SERVICE, me)}: no signing key")
+    ops = {p: k for p, k in sec.macs.items() if p >= PRINCIPAL_OPERATOR}
+    services = {s.id: load_public(public_path(key_dir, s.id)) for s in config.services}
+    return ControldKeys(sec, ops, services)
