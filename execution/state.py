@@ -11,7 +11,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 # The manifest's path rules, shared so a path the app may write is one it can record.
 from ..snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR
@@ -19,6 +19,17 @@ from ..snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR
 # Modes that can change a file; "r" and "rb" alone cannot.
 _WRITE_FLAGS = frozenset("wax+")
 _VALID_MODE_CHARS = frozenset("rwaxbt+")
+
+
+class LazyState(Protocol):
+    """Files certified but not yet present (a recovering replica, snapshots/fetch.py)."""
+
+    def ensure(self, rel: str) -> bool: ...
+    def ensure_under(self, rel: str) -> int: ...
+    def forget(self, rel: str) -> None: ...
+    def is_pending(self, rel: str) -> bool: ...
+    def pending_names(self, directory: str) -> set[str]: ...
+    def pending_under(self, rel: str) -> list[str]: ...
 
 
 class StateError(Exception):
@@ -87,8 +98,11 @@ class StateDir:
     opened them: `sync()` closes any that are still open before a checkpoint.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], lazy: LazyState | None = None) -> None:
         self.root = Path(os.path.realpath(root))
+        # While a woken replica recovers, files are fetched on first touch (ZZ §4.5):
+        # every access below goes through `lazy` before it looks at the disk.
+        self.lazy = lazy
         if not self.root.is_dir():
             raise StateError(f"state root {str(self.root)!r} is not a directory")
         self._written: set[str] = set()
@@ -181,6 +195,11 @@ class StateDir:
             raise StateError(f"invalid mode {mode!r} for {path!r}")
         rel, full = self._resolve(path)
         writing = bool(set(mode) & _WRITE_FLAGS)
+        if self.lazy is not None:
+            if "w" in mode and not self._read_only:
+                self.lazy.forget(rel)  # truncated anyway: the old content is not needed
+            else:
+                self.lazy.ensure(rel)
         if writing:
             self._check_writable(rel)
             if full.is_dir():
@@ -196,7 +215,9 @@ class StateDir:
         return f
 
     def read_bytes(self, path: str) -> bytes:
-        _rel, full = self._resolve(path)
+        rel, full = self._resolve(path)
+        if self.lazy is not None:
+            self.lazy.ensure(rel)
         return full.read_bytes()
 
     def write_bytes(self, path: str, data: bytes) -> None:
@@ -204,8 +225,8 @@ class StateDir:
             f.write(data)
 
     def exists(self, path: str) -> bool:
-        _rel, full = self._resolve(path)
-        return full.exists()
+        rel, full = self._resolve(path)
+        return full.exists() or (self.lazy is not None and self.lazy.is_pending(rel))
 
     def is_dir(self, path: str) -> bool:
         _rel, full = self._resolve(path)
@@ -217,9 +238,16 @@ class StateDir:
         The root listing hides the runtime's reserved directory: whether it exists
         yet differs between a fresh and a recovered replica.
         """
-        if normalize_or_root(path) == "":
-            return sorted(n for n in os.listdir(self.root) if n != RESERVED_DIR)
-        return sorted(os.listdir(self._resolve(path)[1]))
+        rel = normalize_or_root(path)
+        if rel == "":
+            names = {n for n in os.listdir(self.root) if n != RESERVED_DIR}
+        else:
+            names = set(os.listdir(self._resolve(path)[1]))
+        if self.lazy is not None:
+            names |= self.lazy.pending_names(rel)
+        if rel == "":
+            names.discard(RESERVED_DIR)
+        return sorted(names)
 
     def makedirs(self, path: str) -> None:
         # Directories are not manifest entries (only files are), so nothing to mark.
@@ -231,7 +259,13 @@ class StateDir:
         """Delete a file, or a directory with everything below it."""
         rel, full = self._resolve(path)
         self._check_writable(rel)
+        unfetched = self.lazy.pending_under(rel) if self.lazy is not None else []
+        for f in unfetched:
+            self.lazy.forget(f)  # type: ignore[union-attr]
+            self._mark_deleted(f)
         if not full.exists():
+            if unfetched:
+                return
             raise StateError(f"state path {path!r} does not exist")
         for f in self._files_under(rel, full):
             self._mark_deleted(f)
@@ -245,6 +279,10 @@ class StateDir:
         src_rel, src_full = self._resolve(src)
         dst_rel, dst_full = self._resolve(dst)
         self._check_writable(src_rel)
+        if self.lazy is not None:
+            self.lazy.ensure_under(src_rel)
+            if src_rel != dst_rel:
+                self.lazy.forget(dst_rel)
         if not src_full.exists():
             raise StateError(f"state path {src!r} does not exist")
         if src_rel == dst_rel:

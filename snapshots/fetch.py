@@ -1,0 +1,300 @@
+# snapshots/fetch.py - a recovering replica's state, fetched file by file on first touch.
+# ZZ §4.5 / DESIGN.md §3 step 8: execute at once, verify every file against the certified
+# manifest, fetch the rest in the background. docs/recovery.md describes the protocol.
+"""On-demand, hash-verified state fetching for a woken execution replica.
+
+A :class:`StateFetcher` is created from a manifest whose digest the caller has already
+checked against a checkpoint certificate. It brings the local state directory in line
+with the manifest *lazily*:
+
+* files the manifest lists that are already present locally with the right size and
+  SHA-256 are kept (``kept``), never fetched;
+* local files the manifest does not list are removed at once (they belong to a state no
+  certificate vouches for);
+* every other listed file is *pending*: fetched from a :class:`Source` the first time the
+  application touches it (:meth:`ensure`), or by the background loop
+  (:meth:`fetch_all`), verified against its SHA-256 and size, written atomically.
+
+A source that returns wrong bytes is reported through ``on_bad_source`` and the next
+source is tried; only when no source has the right content does :class:`FetchError`
+reach the caller, so one faulty peer can delay a fetch but never corrupt the state.
+The fetcher is thread-safe: the app (in the executor thread) and the background loop
+may ask for the same file at the same time and it is fetched once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from .manifest import RESERVED_DIR, FileEntry, Manifest, hash_file
+
+log = logging.getLogger("zz.snapshots.fetch")
+
+# Fetched files are assembled here and renamed into place, so a crash mid-fetch never
+# leaves a half file under a real name; the runtime wipes `.zz/` content it does not own.
+TMP_DIR = f"{RESERVED_DIR}/fetch-tmp"
+
+
+class FetchError(Exception):
+    """No source could supply a file with the certified content; names the path."""
+
+
+class SourceError(Exception):
+    """One source could not supply a file (unreachable, refused, no such file)."""
+
+
+class Source(Protocol):
+    """Somewhere to read checkpoint files from: a peer's snapshot, usually over the wire."""
+
+    name: str
+
+    def fetch(self, seq: int, path: str, size: int) -> bytes:
+        """The content of `path` in checkpoint `seq` (`size` bytes expected), or SourceError."""
+        ...
+
+
+BadSourceHook = Callable[[str, str, str], None]  # (source name, path, reason)
+
+
+class StateFetcher:
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        seq: int,
+        sources: Sequence[Source],
+        *,
+        on_bad_source: BadSourceHook | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.manifest = manifest
+        self.seq = seq
+        self.sources = list(sources)
+        self.on_bad_source = on_bad_source
+        self.counters: Counter[str] = Counter()
+        self.bad_sources: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._inflight: dict[str, threading.Event] = {}
+        # Directory -> names of pending entries directly inside it, for listdir.
+        self._children: dict[str, set[str]] = {}
+        self._last_foreground = 0.0
+
+    # -- set-up ---------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Reconcile the local directory with the manifest without fetching anything.
+
+        Local files that match the manifest are kept; everything else listed becomes
+        pending; local files not listed are removed. Directories of pending files are
+        created so that the app's directory walks see the certified tree.
+        """
+        listed = self.manifest.files
+        for rel in _local_files(self.root):
+            if rel.startswith(RESERVED_DIR + "/") and rel not in listed:
+                continue  # the runtime's own scratch files are not state
+            want = listed.get(rel)
+            if want is None:
+                (self.root / rel).unlink()
+                self.counters["removed"] += 1
+        for rel, want in listed.items():
+            full = self.root / rel
+            if _matches(full, want):
+                self.counters["kept"] += 1
+                continue
+            if full.is_dir():
+                raise FetchError(f"{rel}: a directory where the certified state has a file")
+            full.parent.mkdir(parents=True, exist_ok=True)
+            if full.exists():
+                full.unlink()
+            self._add_pending(rel)
+        self.counters["pending_at_start"] = len(self._pending)
+
+    def _add_pending(self, rel: str) -> None:
+        self._pending.add(rel)
+        parent, _, name = rel.rpartition("/")
+        self._children.setdefault(parent, set()).add(name)
+
+    def _drop_pending(self, rel: str) -> None:
+        self._pending.discard(rel)
+        parent, _, name = rel.rpartition("/")
+        names = self._children.get(parent)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._children[parent]
+
+    # -- queries the state API needs ---------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        with self._lock:
+            return not self._pending and not self._inflight
+
+    def pending(self) -> list[str]:
+        with self._lock:
+            return sorted(self._pending)
+
+    def is_pending(self, rel: str) -> bool:
+        with self._lock:
+            return rel in self._pending
+
+    def pending_names(self, directory: str) -> set[str]:
+        """Names of pending files directly inside `directory` ('' = the root)."""
+        with self._lock:
+            return set(self._children.get(directory, ()))
+
+    def pending_under(self, rel: str) -> list[str]:
+        prefix = rel + "/"
+        with self._lock:
+            return sorted(p for p in self._pending if p == rel or p.startswith(prefix))
+
+    # -- the app touched something ----------------------------------------------------
+
+    def ensure(self, rel: str) -> bool:
+        """Make `rel` present with its certified content if it is pending.
+
+        Returns True if this call (or a concurrent one) had to fetch it. Blocks while
+        another thread fetches the same file."""
+        self._last_foreground = time.monotonic()
+        return self._ensure(rel, foreground=True)
+
+    def ensure_under(self, rel: str) -> int:
+        """ensure() every pending file at or below `rel` (a rename of a directory)."""
+        n = 0
+        for p in self.pending_under(rel):
+            n += self.ensure(p)
+        return n
+
+    def forget(self, rel: str) -> None:
+        """The app replaced or deleted `rel` before it was fetched: never fetch it."""
+        with self._lock:
+            if rel in self._pending:
+                self._drop_pending(rel)
+                self.counters["skipped_overwritten"] += 1
+
+    def _ensure(self, rel: str, *, foreground: bool) -> bool:
+        while True:
+            with self._lock:
+                ev = self._inflight.get(rel)
+                if ev is None:
+                    if rel not in self._pending:
+                        return False
+                    self._drop_pending(rel)
+                    ev = self._inflight[rel] = threading.Event()
+                    break
+            ev.wait()
+            return True
+        try:
+            self._fetch_one(rel)
+            self.counters["fetched_foreground" if foreground else "fetched_background"] += 1
+        except BaseException:
+            with self._lock:
+                self._add_pending(rel)  # still owed; a later touch retries
+            raise
+        finally:
+            with self._lock:
+                del self._inflight[rel]
+            ev.set()
+        return True
+
+    def _fetch_one(self, rel: str) -> None:
+        want = self.manifest.files[rel]
+        reasons = []
+        for src in self.sources:
+            try:
+                data = src.fetch(self.seq, rel, want.size)
+            except SourceError as e:
+                reasons.append(f"{src.name}: {e}")
+                self.counters["source_errors"] += 1
+                continue
+            if len(data) != want.size or hashlib.sha256(data).digest() != want.sha256:
+                why = f"content does not match the manifest ({len(data)} bytes)"
+                reasons.append(f"{src.name}: {why}")
+                self._report_bad(src.name, rel, why)
+                continue
+            self._install(rel, data)
+            self.counters["bytes_fetched"] += len(data)
+            return
+        raise FetchError(f"{rel}: no source had the certified content: " + "; ".join(reasons))
+
+    def _report_bad(self, source: str, rel: str, why: str) -> None:
+        self.counters["bad_content"] += 1
+        self.bad_sources.append((source, rel, why))
+        log.warning("source %s served a bad %s: %s", source, rel, why)
+        if self.on_bad_source is not None:
+            self.on_bad_source(source, rel, why)
+
+    def _install(self, rel: str, data: bytes) -> None:
+        tmp_dir = self.root / TMP_DIR
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_dir / f"{threading.get_ident()}-{time.monotonic_ns()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        dest = self.root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, dest)
+
+    # -- background ----------------------------------------------------------------
+
+    def fetch_all(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        yield_after_foreground: float = 0.05,
+        pause: float = 0.0,
+    ) -> int:
+        """Fetch every pending file; returns how many this call fetched.
+
+        Runs in its own thread. It steps aside for `yield_after_foreground` seconds after
+        each foreground fetch (the app waiting on a file must not queue behind the
+        background loop on the same sources) and sleeps `pause` between files, which
+        bounds the bandwidth it takes from request execution. A file that no source can
+        supply stays pending and is retried on the next call.
+        """
+        n = 0
+        failed: set[str] = set()
+        while stop is None or not stop.is_set():
+            since = time.monotonic() - self._last_foreground
+            if since < yield_after_foreground:
+                time.sleep(yield_after_foreground - since)
+                continue
+            with self._lock:
+                todo = sorted(self._pending - failed)
+            if not todo:
+                break
+            try:
+                n += self._ensure(todo[0], foreground=False)
+            except FetchError as e:
+                log.warning("background fetch: %s", e)
+                failed.add(todo[0])
+            if pause:
+                time.sleep(pause)
+        return n
+
+
+def _matches(full: Path, want: FileEntry) -> bool:
+    try:
+        st = os.lstat(full)
+    except FileNotFoundError:
+        return False
+    if not os.path.isfile(full) or os.path.islink(full) or st.st_size != want.size:
+        return False
+    return hash_file(full) == want
+
+
+def _local_files(root: Path) -> Iterable[str]:
+    for dirpath, _dirs, files in os.walk(root):
+        sub = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        for name in files:
+            yield name if sub == "." else f"{sub}/{name}"

@@ -1,0 +1,186 @@
+# tests/test_snapshots_fetch.py - on-demand, hash-verified fetching (snapshots/fetch.py) and
+# the lazy StateDir a recovering replica executes on. Sources here read a real directory;
+# the wire transport is tested in tests/test_recovery_fetch.py.
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from zz.execution.state import StateDir, StateError
+from zz.snapshots.fetch import FetchError, SourceError, StateFetcher
+from zz.snapshots.manifest import scan
+
+
+class DirSource:
+    """Serves the files of a directory as checkpoint `seq`; counts what it served."""
+
+    def __init__(self, name: str, root: Path, seq: int, *, corrupt: set[str] | None = None):
+        self.name = name
+        self.root = root
+        self.seq = seq
+        self.corrupt = corrupt or set()
+        self.served: list[str] = []
+        self.lock = threading.Lock()
+
+    def fetch(self, seq: int, path: str, size: int) -> bytes:
+        if seq != self.seq:
+            raise SourceError(f"no checkpoint {seq}")
+        full = self.root / path
+        if not full.is_file():
+            raise SourceError(f"no file {path}")
+        data = full.read_bytes()
+        with self.lock:
+            self.served.append(path)
+        if path in self.corrupt:
+            return bytes([data[0] ^ 1]) + data[1:] if data else b"x"
+        return data
+
+
+class DeadSource:
+    name = "dead"
+
+    def fetch(self, seq: int, path: str, size: int) -> bytes:
+        raise SourceError("connection refused")
+
+
+@pytest.fixture
+def certified(tmp_path: Path) -> tuple[Path, object]:
+    src = tmp_path / "peer"
+    (src / "db").mkdir(parents=True)
+    (src / "db" / "a").write_bytes(b"alpha" * 100)
+    (src / "db" / "b").write_bytes(b"beta")
+    (src / "top").write_bytes(b"top file")
+    (src / ".zz").mkdir()
+    (src / ".zz" / "memory").write_bytes(b"mem")
+    return src, scan(src)
+
+
+def make(tmp_path: Path, certified, sources=None, **kw) -> tuple[StateFetcher, Path]:
+    src, manifest = certified
+    local = tmp_path / "local"
+    local.mkdir(exist_ok=True)
+    f = StateFetcher(local, manifest, 7, sources or [DirSource("p1", src, 7)], **kw)
+    f.prepare()
+    return f, local
+
+
+def test_files_are_fetched_on_first_touch_only(tmp_path, certified):
+    f, local = make(tmp_path, certified)
+    assert f.pending() == [".zz/memory", "db/a", "db/b", "top"]
+    assert not (local / "db" / "a").exists() and (local / "db").is_dir()
+    assert f.ensure("db/a") is True
+    assert (local / "db" / "a").read_bytes() == b"alpha" * 100
+    assert f.ensure("db/a") is False
+    assert f.pending() == [".zz/memory", "db/b", "top"]
+    assert f.sources[0].served == ["db/a"]
+
+
+def test_matching_local_files_are_kept_and_stale_ones_removed(tmp_path, certified):
+    local = tmp_path / "local"
+    (local / "db").mkdir(parents=True)
+    (local / "db" / "a").write_bytes(b"alpha" * 100)  # same content: kept
+    (local / "db" / "b").write_bytes(b"BETA")  # same size, other content: refetched
+    (local / "old").write_bytes(b"not in the certified state")
+    f, _ = make(tmp_path, certified)
+    assert f.counters["kept"] == 1
+    assert f.counters["removed"] == 1
+    assert not (local / "old").exists()
+    assert "db/a" not in f.pending() and "db/b" in f.pending()
+    f.fetch_all()
+    assert (local / "db" / "b").read_bytes() == b"beta"
+    assert f.sources[0].served.count("db/a") == 0
+
+
+def test_corrupt_source_is_reported_and_the_next_one_used(tmp_path, certified):
+    src, _ = certified
+    bad = DirSource("bad", src, 7, corrupt={"top"})
+    good = DirSource("good", src, 7)
+    reported = []
+    f, local = make(
+        tmp_path, certified, [DeadSource(), bad, good], on_bad_source=lambda *a: reported.append(a)
+    )
+    f.ensure("top")
+    assert (local / "top").read_bytes() == b"top file"
+    assert [r[:2] for r in reported] == [("bad", "top")]
+    assert f.counters["bad_content"] == 1 and f.counters["source_errors"] == 1
+
+
+def test_no_good_source_raises_and_keeps_the_file_pending(tmp_path, certified):
+    src, _ = certified
+    f, local = make(tmp_path, certified, [DirSource("bad", src, 7, corrupt={"top"})])
+    with pytest.raises(FetchError, match="top: no source had the certified content"):
+        f.ensure("top")
+    assert not (local / "top").exists()
+    assert f.is_pending("top")
+    f.sources.append(DirSource("good", src, 7))
+    assert f.ensure("top")
+
+
+def test_concurrent_touches_fetch_once(tmp_path, certified):
+    src, _ = certified
+    gate = threading.Event()
+
+    class Slow(DirSource):
+        def fetch(self, seq, path, size):
+            gate.wait(5)
+            return super().fetch(seq, path, size)
+
+    f, _ = make(tmp_path, certified, [Slow("slow", src, 7)])
+    results = []
+    ts = [threading.Thread(target=lambda: results.append(f.ensure("db/a"))) for _ in range(4)]
+    for t in ts:
+        t.start()
+    gate.set()
+    for t in ts:
+        t.join(10)
+    assert results == [True] * 4
+    assert f.sources[0].served == ["db/a"]
+
+
+def test_background_fetch_completes_and_yields_to_foreground(tmp_path, certified):
+    f, local = make(tmp_path, certified)
+    stop = threading.Event()
+    n = f.fetch_all(stop, pause=0.001)
+    assert n == 4 and f.done
+    assert scan(local).files == certified[1].files
+
+
+def test_lazy_statedir_sees_the_certified_tree(tmp_path, certified):
+    f, local = make(tmp_path, certified)
+    st = StateDir(local, lazy=f)
+    assert st.listdir() == ["db", "top"]
+    assert st.listdir("db") == ["a", "b"]
+    assert st.exists("db/b") and not f.sources[0].served
+    assert st.read_bytes("db/b") == b"beta"
+    with st.open("top", "rb") as fh:
+        assert fh.read() == b"top file"
+    # Overwriting an unfetched file does not fetch it.
+    st.write_bytes("db/a", b"new")
+    assert "db/a" not in f.sources[0].served
+    assert st.read_bytes("db/a") == b"new"
+    assert sorted(f.sources[0].served) == ["db/b", "top"]
+
+
+def test_lazy_statedir_delete_and_rename(tmp_path, certified):
+    f, local = make(tmp_path, certified)
+    st = StateDir(local, lazy=f)
+    st.delete("db/b")  # never fetched, still recorded as deleted
+    assert not st.exists("db/b")
+    assert "db/b" in st.take_dirty().deleted
+    st.rename("db", "moved")  # a directory move fetches what it carries
+    assert st.read_bytes("moved/a") == b"alpha" * 100
+    assert f.sources[0].served == ["db/a"]
+    with pytest.raises(StateError):
+        st.delete("db/b")
+    # Appending needs the old content.
+    with st.open("top", "ab") as fh:
+        fh.write(b"!")
+    assert st.read_bytes("top") == b"top file!"
+
+
+def test_directory_where_a_file_is_certified_is_an_error(tmp_path, certified):
+    local = tmp_path / "local"
+    (local / "top").mkdir(parents=True)
+    with pytest.raises(FetchError, match="top: a directory"):
+        make(tmp_path, certified)
