@@ -1,0 +1,424 @@
+/* test_faults.c - faults.c against the scenarios shared with zz/faults.py
+ * (tests/vectors/faults.txt, format in docs/fault-detection.md §7) plus the edges only C has. */
+#include <stdlib.h>
+
+#include "faults.h"
+#include "testutil.h"
+
+#ifndef ZZ_REPO_ROOT
+#define ZZ_REPO_ROOT "."
+#endif
+
+#define MAX_ROWS 16
+#define MAX_TOK 80
+
+typedef struct {
+    char name[64];
+    int has_source, has_params, has_wake, has_report;
+    uint32_t f, g;
+    uint64_t seq;
+    uint32_t awake[ZZ_MAX_EXEC], n_awake, sleeping[ZZ_MAX_EXEC], n_sleeping;
+    zz_frow rows[MAX_ROWS];
+    uint32_t nrows;
+    int want_yes;
+    char want_reason[32];
+    uint32_t want_wake[ZZ_MAX_EXEC], n_want_wake;
+    zz_freport reports[ZZ_MAX_EXEC];
+    uint32_t n_reports;
+    int want_decided;
+    uint8_t want_digest[ZZ_DIGEST_LEN];
+    uint32_t want_convict[ZZ_MAX_EXEC], n_convict, want_stay[ZZ_MAX_EXEC], n_stay,
+        want_sleep[ZZ_MAX_EXEC], n_sleep;
+} vcase;
+
+typedef struct {
+    int cases, timers, w, l, parse_errors;
+} vstats;
+
+/* A digest label is opaque bytes: its ASCII, zero-padded (the Python side uses the ASCII). */
+static int label_digest(const char *s, size_t n, uint8_t d[ZZ_DIGEST_LEN]) {
+    if (n == 0 || n > ZZ_DIGEST_LEN)
+        return 0;
+    memset(d, 0, ZZ_DIGEST_LEN);
+    memcpy(d, s, n);
+    return 1;
+}
+
+static int parse_entry(const char *tok, zz_fentry *e) {
+    size_t n = strlen(tok);
+    memset(e, 0, sizeof *e);
+    if (strcmp(tok, "-") == 0) {
+        e->state = ZZ_FENTRY_NONE;
+        return 1;
+    }
+    e->state = ZZ_FENTRY_ONTIME;
+    if (n > 1 && tok[n - 1] == '\'') {
+        e->state = ZZ_FENTRY_LATE;
+        n--;
+    }
+    return label_digest(tok, n, e->dig);
+}
+
+static int parse_u64(const char *s, uint64_t *v) {
+    char *end;
+    if (!*s || *s == '-')
+        return 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (*end)
+        return 0;
+    *v = x;
+    return 1;
+}
+
+static int parse_u32(const char *s, uint32_t *v) {
+    uint64_t x;
+    if (!parse_u64(s, &x) || x > UINT32_MAX)
+        return 0;
+    *v = (uint32_t)x;
+    return 1;
+}
+
+static int parse_ids(char **tok, int n, uint32_t *out, uint32_t *count) {
+    if (n > ZZ_MAX_EXEC)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (!parse_u32(tok[i], &out[i]))
+            return 0;
+    *count = (uint32_t)n;
+    return 1;
+}
+
+/* Splits line in place at single spaces after cutting the comment; returns the token count. */
+static int tokenize(char *line, char **tok, int cap) {
+    char *hash = strchr(line, '#');
+    if (hash)
+        *hash = '\0';
+    int n = 0;
+    for (char *p = strtok(line, " \t\r\n"); p; p = strtok(NULL, " \t\r\n")) {
+        if (n == cap)
+            return -1;
+        tok[n++] = p;
+    }
+    return n;
+}
+
+static int apply(vcase *c, char **tok, int n) {
+    const char *k = tok[0];
+    if (strcmp(k, "source") == 0) {
+        c->has_source = n > 1;
+    } else if (strcmp(k, "params") == 0) {
+        int seen = 0;
+        for (int i = 1; i < n; i++) {
+            if (strncmp(tok[i], "f=", 2) == 0)
+                seen += parse_u32(tok[i] + 2, &c->f);
+            else if (strncmp(tok[i], "g=", 2) == 0)
+                seen += parse_u32(tok[i] + 2, &c->g);
+            else if (strncmp(tok[i], "seq=", 4) == 0)
+                seen += parse_u64(tok[i] + 4, &c->seq);
+            else if (strncmp(tok[i], "service=", 8) == 0)
+                seen++; /* rows carry no service in C: the wire layer checks it */
+        }
+        c->has_params = seen == 4;
+        return seen == 4;
+    } else if (strcmp(k, "awake") == 0) {
+        return parse_ids(tok + 1, n - 1, c->awake, &c->n_awake);
+    } else if (strcmp(k, "sleeping") == 0) {
+        return parse_ids(tok + 1, n - 1, c->sleeping, &c->n_sleeping);
+    } else if (strcmp(k, "row") == 0) {
+        if (n < 2 || c->nrows == MAX_ROWS)
+            return 0;
+        zz_frow *r = &c->rows[c->nrows++];
+        memset(r, 0, sizeof *r);
+        int i = 2;
+        r->seq = c->seq;
+        if (!parse_u32(tok[1], &r->signer))
+            return 0;
+        if (i < n && strncmp(tok[i], "seq=", 4) == 0 && !parse_u64(tok[i++] + 4, &r->seq))
+            return 0;
+        if (n - i > ZZ_MAX_EXEC)
+            return 0;
+        /* The row describes the case's awake set; a length mismatch is left to the shape check. */
+        r->n = (uint32_t)(n - i);
+        for (uint32_t j = 0; j < r->n; j++) {
+            r->ids[j] = j < c->n_awake ? c->awake[j] : UINT32_MAX;
+            if (!parse_entry(tok[i + (int)j], &r->e[j]))
+                return 0;
+        }
+    } else if (strcmp(k, "expect-wake") == 0) {
+        if (n < 3 || strlen(tok[2]) >= sizeof c->want_reason)
+            return 0;
+        c->has_wake = 1;
+        c->want_yes = strcmp(tok[1], "yes") == 0;
+        strcpy(c->want_reason, tok[2]);
+        return parse_ids(tok + 3, n - 3, c->want_wake, &c->n_want_wake);
+    } else if (strcmp(k, "report") == 0) {
+        if (n - 1 > ZZ_MAX_EXEC)
+            return 0;
+        c->has_report = 1;
+        for (int i = 1; i < n; i++) {
+            char *eq = strchr(tok[i], '=');
+            if (!eq)
+                return 0;
+            *eq = '\0';
+            zz_freport *rep = &c->reports[c->n_reports++];
+            if (!parse_u32(tok[i], &rep->id) || !parse_entry(eq + 1, &rep->e))
+                return 0;
+        }
+    } else if (strcmp(k, "expect-decided") == 0) {
+        if (n != 2)
+            return 0;
+        c->want_decided = strcmp(tok[1], "-") != 0;
+        return !c->want_decided || label_digest(tok[1], strlen(tok[1]), c->want_digest);
+    } else if (strcmp(k, "expect-convict") == 0) {
+        return parse_ids(tok + 1, n - 1, c->want_convict, &c->n_convict);
+    } else if (strcmp(k, "expect-stay") == 0) {
+        return parse_ids(tok + 1, n - 1, c->want_stay, &c->n_stay);
+    } else if (strcmp(k, "expect-sleep") == 0) {
+        return parse_ids(tok + 1, n - 1, c->want_sleep, &c->n_sleep);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static int same_ids(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t nb) {
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
+}
+
+static void print_ids(const char *what, const uint32_t *ids, uint32_t n) {
+    printf("    %s:", what);
+    for (uint32_t i = 0; i < n; i++)
+        printf(" %u", ids[i]);
+    printf("\n");
+}
+
+static void run_case(tctx *t, const vcase *c) {
+    t_begin(t, c->name);
+    CHECK(t, c->has_source && c->has_params && c->has_wake);
+    uint32_t wake[ZZ_MAX_EXEC], n_wake = 99;
+    int reason = zz_fault_evaluate(c->rows, c->nrows, c->f, c->g, c->seq, c->awake, c->n_awake,
+                                   c->sleeping, c->n_sleeping, wake, &n_wake);
+    if (!CHECK(t, strcmp(zz_fault_reason_name(reason), c->want_reason) == 0))
+        printf("    reason %s, want %s\n", zz_fault_reason_name(reason), c->want_reason);
+    CHECK(t, (reason == ZZ_FAULT_OK) == c->want_yes);
+    if (!CHECK(t, same_ids(wake, n_wake, c->want_wake, c->n_want_wake)))
+        print_ids("wake", wake, n_wake);
+    if (c->has_report) {
+        zz_fresolution res;
+        int rc = zz_fault_resolve(c->rows, c->nrows, c->f, c->g, c->awake, c->n_awake, wake,
+                                  n_wake, c->reports, c->n_reports, &res);
+        CHECK(t, rc == 0);
+        CHECK(t, res.decided == c->want_decided);
+        CHECK(t, !c->want_decided || memcmp(res.digest, c->want_digest, ZZ_DIGEST_LEN) == 0);
+        if (!CHECK(t, same_ids(res.convict, res.n_convict, c->want_convict, c->n_convict)))
+            print_ids("convict", res.convict, res.n_convict);
+        if (!CHECK(t, same_ids(res.stay, res.n_stay, c->want_stay, c->n_stay)))
+            print_ids("stay", res.stay, res.n_stay);
+        if (!CHECK(t, same_ids(res.sleep, res.n_sleep, c->want_sleep, c->n_sleep)))
+            print_ids("sleep", res.sleep, res.n_sleep);
+        CHECK(t, !res.decided || res.shortfall == c->f + 1 - res.n_stay);
+    }
+    t_end(t);
+}
+
+static void run_timer(tctx *t, char **tok, int n, vstats *st) {
+    uint64_t v[5];
+    t_begin(t, "timer vector");
+    int ok = n == 6;
+    for (int i = 0; ok && i < 5; i++)
+        ok = parse_u64(tok[i + 1], &v[i]);
+    if (CHECK(t, ok && v[1] <= UINT32_MAX)) {
+        uint64_t got = zz_fault_timer_ms(v[0], (uint32_t)v[1], v[2], v[3]);
+        if (!CHECK(t, got == v[4]))
+            printf("    timer(%s) = %llu\n", tok[1], (unsigned long long)got);
+    }
+    t_end(t);
+    st->timers++;
+}
+
+/* Returns -1 when the file cannot be opened; malformed lines fail a case of their own. */
+static int run_file(tctx *t, const char *path, vstats *st) {
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return -1;
+    vcase *c = calloc(1, sizeof *c);
+    if (!c) {
+        fclose(fp);
+        return -1;
+    }
+    char line[4096], *tok[MAX_TOK];
+    int in_case = 0, lineno = 0;
+    while (fgets(line, sizeof line, fp)) {
+        lineno++;
+        int n = tokenize(line, tok, MAX_TOK);
+        if (n == 0)
+            continue;
+        int ok = n > 0;
+        if (ok && strcmp(tok[0], "timer") == 0 && !in_case) {
+            run_timer(t, tok, n, st);
+        } else if (ok && strcmp(tok[0], "case") == 0 && !in_case && n == 2 &&
+                   strlen(tok[1]) < sizeof c->name) {
+            memset(c, 0, sizeof *c);
+            strcpy(c->name, tok[1]);
+            in_case = 1;
+        } else if (ok && strcmp(tok[0], "end") == 0 && in_case) {
+            run_case(t, c);
+            st->cases++;
+            st->w += c->name[0] == 'w';
+            st->l += c->name[0] == 'l';
+            in_case = 0;
+        } else if (!ok || !in_case || !apply(c, tok, n)) {
+            t_begin(t, "vector file syntax");
+            CHECK(t, 0);
+            printf("    %s:%d: cannot parse\n", path, lineno);
+            t_end(t);
+            st->parse_errors++;
+        }
+    }
+    if (in_case)
+        st->parse_errors++;
+    free(c);
+    fclose(fp);
+    return 0;
+}
+
+static void test_vectors(tctx *t) {
+    const char *env = getenv("ZZ_REPO_ROOT");
+    const char *root = env && *env ? env : ZZ_REPO_ROOT;
+    char path[4096];
+    vstats st = {0};
+    snprintf(path, sizeof path, "%s/tests/vectors/faults.txt", root);
+    int rc = run_file(t, path, &st);
+    t_begin(t, "faults.txt: seven 9.1.2 stand-ins, four Lemma 2A stand-ins, timers");
+    if (!CHECK(t, rc == 0))
+        printf("    %s: missing\n", path);
+    CHECK(t, st.w == 7 && st.l == 4 && st.timers >= 4 && st.parse_errors == 0);
+    printf("fault vectors: %d cases, %d timers from %s\n", st.cases, st.timers, path);
+    t_end(t);
+}
+
+/* ---- edges the shared vectors cannot express ---- */
+
+static void set_row(zz_frow *r, uint32_t signer, uint64_t seq, const uint32_t *ids, uint32_t n,
+                    const char *cells) {
+    memset(r, 0, sizeof *r);
+    r->signer = signer;
+    r->seq = seq;
+    r->n = n;
+    memcpy(r->ids, ids, n * sizeof *ids);
+    for (uint32_t j = 0; j < n; j++) {
+        char tok[2] = {cells[j], 0};
+        parse_entry(tok, &r->e[j]);
+    }
+}
+
+static void test_edges(tctx *t) {
+    static const uint32_t awake[] = {0, 1}, unsorted[] = {1, 0}, sleeping[] = {5, 2, 2, 9};
+    zz_frow rows[3];
+    uint32_t wake[ZZ_MAX_EXEC], n_wake;
+
+    t_begin(t, "reason names match docs/fault-detection.md §4");
+    CHECK(t, strcmp(zz_fault_reason_name(ZZ_FAULT_OK), "ok") == 0);
+    CHECK(t, strcmp(zz_fault_reason_name(ZZ_FAULT_NOT_CONVICTABLE), "not-convictable") == 0);
+    CHECK(t, strcmp(zz_fault_reason_name(-1), "unknown") == 0);
+    CHECK(t, strcmp(zz_fault_reason_name(99), "unknown") == 0);
+    t_end(t);
+
+    t_begin(t, "bad params: unsorted awake, fewer than f+1 awake, too many awake");
+    set_row(&rows[0], 0, 7, awake, 2, "ab");
+    set_row(&rows[1], 1, 7, awake, 2, "ab");
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, unsorted, 2, sleeping, 1, wake, &n_wake) ==
+                 ZZ_FAULT_BAD_PARAMS);
+    CHECK(t, zz_fault_evaluate(rows, 2, 2, 1, 7, awake, 2, sleeping, 1, wake, &n_wake) ==
+                 ZZ_FAULT_BAD_PARAMS);
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, ZZ_MAX_EXEC + 1, sleeping, 1, wake,
+                               &n_wake) == ZZ_FAULT_BAD_PARAMS);
+    CHECK(t, n_wake == 0);
+    t_end(t);
+
+    t_begin(t, "shape: row over other replicas; first bad statement decides");
+    static const uint32_t other[] = {0, 2};
+    set_row(&rows[1], 1, 7, other, 2, "ab");
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 1, wake, &n_wake) ==
+                 ZZ_FAULT_SHAPE);
+    set_row(&rows[1], 1, 7, awake, 1, "a");
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 1, wake, &n_wake) ==
+                 ZZ_FAULT_SHAPE);
+    /* Statement 0 has the wrong shape and statement 1 a bad signer: the order given wins. */
+    set_row(&rows[0], 0, 7, other, 2, "ab");
+    set_row(&rows[1], 9, 7, awake, 2, "ab");
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 1, wake, &n_wake) ==
+                 ZZ_FAULT_SHAPE);
+    t_end(t);
+
+    t_begin(t, "same bytes late and on time are different values");
+    /* Row 0 "a a'" holds no certificate with f=1 because the late a is not an on-time a. */
+    set_row(&rows[0], 0, 7, awake, 2, "aa");
+    rows[0].e[1].state = ZZ_FENTRY_LATE;
+    set_row(&rows[1], 1, 7, awake, 2, "aa");
+    rows[1].e[1].state = ZZ_FENTRY_LATE;
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 1, wake, &n_wake) ==
+                 ZZ_FAULT_OK);
+    CHECK(t, n_wake == 1 && wake[0] == 5); /* sleepers in given order: 5 is the only one */
+    t_end(t);
+
+    t_begin(t, "sleepers are taken smallest first, duplicates as given (sorted()[:k])");
+    set_row(&rows[0], 0, 7, awake, 2, "--");
+    set_row(&rows[1], 1, 7, awake, 2, "--");
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 4, wake, &n_wake) ==
+                 ZZ_FAULT_OK);
+    CHECK(t, n_wake == 2 && wake[0] == 2 && wake[1] == 2);
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 0, wake, &n_wake) ==
+                 ZZ_FAULT_OK);
+    CHECK(t, n_wake == 0);
+    t_end(t);
+
+    t_begin(t, "resolve rejects two decided digests, duplicate reports, woken also awake");
+    zz_fresolution res;
+    set_row(&rows[0], 0, 7, awake, 2, "ab");
+    set_row(&rows[1], 1, 7, awake, 2, "ab");
+    static const uint32_t woken[] = {2, 3}, woken_bad[] = {1};
+    zz_freport rep[4];
+    const char *labels = "aabb";
+    for (uint32_t i = 0; i < 4; i++) {
+        char tok[2] = {labels[i], 0};
+        rep[i].id = i;
+        parse_entry(tok, &rep[i].e);
+    }
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, awake, 2, woken, 2, rep, 4, &res) == -1);
+    rep[3].id = 2;
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, awake, 2, woken, 2, rep, 4, &res) == -1);
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, awake, 2, woken_bad, 1, rep, 2, &res) == -1);
+    set_row(&rows[1], 1, 8, awake, 2, "ab");
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, awake, 2, woken, 1, rep, 3, &res) == -1);
+    t_end(t);
+
+    t_begin(t, "resolve: undecided leaves everything empty; shortfall when too few remain");
+    set_row(&rows[1], 1, 7, awake, 2, "ab");
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, awake, 2, woken, 1, rep, 1, &res) == 0);
+    CHECK(t, !res.decided && res.n_convict == 0 && res.n_stay == 0 && res.shortfall == 0);
+    /* Both rows show replica 1 silent; with no sleeper left, 1's late a still decides a,
+     * 1 is convicted on the evidence and only 0 remains: one short of f+1. */
+    set_row(&rows[0], 0, 7, awake, 2, "a-");
+    set_row(&rows[1], 1, 7, awake, 2, "a-");
+    rep[1].id = 1;
+    rep[1].e.state = ZZ_FENTRY_LATE;
+    memcpy(rep[1].e.dig, rep[0].e.dig, ZZ_DIGEST_LEN);
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, awake, 2, NULL, 0, rep, 2, &res) == 0);
+    CHECK(t, res.decided && res.n_convict == 1 && res.convict[0] == 1);
+    CHECK(t, res.n_stay == 1 && res.stay[0] == 0 && res.n_sleep == 0 && res.shortfall == 1);
+    t_end(t);
+
+    t_begin(t, "timer clamp saturates instead of overflowing");
+    CHECK(t, zz_fault_timer_ms(UINT64_MAX / 2, 3, 0, UINT64_MAX) == UINT64_MAX);
+    CHECK(t, zz_fault_timer_ms(7, 0, 5, 100) == 5);
+    CHECK(t, zz_fault_timer_ms(10, 3, 200, 100) == 100);
+    t_end(t);
+}
+
+int main(void) {
+    tctx t = {0};
+    test_vectors(&t);
+    test_edges(&t);
+    return t_summary(&t);
+}
