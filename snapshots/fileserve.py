@@ -1,0 +1,149 @@
+# snapshots/fileserve.py - serve the files of a replica's checkpoint snapshots to peers that
+# recover (ZZ §4.5, DESIGN.md §3 step 8). The transport (FILE-FETCH / FILE-DATA, docs/wire.md)
+# and the authentication live with whoever runs this: the runtime or controld.
+"""Read ranges of checkpoint files out of snapshots, for recovering peers.
+
+Only what a checkpoint manifest lists is served: the requester names a path of the
+manifest of checkpoint ``seq`` (or the empty path for the manifest encoding itself) and
+gets bytes it will verify against that manifest. Anything else (a path outside the
+manifest, a symlink, a snapshot that is gone) is a status code, never an exception that
+reaches the transport.
+
+Snapshots are read through the store's ``open_snapshot`` (a ZFS clone on ZFS). A clone
+costs tens of milliseconds, so the last few stay open; the owner calls :meth:`release`
+before it destroys a snapshot, because ZFS refuses to destroy a snapshot with a clone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .manifest import Manifest, ManifestError, normalize_path
+from .store import CheckpointStore, StorageError, checkpoint_name
+
+OK = 0
+NO_CHECKPOINT = 1
+NO_FILE = 2
+REFUSED = 3
+ERROR = 4
+
+MAX_CHUNK = 4 << 20  # per FILE-DATA; far below the wire's 16 MiB frame limit
+
+
+@dataclass(frozen=True, slots=True)
+class FileRead:
+    status: int
+    size: int = 0
+    data: bytes = b""
+
+
+class SnapshotFiles:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        manifest_dir: Path,
+        *,
+        servable: Callable[[int], bool] | None = None,
+        max_open: int = 2,
+    ) -> None:
+        self.store = store
+        self.manifest_dir = Path(manifest_dir)
+        # A replica still recovering holds snapshots with files it has not fetched yet:
+        # it must not hand out what it does not have.
+        self.servable = servable or (lambda seq: True)
+        self.max_open = max_open
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, tuple[contextlib.ExitStack, Path]] = OrderedDict()
+        self._manifests: OrderedDict[int, Manifest] = OrderedDict()
+
+    def manifest(self, seq: int) -> Manifest | None:
+        with self._lock:
+            return self._manifest(seq)
+
+    def _manifest(self, seq: int) -> Manifest | None:
+        m = self._manifests.get(seq)
+        if m is not None:
+            return m
+        p = self.manifest_dir / f"{checkpoint_name(seq)}.manifest"
+        try:
+            m = Manifest.decode(p.read_bytes())
+        except (FileNotFoundError, ManifestError):
+            return None
+        self._manifests[seq] = m
+        while len(self._manifests) > 4:
+            self._manifests.popitem(last=False)
+        return m
+
+    def read(self, seq: int, path: str, offset: int, length: int) -> FileRead:
+        length = min(length, MAX_CHUNK)
+        with self._lock:
+            if not self.servable(seq):
+                return FileRead(REFUSED)
+            m = self._manifest(seq)
+            if m is None:
+                return FileRead(NO_CHECKPOINT)
+            if path == "":
+                enc = m.encode()
+                return FileRead(OK, len(enc), enc[offset : offset + length])
+            try:
+                if normalize_path(path) != path:
+                    return FileRead(REFUSED)
+            except ManifestError:
+                return FileRead(REFUSED)
+            entry = m.files.get(path)
+            if entry is None:
+                return FileRead(NO_FILE)
+            try:
+                root = self._root(checkpoint_name(seq))
+                data = _read_range(root / path, offset, length)
+            except FileNotFoundError:
+                return FileRead(NO_CHECKPOINT)
+            except (OSError, StorageError):
+                return FileRead(ERROR)
+            return FileRead(OK, entry.size, data)
+
+    def _root(self, name: str) -> Path:
+        hit = self._open.get(name)
+        if hit is not None:
+            self._open.move_to_end(name)
+            return hit[1]
+        if name not in self.store.list_snapshots():
+            raise FileNotFoundError(name)
+        stack = contextlib.ExitStack()
+        try:
+            root = stack.enter_context(self.store.open_snapshot(name))
+        except BaseException:
+            stack.close()
+            raise
+        self._open[name] = (stack, root)
+        while len(self._open) > self.max_open:
+            _, (old, _) = self._open.popitem(last=False)
+            old.close()
+        return root
+
+    def release(self, name: str | None = None) -> None:
+        """Close the open snapshot `name` (all when None) before it is destroyed."""
+        with self._lock:
+            names = [name] if name is not None else list(self._open)
+            for n in names:
+                hit = self._open.pop(n, None)
+                if hit is not None:
+                    hit[0].close()
+            if name is None:
+                self._manifests.clear()
+            elif name.startswith("ckpt-") and name[5:].isdigit():
+                self._manifests.pop(int(name[5:]), None)
+
+
+def _read_range(full: Path, offset: int, length: int) -> bytes:
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
