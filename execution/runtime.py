@@ -11,6 +11,8 @@ import logging
 import os
 import shutil
 import signal
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +23,12 @@ from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
 from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
+from ..snapshots.fetch import FetchError, StateFetcher
+from ..snapshots.fileserve import SnapshotFiles
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
 from .certificates import DEFAULT_WINDOW, Certificate, CommitCollector
+from .recovery import PeerSource, RecoveryError, StableVotes, fetch_manifest
 from .registry import create_app
 from .replycache import PATH as REPLIES_PATH
 from .replycache import ReplyCache
@@ -47,6 +52,8 @@ FAULTS = ("diverge-state", "wrong-reply", "slow-report")
 # K·t1 on this machine, so the agreement replicas time it out).
 SLOW_REPORT_SECONDS = 0.5
 DIVERGE_PATH = "zz-fault-diverge"
+# Sleep between background file fetches: request execution keeps most of the bandwidth.
+_BACKGROUND_PAUSE = 0.001
 
 
 class AppFault(Exception):
@@ -154,6 +161,17 @@ class Runtime:
         self.fatal: BaseException | None = None
         self._batch_counts: Counter[str] = Counter()
         self._view = 0  # of the latest certificate; a cached reply resent later carries it
+        # Recovery (execution/recovery.py): g+1 agreement replicas vouching for a stable
+        # checkpoint above last_executed mean the log no longer reaches back to us.
+        self.stable_votes = StableVotes(service.g)
+        self._recover_target: tuple[int, bytes] | None = None
+        self.fetcher: StateFetcher | None = None
+        self.recovery: dict[str, Any] = {}
+        # Own checkpoints below this miss files still being fetched: not served to peers.
+        self._complete_from = 0
+        self._bg_stop = threading.Event()
+        self._bg_thread: threading.Thread | None = None
+        self._sources: list[PeerSource] = []
         # Set in start():
         self.store: CheckpointStore
         self.state: StateDir
@@ -279,6 +297,9 @@ class Runtime:
         if memory.exists():
             self.app.load_memory(memory.read_bytes())
         self.builder = ManifestBuilder(live, previous)
+        self.files = SnapshotFiles(
+            self.store, self.manifest_dir, servable=lambda seq: seq >= self._complete_from
+        )
 
     def stop(self) -> None:
         self._stopped.set()
@@ -287,6 +308,7 @@ class Runtime:
         await self._stopped.wait()
 
     async def shutdown(self) -> None:
+        self._bg_stop.set()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -304,6 +326,12 @@ class Runtime:
                 await self._server.wait_closed()
         with contextlib.suppress(OSError, AttributeError):
             self._write_status()
+        if self._bg_thread is not None:
+            await asyncio.to_thread(self._bg_thread.join, 10)
+        for src in self._sources:
+            src.close()
+        with contextlib.suppress(AttributeError):
+            await asyncio.to_thread(self.files.release)
 
     async def serve(self) -> None:
         """Run until stop() (SIGTERM/SIGINT in the process) or a fatal error."""
@@ -369,6 +397,13 @@ class Runtime:
         if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
             # The replica's log starts above us: only state transfer (recovery) can help.
             self.counters["behind_stable"] += 1
+        cert = self.stable_votes.offer(m.sender, m.seq, m.digest)
+        if (
+            cert is not None
+            and cert[0] > self.last_executed
+            and (self._recover_target is None or cert[0] > self._recover_target[0])
+        ):
+            self._recover_target = cert
         if entries and len(m.data) >= _REFETCH_BYTES:
             more = wire.Fetch(self.svc.id, self.me, wire.FETCH_LOG, entries[-1].seq, NULL_DIGEST)
             link.send(more.with_macs({link.peer: self.agree_keys[link.peer]}).encode())
@@ -414,6 +449,8 @@ class Runtime:
                         known.add(c)
                 elif isinstance(m, wire.ExecCheckpoint):
                     self._on_exec_checkpoint(m)
+                elif isinstance(m, wire.FileFetch):
+                    await self._serve_file(m, writer)
                 else:
                     self.counters["unexpected"] += 1
         except wire.FrameError:
@@ -481,9 +518,12 @@ class Runtime:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
+                target = self._recover_target
+                if target is not None and target[0] > self.last_executed:
+                    await self._recover(*target)
                 while (cert := self.collector.next_ready()) is not None:
                     self._batch_counts = Counter()
-                    outs, digest = await asyncio.to_thread(self._run_batch, cert)
+                    outs, refs = await asyncio.to_thread(self._run_batch, cert)
                     self.counters.update(self._batch_counts)
                     self.collector.executed(cert.seq)
                     self._view = max(self._view, cert.view)
@@ -491,7 +531,7 @@ class Runtime:
                         self._send_reply(out, cert.view)
                     if self.inject_fault == "slow-report":
                         await asyncio.sleep(SLOW_REPORT_SECONDS)
-                    rep = wire.ExecReport(self.svc.id, self.me, cert.seq, digest)
+                    rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
                     self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
                     if cert.seq % self.cp == 0:
@@ -505,21 +545,22 @@ class Runtime:
             self.fatal = e
             self._stopped.set()
 
-    def _run_batch(self, cert: Certificate) -> tuple[list[Outgoing], bytes]:
+    def _run_batch(self, cert: Certificate) -> tuple[list[Outgoing], list[wire.ReplyRef]]:
         """Execute one certified batch (in a worker thread; nothing else touches the app,
-        the state or the reply cache's writes meanwhile)."""
+        the state or the reply cache's writes meanwhile). Returns the replies to send and
+        the EXEC-REPORT's reply list (fresh executions only, in batch order)."""
         outs: list[Outgoing] = []
-        fresh: list[tuple[int, int, bytes]] = []
+        fresh: list[wire.ReplyRef] = []
         # The status writer iterates self.counters on the loop thread: count locally.
         counts = self._batch_counts
         if cert.is_null:
-            return outs, wire.reply_digest(fresh)
+            return outs, fresh
         try:
             nd_time, nd_seed, requests = wire.decode_batch(cert.batch)
         except wire.WireError:
             # Certified but undecodable: every correct replica skips it alike.
             counts["bad_batch"] += 1
-            return outs, wire.reply_digest(fresh)
+            return outs, fresh
         for raw in requests:
             try:
                 req = wire.decode(raw)
@@ -562,9 +603,9 @@ class Runtime:
                 result += b" (wrong)"  # a deterministic wrong answer to every request
             self.replies.record(req.sender, req.timestamp, result, req.read_only)
             outs.append(Outgoing(req.sender, req.timestamp, req.read_only, result))
-            fresh.append((req.sender, req.timestamp, result))
+            fresh.append(wire.reply_ref(req.sender, req.timestamp, result))
             counts["requests_executed"] += 1
-        return outs, wire.reply_digest(fresh)
+        return outs, fresh
 
     # ---- checkpoints ----------------------------------------------------------------
 
@@ -584,6 +625,13 @@ class Runtime:
             self.builder.mark_dirty(DIVERGE_PATH)
         manifest = self.builder.build()
         name = checkpoint_name(seq)
+        if self.fetcher is not None and self.fetcher.done:
+            # Every certified file is here now: this snapshot is complete, peers may read it.
+            self._complete_from = seq
+            self.state.lazy = None
+            self.fetcher = None
+            self.recovery["complete_at_checkpoint"] = seq
+            log.info("recovery complete: checkpoint %d holds the whole state", seq)
         _write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
         self.store.snapshot(name)
         return manifest.digest()
@@ -683,6 +731,7 @@ class Runtime:
     def _destroy_below(self, stable: int) -> None:
         for name in self.store.list_snapshots():
             if name.startswith("ckpt-") and name[5:].isdigit() and int(name[5:]) < stable:
+                self.files.release(name)  # ZFS refuses to destroy a snapshot with a clone
                 self.store.destroy_snapshot(name)
                 (self.manifest_dir / f"{name}.manifest").unlink(missing_ok=True)
                 self.counters["snapshots_destroyed"] += 1
@@ -701,6 +750,131 @@ class Runtime:
                     link.send(self._fetch_msg(link.peer))
             last = self.last_executed
 
+    # ---- recovery (execution/recovery.py, docs/recovery.md) -------------------------
+
+    def _peer_sources(self) -> list[PeerSource]:
+        if not self._sources:
+            n = self.svc.n_exec
+            for k in range(1, n):
+                j = (self.index + k) % n  # start at different peers to spread the load
+                self._sources.append(
+                    PeerSource(
+                        f"x{j}",
+                        self.svc.exec_address(self.config, j),
+                        service=self.svc.id,
+                        me=self.me,
+                        sign_key=self.sign_key,
+                    )
+                )
+        return self._sources
+
+    def _bad_source(self, source: str, path: str, why: str) -> None:
+        self.counters["bad_source_reports"] += 1
+        bad = self.recovery.setdefault("bad_sources", [])
+        if len(bad) < _MISMATCH_LIST:
+            bad.append({"source": source, "path": path, "why": why})
+
+    async def _recover(self, seq: int, digest: bytes) -> None:
+        """Jump to the certified checkpoint (seq, digest); files come on first touch."""
+        t0 = time.monotonic()
+        self.counters["recoveries_started"] += 1
+        log.info("behind the stable checkpoint %d (%s): recovering", seq, digest.hex()[:16])
+        try:
+            async with self._store_lock:
+                await asyncio.to_thread(self._install_checkpoint, seq, digest)
+        except (RecoveryError, FetchError, OSError) as e:
+            # Peers may not have the checkpoint yet (or be down): the next FETCH-REPLY
+            # or stall retry brings us back here.
+            self.counters["recovery_failures"] += 1
+            if self.counters["recovery_failures"] % 25 == 1:
+                log.warning("recovery to %d failed (will retry): %s", seq, e)
+            await asyncio.sleep(0.2)
+            self._wake.set()
+            return
+        self._recover_target = None
+        fetcher = self.fetcher
+        assert fetcher is not None
+        self.recovery.update(
+            {
+                "checkpoint": seq,
+                "install_ms": round((time.monotonic() - t0) * 1000, 3),
+                "files_pending": len(fetcher.pending()),
+                "files_kept": fetcher.counters["kept"],
+            }
+        )
+        self.counters["recoveries"] += 1
+        # The log above seq: register again so the agreement replicas resend it.
+        for link in self._links:
+            link.send(self._fetch_msg(link.peer))
+        self._bg_stop.clear()
+        self._bg_thread = threading.Thread(
+            target=self._background_fetch, args=(fetcher,), name="zz-fetch", daemon=True
+        )
+        self._bg_thread.start()
+
+    def _install_checkpoint(self, seq: int, digest: bytes) -> None:
+        """Worker thread, store lock held, executor idle (it is the caller)."""
+        sources = self._peer_sources()
+        manifest = fetch_manifest(sources, seq, digest, on_bad_source=self._bad_source)
+        self.state.sync()
+        live = self.store.path
+        fetcher = StateFetcher(live, manifest, seq, sources, on_bad_source=self._bad_source)
+        fetcher.prepare()
+        # The runtime's own files are needed before the first request executes.
+        for path in (MEMORY_PATH, REPLIES_PATH):
+            if path in manifest.files:
+                fetcher.ensure(path)
+        replies = live / REPLIES_PATH
+        self.replies = ReplyCache.decode(replies.read_bytes()) if replies.exists() else ReplyCache()
+        self.app = create_app(self.svc.app)
+        self.state = StateDir(live, lazy=fetcher)
+        self.app.open(self.state)
+        memory = live / MEMORY_PATH
+        if memory.exists():
+            self.app.load_memory(memory.read_bytes())
+        self.builder = ManifestBuilder(live, manifest)
+        _write_atomic(self.manifest_dir / f"{checkpoint_name(seq)}.manifest", manifest.encode())
+        self.collector.executed(seq)
+        self.last_checkpoint = seq
+        self.my_checkpoints[seq] = digest
+        self._my_digests[seq] = digest
+        self._complete_from = 1 << 64  # until the fetch completes and a checkpoint follows
+        self.fetcher = fetcher
+
+    def _background_fetch(self, fetcher: StateFetcher) -> None:
+        t0 = time.monotonic()
+        try:
+            n = fetcher.fetch_all(self._bg_stop, pause=_BACKGROUND_PAUSE)
+        except Exception:
+            log.exception("background fetch stopped")
+            return
+        if fetcher.done:
+            self.recovery["background_s"] = round(time.monotonic() - t0, 3)
+            self.recovery["background_files"] = n
+            log.info("background fetch done: %d files in %.2f s", n, time.monotonic() - t0)
+
+    async def _serve_file(self, m: wire.FileFetch, writer: asyncio.StreamWriter) -> None:
+        kind, idx = wire.principal_kind(m.sender)
+        pub = self.publics.get(m.sender)
+        # Only replicas of this service may read its state (docs/wire.md FILE-FETCH).
+        if kind != "exec" or idx >= self.svc.n_exec or m.sender == self.me or pub is None:
+            self.counters["file_fetch_wrong_sender"] += 1
+            return
+        if not m.verify_sig(pub):
+            self.counters["file_fetch_bad_sig"] += 1
+            return
+        try:
+            path = m.path.decode("utf-8")
+        except UnicodeDecodeError:
+            path = "\x00"  # refused by the reader like any other non-canonical path
+        async with self._store_lock:
+            r = await asyncio.to_thread(self.files.read, m.seq, path, m.offset, m.length)
+        out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
+        self.counters["file_chunks_served"] += 1
+        self.counters["file_bytes_served"] += len(r.data)
+        if not writer.is_closing():
+            writer.write(wire.frame(out.encode()))
+
     def status(self) -> dict[str, Any]:
         return {
             "service": self.svc.id,
@@ -717,6 +891,9 @@ class Runtime:
             "pending_seqs": len(self.collector.pending()),
             "counters": dict(sorted(self.counters.items())),
             "certificates": dict(sorted(self.collector.dropped.items())),
+            "recovery": dict(self.recovery),
+            "recovering": self.fetcher is not None,
+            "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,
         }
 
     def _write_status(self) -> None:

@@ -28,8 +28,17 @@ SAMPLES: list[wire.Message] = [
     wire.Status(5, 3, 1, 2, 3),
     wire.ExecCommit(5, 2, 7, 9, D, b"batch"),
     wire.ExecCommit(5, 2, 7, 10, NULL_DIGEST, b""),
-    wire.ExecReport(5, 257, 9, D),
+    wire.ExecReport.of(5, 257, 9, [wire.ReplyRef(65537, 3, D), wire.ReplyRef(65538, 1, D)]),
+    wire.ExecReport.of(5, 257, 10, []),
     wire.ExecCheckpoint(5, 258, 128, D),
+    wire.FaultStatement(
+        5, 1, 9, [wire.RowEntry(0, wire.ROW_ONTIME, D), wire.RowEntry(1, 0, NULL_DIGEST)]
+    ),
+    wire.Wakeup(5, 1, 9, [b"fs1", b"fs2"], [2, 3], [2]),
+    wire.Shutdown(5, 2, 9, [0, 1, 2], [1], [], [0, 2]),
+    wire.ReplyAffirm(5, 3, 2**64 - 1, 65537, D),
+    wire.Control(0, wire.operator_principal(0), 1, b"{}"),
+    wire.ControlReply(0, wire.host_principal(2), 1, b""),
 ]
 
 
@@ -156,23 +165,52 @@ async def test_frames_round_trip_and_bounds() -> None:
 
 
 def test_reply_digest_layout_and_order() -> None:
-    a, b = (65536, 5, b"r1"), (65537, 6, b"")
+    a, b = wire.reply_ref(65536, 5, b"r1"), wire.reply_ref(65537, 6, b"")
+    assert a.result_digest == sha256(b"r1")
     want = sha256(
         (65536).to_bytes(4, "big")
         + (5).to_bytes(8, "big")
-        + (2).to_bytes(4, "big")
-        + b"r1"
+        + sha256(b"r1")
         + (65537).to_bytes(4, "big")
         + (6).to_bytes(8, "big")
-        + (0).to_bytes(4, "big")
+        + sha256(b"")
     )
     assert wire.reply_digest([a, b]) == want
     assert wire.reply_digest([b, a]) != want  # batch order matters
     assert wire.reply_digest([]) == sha256(b"")
-    # Length prefixes keep result boundaries: moving a byte between results changes it.
-    assert wire.reply_digest([(1, 1, b"ab"), (1, 2, b"")]) != wire.reply_digest(
-        [(1, 1, b"a"), (1, 2, b"b")]
-    )
+    # Results are hashed one by one: moving a byte between results changes the digest.
+    assert wire.reply_digest(
+        [wire.reply_ref(1, 1, b"ab"), wire.reply_ref(1, 2, b"")]
+    ) != wire.reply_digest([wire.reply_ref(1, 1, b"a"), wire.reply_ref(1, 2, b"b")])
+
+
+def test_exec_report_digest_must_hash_its_list() -> None:
+    refs = [wire.reply_ref(65536, 5, b"r1")]
+    good = wire.ExecReport.of(1, 256, 3, refs)
+    assert good.digest_ok()
+    # A report whose digest is for other results still decodes (the codec has no opinion)
+    # but fails the receiver's check.
+    bad = wire.ExecReport(1, 256, 3, good.reply_digest, [wire.reply_ref(65536, 5, b"r2")])
+    assert wire.decode(bad.with_macs(K).encode()) == bad.with_macs(K)
+    assert not bad.digest_ok()
+    assert not wire.ExecReport(1, 256, 3, good.reply_digest, []).digest_ok()
+
+
+@pytest.mark.parametrize(
+    ("state", "digest"),
+    [(3, D), (0, D), (wire.ROW_ONTIME, NULL_DIGEST), (wire.ROW_LATE, NULL_DIGEST)],
+)
+def test_fault_statement_row_domains(state: int, digest: bytes) -> None:
+    m = wire.FaultStatement(1, 0, 7, [wire.RowEntry(0, state, digest)]).signed(SK)
+    with pytest.raises(wire.WireError) as ei:
+        wire.decode(m.encode())
+    assert ei.value.name == "field"
+
+
+def test_operator_principals() -> None:
+    assert wire.operator_principal(3) == 33554435
+    assert wire.principal_kind(33554435) == ("operator", 3)
+    assert wire.principal_kind(wire.host_principal(7)) == ("host", 7)
 
 
 def _log() -> list[tuple[int, bytes, bytes]]:
@@ -230,4 +268,4 @@ def test_exec_messages_only_accept_their_auth_kind() -> None:
     with pytest.raises(ValueError):
         ecp.with_macs(K)
     with pytest.raises(ValueError):
-        wire.ExecReport(1, 256, 1, b"short").encode()
+        wire.ExecReport(1, 256, 1, b"short", []).encode()

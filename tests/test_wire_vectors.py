@@ -63,7 +63,7 @@ def test_file_is_regenerated_exactly() -> None:
 
 def test_coverage_of_types_and_errors() -> None:
     types = {wire.decode(v.msg).TYPE for v in VALID}
-    assert types == set(range(1, 12)) | {16, 17, 18}
+    assert types == set(range(1, 12)) | set(range(16, 25))
     assert {v.error for v in INVALID} == set(wire.ERROR_NAMES)
     assert len({v.name for v in VECTORS}) == len(VECTORS)
 
@@ -137,8 +137,30 @@ def test_execution_vectors_agree_with_the_agreement_vectors() -> None:
     # The first request of the batch echoes its op; recompute the digest from the requests.
     reqs = [wire.decode(raw) for raw in pp.requests]
     assert all(isinstance(q, wire.Request) for q in reqs)
-    expected = wire.reply_digest(
-        [(reqs[0].sender, reqs[0].timestamp, b"hello"), (reqs[1].sender, reqs[1].timestamp, b"")]
-    )
-    assert rep.reply_digest == expected
+    refs = [
+        wire.reply_ref(reqs[0].sender, reqs[0].timestamp, b"hello"),
+        wire.reply_ref(reqs[1].sender, reqs[1].timestamp, b""),
+    ]
+    assert rep.replies == refs and rep.reply_digest == wire.reply_digest(refs)
+    assert rep.digest_ok()
     assert by_name["exec-checkpoint"].sender == wire.exec_principal(1)
+    # A REPLY-AFFIRM vouches for the same result digest the report lists.
+    aff = by_name["reply-affirm"]
+    assert isinstance(aff, wire.ReplyAffirm)
+    assert (aff.client, aff.timestamp, aff.result_digest) == tuple(refs[0])
+
+
+def test_wakeup_vector_carries_verifiable_evidence() -> None:
+    by_name = {v.name: wire.decode(v.msg) for v in VALID}
+    wk = by_name["wakeup"]
+    assert isinstance(wk, wire.Wakeup)
+    assert len(wk.evidence) == 2
+    for raw in wk.evidence:
+        fs = wire.decode(raw)
+        assert isinstance(fs, wire.FaultStatement) and fs.seq == wk.seq
+        assert fs.service == wk.service
+        assert fs.verify_sig(gen.sign_key(fs.sender).public)
+    first = wire.decode(wk.evidence[0])
+    assert first == by_name["fault-statement-mismatch"]
+    sd = by_name["shutdown"]
+    assert isinstance(sd, wire.Shutdown) and sd.seq == wk.seq

@@ -32,7 +32,7 @@ OVERRIDABLE = {
     "detect_ceiling_ms",
     "exec_log",
 }
-BYZANTINE = ("none", "equivocate", "drop-requests", "silent")
+BYZANTINE = ("none", "equivocate", "drop-requests", "silent", "false-fault")
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -99,6 +99,14 @@ def replica_conf(
     for p in range(service.n):
         ph, pp = config.replica_address(service, p)
         lines.append(f"peer {p} {ph} {pp}")
+    if service.uses_execution_replicas:
+        # Fault detection: which execution replicas start awake (the first `active` ids),
+        # where each lives, and whose controld to send WAKEUP/SHUTDOWN to.
+        for i in range(service.n_exec):
+            state = "active" if i < service.active else "sleeping"
+            lines.append(f"exec {i} {service.exec_host(config, i).index} {state}")
+        for h in config.hosts:
+            lines.append(f"controld {h.index} {h.address} {h.control_port}")
     lines += [f"{k} {_fmt(k, v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
 

@@ -42,6 +42,12 @@ FETCH_LOG = 3
 PRINCIPAL_EXEC = 256
 PRINCIPAL_CLIENT = 65536
 PRINCIPAL_HOST = 16777216
+PRINCIPAL_OPERATOR = 33554432
+
+# FAULT-STATEMENT row entry states.
+ROW_NONE = 0
+ROW_ONTIME = 1
+ROW_LATE = 2
 
 ERROR_NAMES = ("short", "magic", "version", "type", "length", "auth", "field")
 
@@ -90,15 +96,23 @@ def host_principal(h: int) -> int:
     return PRINCIPAL_HOST + h
 
 
+def operator_principal(k: int) -> int:
+    if not 0 <= k <= 0xFFFFFFFF - PRINCIPAL_OPERATOR:
+        raise ValueError(f"operator index {k} out of range")
+    return PRINCIPAL_OPERATOR + k
+
+
 def principal_kind(pid: int) -> tuple[str, int]:
-    """('agreement'|'exec'|'client'|'host', index) for a principal id."""
+    """('agreement'|'exec'|'client'|'host'|'operator', index) for a principal id."""
     if pid < PRINCIPAL_EXEC:
         return "agreement", pid
     if pid < PRINCIPAL_CLIENT:
         return "exec", pid - PRINCIPAL_EXEC
     if pid < PRINCIPAL_HOST:
         return "client", pid - PRINCIPAL_CLIENT
-    return "host", pid - PRINCIPAL_HOST
+    if pid < PRINCIPAL_OPERATOR:
+        return "host", pid - PRINCIPAL_HOST
+    return "operator", pid - PRINCIPAL_OPERATOR
 
 
 # ---- primitive encoding -----------------------------------------------------
@@ -151,6 +165,49 @@ class Choice(NamedTuple):
 
     seq: int
     digest: bytes
+
+
+class RowEntry(NamedTuple):
+    """FAULT-STATEMENT row entry: 37 bytes on the wire. `state` is ROW_NONE (digest
+    null), ROW_ONTIME or ROW_LATE."""
+
+    replica: int
+    state: int
+    digest: bytes
+
+
+class ReplyRef(NamedTuple):
+    """EXEC-REPORT reply_ref: 44 bytes on the wire; `result_digest` = SHA-256(result)."""
+
+    client: int
+    timestamp: int
+    result_digest: bytes
+
+
+def _check_count(items: Sequence[object]) -> None:
+    if len(items) > MAX_LIST:
+        raise ValueError("list longer than ZZ_MAX_LIST")
+
+
+def _rows(items: Sequence[RowEntry]) -> bytes:
+    _check_count(items)
+    return _u32(len(items)) + b"".join(
+        _u32(e.replica) + _u8(e.state) + _digest(e.digest) for e in items
+    )
+
+
+def _reply_refs(items: Sequence[ReplyRef]) -> bytes:
+    _check_count(items)
+    return _u32(len(items)) + b"".join(_reply_ref(e) for e in items)
+
+
+def _reply_ref(e: ReplyRef) -> bytes:
+    return _u32(e.client) + _u64(e.timestamp) + _digest(e.result_digest)
+
+
+def _u32s(items: Sequence[int]) -> bytes:
+    _check_count(items)
+    return _u32(len(items)) + b"".join(_u32(v) for v in items)
 
 
 def _entries(items: Sequence[Entry]) -> bytes:
@@ -223,6 +280,32 @@ class _Reader:
             seq = self.u64(f"{what}[{i}].seq")
             out.append(Choice(seq, self.digest(f"{what}[{i}].digest")))
         return out
+
+    def rows(self, what: str) -> list[RowEntry]:
+        out = []
+        for i in range(self.count(what)):
+            replica = self.u32(f"{what}[{i}].replica")
+            state = self.u8(f"{what}[{i}].state")
+            digest = self.digest(f"{what}[{i}].digest")
+            # A state outside 0..2, or a null digest anywhere but with state 0 (and a
+            # non-null one with it), is no statement a correct replica makes.
+            if state > ROW_LATE:
+                raise WireError("field", f"{what}[{i}].state: {state} not in 0..2")
+            if (state == ROW_NONE) != (digest == NULL_DIGEST):
+                raise WireError("field", f"{what}[{i}]: state {state} with digest {digest.hex()}")
+            out.append(RowEntry(replica, state, digest))
+        return out
+
+    def reply_refs(self, what: str) -> list[ReplyRef]:
+        out = []
+        for i in range(self.count(what)):
+            client = self.u32(f"{what}[{i}].client")
+            ts = self.u64(f"{what}[{i}].timestamp")
+            out.append(ReplyRef(client, ts, self.digest(f"{what}[{i}].result_digest")))
+        return out
+
+    def u32s(self, what: str) -> list[int]:
+        return [self.u32(f"{what}[{i}]") for i in range(self.count(what))]
 
     def done(self, what: str) -> None:
         if self.pos != self.end:
@@ -718,23 +801,41 @@ class ExecCommit(Message):
 
 @dataclass
 class ExecReport(Message):
+    """The codec does not check that `reply_digest` hashes `replies` (the receiver does,
+    with `digest_ok`, and drops the report as a `field` error otherwise)."""
+
     TYPE: ClassVar[int] = 17
     NAME: ClassVar[str] = "EXEC-REPORT"
     AUTH: ClassVar[int] = AUTH_MAC
 
     seq: int
     reply_digest: bytes
+    replies: list[ReplyRef]
+
+    @classmethod
+    def of(cls, service: int, sender: int, seq: int, replies: Sequence[ReplyRef]) -> Self:
+        """A report whose digest hashes its reply list, as a correct replica sends it."""
+        return cls(service, sender, seq, reply_digest(replies), list(replies))
+
+    def digest_ok(self) -> bool:
+        return ct_equal(reply_digest(self.replies), self.reply_digest)
 
     def body(self) -> bytes:
-        return _u64(self.seq) + _digest(self.reply_digest)
+        return _u64(self.seq) + _digest(self.reply_digest) + _reply_refs(self.replies)
 
     @classmethod
     def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
         seq = r.u64("seq")
-        return cls(service, sender, seq, r.digest("reply_digest"))
+        d = r.digest("reply_digest")
+        return cls(service, sender, seq, d, r.reply_refs("replies"))
 
     def _dump_fields(self) -> list[str]:
-        return [f"seq={self.seq}", f"reply_digest={self.reply_digest.hex()}"]
+        return [
+            f"seq={self.seq}",
+            f"reply_digest={self.reply_digest.hex()}",
+            "replies="
+            + _list(f"{e.client}/{e.timestamp}/{e.result_digest.hex()}" for e in self.replies),
+        ]
 
 
 @dataclass
@@ -758,10 +859,276 @@ class ExecCheckpoint(Message):
         return [f"seq={self.seq}", f"checkpoint={self.checkpoint.hex()}"]
 
 
-def reply_digest(entries: Iterable[tuple[int, int, bytes]]) -> bytes:
-    """EXEC-REPORT digest of one batch's replies, (client, timestamp, result) in batch
+# ---- fault detection and control messages (ZZ §4.3, docs/fault-detection.md) ----------
+
+
+@dataclass
+class FaultStatement(Message):
+    """Agreement replica `sender`'s signed row for `seq`: one entry per awake execution
+    replica, ascending replica id (the evaluator, not the codec, checks the order)."""
+
+    TYPE: ClassVar[int] = 19
+    NAME: ClassVar[str] = "FAULT-STATEMENT"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    seq: int
+    row: list[RowEntry]
+
+    def body(self) -> bytes:
+        return _u64(self.seq) + _rows(self.row)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        return cls(service, sender, seq, r.rows("row"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"seq={self.seq}",
+            "row=" + _list(f"{e.replica}/{e.state}/{e.digest.hex()}" for e in self.row),
+        ]
+
+
+@dataclass
+class Wakeup(Message):
+    """A self-certifying wake-up order: `evidence` holds complete signed FAULT-STATEMENT
+    messages; the verifier (zz/certs.py, agreement/src/wakeup.c) checks them."""
+
+    TYPE: ClassVar[int] = 20
+    NAME: ClassVar[str] = "WAKEUP"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    seq: int
+    evidence: list[bytes]
+    sleeping: list[int]
+    wake: list[int]
+
+    def body(self) -> bytes:
+        return _u64(self.seq) + _blist(self.evidence) + _u32s(self.sleeping) + _u32s(self.wake)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        ev = r.blist("evidence")
+        sleeping = r.u32s("sleeping")
+        return cls(service, sender, seq, ev, sleeping, r.u32s("wake"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"seq={self.seq}",
+            f"evidence={_list(_hx(x) for x in self.evidence)}",
+            f"sleeping={_list(str(v) for v in self.sleeping)}",
+            f"wake={_list(str(v) for v in self.wake)}",
+        ]
+
+
+@dataclass
+class Shutdown(Message):
+    """One agreement replica's resolution of the round at `seq`; g+1 identical bodies from
+    distinct agreement replicas make a SHUTDOWN certificate."""
+
+    TYPE: ClassVar[int] = 21
+    NAME: ClassVar[str] = "SHUTDOWN"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    seq: int
+    awake: list[int]
+    convict: list[int]
+    sleep: list[int]
+    active: list[int]
+
+    def body(self) -> bytes:
+        return (
+            _u64(self.seq)
+            + _u32s(self.awake)
+            + _u32s(self.convict)
+            + _u32s(self.sleep)
+            + _u32s(self.active)
+        )
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        awake = r.u32s("awake")
+        convict = r.u32s("convict")
+        sleep = r.u32s("sleep")
+        return cls(service, sender, seq, awake, convict, sleep, r.u32s("active"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"seq={self.seq}",
+            f"awake={_list(str(v) for v in self.awake)}",
+            f"convict={_list(str(v) for v in self.convict)}",
+            f"sleep={_list(str(v) for v in self.sleep)}",
+            f"active={_list(str(v) for v in self.active)}",
+        ]
+
+
+@dataclass
+class ReplyAffirm(Message):
+    """An agreement replica's statement that the request (client, timestamp) has the
+    certified result whose SHA-256 is `result_digest`."""
+
+    TYPE: ClassVar[int] = 22
+    NAME: ClassVar[str] = "REPLY-AFFIRM"
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    timestamp: int
+    client: int
+    result_digest: bytes
+
+    def body(self) -> bytes:
+        return _u64(self.timestamp) + _u32(self.client) + _digest(self.result_digest)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        ts = r.u64("timestamp")
+        client = r.u32("client")
+        return cls(service, sender, ts, client, r.digest("result_digest"))
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"timestamp={self.timestamp}",
+            f"client={self.client}",
+            f"result_digest={self.result_digest.hex()}",
+        ]
+
+
+@dataclass
+class _ControlBase(Message):
+    AUTH: ClassVar[int] = AUTH_MAC
+
+    request_id: int
+    json: bytes
+
+    def body(self) -> bytes:
+        return _u64(self.request_id) + _bytes(self.json)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        rid = r.u64("request_id")
+        return cls(service, sender, rid, r.bytes_("json"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"request_id={self.request_id}", f"json={_hx(self.json)}"]
+
+
+@dataclass
+class Control(_ControlBase):
+    """Operator -> controld RPC (service 0); `json` is a UTF-8 JSON object."""
+
+    TYPE: ClassVar[int] = 23
+    NAME: ClassVar[str] = "CONTROL"
+
+
+@dataclass
+class ControlReply(_ControlBase):
+    TYPE: ClassVar[int] = 24
+    NAME: ClassVar[str] = "CONTROL-REPLY"
+
+
+# ---- state fetching (ZZ §4.5, docs/recovery.md) -------------------------------------
+
+FILE_MAX_CHUNK = 4194304
+
+
+@dataclass
+class FileFetch(Message):
+    """A recovering execution replica asks a peer for a range of one checkpoint file
+    (empty path: the manifest encoding)."""
+
+    TYPE: ClassVar[int] = 25
+    NAME: ClassVar[str] = "FILE-FETCH"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    seq: int
+    path: bytes
+    offset: int
+    length: int
+
+    def body(self) -> bytes:
+        return _u64(self.seq) + _bytes(self.path) + _u64(self.offset) + _u32(self.length)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        path = r.bytes_("path")
+        offset = r.u64("offset")
+        length = r.u32("length")
+        if length > FILE_MAX_CHUNK:
+            raise WireError("field", f"length: {length} > {FILE_MAX_CHUNK}")
+        return cls(service, sender, seq, path, offset, length)
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"seq={self.seq}",
+            f"path={_hx(self.path)}",
+            f"offset={self.offset}",
+            f"length={self.length}",
+        ]
+
+
+@dataclass
+class FileData(Message):
+    """The answer to FILE-FETCH. Unauthenticated: the content is checked against the
+    certified manifest by the requester."""
+
+    TYPE: ClassVar[int] = 26
+    NAME: ClassVar[str] = "FILE-DATA"
+    AUTH: ClassVar[int] = AUTH_NONE
+
+    seq: int
+    path: bytes
+    offset: int
+    status: int
+    size: int
+    data: bytes
+
+    def body(self) -> bytes:
+        return (
+            _u64(self.seq)
+            + _bytes(self.path)
+            + _u64(self.offset)
+            + _u8(self.status)
+            + _u64(self.size)
+            + _bytes(self.data)
+        )
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        seq = r.u64("seq")
+        path = r.bytes_("path")
+        offset = r.u64("offset")
+        status = r.u8("status")
+        size = r.u64("size")
+        data = r.bytes_("data")
+        if status > 4:
+            raise WireError("field", f"status: {status} not in 0..4")
+        if status != 0 and (size or data):
+            raise WireError("field", f"status {status} with size {size} and {len(data)} bytes")
+        if len(data) > FILE_MAX_CHUNK:
+            raise WireError("field", f"data: {len(data)} bytes > {FILE_MAX_CHUNK}")
+        return cls(service, sender, seq, path, offset, status, size, data)
+
+    def _dump_fields(self) -> list[str]:
+        return [
+            f"seq={self.seq}",
+            f"path={_hx(self.path)}",
+            f"offset={self.offset}",
+            f"status={self.status}",
+            f"size={self.size}",
+            f"data={_hx(self.data)}",
+        ]
+
+
+def reply_ref(client: int, timestamp: int, result: bytes) -> ReplyRef:
+    return ReplyRef(client, timestamp, sha256(result))
+
+
+def reply_digest(refs: Iterable[ReplyRef]) -> bytes:
+    """EXEC-REPORT reply_digest: SHA-256 of the concatenated reply_ref encodings, in batch
     order; the caller leaves out requests skipped as duplicates."""
-    return sha256(b"".join(_u32(c) + _u64(t) + _bytes(res) for c, t, res in entries))
+    return sha256(b"".join(_reply_ref(e) for e in refs))
 
 
 class LogEntry(NamedTuple):
@@ -821,6 +1188,14 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
         ExecCommit,
         ExecReport,
         ExecCheckpoint,
+        FaultStatement,
+        Wakeup,
+        Shutdown,
+        ReplyAffirm,
+        Control,
+        ControlReply,
+        FileFetch,
+        FileData,
     )
 }
 
@@ -941,11 +1316,14 @@ __all__ = [
     "Choice",
     "ClientEntry",
     "Commit",
+    "Control",
+    "ControlReply",
     "Entry",
     "ExecCheckpoint",
     "ExecCommit",
     "ExecReport",
     "Fetch",
+    "FaultStatement",
     "FetchReply",
     "FrameError",
     "LogEntry",
@@ -956,9 +1334,14 @@ __all__ = [
     "PrePrepare",
     "Prepare",
     "Reply",
+    "ReplyAffirm",
+    "ReplyRef",
     "Request",
+    "RowEntry",
+    "Shutdown",
     "Status",
     "ViewChange",
+    "Wakeup",
     "WireError",
     "agreement_principal",
     "batch_digest",
@@ -972,8 +1355,10 @@ __all__ = [
     "host_principal",
     "log_encoding",
     "log_entries",
+    "operator_principal",
     "principal_kind",
     "read_frame",
     "reply_digest",
+    "reply_ref",
     "state_encoding",
 ]

@@ -69,6 +69,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         walk_flist(&m.u.view_change.prepared, 1);
         walk_flist(&m.u.view_change.preprepared, 1);
         break;
+    case ZZ_WAKEUP:
+        walk_blist(&m.u.wakeup.evidence);
+        break;
     case ZZ_NEW_VIEW:
         walk_blist(&m.u.new_view.view_changes);
         walk_flist(&m.u.new_view.chosen, 0);
@@ -79,8 +82,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (m.auth_kind == ZZ_AUTH_MAC)
         (void)zz_find_mac(&m, 1);
 
-    /* Dump: hex doubles the size, plus field names and decimal integers. */
-    size_t cap = 2 * size + 4096;
+    /* Dump: hex doubles the size; a u32 list item (4 bytes) takes up to 11 characters, so
+     * triple it, plus field names. */
+    size_t cap = 3 * size + 4096;
     char *out = malloc(cap);
     if (!out)
         return 0;

@@ -388,7 +388,8 @@ enum {
     K_SERVICE, K_ID, K_G, K_LISTEN, K_PEER, K_SECRET, K_PUBLIC, K_CP, K_LOG_WINDOW,
     K_BATCH_MAX, K_MAX_INFLIGHT, K_VIEW_TIMEOUT, K_STATUS_INTERVAL, K_TIME_TOLERANCE,
     K_STATS_FILE, K_INJECT_DROP, K_INJECT_DUP, K_INJECT_DELAY, K_INJECT_SEED, K_BYZANTINE,
-    K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_COUNT
+    K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_EXEC,
+    K_CONTROLD, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -396,7 +397,7 @@ static const char *const key_names[K_COUNT] = {
     "log_window", "batch_max", "max_inflight", "view_timeout_ms", "status_interval_ms",
     "time_tolerance_ms", "stats_file", "inject_drop", "inject_dup", "inject_delay_ms",
     "inject_seed", "byzantine", "execution", "f", "exec_log", "detect_k", "detect_floor_ms",
-    "detect_ceiling_ms",
+    "detect_ceiling_ms", "exec", "controld",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -407,6 +408,8 @@ typedef struct {
     uint32_t peer_line[ZZ_MAX_REPLICAS];
     uint32_t peer_over_line;          /* first peer line with R >= 64, 0 if none */
     uint64_t peer_over_id;
+    uint32_t exec_line[ZZ_MAX_EXEC];  /* where `exec <i>` was, 0 = absent */
+    uint32_t controld_line[ZZ_MAX_HOSTS];
     char secret[512], public_path[512];
     char *err;
     size_t errcap;
@@ -484,11 +487,11 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
     if (k == K_COUNT)
         return bad(ps, line, tok[0], "unknown key");
     const char *name = key_names[k];
-    int want = k == K_PEER ? 4 : k == K_LISTEN ? 3 : 2;
+    int want = k == K_PEER || k == K_EXEC || k == K_CONTROLD ? 4 : k == K_LISTEN ? 3 : 2;
     if (nt != want)
         return bad(ps, line, name, "expected %d value%s, got %d", want - 1, want > 2 ? "s" : "",
                    nt - 1);
-    if (k != K_PEER && ps->line[k])
+    if (k != K_PEER && k != K_EXEC && k != K_CONTROLD && ps->line[k])
         return bad(ps, line, name, "duplicate (first on line %u)", ps->line[k]);
     ps->line[k] = line;
     uint32_t u;
@@ -590,10 +593,51 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
             c->byzantine = ZZ_BYZ_DROP_REQUESTS;
         else if (strcmp(tok[1], "silent") == 0)
             c->byzantine = ZZ_BYZ_SILENT;
+        else if (strcmp(tok[1], "false-fault") == 0)
+            c->byzantine = ZZ_BYZ_FALSE_FAULT;
         else
             return bad(ps, line, name,
-                       "'%s' is not one of none, equivocate, drop-requests, silent", tok[1]);
+                       "'%s' is not one of none, equivocate, drop-requests, silent, false-fault",
+                       tok[1]);
         return 0;
+    case K_EXEC: {
+        uint64_t i, h;
+        if (parse_u64(tok[1], UINT32_MAX, &i) < 0 || i >= ZZ_MAX_EXEC)
+            return bad(ps, line, name, "replica '%s' is not in 0..%u", tok[1], ZZ_MAX_EXEC - 1);
+        if (ps->exec_line[i])
+            return bad(ps, line, name, "replica %llu duplicate (first on line %u)",
+                       (unsigned long long)i, ps->exec_line[i]);
+        if (parse_u64(tok[2], UINT32_MAX, &h) < 0 || h >= ZZ_MAX_HOSTS)
+            return bad(ps, line, name, "host '%s' is not in 0..%u", tok[2], ZZ_MAX_HOSTS - 1);
+        int active;
+        if (strcmp(tok[3], "active") == 0)
+            active = 1;
+        else if (strcmp(tok[3], "sleeping") == 0)
+            active = 0;
+        else
+            return bad(ps, line, name, "'%s' is not one of active, sleeping", tok[3]);
+        ps->exec_line[i] = line;
+        c->exec[i].present = 1;
+        c->exec[i].host = (uint32_t)h;
+        c->exec[i].active = active;
+        return 0;
+    }
+    case K_CONTROLD: {
+        uint64_t h;
+        if (parse_u64(tok[1], UINT32_MAX, &h) < 0 || h >= ZZ_MAX_HOSTS)
+            return bad(ps, line, name, "host '%s' is not in 0..%u", tok[1], ZZ_MAX_HOSTS - 1);
+        if (ps->controld_line[h])
+            return bad(ps, line, name, "host %llu duplicate (first on line %u)",
+                       (unsigned long long)h, ps->controld_line[h]);
+        if (parse_host(tok[2], &c->controld[h]) < 0)
+            return bad(ps, line, name, "address must be 1..%zu characters",
+                       sizeof c->controld[h].host - 1);
+        if (parse_port(tok[3], &c->controld[h].port) < 0)
+            return bad(ps, line, name, "port '%s' is not in 1..65535", tok[3]);
+        ps->controld_line[h] = line;
+        c->has_controld[h] = 1;
+        return 0;
+    }
     case K_F:
         return set_u32(ps, line, k, tok[1], 0, 21, &c->f);
     case K_DETECT_K:
@@ -640,6 +684,27 @@ static int check_conf(parse_state *ps, zz_conf *c, uint32_t eof)
         return bad(ps, line, "log_window", "%u is not a multiple of checkpoint_interval %u",
                    c->log_window, c->checkpoint_interval);
     }
+    /* exec lines: ids 0 .. n_exec-1 without gaps, at least f+1 active (fewer could never
+     * form an execution certificate), and a controld for every host named. */
+    uint32_t n_exec = 0, n_active = 0;
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        if (ps->exec_line[i])
+            n_exec = i + 1;
+    for (uint32_t i = 0; i < n_exec; i++) {
+        if (!ps->exec_line[i])
+            return bad(ps, ps->exec_line[n_exec - 1], "exec",
+                       "replica %u listed but replica %u missing (ids must be 0..%u)",
+                       n_exec - 1, i, n_exec - 1);
+        n_active += (uint32_t)c->exec[i].active;
+        uint32_t h = c->exec[i].host;
+        if (!c->has_controld[h])
+            return bad(ps, ps->exec_line[i], "exec", "host %u of replica %u has no controld line",
+                       h, i);
+    }
+    if (n_exec > 0 && n_active < c->f + 1)
+        return bad(ps, ps->exec_line[0], "exec", "%u active replicas, need at least f+1 = %u",
+                   n_active, c->f + 1);
+    c->n_exec = n_exec;
     if (c->detect_floor_ms > c->detect_ceiling_ms) {
         uint32_t line = ps->line[K_DETECT_FLOOR] ? ps->line[K_DETECT_FLOOR]
                         : ps->line[K_DETECT_CEILING] ? ps->line[K_DETECT_CEILING] : eof;

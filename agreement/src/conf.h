@@ -10,6 +10,10 @@
 
 #define ZZ_MAX_REPLICAS 64   /* agreement replicas per service (3g+1 <= 64) */
 #define ZZ_MAX_PRINCIPALS 4096
+#ifndef ZZ_MAX_EXEC
+#define ZZ_MAX_EXEC 64 /* execution replicas per service (same value as replica.h) */
+#endif
+#define ZZ_MAX_HOSTS 256 /* hosts of the rack that run a controld */
 
 typedef struct {
     char host[64];
@@ -20,8 +24,16 @@ enum zz_byz {
     ZZ_BYZ_NONE = 0,
     ZZ_BYZ_EQUIVOCATE,    /* as primary: send different batches to different backups */
     ZZ_BYZ_DROP_REQUESTS, /* as primary: never propose client requests */
-    ZZ_BYZ_SILENT         /* send nothing at all */
+    ZZ_BYZ_SILENT,        /* send nothing at all */
+    ZZ_BYZ_FALSE_FAULT    /* sign a FAULT-STATEMENT blaming a correct replica for every seq */
 };
+
+/* One execution replica of the service (`exec <i> <host> active|sleeping`). */
+typedef struct {
+    int present;
+    uint32_t host;   /* host index: whose controld wakes or shuts it down */
+    int active;      /* initially awake (the first `active` ids) or a sleeping spare */
+} zz_exec_conf;
 
 typedef struct {
     uint32_t id;       /* principal id (the peer's) */
@@ -53,6 +65,12 @@ typedef struct {
     uint32_t f;        /* execution faults tolerated: f+1 matching EXEC-CHECKPOINTs are stable */
     uint32_t exec_log; /* committed batches kept for execution replicas, at most */
     uint32_t detect_k, detect_floor_ms, detect_ceiling_ms; /* report timer K·t1, clamped */
+    /* Fault detection: the service's execution replicas 0 .. n_exec-1 and the controld of
+     * every host (n_exec = 0: no exec lines, no WAKEUP/SHUTDOWN is ever sent). */
+    uint32_t n_exec;
+    zz_exec_conf exec[ZZ_MAX_EXEC];
+    int has_controld[ZZ_MAX_HOSTS];
+    zz_addr controld[ZZ_MAX_HOSTS];
     /* keys */
     zz_signkey *sign;
     uint32_t nkeys;

@@ -127,6 +127,22 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
     check_reports(r, k);
 }
 
+/* An authenticated EXEC-REPORT from execution replica 256 + i. The reply digest must hash
+ * the reply list it carries (docs/wire.md): otherwise a replica could report one digest and
+ * a different list of results, and REPLY-AFFIRMs would vouch for results nobody compared. */
+void zz_detect_on_report(zz_replica *r, const zz_msg *m)
+{
+    const zz_exec_report *q = &m->u.exec_report;
+    uint8_t d[ZZ_DIGEST_LEN];
+    zz_sha256(q->refs, (size_t)q->replies.count * ZZ_REPLY_REF_WIRE, d);
+    if (!zz_ct_equal(d, q->digest, ZZ_DIGEST_LEN)) {
+        r->st.dropped[ZZ_DROP_FIELD]++;
+        return;
+    }
+    r->st.exec_reports++;
+    zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, q->seq, q->digest);
+}
+
 void zz_detect_free(zz_replica *r)
 {
     free(r->reports);

@@ -238,6 +238,7 @@ void zz_xlog_free(zz_replica *r);
 /* detect.c */
 void zz_detect_dispatched(zz_replica *r, uint64_t seq);
 void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest);
+void zz_detect_on_report(zz_replica *r, const zz_msg *m); /* checks the reply digest first */
 void zz_detect_free(zz_replica *r);
 
 /* checkpoint.c */

@@ -169,12 +169,30 @@ void zz_choice_at(const zz_flist *l, uint32_t i, zz_choice *out)
     memcpy(out->digest, p + 8, ZZ_DIGEST_LEN);
 }
 
+void zz_row_at(const zz_flist *l, uint32_t i, zz_row_entry *out)
+{
+    const uint8_t *p = l->p + (size_t)i * ZZ_ROW_WIRE;
+    out->replica = ld32(p);
+    out->state = p[4];
+    memcpy(out->digest, p + 5, ZZ_DIGEST_LEN);
+}
+
+void zz_reply_ref_at(const zz_flist *l, uint32_t i, zz_reply_ref *out)
+{
+    const uint8_t *p = l->p + (size_t)i * ZZ_REPLY_REF_WIRE;
+    out->client = ld32(p);
+    out->timestamp = ld64(p + 4);
+    memcpy(out->result_digest, p + 12, ZZ_DIGEST_LEN);
+}
+
+uint32_t zz_u32_at(const zz_flist *l, uint32_t i) { return ld32(l->p + (size_t)i * ZZ_U32_WIRE); }
+
 /* ---- decoding ---- */
 
 int zz_type_known(uint8_t type)
 {
     return (type >= ZZ_REQUEST && type <= ZZ_STATUS) ||
-           (type >= ZZ_EXEC_COMMIT && type <= ZZ_EXEC_CHECKPOINT);
+           (type >= ZZ_EXEC_COMMIT && type <= ZZ_TYPE_MAX);
 }
 
 static uint8_t auth_kind_of(uint8_t type)
@@ -184,6 +202,9 @@ static uint8_t auth_kind_of(uint8_t type)
     case ZZ_CHECKPOINT:
     case ZZ_VIEW_CHANGE:
     case ZZ_NEW_VIEW:
+    case ZZ_FAULT_STATEMENT:
+    case ZZ_WAKEUP:
+    case ZZ_SHUTDOWN:
         return ZZ_AUTH_SIG;
     default:
         return ZZ_AUTH_MAC;
@@ -196,6 +217,27 @@ static enum zz_err dec_batch(rd *r, uint64_t *nd_time, uint64_t *nd_seed, zz_bli
     if ((e = rd_u64(r, nd_time)) != ZZ_OK || (e = rd_u64(r, nd_seed)) != ZZ_OK)
         return e;
     return rd_blist(r, reqs);
+}
+
+static int is_null_digest(const uint8_t *d)
+{
+    uint8_t acc = 0;
+    for (int i = 0; i < ZZ_DIGEST_LEN; i++)
+        acc |= d[i];
+    return acc == 0;
+}
+
+/* Row entries: a state outside 0..2, or a digest that is null exactly when the state is not
+ * "nothing", is no statement a correct replica makes. */
+static enum zz_err check_row(const zz_flist *l)
+{
+    for (uint32_t i = 0; i < l->count; i++) {
+        zz_row_entry e;
+        zz_row_at(l, i, &e);
+        if (e.state > ZZ_ROW_LATE || (e.state == ZZ_ROW_NONE) != is_null_digest(e.digest))
+            return ZZ_ERR_FIELD;
+    }
+    return ZZ_OK;
 }
 
 static enum zz_err dec_body(rd *r, zz_msg *m)
@@ -301,11 +343,56 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         TRY(rd_bytes(r, &q->batch));
         break;
     }
-    case ZZ_EXEC_REPORT:
     case ZZ_EXEC_CHECKPOINT: {
         zz_exec_digest *q = &m->u.exec_digest;
         TRY(rd_u64(r, &q->seq));
         TRY(rd_digest(r, &q->digest));
+        break;
+    }
+    case ZZ_EXEC_REPORT: {
+        zz_exec_report *q = &m->u.exec_report;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_digest(r, &q->digest));
+        TRY(rd_flist(r, ZZ_REPLY_REF_WIRE, &q->replies));
+        q->refs = q->replies.p;
+        break;
+    }
+    case ZZ_FAULT_STATEMENT: {
+        zz_fault_statement *q = &m->u.fault_statement;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_flist(r, ZZ_ROW_WIRE, &q->row));
+        TRY(check_row(&q->row));
+        break;
+    }
+    case ZZ_WAKEUP: {
+        zz_wakeup *q = &m->u.wakeup;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_blist(r, &q->evidence));
+        TRY(rd_flist(r, ZZ_U32_WIRE, &q->sleeping));
+        TRY(rd_flist(r, ZZ_U32_WIRE, &q->wake));
+        break;
+    }
+    case ZZ_SHUTDOWN: {
+        zz_shutdown *q = &m->u.shutdown;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_flist(r, ZZ_U32_WIRE, &q->awake));
+        TRY(rd_flist(r, ZZ_U32_WIRE, &q->convict));
+        TRY(rd_flist(r, ZZ_U32_WIRE, &q->sleep));
+        TRY(rd_flist(r, ZZ_U32_WIRE, &q->active));
+        break;
+    }
+    case ZZ_REPLY_AFFIRM: {
+        zz_reply_affirm *q = &m->u.reply_affirm;
+        TRY(rd_u64(r, &q->timestamp));
+        TRY(rd_u32(r, &q->client));
+        TRY(rd_digest(r, &q->result_digest));
+        break;
+    }
+    case ZZ_CONTROL:
+    case ZZ_CONTROL_REPLY: {
+        zz_control *q = &m->u.control;
+        TRY(rd_u64(r, &q->request_id));
+        TRY(rd_bytes(r, &q->json));
         break;
     }
     default:
@@ -521,13 +608,65 @@ static void w_field_choices(wr *w, const char *name, const zz_flist *l)
     w_str(w, "]");
 }
 
+static void w_field_rows(wr *w, const char *name, const zz_flist *l)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=[");
+    for (uint32_t i = 0; i < l->count; i++) {
+        zz_row_entry e;
+        zz_row_at(l, i, &e);
+        if (i)
+            w_str(w, ",");
+        w_u64(w, e.replica);
+        w_str(w, "/");
+        w_u64(w, e.state);
+        w_str(w, "/");
+        w_hex(w, e.digest, ZZ_DIGEST_LEN);
+    }
+    w_str(w, "]");
+}
+
+static void w_field_reply_refs(wr *w, const char *name, const zz_flist *l)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=[");
+    for (uint32_t i = 0; i < l->count; i++) {
+        zz_reply_ref e;
+        zz_reply_ref_at(l, i, &e);
+        if (i)
+            w_str(w, ",");
+        w_u64(w, e.client);
+        w_str(w, "/");
+        w_u64(w, e.timestamp);
+        w_str(w, "/");
+        w_hex(w, e.result_digest, ZZ_DIGEST_LEN);
+    }
+    w_str(w, "]");
+}
+
+static void w_field_u32s(wr *w, const char *name, const zz_flist *l)
+{
+    w_str(w, " ");
+    w_str(w, name);
+    w_str(w, "=[");
+    for (uint32_t i = 0; i < l->count; i++) {
+        if (i)
+            w_str(w, ",");
+        w_u64(w, zz_u32_at(l, i));
+    }
+    w_str(w, "]");
+}
+
 static const char *type_name(uint8_t t)
 {
-    static const char *const names[] = {"?",          "REQUEST",     "REPLY",    "PRE-PREPARE",
-                                        "PREPARE",    "COMMIT",      "CHECKPOINT", "VIEW-CHANGE",
-                                        "NEW-VIEW",   "FETCH",       "FETCH-REPLY", "STATUS",
-                                        "?",          "?",           "?",        "?",
-                                        "EXEC-COMMIT", "EXEC-REPORT", "EXEC-CHECKPOINT"};
+    static const char *const names[] = {
+        "?",           "REQUEST",        "REPLY",           "PRE-PREPARE",     "PREPARE",
+        "COMMIT",      "CHECKPOINT",     "VIEW-CHANGE",     "NEW-VIEW",        "FETCH",
+        "FETCH-REPLY", "STATUS",         "?",               "?",               "?",
+        "?",           "EXEC-COMMIT",    "EXEC-REPORT",     "EXEC-CHECKPOINT", "FAULT-STATEMENT",
+        "WAKEUP",      "SHUTDOWN",       "REPLY-AFFIRM",    "CONTROL",         "CONTROL-REPLY"};
     return zz_type_known(t) ? names[t] : "?";
 }
 
@@ -606,10 +745,40 @@ int zz_dump(const zz_msg *m, char *out, size_t cap)
         w_field_hex(&w, "batch", m->u.exec_commit.batch.p, m->u.exec_commit.batch.len);
         break;
     case ZZ_EXEC_REPORT:
+        w_field_u(&w, "seq", m->u.exec_report.seq);
+        w_field_hex(&w, "reply_digest", m->u.exec_report.digest, ZZ_DIGEST_LEN);
+        w_field_reply_refs(&w, "replies", &m->u.exec_report.replies);
+        break;
     case ZZ_EXEC_CHECKPOINT:
         w_field_u(&w, "seq", m->u.exec_digest.seq);
-        w_field_hex(&w, m->type == ZZ_EXEC_REPORT ? "reply_digest" : "checkpoint",
-                    m->u.exec_digest.digest, ZZ_DIGEST_LEN);
+        w_field_hex(&w, "checkpoint", m->u.exec_digest.digest, ZZ_DIGEST_LEN);
+        break;
+    case ZZ_FAULT_STATEMENT:
+        w_field_u(&w, "seq", m->u.fault_statement.seq);
+        w_field_rows(&w, "row", &m->u.fault_statement.row);
+        break;
+    case ZZ_WAKEUP:
+        w_field_u(&w, "seq", m->u.wakeup.seq);
+        w_field_blist(&w, "evidence", &m->u.wakeup.evidence);
+        w_field_u32s(&w, "sleeping", &m->u.wakeup.sleeping);
+        w_field_u32s(&w, "wake", &m->u.wakeup.wake);
+        break;
+    case ZZ_SHUTDOWN:
+        w_field_u(&w, "seq", m->u.shutdown.seq);
+        w_field_u32s(&w, "awake", &m->u.shutdown.awake);
+        w_field_u32s(&w, "convict", &m->u.shutdown.convict);
+        w_field_u32s(&w, "sleep", &m->u.shutdown.sleep);
+        w_field_u32s(&w, "active", &m->u.shutdown.active);
+        break;
+    case ZZ_REPLY_AFFIRM:
+        w_field_u(&w, "timestamp", m->u.reply_affirm.timestamp);
+        w_field_u(&w, "client", m->u.reply_affirm.client);
+        w_field_hex(&w, "result_digest", m->u.reply_affirm.result_digest, ZZ_DIGEST_LEN);
+        break;
+    case ZZ_CONTROL:
+    case ZZ_CONTROL_REPLY:
+        w_field_u(&w, "request_id", m->u.control.request_id);
+        w_field_hex(&w, "json", m->u.control.json.p, m->u.control.json.len);
         break;
     default:
         return -1;
@@ -854,6 +1023,61 @@ size_t zz_enc_exec_digest(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender
     return s;
 }
 
+void zz_put_reply_ref(zz_buf *b, const zz_reply_ref *r)
+{
+    zz_put_u32(b, r->client);
+    zz_put_u64(b, r->timestamp);
+    zz_put_raw(b, r->result_digest, ZZ_DIGEST_LEN);
+}
+
+void zz_put_row_entry(zz_buf *b, const zz_row_entry *e)
+{
+    zz_put_u32(b, e->replica);
+    zz_put_u8(b, e->state);
+    zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
+}
+
+void zz_put_u32_list(zz_buf *b, const uint32_t *v, uint32_t n)
+{
+    zz_put_u32(b, n);
+    for (uint32_t i = 0; i < n; i++)
+        zz_put_u32(b, v[i]);
+}
+
+size_t zz_enc_exec_report(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq,
+                          const uint8_t digest[ZZ_DIGEST_LEN], const uint8_t *refs,
+                          uint32_t nrefs)
+{
+    size_t s = zz_begin(b, ZZ_EXEC_REPORT, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u64(b, seq);
+    zz_put_raw(b, digest, ZZ_DIGEST_LEN);
+    zz_put_u32(b, nrefs);
+    zz_put_raw(b, refs, (size_t)nrefs * ZZ_REPLY_REF_WIRE);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_reply_affirm(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts, uint32_t client,
+                           const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    size_t s = zz_begin(b, ZZ_REPLY_AFFIRM, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u64(b, ts);
+    zz_put_u32(b, client);
+    zz_put_raw(b, digest, ZZ_DIGEST_LEN);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t request_id,
+                      const void *json, uint32_t len)
+{
+    size_t s = zz_begin(b, type, ZZ_AUTH_MAC, svc, sender);
+    zz_put_u64(b, request_id);
+    zz_put_bytes(b, json, len);
+    zz_end_body(b, s);
+    return s;
+}
+
 /* Lists are rebuilt item by item from the decoded view (not copied as one blob) so
  * that a round trip actually exercises the encoders. */
 static void put_blist(zz_buf *b, const zz_blist *l)
@@ -874,6 +1098,13 @@ static void put_entries(zz_buf *b, const zz_flist *l)
         zz_entry_at(l, i, &e);
         zz_put_entry(b, &e);
     }
+}
+
+static void put_u32s(zz_buf *b, const zz_flist *l)
+{
+    zz_put_u32(b, l->count);
+    for (uint32_t i = 0; i < l->count; i++)
+        zz_put_u32(b, zz_u32_at(l, i));
 }
 
 /* Returns the start offset of the re-encoded message in b, like the zz_enc_* helpers. */
@@ -953,10 +1184,66 @@ size_t zz_reencode(zz_buf *b, const zz_msg *m)
                                m->u.exec_commit.seq, m->u.exec_commit.digest,
                                m->u.exec_commit.batch.p, m->u.exec_commit.batch.len);
         break;
-    case ZZ_EXEC_REPORT:
     case ZZ_EXEC_CHECKPOINT:
         s = zz_enc_exec_digest(b, m->type, m->service, m->sender, m->u.exec_digest.seq,
                                m->u.exec_digest.digest);
+        break;
+    case ZZ_EXEC_REPORT: {
+        const zz_exec_report *q = &m->u.exec_report;
+        s = zz_begin(b, ZZ_EXEC_REPORT, m->auth_kind, m->service, m->sender);
+        zz_put_u64(b, q->seq);
+        zz_put_raw(b, q->digest, ZZ_DIGEST_LEN);
+        zz_put_u32(b, q->replies.count);
+        for (uint32_t i = 0; i < q->replies.count; i++) {
+            zz_reply_ref e;
+            zz_reply_ref_at(&q->replies, i, &e);
+            zz_put_reply_ref(b, &e);
+        }
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_FAULT_STATEMENT: {
+        const zz_fault_statement *q = &m->u.fault_statement;
+        s = zz_begin(b, ZZ_FAULT_STATEMENT, m->auth_kind, m->service, m->sender);
+        zz_put_u64(b, q->seq);
+        zz_put_u32(b, q->row.count);
+        for (uint32_t i = 0; i < q->row.count; i++) {
+            zz_row_entry e;
+            zz_row_at(&q->row, i, &e);
+            zz_put_row_entry(b, &e);
+        }
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_WAKEUP: {
+        const zz_wakeup *q = &m->u.wakeup;
+        s = zz_begin(b, ZZ_WAKEUP, m->auth_kind, m->service, m->sender);
+        zz_put_u64(b, q->seq);
+        put_blist(b, &q->evidence);
+        put_u32s(b, &q->sleeping);
+        put_u32s(b, &q->wake);
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_SHUTDOWN: {
+        const zz_shutdown *q = &m->u.shutdown;
+        s = zz_begin(b, ZZ_SHUTDOWN, m->auth_kind, m->service, m->sender);
+        zz_put_u64(b, q->seq);
+        put_u32s(b, &q->awake);
+        put_u32s(b, &q->convict);
+        put_u32s(b, &q->sleep);
+        put_u32s(b, &q->active);
+        zz_end_body(b, s);
+        break;
+    }
+    case ZZ_REPLY_AFFIRM:
+        s = zz_enc_reply_affirm(b, m->service, m->sender, m->u.reply_affirm.timestamp,
+                                m->u.reply_affirm.client, m->u.reply_affirm.result_digest);
+        break;
+    case ZZ_CONTROL:
+    case ZZ_CONTROL_REPLY:
+        s = zz_enc_control(b, m->type, m->service, m->sender, m->u.control.request_id,
+                           m->u.control.json.p, m->u.control.json.len);
         break;
     default:
         return b->len;

@@ -32,9 +32,15 @@ enum zz_type {
     ZZ_EXEC_COMMIT = 16,
     ZZ_EXEC_REPORT = 17,
     ZZ_EXEC_CHECKPOINT = 18,
-    ZZ_TYPE_MAX = 18
+    ZZ_FAULT_STATEMENT = 19,
+    ZZ_WAKEUP = 20,
+    ZZ_SHUTDOWN = 21,
+    ZZ_REPLY_AFFIRM = 22,
+    ZZ_CONTROL = 23,
+    ZZ_CONTROL_REPLY = 24,
+    ZZ_TYPE_MAX = 24
 };
-/* 12..15 are unassigned; a decoder rejects them like any unknown type. */
+/* 12..15 and 25..31 are unassigned; a decoder rejects them like any unknown type. */
 int zz_type_known(uint8_t type);
 
 enum zz_auth_kind { ZZ_AUTH_NONE = 0, ZZ_AUTH_MAC = 1, ZZ_AUTH_SIG = 2 };
@@ -58,6 +64,10 @@ enum { ZZ_REQ_READONLY = 1 };
 #define ZZ_PRINCIPAL_EXEC 256u
 #define ZZ_PRINCIPAL_CLIENT 65536u
 #define ZZ_PRINCIPAL_HOST 16777216u
+#define ZZ_PRINCIPAL_OPERATOR 33554432u
+
+/* FAULT-STATEMENT row entry states (docs/wire.md). */
+enum { ZZ_ROW_NONE = 0, ZZ_ROW_ONTIME = 1, ZZ_ROW_LATE = 2 };
 
 typedef struct {
     const uint8_t *p;
@@ -94,12 +104,29 @@ typedef struct {
 } zz_choice;
 #define ZZ_ENTRY_WIRE 44
 #define ZZ_CHOICE_WIRE 40
+/* FAULT-STATEMENT row entry (37 bytes), EXEC-REPORT reply_ref (44 bytes), list<u32> item. */
+typedef struct {
+    uint32_t replica;
+    uint8_t state;
+    uint8_t digest[ZZ_DIGEST_LEN];
+} zz_row_entry;
+typedef struct {
+    uint32_t client;
+    uint64_t timestamp;
+    uint8_t result_digest[ZZ_DIGEST_LEN];
+} zz_reply_ref;
+#define ZZ_ROW_WIRE 37
+#define ZZ_REPLY_REF_WIRE 44
+#define ZZ_U32_WIRE 4
 typedef struct {
     uint32_t count;
-    const uint8_t *p; /* count * ZZ_ENTRY_WIRE or ZZ_CHOICE_WIRE bytes */
+    const uint8_t *p; /* count * the item's wire size */
 } zz_flist;
 void zz_entry_at(const zz_flist *l, uint32_t i, zz_entry *out);
 void zz_choice_at(const zz_flist *l, uint32_t i, zz_choice *out);
+void zz_row_at(const zz_flist *l, uint32_t i, zz_row_entry *out);
+void zz_reply_ref_at(const zz_flist *l, uint32_t i, zz_reply_ref *out);
+uint32_t zz_u32_at(const zz_flist *l, uint32_t i);
 
 typedef struct {
     uint64_t timestamp;
@@ -178,8 +205,46 @@ typedef struct {
 
 typedef struct {
     uint64_t seq;
-    const uint8_t *digest; /* reply digest (EXEC-REPORT) or checkpoint digest (EXEC-CHECKPOINT) */
+    const uint8_t *digest; /* checkpoint digest (EXEC-CHECKPOINT) */
 } zz_exec_digest;
+
+/* EXEC-REPORT: the decoder does not check that reply_digest hashes `replies` (wire.c has
+ * no crypto); zz_reply_refs_digest does, and the agreement intake drops a mismatch. */
+typedef struct {
+    uint64_t seq;
+    const uint8_t *digest; /* reply_digest */
+    zz_flist replies;      /* ZZ_REPLY_REF_WIRE items */
+    const uint8_t *refs;   /* the encoded reply_refs (replies.count * 44 bytes): what the
+                            * reply digest hashes */
+} zz_exec_report;
+
+typedef struct {
+    uint64_t seq;
+    zz_flist row; /* ZZ_ROW_WIRE items; states in 0..2, a null digest exactly for state 0 */
+} zz_fault_statement;
+
+typedef struct {
+    uint64_t seq;
+    zz_blist evidence; /* complete signed FAULT-STATEMENT messages */
+    zz_flist sleeping; /* u32 items */
+    zz_flist wake;
+} zz_wakeup;
+
+typedef struct {
+    uint64_t seq;
+    zz_flist awake, convict, sleep, active; /* u32 items */
+} zz_shutdown;
+
+typedef struct {
+    uint64_t timestamp;
+    uint32_t client;
+    const uint8_t *result_digest;
+} zz_reply_affirm;
+
+typedef struct {
+    uint64_t request_id;
+    zz_bytes json;
+} zz_control; /* CONTROL and CONTROL-REPLY */
 
 typedef struct {
     uint8_t type;
@@ -205,7 +270,13 @@ typedef struct {
         zz_fetch_reply fetch_reply;
         zz_status status;
         zz_exec_commit exec_commit;
-        zz_exec_digest exec_digest; /* EXEC-REPORT and EXEC-CHECKPOINT */
+        zz_exec_digest exec_digest; /* EXEC-CHECKPOINT */
+        zz_exec_report exec_report;
+        zz_fault_statement fault_statement;
+        zz_wakeup wakeup;
+        zz_shutdown shutdown;
+        zz_reply_affirm reply_affirm;
+        zz_control control; /* CONTROL and CONTROL-REPLY */
     } u;
 } zz_msg;
 
@@ -270,9 +341,23 @@ size_t zz_enc_status(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, ui
                      uint64_t stable_seq);
 size_t zz_enc_exec_commit(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t seq,
                           const uint8_t digest[ZZ_DIGEST_LEN], const void *batch, uint32_t len);
-/* EXEC-REPORT (MAC) or EXEC-CHECKPOINT (signed): u64 seq, digest */
+/* EXEC-CHECKPOINT (signed): u64 seq, digest */
 size_t zz_enc_exec_digest(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t seq,
                           const uint8_t digest[ZZ_DIGEST_LEN]);
+/* EXEC-REPORT: refs = `nrefs` encoded reply_refs (44 bytes each) back to back. */
+size_t zz_enc_exec_report(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq,
+                          const uint8_t digest[ZZ_DIGEST_LEN], const uint8_t *refs,
+                          uint32_t nrefs);
+void zz_put_reply_ref(zz_buf *b, const zz_reply_ref *r);
+void zz_put_row_entry(zz_buf *b, const zz_row_entry *e);
+/* list<u32> from an array */
+void zz_put_u32_list(zz_buf *b, const uint32_t *v, uint32_t n);
+size_t zz_enc_reply_affirm(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts, uint32_t client,
+                           const uint8_t digest[ZZ_DIGEST_LEN]);
+size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t request_id,
+                      const void *json, uint32_t len);
+/* FAULT-STATEMENT, WAKEUP and SHUTDOWN have lists: zz_begin (auth ZZ_AUTH_SIG), the zz_put_*
+ * helpers, zz_end_body. */
 /* VIEW-CHANGE and NEW-VIEW have variable lists: build them with zz_begin, the zz_put_*
  * helpers, zz_put_entry/zz_put_choice, then zz_end_body. */
 void zz_put_entry(zz_buf *b, const zz_entry *e);

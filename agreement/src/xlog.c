@@ -107,9 +107,7 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
 void zz_on_exec_message(zz_replica *r, const zz_msg *m)
 {
     if (m->type == ZZ_EXEC_REPORT) {
-        r->st.exec_reports++;
-        zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, m->u.exec_digest.seq,
-                         m->u.exec_digest.digest);
+        zz_detect_on_report(r, m);
         return;
     }
     r->st.exec_checkpoints++;

@@ -333,6 +333,16 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"wrong value count", 5, "listen 127.0.0.1", 5, "listen", "expected 2 values"},
         {"byzantine unknown", 0, "byzantine sometimes", 15, "byzantine", "not one of"},
         {"execution unknown", 0, "execution remote", 15, "execution", "not one of"},
+        {"byzantine false-fault is known", 0, "byzantine falsefault", 15, "byzantine",
+         "false-fault"},
+        {"exec id out of range", 0, "exec 64 0 active", 15, "exec", "not in 0..63"},
+        {"exec host out of range", 0, "exec 0 256 active", 15, "exec", "host '256'"},
+        {"exec state unknown", 0, "exec 0 1 awake", 15, "exec", "not one of active, sleeping"},
+        {"exec value count", 0, "exec 0 1", 15, "exec", "expected 3 values"},
+        {"exec without controld", 0, "exec 0 1 active", 15, "exec", "host 1 of replica 0"},
+        {"controld port", 0, "controld 1 127.0.0.1 0", 15, "controld", "port"},
+        {"controld host out of range", 0, "controld 300 127.0.0.1 7000", 15, "controld",
+         "not in 0..255"},
         {"detect floor above ceiling", 0, "detect_floor_ms 9000", 15, "detect_floor_ms",
          "above detect_ceiling_ms 5000"},
         {"secret file missing", 11, "secret /nonexistent/p1.secret", 11, "secret",
@@ -369,6 +379,80 @@ static void test_conf_errors(tctx *t, const fixture *fx)
     snprintf(want, sizeof want, "%s:15: line too long", fx->conf);
     CHECK(t, contains(err, want));
     end_case(t);
+}
+
+/* Base file plus `extra` lines; loading must fail naming line `line` and `key`, or succeed
+ * when key is NULL. */
+static void exec_case(tctx *t, const fixture *fx, const char *name, const char *const *extra,
+                      int nextra, int line, const char *key, const char *why, zz_conf *out)
+{
+    static zz_conf c;
+    char lines[NBASE + 16][256];
+    char err[1024] = "";
+    base_lines(fx, lines);
+    int n = NBASE;
+    for (int i = 0; i < nextra; i++)
+        snprintf(lines[n++], 256, "%s", extra[i]);
+    write_conf(fx, lines, n);
+    t_begin(t, name);
+    int rc = zz_conf_load(fx->conf, &c, err, sizeof err);
+    if (!key) {
+        if (!CHECK(t, rc == 0))
+            printf("  error: %s\n", err);
+        if (out && rc == 0)
+            *out = c; /* shallow: the caller only reads plain fields, then c is freed here */
+    } else {
+        CHECK(t, rc == -1);
+        char want[512];
+        snprintf(want, sizeof want, "%s:%d: %s: ", fx->conf, line, key);
+        CHECK(t, contains(err, want));
+        if (why)
+            CHECK(t, contains(err, why));
+    }
+    zz_conf_free(&c);
+    end_case(t);
+}
+
+static void test_exec_lines(tctx *t, const fixture *fx)
+{
+    static zz_conf got;
+    write_keys(fx);
+    static const char *const ok[] = {
+        "exec 0 1 active", "exec 1 2 active", "exec 2 3 sleeping", "byzantine false-fault",
+        "controld 0 127.0.0.1 7000", "controld 1 127.0.0.2 7001", "controld 2 ::1 7002",
+        "controld 3 localhost 7003",
+    };
+    memset(&got, 0, sizeof got);
+    exec_case(t, fx, "exec and controld lines", ok, 8, 0, NULL, NULL, &got);
+    t_begin(t, "exec and controld lines: fields");
+    CHECK(t, got.n_exec == 3 && got.byzantine == ZZ_BYZ_FALSE_FAULT);
+    CHECK(t, got.exec[0].present && got.exec[0].host == 1 && got.exec[0].active);
+    CHECK(t, got.exec[1].host == 2 && got.exec[1].active);
+    CHECK(t, got.exec[2].host == 3 && !got.exec[2].active && !got.exec[3].present);
+    CHECK(t, got.has_controld[2] && strcmp(got.controld[2].host, "::1") == 0 &&
+                 got.controld[2].port == 7002);
+    CHECK(t, !got.has_controld[4]);
+    end_case(t);
+
+    static const char *const none[] = {"controld 0 127.0.0.1 7000"};
+    memset(&got, 0, sizeof got);
+    exec_case(t, fx, "no exec lines: detection without wake-ups", none, 1, 0, NULL, NULL, &got);
+    t_begin(t, "no exec lines: n_exec 0");
+    CHECK(t, got.n_exec == 0);
+    end_case(t);
+
+    static const char *const gap[] = {"controld 1 127.0.0.1 7001", "exec 0 1 active",
+                                      "exec 2 1 active"};
+    exec_case(t, fx, "exec ids with a gap", gap, 3, 17, "exec", "replica 1 missing", NULL);
+    static const char *const dup[] = {"controld 1 127.0.0.1 7001", "exec 0 1 active",
+                                      "exec 0 1 sleeping"};
+    exec_case(t, fx, "exec duplicate", dup, 3, 17, "exec", "duplicate (first on line 16)", NULL);
+    static const char *const few[] = {"controld 1 127.0.0.1 7001", "exec 0 1 active",
+                                      "exec 1 1 sleeping", "f 1"};
+    exec_case(t, fx, "exec fewer than f+1 active", few, 4, 16, "exec", "need at least f+1 = 2",
+              NULL);
+    static const char *const cdup[] = {"controld 1 127.0.0.1 7001", "controld 1 127.0.0.1 7002"};
+    exec_case(t, fx, "controld duplicate", cdup, 2, 16, "controld", "duplicate", NULL);
 }
 
 /* A key file damaged on one line: the error names that file and line. */
@@ -540,6 +624,7 @@ int main(void)
     fixture_init(&fx);
     test_valid(&t, &fx);
     test_conf_errors(&t, &fx);
+    test_exec_lines(&t, &fx);
     test_key_errors(&t, &fx);
     test_keys_direct(&t, &fx);
     unlink(fx.conf);

@@ -178,11 +178,49 @@ def generate() -> str:
     )
     add(valid("exec-commit", wire.ExecCommit(SVC, 2, 0, 1, d1, pp.batch()), [e1]))
     add(valid("exec-commit-null", wire.ExecCommit(SVC, 3, 1, 2, NULL_DIGEST, b""), [e1]))
-    rd = wire.reply_digest([(c0, 1700000000000000001, b"hello"), (c3, 1700000000000000777, b"")])
-    add(valid("exec-report", wire.ExecReport(SVC, e1, 1, rd), replicas))
-    add(valid("exec-report-empty-batch", wire.ExecReport(SVC, e1, 2, wire.reply_digest([])), [0]))
+    refs = [
+        wire.reply_ref(c0, 1700000000000000001, b"hello"),
+        wire.reply_ref(c3, 1700000000000000777, b""),
+    ]
+    rd = wire.reply_digest(refs)
+    add(valid("exec-report", wire.ExecReport.of(SVC, e1, 1, refs), replicas))
+    add(valid("exec-report-empty-batch", wire.ExecReport.of(SVC, e1, 2, []), [0]))
     ckpt = sha256(b"manifest at 128")
     add(valid("exec-checkpoint", wire.ExecCheckpoint(SVC, e1, 128, ckpt)))
+
+    # -- fault detection (docs/fault-detection.md scenario w1): at seq 7 execution replicas
+    # 0 and 1 are awake, 2 sleeps; 1 answered differently. Agreement replicas 0 and 1 sign
+    # their rows, 0 wakes replica 2 with both as evidence and later signs the SHUTDOWN.
+    da, db = sha256(b"reply digest a"), sha256(b"reply digest b")
+    R = wire.RowEntry
+    row_ab = [R(0, wire.ROW_ONTIME, da), R(1, wire.ROW_ONTIME, db)]
+    fs0 = wire.FaultStatement(SVC, 0, 7, row_ab)
+    fs1 = wire.FaultStatement(SVC, 1, 7, row_ab)
+    add(valid("fault-statement-mismatch", fs0))
+    late_none = [
+        R(0, wire.ROW_ONTIME, da),
+        R(1, wire.ROW_LATE, da),
+        R(2, wire.ROW_NONE, NULL_DIGEST),
+    ]
+    add(valid("fault-statement-late-and-none", wire.FaultStatement(SVC, 3, 9, late_none)))
+    evidence = [m.signed(sign_key(m.sender)).encode() for m in (fs0, fs1)]
+    add(valid("wakeup", wire.Wakeup(SVC, 0, 7, evidence, [2], [2])))
+    add(valid("wakeup-empty-lists", wire.Wakeup(SVC, 2, 8, [], [], [])))
+    add(valid("shutdown", wire.Shutdown(SVC, 0, 7, [0, 1], [1], [], [0, 2])))
+    add(valid("shutdown-sleep", wire.Shutdown(SVC, 3, 9, [0, 1, 2], [0], [4], [1, 2])))
+    add(
+        valid(
+            "reply-affirm",
+            wire.ReplyAffirm(SVC, 2, 1700000000000000001, c0, sha256(b"hello")),
+            [c0],
+        )
+    )
+    op0 = wire.operator_principal(0)
+    h1 = wire.host_principal(1)
+    ctl = wire.Control(0, op0, 5, b'{"op": "status"}')
+    add(valid("control", ctl, [h1]))
+    add(valid("control-reply", wire.ControlReply(0, h1, 5, b'{"ok": true}'), [op0]))
+    add(valid("control-empty-json", wire.Control(0, op0, 6, b""), [h1]))
 
     # -- invalid vectors: each breaks exactly one rule of an otherwise valid message
     prep = wire.Prepare(SVC, 1, 0, 1, d1).with_macs(macs(1, [0, 2, 3])).encode()
@@ -216,7 +254,7 @@ def generate() -> str:
     add(invalid("version-zero", patch(prep, 2, b"\x00"), "version"))
     add(invalid("type-unknown", patch(status, 3, b"\x0c"), "type"))
     add(invalid("type-zero", patch(status, 3, b"\x00"), "type"))
-    add(invalid("type-reserved-19", patch(status, 3, b"\x13"), "type"))
+    add(invalid("type-reserved-25", patch(status, 3, b"\x19"), "type"))
     add(invalid("type-reserved-31", patch(status, 3, b"\x1f"), "type"))
     # Well-formed authenticators of the wrong kind: only the kind/type pairing is wrong.
     cp_body = struct.pack(">Q", 128) + sd
@@ -233,7 +271,7 @@ def generate() -> str:
     signed_ec = raw_msg(16, wire.AUTH_SIG, 2, ec_body, b"")
     signed_ec += sign_key(2).sign(signed_ec)
     add(invalid("type-exec-commit-with-signature", signed_ec, "type"))
-    er_body = struct.pack(">Q", 1) + rd
+    er_body = wire.ExecReport.of(SVC, e1, 1, refs).body()
     add(
         invalid(
             "type-exec-report-with-no-auth", raw_msg(17, wire.AUTH_NONE, e1, er_body, b""), "type"
@@ -245,7 +283,7 @@ def generate() -> str:
     ecp_body = struct.pack(">Q", 128) + ckpt
     add(invalid("type-exec-checkpoint-with-mac", with_raw_macs(18, e1, ecp_body, [0]), "type"))
     ec = wire.ExecCommit(SVC, 2, 0, 1, d1, pp.batch()).with_macs(macs(2, [e1])).encode()
-    er = wire.ExecReport(SVC, e1, 1, rd).with_macs(macs(e1, replicas)).encode()
+    er = wire.ExecReport.of(SVC, e1, 1, refs).with_macs(macs(e1, replicas)).encode()
     ecp = wire.ExecCheckpoint(SVC, e1, 128, ckpt).signed(sign_key(e1)).encode()
     add(invalid("short-exec-commit-digest", ec[: 16 + 12 + 20], "short"))
     add(invalid("short-exec-commit-batch", ec[: 16 + 12 + 32 + 4 + 10], "short"))
@@ -275,6 +313,78 @@ def generate() -> str:
     bad_ec[-1] ^= 0x01
     b = invalid("auth-exec-commit-bad-mac", bytes(bad_ec), "auth")
     b.mac_keys = [(e1, mac_key(2, e1))]
+    add(b)
+
+    # Fault detection and control: wrong auth kinds, field domains, truncations, limits.
+    fs_body = fs0.body()
+    add(invalid("type-fault-statement-with-mac", with_raw_macs(19, 0, fs_body, [1]), "type"))
+    sh_body = wire.Shutdown(SVC, 0, 7, [0, 1], [1], [], [0, 2]).body()
+    add(invalid("type-shutdown-with-mac", with_raw_macs(21, 0, sh_body, [1]), "type"))
+    ra_body = wire.ReplyAffirm(SVC, 2, 9, c0, da).body()
+    signed_ra = raw_msg(22, wire.AUTH_SIG, 2, ra_body, b"")
+    signed_ra += sign_key(2).sign(signed_ra)
+    add(invalid("type-reply-affirm-with-signature", signed_ra, "type"))
+    add(
+        invalid(
+            "type-control-with-no-auth", raw_msg(23, wire.AUTH_NONE, op0, ctl.body(), b""), "type"
+        )
+    )
+
+    def signed_raw(mtype: int, sender: int, body: bytes) -> bytes:
+        m = raw_msg(mtype, wire.AUTH_SIG, sender, body, b"")
+        return m + sign_key(sender).sign(m)
+
+    def row_body(entries: list[tuple[int, int, bytes]]) -> bytes:
+        return struct.pack(">QI", 7, len(entries)) + b"".join(
+            struct.pack(">IB", i, st) + d for i, st, d in entries
+        )
+
+    add(invalid("field-fault-statement-state", signed_raw(19, 0, row_body([(0, 3, da)])), "field"))
+    add(
+        invalid(
+            "field-fault-statement-none-with-digest",
+            signed_raw(19, 0, row_body([(0, 1, da), (1, 0, db)])),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "field-fault-statement-ontime-null-digest",
+            signed_raw(19, 0, row_body([(0, 1, NULL_DIGEST)])),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "short-fault-statement-row", signed_raw(19, 0, row_body([(0, 1, da)])[:-1]), "short"
+        )
+    )
+    wk_body = (
+        struct.pack(">QI", 7, 0)
+        + struct.pack(">II", 1, 2)
+        + struct.pack(">I", 2)
+        + b"\x00\x00\x00\x02"
+    )
+    add(invalid("short-wakeup-wake-list", signed_raw(20, 0, wk_body), "short"))
+    add(invalid("length-trailing-shutdown", signed_raw(21, 0, sh_body + b"\x00"), "length"))
+    add(
+        invalid(
+            "length-shutdown-list-count",
+            signed_raw(21, 0, struct.pack(">QI", 7, 65537)),
+            "length",
+        )
+    )
+    er_short = (
+        struct.pack(">Q", 1) + rd + struct.pack(">I", 1) + struct.pack(">IQ", c0, 5) + da[:31]
+    )
+    add(invalid("short-exec-report-reply-ref", with_raw_macs(17, e1, er_short, [0]), "short"))
+    wk = wire.Wakeup(SVC, 0, 7, evidence, [2], [2]).signed(sign_key(0)).encode()
+    b = invalid("auth-wakeup-wrong-signer", wk, "auth")
+    b.sign_pub = sign_key(1).public
+    add(b)
+    ctl_raw = ctl.with_macs(macs(op0, [h1])).encode()
+    b = invalid("auth-control-wrong-key", ctl_raw, "auth")
+    b.mac_keys = [(h1, mac_key(op0, h1 + 1))]
     add(b)
 
     add(
