@@ -2,8 +2,11 @@
 # plus randomized properties (single faulty agreement replica, no client input, agreeing reports).
 from __future__ import annotations
 
+import ctypes
 import inspect
 import random
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,3 +295,166 @@ def test_convictable_means_someone_is_convicted_whatever_is_correct(seed: int) -
         reports = {j: Entry.ontime(truth) for j in [*awake, *d.wake]}
         r = faults.resolve(rows, reports, woken=d.wake, **kw)
         assert r.decided == truth and r.convict, truth
+
+
+# ---- the C port (agreement/src/faults.c) against this module, on random inputs ---------------
+# The shared vectors pin the chosen scenarios; this pins everything else the two might differ
+# on (reason order, wake choice with odd replica ids, resolve ordering, refusals).
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_EXEC = 64
+
+
+class _CEntry(ctypes.Structure):
+    _fields_ = [("state", ctypes.c_uint8), ("dig", ctypes.c_uint8 * 32)]
+
+
+class _CRow(ctypes.Structure):
+    _fields_ = [
+        ("signer", ctypes.c_uint32),
+        ("seq", ctypes.c_uint64),
+        ("n", ctypes.c_uint32),
+        ("ids", ctypes.c_uint32 * MAX_EXEC),
+        ("e", _CEntry * MAX_EXEC),
+    ]
+
+
+class _CReport(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("e", _CEntry)]
+
+
+class _CResolution(ctypes.Structure):
+    _fields_ = [
+        ("decided", ctypes.c_int),
+        ("digest", ctypes.c_uint8 * 32),
+        ("convict", ctypes.c_uint32 * MAX_EXEC),
+        ("n_convict", ctypes.c_uint32),
+        ("stay", ctypes.c_uint32 * MAX_EXEC),
+        ("n_stay", ctypes.c_uint32),
+        ("sleep", ctypes.c_uint32 * MAX_EXEC),
+        ("n_sleep", ctypes.c_uint32),
+        ("shortfall", ctypes.c_uint32),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cfaults(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    so = tmp_path_factory.mktemp("cfaults") / "faults.so"
+    src = REPO / "agreement" / "src"
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            f"-I{src}",
+            "-o",
+            str(so),
+            str(src / "faults.c"),
+        ],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(so))
+    lib.zz_fault_reason_name.restype = ctypes.c_char_p
+    return lib
+
+
+_STATE = {Kind.NONE: 0, Kind.ONTIME: 1, Kind.LATE: 2}
+
+
+def _c_entry(e: Entry) -> _CEntry:
+    out = _CEntry(_STATE[e.kind])
+    if e.digest is not None:
+        out.dig[:] = list(e.digest)
+    return out
+
+
+def _u32s(ids: list[int]) -> ctypes.Array[ctypes.c_uint32]:
+    return (ctypes.c_uint32 * max(1, len(ids)))(*ids)
+
+
+def _c_rows(rows: list[FaultStatement]) -> ctypes.Array[_CRow]:
+    arr = (_CRow * max(1, len(rows)))()
+    for r, s in zip(arr, rows, strict=False):
+        r.signer, r.seq, r.n = s.signer, s.seq, len(s.entries)
+        for k, (j, e) in enumerate(zip(s.replicas, s.entries, strict=True)):
+            r.ids[k], r.e[k] = j, _c_entry(e)
+    return arr
+
+
+def _random_case(rng: random.Random):
+    g = rng.randint(0, 2)
+    pool = rng.sample(range(12), rng.randint(1, 8))
+    awake = sorted(pool[: rng.randint(1, len(pool))])
+    f = rng.randint(0, len(awake) - 1 if rng.random() < 0.95 else 3)
+    if rng.random() < 0.05:
+        awake = list(reversed(awake))  # bad-params
+    sleeping = [j for j in pool if j not in awake]
+    if rng.random() < 0.1:
+        sleeping.append(rng.choice(sleeping or [3]))  # duplicates as given
+    digests = [bytes([c]) * 32 for c in b"abc"]
+
+    def entry() -> Entry:
+        kind = rng.choice([Kind.ONTIME, Kind.LATE, Kind.NONE])
+        return Entry(kind, None if kind is Kind.NONE else rng.choice(digests))
+
+    rows = []
+    for _ in range(rng.randint(g, 3 * g + 2)):
+        signer = rng.randint(0, 3 * g + (1 if rng.random() < 0.1 else 0))
+        seq = 7 if rng.random() < 0.95 else 8
+        ids = list(awake)
+        if rng.random() < 0.05:
+            ids = ids[:-1]  # shape
+        rows.append(FaultStatement(signer, "web", seq, tuple(ids), tuple(entry() for _ in ids)))
+    reports = {j: entry() for j in [*awake, *sleeping] if rng.random() < 0.8}
+    return f, g, awake, sleeping, rows, reports
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_c_port_matches_python(cfaults: ctypes.CDLL, seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(100):
+        f, g, awake, sleeping, rows, reports = _random_case(rng)
+        kw = dict(f=f, g=g, service="web", seq=7, awake=awake)
+        try:
+            d = faults.evaluate_evidence(rows, sleeping=sleeping, **kw)
+        except ValueError:
+            continue
+        wake = (ctypes.c_uint32 * MAX_EXEC)()
+        n_wake = ctypes.c_uint32(99)
+        crows = _c_rows(rows)
+        reason = cfaults.zz_fault_evaluate(
+            crows, len(rows), f, g, ctypes.c_uint64(7), _u32s(awake), len(awake),
+            _u32s(sleeping), len(sleeping), wake, ctypes.byref(n_wake),
+        )  # fmt: skip
+        assert cfaults.zz_fault_reason_name(reason).decode() == d.reason
+        assert tuple(wake[: n_wake.value]) == d.wake
+        if not d.justified:
+            continue
+        try:
+            r = faults.resolve(rows, reports, woken=d.wake, **kw)
+        except ValueError:
+            r = None
+        rep = (_CReport * max(1, len(reports)))()
+        for cr, (j, e) in zip(rep, reports.items(), strict=False):
+            cr.id, cr.e = j, _c_entry(e)
+        out = _CResolution()
+        rc = cfaults.zz_fault_resolve(
+            crows, len(rows), f, g, _u32s(awake), len(awake), wake, n_wake,
+            rep, len(reports), ctypes.byref(out),
+        )  # fmt: skip
+        assert (rc == -1) == (r is None)
+        if r is None:
+            continue
+        assert bool(out.decided) == (r.decided is not None)
+        if r.decided is None:
+            continue
+        assert bytes(out.digest) == r.decided
+        assert tuple(out.convict[: out.n_convict]) == r.convict
+        assert tuple(out.stay[: out.n_stay]) == r.stay_active
+        assert tuple(out.sleep[: out.n_sleep]) == r.to_sleep
+        assert out.shortfall == r.shortfall
