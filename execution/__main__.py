@@ -23,6 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", choices=("dir", "zfs"), default="dir", help="checkpoint store")
     p.add_argument("--zfs-pool", help="ZFS pool (with --store zfs)")
     p.add_argument("--zfs-dataset", help="ZFS dataset under the pool (default s<id>-exec-<i>)")
+    p.add_argument(
+        "--recovery",
+        choices=("on-demand", "full"),
+        default="on-demand",
+        help="when behind the stable checkpoint: fetch files on first touch and the rest in"
+        " the background (on-demand), or fetch and verify everything before executing"
+        " (full; the benchmark's baseline)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--inject-fault",
@@ -54,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 zfs_pool=args.zfs_pool,
                 zfs_dataset=args.zfs_dataset,
                 inject_fault=args.inject_fault,
+                recovery_mode=args.recovery,
             )
         )
     except (ConfigError, KeyFileError, AppRegistryError, StorageError, ValueError) as e:

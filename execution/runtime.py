@@ -118,6 +118,7 @@ class Runtime:
         zfs_dataset: str | None = None,
         window: int = DEFAULT_WINDOW,
         inject_fault: str | None = None,
+        recovery_mode: str = "on-demand",
     ) -> None:
         if not 0 <= index < service.n_exec:
             raise ValueError(f"{service.name}: no execution replica {index}")
@@ -163,6 +164,9 @@ class Runtime:
         self._view = 0  # of the latest certificate; a cached reply resent later carries it
         # Recovery (execution/recovery.py): g+1 agreement replicas vouching for a stable
         # checkpoint above last_executed mean the log no longer reaches back to us.
+        if recovery_mode not in ("on-demand", "full"):
+            raise ValueError(f"unknown recovery mode {recovery_mode!r}")
+        self.recovery_mode = recovery_mode
         self.stable_votes = StableVotes(service.g)
         self._recover_target: tuple[int, bytes] | None = None
         self.fetcher: StateFetcher | None = None
@@ -820,6 +824,10 @@ class Runtime:
         live = self.store.path
         fetcher = StateFetcher(live, manifest, seq, sources, on_bad_source=self._bad_source)
         fetcher.prepare()
+        if self.recovery_mode == "full":
+            fetcher.fetch_all()  # the baseline: nothing executes before every file is here
+            if not fetcher.done:
+                raise FetchError(f"full transfer of checkpoint {seq}: {fetcher.pending()[:3]}")
         # The runtime's own files are needed before the first request executes.
         for path in (MEMORY_PATH, REPLIES_PATH):
             if path in manifest.files:

@@ -1,0 +1,186 @@
+# execution/recovery.py - how a woken execution replica catches up (ZZ §4.5, §5.2 steps 3-6;
+# DESIGN.md §3 step 8): a certified checkpoint, its manifest from any peer, then files on
+# first touch and the rest in the background. docs/recovery.md is the narrative.
+"""Recovery of an execution replica that is behind the agreement cluster's log.
+
+Pieces, each usable on its own:
+
+* :class:`StableVotes` turns FETCH-REPLY (kind 3) answers into a checkpoint certificate:
+  ``g+1`` agreement replicas naming the same stable execution checkpoint ``(seq, C)``.
+* :class:`PeerSource` reads checkpoint files from one peer over FILE-FETCH / FILE-DATA
+  (a blocking socket: it runs in the executor thread while the app waits on a file, or
+  in the background fetch thread, never on the event loop).
+* :func:`fetch_manifest` gets the manifest of ``seq`` from the first peer whose copy
+  hashes to ``C``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import struct
+import threading
+from collections.abc import Callable, Sequence
+
+from .. import wire
+from ..crypto import NULL_DIGEST, SigningKey
+from ..snapshots.fetch import Source, SourceError
+from ..snapshots.fileserve import MAX_CHUNK
+from ..snapshots.manifest import Manifest, ManifestError
+
+log = logging.getLogger("zz.execution.recovery")
+
+_STATUS_TEXT = {1: "no such checkpoint", 2: "no such file", 3: "refused", 4: "error"}
+
+
+class RecoveryError(Exception):
+    """Recovery cannot proceed (no peer has a manifest matching the certificate, ...)."""
+
+
+class StableVotes:
+    """Which stable execution checkpoint do g+1 agreement replicas vouch for?
+
+    One FETCH-REPLY is one replica's claim; a faulty one could name any (seq, C). g+1
+    matching claims include a correct replica, whose stable checkpoint is certified by
+    f+1 matching EXEC-CHECKPOINTs."""
+
+    def __init__(self, g: int) -> None:
+        self.g = g
+        self._claims: dict[int, tuple[int, bytes]] = {}
+
+    def offer(self, replica: int, seq: int, digest: bytes) -> tuple[int, bytes] | None:
+        if seq == 0 or digest == NULL_DIGEST:
+            return None
+        prev = self._claims.get(replica)
+        if prev is None or seq >= prev[0]:
+            self._claims[replica] = (seq, digest)
+        return self.certified()
+
+    def certified(self) -> tuple[int, bytes] | None:
+        """The highest (seq, C) claimed by at least g+1 distinct agreement replicas."""
+        counts: dict[tuple[int, bytes], int] = {}
+        for claim in self._claims.values():
+            counts[claim] = counts.get(claim, 0) + 1
+        best = [c for c, k in counts.items() if k >= self.g + 1]
+        return max(best) if best else None
+
+
+class PeerSource(Source):
+    """One peer execution replica's checkpoint files, over the wire (docs/wire.md 25/26)."""
+
+    def __init__(
+        self,
+        name: str,
+        addr: tuple[str, int],
+        *,
+        service: int,
+        me: int,
+        sign_key: SigningKey,
+        timeout: float = 5.0,
+    ) -> None:
+        self.name = name
+        self.addr = addr
+        self.service = service
+        self.me = me
+        self.sign_key = sign_key
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()  # one request at a time on the connection
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def fetch(self, seq: int, path: str, size: int) -> bytes:
+        out = bytearray()
+        while True:
+            data, total = self._chunk(seq, path, len(out))
+            out += data
+            if len(out) >= total:
+                return bytes(out)
+            if not data:
+                raise SourceError(f"{path}: empty chunk at {len(out)} of {total}")
+            if len(out) > size + MAX_CHUNK:
+                raise SourceError(f"{path}: more than the {size} bytes expected")
+
+    def _chunk(self, seq: int, path: str, offset: int) -> tuple[bytes, int]:
+        req = wire.FileFetch(self.service, self.me, seq, path.encode(), offset, MAX_CHUNK)
+        raw = wire.frame(req.signed(self.sign_key).encode())
+        with self._lock:
+            for attempt in (0, 1):  # a kept connection may have died since: one reconnect
+                try:
+                    if self._sock is None:
+                        self._sock = socket.create_connection(self.addr, timeout=self.timeout)
+                        self._sock.settimeout(self.timeout)
+                    self._sock.sendall(raw)
+                    m = self._read_answer(seq, path.encode(), offset)
+                    break
+                except (OSError, wire.FrameError) as e:
+                    self._drop()
+                    if attempt:
+                        raise SourceError(f"{self.addr[0]}:{self.addr[1]}: {e}") from e
+        if m.status != 0:
+            raise SourceError(_STATUS_TEXT.get(m.status, f"status {m.status}"))
+        return m.data, m.size
+
+    def _read_answer(self, seq: int, path: bytes, offset: int) -> wire.FileData:
+        assert self._sock is not None
+        while True:
+            (n,) = struct.unpack(">I", _recv_exact(self._sock, 4))
+            if n < wire.HDR_LEN or n > wire.MAX_MSG:
+                raise wire.FrameError(f"frame length {n}")
+            body = _recv_exact(self._sock, n)
+            try:
+                m = wire.decode(body)
+            except wire.WireError:
+                continue  # garbage on the connection: skip it, the answer may follow
+            if (
+                isinstance(m, wire.FileData)
+                and m.service == self.service
+                and (m.seq, m.path, m.offset) == (seq, path, offset)
+            ):
+                return m
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def fetch_manifest(
+    sources: Sequence[Source],
+    seq: int,
+    digest: bytes,
+    *,
+    on_bad_source: Callable[[str, str, str], None] | None = None,
+) -> Manifest:
+    """The manifest of checkpoint `seq` from the first source whose copy hashes to the
+    certified `digest`."""
+    reasons = []
+    for src in sources:
+        try:
+            enc = src.fetch(seq, "", 0)
+        except SourceError as e:
+            reasons.append(f"{src.name}: {e}")
+            continue
+        if hashlib.sha256(enc).digest() != digest:
+            reasons.append(f"{src.name}: manifest does not hash to the certified digest")
+            if on_bad_source is not None:
+                on_bad_source(src.name, "<manifest>", "does not hash to the certified digest")
+            continue
+        try:
+            return Manifest.decode(enc)
+        except ManifestError as e:  # hashes right yet does not decode: C itself is bad
+            raise RecoveryError(f"certified manifest of {seq} does not decode: {e}") from e
+    raise RecoveryError(f"no peer has the manifest of checkpoint {seq}: " + "; ".join(reasons))
