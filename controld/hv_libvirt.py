@@ -18,24 +18,30 @@ thread-safe, so concurrent calls on different domains are fine.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 from xml.sax.saxutils import escape
 
 import libvirt  # type: ignore[import-not-found]
 
 from .hypervisor import (
+    DEFAULT_BALLOON_MIB,
+    GUEST_AGENT_PORT,
     OTHER,
     PAUSED,
     RUNNING,
     SHUTOFF,
     DomainNotFound,
+    HibernateResult,
     HypervisorError,
     ReplicaSpec,
+    guest_request,
 )
 
 T = TypeVar("T")
@@ -48,6 +54,10 @@ _STATES = {
     libvirt.VIR_DOMAIN_SHUTOFF: SHUTOFF,
 }
 _NOT_FOUND = (libvirt.VIR_ERR_NO_DOMAIN,)
+# The slirp forward to the guest agent, as images/domain.py writes it on the QEMU command line.
+_AGENT_FWD = re.compile(rf"hostfwd=tcp:127\.0\.0\.1:(\d+)-:{GUEST_AGENT_PORT}\b")
+BALLOON_SLACK_KIB = 1024  # the balloon driver lands on the target, give or take a page run
+BALLOON_STALL_S = 2.0  # no progress for this long: the guest has nothing more to give
 
 # libvirt prints every error to stderr besides raising it; the exception is enough.
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -194,3 +204,128 @@ class LibvirtHypervisor:
             self.conn.close()
         except libvirt.libvirtError:
             pass
+
+    # ---- sleeping replicas: sequences of the calls above ---------------------------------
+    def agent_port(self, name: str) -> int | None:
+        """The host port forwarded to the guest agent, read from the live domain's XML (so
+        it also works for a domain this object did not create, e.g. after a restart of
+        controld). None: no such forward (test:/// domains, other commands)."""
+        dom = self._dom(name, "agent_port")
+        m = _AGENT_FWD.search(self._call(name, "agent_port", lambda: dom.XMLDesc(0)))
+        return int(m.group(1)) if m else None
+
+    def guest_call(self, name: str, op: str, timeout: float = 10.0, **args: Any) -> dict[str, Any]:
+        """One request to the guest agent (images/zz_guest.py); its reply. A guest that
+        does not answer, or answers {"ok": false}, raises HypervisorError(name, "guest
+        <op>")."""
+        action = f"guest {op}"
+        port = self.agent_port(name)
+        if port is None:
+            raise HypervisorError(name, action, f"no forward to guest port {GUEST_AGENT_PORT}")
+        try:
+            reply = guest_request(port, {"op": op, **args}, timeout)
+        except (OSError, ValueError) as e:
+            raise HypervisorError(name, action, f"guest agent on 127.0.0.1:{port}: {e}") from e
+        if reply.get("ok") is not True:
+            raise HypervisorError(name, action, str(reply.get("error", reply)))
+        return reply
+
+    def _actual_kib(self, dom: libvirt.virDomain) -> int:
+        """The balloon's current size: QEMU's "actual" (query-balloon), else info()."""
+        try:
+            actual = dom.memoryStats().get("actual")
+        except libvirt.libvirtError:
+            actual = None  # the test driver has no memory stats
+        return int(actual) if actual else int(dom.info()[2])
+
+    def _wait_balloon(
+        self, dom: libvirt.virDomain, name: str, target_kib: int, timeout: float
+    ) -> tuple[int, bool]:
+        """Poll the balloon until it reaches the target, `timeout` passes, or it stops
+        shrinking for BALLOON_STALL_S: a guest with less free memory than asked for
+        settles above the target (autodeflate gives pages back under memory pressure),
+        and waiting longer would only delay the save. (actual KiB, reached)."""
+        start = time.monotonic()
+        best, best_at = None, start
+        while True:
+            actual = self._call(name, "hibernate", lambda: self._actual_kib(dom))
+            now = time.monotonic()
+            if actual <= target_kib + BALLOON_SLACK_KIB:
+                return actual, True
+            if best is None or actual < best:
+                best, best_at = actual, now
+            if now - start > timeout or now - best_at > BALLOON_STALL_S:
+                return actual, False
+            time.sleep(0.05)
+
+    def hibernate(
+        self,
+        name: str,
+        path: Path,
+        balloon_mib: int | None = DEFAULT_BALLOON_MIB,
+        timeout: float = 60.0,
+    ) -> HibernateResult:
+        """Guest agent "sleep" (when the domain has an agent forward), balloon down to
+        balloon_mib and wait for the guest to get there (at most `timeout`, or until the
+        balloon stops moving; a guest that does not get there is saved anyway, with a
+        bigger file: HibernateResult.reached), save to `path`. balloon_mib=None: plain save. On a
+        failure after the guest went to sleep, its memory is grown back and its share
+        mounted again (best effort) before the error goes up: the domain keeps running."""
+        dom = self._dom(name, "hibernate")
+        full_kib = self._call(name, "hibernate", lambda: int(dom.maxMemory()))
+        port = self.agent_port(name)
+        t0 = time.monotonic()
+        if port is not None:
+            self.guest_call(name, "sleep", timeout=30.0)
+        t1 = time.monotonic()
+        balloon_kib: int | None = None
+        reached = True
+        try:
+            if balloon_mib is not None:
+                target = int(balloon_mib) * 1024
+                if not 0 < target <= full_kib:
+                    raise HypervisorError(
+                        name, "hibernate", f"balloon {balloon_mib} MiB outside 1..{full_kib >> 10}"
+                    )
+                self._call(name, "hibernate", lambda: dom.setMemory(target))
+                balloon_kib, reached = self._wait_balloon(dom, name, target, timeout)
+            t2 = time.monotonic()
+            self._call(name, "save", lambda: dom.save(str(path)))
+        except HypervisorError:
+            self._undo_sleep(name, full_kib, port)
+            raise
+        t3 = time.monotonic()
+        return HibernateResult(
+            name=name, path=Path(path), full_kib=full_kib, balloon_kib=balloon_kib,
+            reached=reached, sleep_s=t1 - t0, balloon_s=t2 - t1, save_s=t3 - t2,
+            file_bytes=Path(path).stat().st_size,
+        )  # fmt: skip
+
+    def _undo_sleep(self, name: str, full_kib: int, port: int | None) -> None:
+        try:
+            dom = self.conn.lookupByName(name)
+            dom.setMemory(full_kib)
+        except libvirt.libvirtError:
+            return  # the domain is gone (or cannot be grown): nothing to mount either
+        if port is not None:
+            try:
+                self.guest_call(name, "mount")
+            except HypervisorError:
+                pass
+
+    def wake_hibernated(self, path: Path, full_mib: int) -> str:
+        """Paged-out restore: restore `path`, then grow the balloon to full_mib (the guest
+        runs meanwhile; it gets the memory back as the balloon deflates). The domain's
+        name. A failed grow raises HypervisorError with the domain left running."""
+        name = self.restore(path)
+        dom = self._dom(name, "wake_hibernated")
+        kib = int(full_mib) * 1024
+        try:
+            self._call(name, "wake_hibernated", lambda: dom.setMemory(kib))
+        except HypervisorError as e:
+            raise HypervisorError(
+                name,
+                "wake_hibernated",
+                f"restored, but growing to {full_mib} MiB failed: {e.detail}",
+            ) from e
+        return name

@@ -18,6 +18,11 @@
              (memory_kib reports it), the process's memory is not touched
     destroy  SIGTERM the group (+ SIGCONT so a stopped group sees it), SIGKILL after
              `stop_timeout`; the domain is gone
+    hibernate  record the balloon target + save; wake_hibernated = restore + record the
+             full size. Nothing is paged out (see save).
+    guest_call a request to the guest agent on the host port the spec pairs with
+             GUEST_AGENT_PORT (the process must be images/zz_guest.py --no-mount or speak
+             its protocol on that port)
 
 Known limits: the processes are controld's children, held as Popen objects in memory; a
 restarted controld cannot adopt them (restore() of an older record raises), and close()
@@ -34,10 +39,22 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from zz.procrack import reap, repo_env, signal_group, spawn
 
-from .hypervisor import PAUSED, RUNNING, SHUTOFF, DomainNotFound, HypervisorError, ReplicaSpec
+from .hypervisor import (
+    DEFAULT_BALLOON_MIB,
+    GUEST_AGENT_PORT,
+    PAUSED,
+    RUNNING,
+    SHUTOFF,
+    DomainNotFound,
+    HibernateResult,
+    HypervisorError,
+    ReplicaSpec,
+    guest_request,
+)
 
 RECORD_FORMAT = "zz-process-save/1"
 
@@ -226,3 +243,51 @@ class ProcessHypervisor:
             self._terminate(r)
         self._live.clear()
         self._saved.clear()
+
+    # ---- sleeping replicas ----------------------------------------------------------------
+    def hibernate(
+        self,
+        name: str,
+        path: Path,
+        balloon_mib: int | None = DEFAULT_BALLOON_MIB,
+        timeout: float = 60.0,
+    ) -> HibernateResult:
+        """The balloon target is recorded, the process stopped (save): nothing is paged out."""
+        r = self._get(name, "hibernate")
+        t0 = time.monotonic()
+        if balloon_mib is not None:
+            self.set_memory(name, int(balloon_mib) * 1024)
+        t1 = time.monotonic()
+        self.save(name, path)
+        t2 = time.monotonic()
+        return HibernateResult(
+            name=name, path=Path(path), full_kib=r.spec.memory_mib * 1024,
+            balloon_kib=r.memory_kib if balloon_mib is not None else None, reached=True,
+            sleep_s=0.0, balloon_s=t1 - t0, save_s=t2 - t1, file_bytes=Path(path).stat().st_size,
+        )  # fmt: skip
+
+    def wake_hibernated(self, path: Path, full_mib: int) -> str:
+        name = self.restore(path)
+        try:
+            self.set_memory(name, int(full_mib) * 1024)
+        except HypervisorError as e:
+            raise HypervisorError(
+                name,
+                "wake_hibernated",
+                f"restored, but growing to {full_mib} MiB failed: {e.detail}",
+            ) from e
+        return name
+
+    def guest_call(self, name: str, op: str, timeout: float = 10.0, **args: Any) -> dict[str, Any]:
+        action = f"guest {op}"
+        r = self._get(name, action)
+        ports = [h for h, g in r.spec.ports if g == GUEST_AGENT_PORT]
+        if not ports:
+            raise HypervisorError(name, action, f"no port paired with {GUEST_AGENT_PORT}")
+        try:
+            reply = guest_request(ports[0], {"op": op, **args}, timeout)
+        except (OSError, ValueError) as e:
+            raise HypervisorError(name, action, f"agent on 127.0.0.1:{ports[0]}: {e}") from e
+        if reply.get("ok") is not True:
+            raise HypervisorError(name, action, str(reply.get("error", reply)))
+        return reply

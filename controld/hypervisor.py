@@ -14,12 +14,27 @@ Life of a replica domain, the same in both backends:
                         discard(path) drops a save that will never be restored
     set_memory(name, kib)       destroy(name) -> gone
 
+Sleeping replicas, the convenience calls controld uses (each a sequence of the above):
+
+    hibernate(name, path, balloon_mib=192)   guest agent "sleep" (stop the runtime, unmount
+        the 9p share: QEMU refuses to save a guest with it mounted), balloon down to
+        balloon_mib, wait until the guest got there (bounded), save. balloon_mib=None: a
+        plain save of the whole memory. Returns a HibernateResult.
+    wake_hibernated(path, full_mib) -> name  restore, then grow the balloon back to
+        full_mib: the paged-out restore (ZZ §5.1).
+    guest_call(name, op, **args) -> dict     one request to the guest agent
+        (images/zz_guest.py) on the domain's forward of GUEST_AGENT_PORT: "ping",
+        "wake" (seq=N: mount the share, tell the runtime it recovers from N, start it),
+        "sleep", "mount".
+
 state(name) is one of RUNNING, PAUSED, SHUTOFF, OTHER (libvirt's crashed, blocked, ...).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -31,6 +46,9 @@ OTHER = "other"
 STATES = (RUNNING, PAUSED, SHUTOFF, OTHER)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+GUEST_AGENT_PORT = 7000  # images/zz_guest.py listens here inside the guest
+DEFAULT_BALLOON_MIB = 192  # DESIGN.md §7: 192 MiB is safe, 128 MiB can lock the guest up
+MAX_AGENT_REPLY = 1 << 20
 
 
 class HypervisorError(Exception):
@@ -45,6 +63,45 @@ class HypervisorError(Exception):
 
 class DomainNotFound(HypervisorError):
     """The backend has no domain of that name (never created, destroyed, or saved)."""
+
+
+@dataclass(frozen=True)
+class HibernateResult:
+    """What hibernate() did. balloon_kib: the guest's memory when the save began (None:
+    no balloon step); reached: it got to the target before the timeout (a guest that
+    did not is saved anyway, only with a bigger file)."""
+
+    name: str
+    path: Path
+    full_kib: int
+    balloon_kib: int | None
+    reached: bool
+    sleep_s: float  # the guest agent's "sleep" (0 when the domain has no agent forward)
+    balloon_s: float
+    save_s: float
+    file_bytes: int
+
+
+def guest_request(port: int, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """One request to a guest agent on 127.0.0.1:port, its JSON reply. Raises OSError
+    (also on a timeout or a connection closed early: slirp accepts and closes while the
+    guest is not listening yet) or ValueError (a reply that is not a JSON object)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(json.dumps(request).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("the guest agent closed the connection")
+            buf += chunk
+            if len(buf) > MAX_AGENT_REPLY:
+                raise ValueError(f"guest agent reply over {MAX_AGENT_REPLY} bytes")
+    reply = json.loads(buf)
+    if not isinstance(reply, dict):
+        raise ValueError("guest agent reply is not a JSON object")
+    return reply
 
 
 @dataclass(frozen=True)
@@ -109,6 +166,14 @@ class Hypervisor(Protocol):
     def list(self) -> list[str]: ...  # names of the running or paused domains
     def discard(self, path: Path) -> None: ...  # drop a save file (and what it holds)
     def close(self) -> None: ...
+    def hibernate(
+        self, name: str, path: Path, balloon_mib: int | None = DEFAULT_BALLOON_MIB,
+        timeout: float = 60.0,
+    ) -> HibernateResult: ...  # fmt: skip
+    def wake_hibernated(self, path: Path, full_mib: int) -> str: ...
+    def guest_call(
+        self, name: str, op: str, timeout: float = 10.0, **args: Any
+    ) -> dict[str, Any]: ...
 
 
 BACKENDS = ("libvirt", "process")

@@ -80,8 +80,8 @@ STDLIB_EXCLUDE = {
     "turtle.py",
     "site-packages",
 }
-# Our files: the /init script, the default server, this builder, and the zz sources.
-OWN_FILES = ["images/init", "images/guest_ok.py", "images/build.py"]
+# Our files: the /init script, the guest agent, this builder, and the zz sources.
+OWN_FILES = ["images/init", "images/zz_guest.py", "images/build.py"]
 ZZ_PACKAGES = {"zz": "zz", "execution": "zz/execution", "snapshots": "zz/snapshots"}
 LIB_DIRS = ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64", "usr/lib"]
 
@@ -405,7 +405,7 @@ def _build(cache: Path, key: str, desc: dict, kver: str, t0: float) -> Image:
     cpio.add_chardev("dev/console", 5, 1)
     cpio.add_chardev("dev/null", 1, 3, 0o666)
     cpio.add_file("init", (HERE / "init").read_bytes(), 0o755)
-    cpio.add_file("opt/zz/guest_ok.py", (HERE / "guest_ok.py").read_bytes())
+    cpio.add_file("opt/zz/zz_guest.py", (HERE / "zz_guest.py").read_bytes())
     cpio.add_file("etc/hosts", b"127.0.0.1 localhost\n10.0.2.2 host\n")
     cpio.add_file("etc/resolv.conf", b"nameserver 10.0.2.3\n")
     cpio.add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")

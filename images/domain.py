@@ -15,7 +15,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "domain.xml"
-GUEST_PORT = 7000  # guest_ok.py; the port the default command listens on
+GUEST_PORT = 7000  # zz_guest.py, the guest agent (the default command) listens here
 
 
 def kernel_cmdline(cmd: str | None = None, extra: str = "") -> str:

@@ -1,11 +1,13 @@
 # tests/test_images.py - the guest image (images/build.py) and its libvirt domain
 # (images/domain.py + images/domain.xml): cached build, XML rendering, and a real boot on
-# qemu:///system: boot to "zz-guest ok" through the slirp host forward, suspend/resume,
-# destroy, no domain left behind. docs/images.md.
+# qemu:///system: boot until the guest agent answers a ping through the slirp host forward,
+# suspend/resume, destroy, no domain left behind; the guest agent (images/zz_guest.py) on the
+# host. docs/images.md.
 from __future__ import annotations
 
 import base64
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -81,7 +83,7 @@ def test_key_changes_with_our_files(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def patched() -> dict[str, Path]:
         files = real()
-        files["images/init"] = REPO / "images" / "guest_ok.py"  # different content
+        files["images/init"] = REPO / "images" / "zz_guest.py"  # different content
         return files
 
     monkeypatch.setattr(build, "own_files", patched)
@@ -132,26 +134,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ask(port: int, timeout: float) -> bytes:
-    """Connect and read until EOF. Before the guest listens, slirp accepts and closes."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.settimeout(timeout)
-        data = b""
-        while chunk := s.recv(64):
-            data += chunk
-        return data
+def _ping(port: int, timeout: float) -> dict:  # type: ignore[type-arg]
+    """The guest agent's answer to a ping. Before the agent listens, slirp accepts and
+    closes: that raises OSError, as a timeout does."""
+    from zz.controld.hypervisor import guest_request
+
+    reply = guest_request(port, {"op": "ping"}, timeout)
+    assert reply.get("agent") == "zz-guest", reply
+    return reply
+
+
+def _answers(port: int, timeout: float) -> bool:
+    try:
+        _ping(port, timeout)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _wait_ok(port: int, deadline: float) -> float:
+    """Seconds until the guest agent answered a ping."""
     t0 = time.monotonic()
     while time.monotonic() < deadline:
-        try:
-            if _ask(port, 2.0) == b"zz-guest ok\n":
-                return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"no 'zz-guest ok' on 127.0.0.1:{port}")
+        if _answers(port, 2.0):
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    raise AssertionError(f"no answer from the guest agent on 127.0.0.1:{port}")
 
 
 def _all_domains() -> list[str]:
@@ -202,18 +210,15 @@ def test_guest_boots_suspends_resumes(image, conn) -> None:  # type: ignore[no-u
         dom.suspend()
         t_suspend = time.monotonic() - t1
         assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
-        try:  # paused: slirp (QEMU's main loop) still accepts, but the guest cannot answer
-            paused_answer = _ask(port, 1.0)
-        except OSError:
-            paused_answer = b""
-        assert paused_answer != b"zz-guest ok\n"
+        # paused: slirp (QEMU's main loop) still accepts, but the guest cannot answer
+        assert not _answers(port, 1.0)
         t1 = time.monotonic()
         dom.resume()
         t_resume = time.monotonic() - t1
         assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
         again = _wait_ok(port, time.monotonic() + 30)
         print(
-            f"\n{name} ({dtype}): create {t_create:.2f} s, boot to 'zz-guest ok' {boot:.2f} s, "
+            f"\n{name} ({dtype}): create {t_create:.2f} s, boot to an answer {boot:.2f} s, "
             f"suspend {t_suspend * 1000:.1f} ms, resume {t_resume * 1000:.1f} ms, "
             f"answers again after {again * 1000:.0f} ms"
         )
@@ -229,3 +234,89 @@ def test_guest_boots_suspends_resumes(image, conn) -> None:  # type: ignore[no-u
             pass
         shutil.rmtree(workdir, ignore_errors=True)
     assert name not in _all_domains()
+
+
+# ---- the guest agent, run on the host (--no-mount: the state dir is a plain directory) --------
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """images/zz_guest.py on a free port with tmp_path/state; killed afterwards."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "zz-guest.json").write_text(
+        '{"command": ["sh", "-c", "echo $ZZ_RECOVER_FROM > ran; exec sleep 60"], "start": "wake"}'
+    )
+    port = _free_port()
+    p = subprocess.Popen(
+        [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
+         "--host", "127.0.0.1", "--state", str(state), "--no-mount"],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_ok(port, time.monotonic() + 20)
+        yield port, state
+    finally:
+        p.terminate()  # the agent stops its runtime on SIGTERM
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
+def test_guest_agent_protocol(agent: tuple[int, Path]) -> None:
+    from zz.controld.hypervisor import guest_request
+
+    port, state = agent
+    r = _ping(port, 5)
+    assert r["ok"] and r["mode"] == "idle" and r["state_mounted"] and r["runtime_pid"] is None
+    # wake: the runtime learns where it recovers from (file + environment) and starts.
+    r = guest_request(port, {"op": "wake", "seq": 42})
+    assert r["mode"] == "running" and r["recovering_from"] == 42
+    assert json.loads((state / "zz-wake.json").read_text())["seq"] == 42
+    deadline = time.monotonic() + 10
+    while not (state / "ran").exists() or not (state / "ran").read_text():
+        assert time.monotonic() < deadline, "the runtime command did not run"
+        time.sleep(0.02)
+    assert (state / "ran").read_text().strip() == "42"
+    pid = r["runtime_pid"]
+    assert guest_request(port, {"op": "wake", "seq": 42})["runtime_pid"] == pid  # not twice
+    # sleep: the runtime is stopped (its whole group).
+    r = guest_request(port, {"op": "sleep"})
+    assert r["mode"] == "idle" and r["runtime_pid"] is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert guest_request(port, {"op": "ballast", "mib": 8})["ballast_mib"] == 8
+    assert guest_request(port, {"op": "ballast", "mib": 0})["ballast_mib"] == 0
+    assert guest_request(port, {"op": "meminfo"})["meminfo_kib"]["MemTotal"] > 0
+    # Bad input: an error reply, counted; the agent goes on answering.
+    for bad in ({"op": "fly"}, {"op": "wake", "seq": -1}, {"op": "ballast", "mib": "x"}, [1]):
+        r = guest_request(port, bad)  # type: ignore[arg-type]
+        assert r["ok"] is False and r["error"]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"{not json\n")
+        assert b'"ok": false' in s.recv(4096)
+        s.sendall(b"x" * 70000 + b"\n")  # over the 64 KiB line limit: connection closed
+        s.settimeout(5)
+        assert s.recv(4096) == b""
+    r = _ping(port, 5)
+    assert r["counters"]["bad_request"] == 5 and r["counters"]["line_too_long"] == 1
+
+
+def test_guest_agent_bad_config(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "zz-guest.json").write_text('{"command": "not a list"}')
+    port = _free_port()
+    p = subprocess.Popen(
+        [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
+         "--host", "127.0.0.1", "--state", str(state), "--no-mount"],
+    )  # fmt: skip
+    try:
+        _wait_ok(port, time.monotonic() + 20)  # a broken config does not take it down
+        r = _ping(port, 5)
+        assert r["mode"] == "idle" and r["counters"]["bad_config"] == 1
+    finally:
+        p.terminate()
+        p.wait(10)

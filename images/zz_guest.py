@@ -1,0 +1,302 @@
+# zz_guest.py - the guest agent (the image's default command, images/init): answers health
+# requests on TCP port 7000 and runs the replica's runtime from the 9p-shared state dataset.
+# One JSON object per line each way; stdlib only (it also runs on the host). docs/images.md.
+"""ZZ guest agent.
+
+A sleeping replica boots into this agent *idle*: no service state is touched, it only
+answers. The host (controld, through the slirp forward 127.0.0.1:H -> guest:7000) then
+pauses or hibernates the VM; after the wake-up the first answer to `ping` is what
+"answering" means in the wake-up benchmark (scripts/bench/wakeup).
+
+Requests (one JSON object per line, one reply line each; a connection may send many):
+
+    {"op": "ping"}              -> {"ok": true, "agent": "zz-guest", "mode": ..., ...}
+    {"op": "sleep"}             stop the runtime, sync, unmount /state (QEMU refuses to
+                                save a guest that has a 9p share mounted)
+    {"op": "mount"}             mount /state again (nothing else)
+    {"op": "wake", "seq": N}    mount /state, write /state/zz-wake.json {"seq": N, ...}
+                                (the runtime reads it: it is recovering from N), start the
+                                runtime command if one is configured and not running
+    {"op": "meminfo"}           -> {"ok": true, "meminfo_kib": {"MemFree": ..., ...}}
+    {"op": "ballast", "mib": M} hold M MiB of non-zero memory (0 frees it). Benchmarks
+                                and tests only: it stands in for an application's memory.
+
+What runs comes from /state/zz-guest.json when the share holds one (read at boot and at
+every wake): {"command": [argv...], "start": "boot" | "wake", "env": {...}}; the command
+runs with /state as its working directory and ZZ_RECOVER_FROM=N after a wake. Without
+it the agent stays idle. Bad requests get {"ok": false, "error": ...} and are counted;
+a line over 64 KiB closes the connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PORT = 7000
+TAG = "state"
+CONFIG = "zz-guest.json"
+WAKE_FILE = "zz-wake.json"
+MAX_LINE = 64 * 1024
+MAX_BALLAST_MIB = 1 << 16
+# The same options images/init mounts with.
+MOUNT_ARGS = ["mount", "-t", "9p", "-o", "trans=virtio,version=9p2000.L,msize=512000"]
+
+
+def uptime() -> float:
+    try:
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in KiB (the figures the balloon's floor depends on)."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0])
+    except OSError:
+        pass
+    return out
+
+
+class Agent:
+    """state_dir: where the share is (or, with manage_mount False, just a directory)."""
+
+    def __init__(self, state_dir: Path, manage_mount: bool, stop_timeout: float = 10.0) -> None:
+        self.state_dir = state_dir
+        self.manage_mount = manage_mount
+        self.stop_timeout = stop_timeout
+        self.child: subprocess.Popen[bytes] | None = None
+        self.recovering_from: int | None = None
+        self.ballast: bytearray | None = None
+        self.counters: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def count(self, what: str) -> None:
+        self.counters[what] = self.counters.get(what, 0) + 1
+
+    # ---- the share -------------------------------------------------------------------
+    def share_present(self) -> bool:
+        """A virtio-9p device tagged "state" exists (or we do not manage mounts)."""
+        if not self.manage_mount:
+            return True
+        for tag in Path("/sys/bus/virtio/drivers/9pnet_virtio").glob("virtio*/mount_tag"):
+            try:
+                if tag.read_bytes().rstrip(b"\0") == TAG.encode():
+                    return True
+            except OSError:
+                pass
+        return False
+
+    def mounted(self) -> bool:
+        if not self.manage_mount:
+            return self.state_dir.is_dir()
+        try:
+            with open("/proc/mounts") as f:
+                return any(line.split()[1] == str(self.state_dir) for line in f if " " in line)
+        except OSError:
+            return False
+
+    def mount(self) -> None:
+        if self.mounted() or not self.share_present():
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run([*MOUNT_ARGS, TAG, str(self.state_dir)], capture_output=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"mount {TAG}: {p.stderr.decode(errors='replace').strip()}")
+
+    def unmount(self) -> None:
+        os.sync()
+        if not self.manage_mount or not self.mounted():
+            return
+        p = subprocess.run(["umount", str(self.state_dir)], capture_output=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"umount /state: {p.stderr.decode(errors='replace').strip()}")
+
+    # ---- the runtime -------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        path = self.state_dir / CONFIG
+        if not self.mounted() or not path.exists():
+            return {}
+        cfg = json.loads(path.read_text())
+        cmd = cfg.get("command")
+        if cmd is not None and (
+            not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd)
+        ):
+            raise ValueError(f"{path}: command must be a non-empty list of strings")
+        if cfg.get("start", "boot") not in ("boot", "wake"):
+            raise ValueError(f"{path}: start must be 'boot' or 'wake'")
+        env = cfg.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise ValueError(f"{path}: env must map names to strings")
+        return cfg
+
+    def running(self) -> bool:
+        return self.child is not None and self.child.poll() is None
+
+    def start_runtime(self, cfg: dict[str, Any]) -> bool:
+        if self.running() or not cfg.get("command"):
+            return False
+        env = dict(os.environ, **cfg.get("env", {}))
+        if self.recovering_from is not None:
+            env["ZZ_RECOVER_FROM"] = str(self.recovering_from)
+        # Own session: stop_runtime() signals the whole group the runtime may spawn.
+        self.child = subprocess.Popen(
+            cfg["command"], cwd=self.state_dir, env=env, start_new_session=True
+        )
+        print(f"zz-guest: runtime started, pid {self.child.pid}: {cfg['command']}", flush=True)
+        return True
+
+    def stop_runtime(self) -> int | None:
+        child, self.child = self.child, None
+        if child is None:
+            return None
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        return child.returncode
+
+    # ---- requests ----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        child = self.child
+        mode = "idle"
+        if child is not None:
+            mode = "running" if child.poll() is None else "exited"
+        return {
+            "ok": True,
+            "agent": "zz-guest",
+            "mode": mode,
+            "uptime": uptime(),
+            "state_mounted": self.mounted(),
+            "recovering_from": self.recovering_from,
+            "runtime_pid": child.pid if child is not None else None,
+            "runtime_exit": child.returncode if child is not None else None,
+            "ballast_mib": len(self.ballast) >> 20 if self.ballast else 0,
+            "counters": dict(self.counters),
+        }
+
+    def handle(self, req: Any) -> dict[str, Any]:
+        if not isinstance(req, dict) or not isinstance(req.get("op"), str):
+            raise ValueError("a request is a JSON object with a string 'op'")
+        op = req["op"]
+        if op == "ping":
+            pass
+        elif op == "sleep":
+            self.stop_runtime()
+            self.unmount()
+        elif op == "mount":
+            self.mount()
+        elif op == "wake":
+            seq = req.get("seq")
+            if seq is not None and (not isinstance(seq, int) or seq < 0):
+                raise ValueError("seq must be a non-negative integer")
+            self.mount()
+            self.recovering_from = seq
+            if self.mounted():
+                wake = {"seq": seq, "uptime": uptime(), "time": time.time()}
+                tmp = self.state_dir / (WAKE_FILE + ".tmp")
+                tmp.write_text(json.dumps(wake) + "\n")
+                os.replace(tmp, self.state_dir / WAKE_FILE)
+            self.start_runtime(self.config())
+        elif op == "meminfo":
+            return {"ok": True, "meminfo_kib": meminfo()}
+        elif op == "ballast":
+            mib = req.get("mib")
+            if not isinstance(mib, int) or not 0 <= mib <= MAX_BALLAST_MIB:
+                raise ValueError(f"mib must be an integer in 0..{MAX_BALLAST_MIB}")
+            self.ballast = None
+            if mib:
+                # Non-zero bytes: zero pages are not written to a save file.
+                self.ballast = bytearray(b"\xa5") * (mib << 20)
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        self.count(op)
+        return self.status()
+
+    def locked_handle(self, req: Any) -> dict[str, Any]:
+        """One state-changing request at a time; a ping never waits for one."""
+        if isinstance(req, dict) and req.get("op") == "ping":
+            return self.handle(req)
+        with self.lock:
+            return self.handle(req)
+
+    async def serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                try:
+                    # Blocking ops (mount, a runtime stop, a big ballast) run off the loop
+                    # so pings on other connections are still answered.
+                    reply = await asyncio.to_thread(self.locked_handle, json.loads(line))
+                except (ValueError, RuntimeError, OSError) as e:
+                    self.count("bad_request")
+                    reply = {"ok": False, "error": str(e)}
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.LimitOverrunError, ValueError):
+            self.count("line_too_long")
+        finally:
+            writer.close()
+
+
+async def serve(agent: Agent, host: str, port: int) -> None:
+    server = await asyncio.start_server(agent.serve_conn, host, port, limit=MAX_LINE)
+    print(
+        f"zz-guest: agent up at {uptime():.2f} s, python {sys.version.split()[0]}, port {port},"
+        f" state {'mounted' if agent.mounted() else 'not mounted'}",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        await stop.wait()
+    agent.stop_runtime()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="ZZ guest agent (docs/images.md)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--state", default="/state", help="where the 9p share is mounted")
+    p.add_argument(
+        "--no-mount",
+        action="store_true",
+        help="the state directory is a plain directory (on a host: tests, process backend)",
+    )
+    args = p.parse_args(argv)
+    agent = Agent(Path(args.state), manage_mount=not args.no_mount)
+    try:
+        cfg = agent.config()
+        if cfg.get("start", "boot") == "boot":
+            agent.start_runtime(cfg)
+    except (ValueError, OSError) as e:
+        # A broken config must not take the agent down: the host still needs answers.
+        agent.count("bad_config")
+        print(f"zz-guest: {CONFIG}: {e}", flush=True)
+    asyncio.run(serve(agent, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
