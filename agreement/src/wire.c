@@ -205,7 +205,10 @@ static uint8_t auth_kind_of(uint8_t type)
     case ZZ_FAULT_STATEMENT:
     case ZZ_WAKEUP:
     case ZZ_SHUTDOWN:
+    case ZZ_FILE_FETCH:
         return ZZ_AUTH_SIG;
+    case ZZ_FILE_DATA: /* its content is checked against a certified manifest instead */
+        return ZZ_AUTH_NONE;
     default:
         return ZZ_AUTH_MAC;
     }
@@ -393,6 +396,33 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         zz_control *q = &m->u.control;
         TRY(rd_u64(r, &q->request_id));
         TRY(rd_bytes(r, &q->json));
+        break;
+    }
+    case ZZ_FILE_FETCH: {
+        zz_file_fetch *q = &m->u.file_fetch;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_bytes(r, &q->path));
+        TRY(rd_u64(r, &q->offset));
+        TRY(rd_u32(r, &q->length));
+        if (q->length > ZZ_FILE_MAX_CHUNK)
+            return ZZ_ERR_FIELD;
+        break;
+    }
+    case ZZ_FILE_DATA: {
+        zz_file_data *q = &m->u.file_data;
+        TRY(rd_u64(r, &q->seq));
+        TRY(rd_bytes(r, &q->path));
+        TRY(rd_u64(r, &q->offset));
+        TRY(rd_u8(r, &q->status));
+        TRY(rd_u64(r, &q->size));
+        TRY(rd_bytes(r, &q->data));
+        /* Same checks, same order as zz/wire.py FileData._parse. */
+        if (q->status > 4)
+            return ZZ_ERR_FIELD;
+        if (q->status != 0 && (q->size != 0 || q->data.len != 0))
+            return ZZ_ERR_FIELD;
+        if (q->data.len > ZZ_FILE_MAX_CHUNK)
+            return ZZ_ERR_FIELD;
         break;
     }
     default:
@@ -666,7 +696,8 @@ static const char *type_name(uint8_t t)
         "COMMIT",      "CHECKPOINT",     "VIEW-CHANGE",     "NEW-VIEW",        "FETCH",
         "FETCH-REPLY", "STATUS",         "?",               "?",               "?",
         "?",           "EXEC-COMMIT",    "EXEC-REPORT",     "EXEC-CHECKPOINT", "FAULT-STATEMENT",
-        "WAKEUP",      "SHUTDOWN",       "REPLY-AFFIRM",    "CONTROL",         "CONTROL-REPLY"};
+        "WAKEUP",      "SHUTDOWN",       "REPLY-AFFIRM",    "CONTROL",         "CONTROL-REPLY",
+        "FILE-FETCH",  "FILE-DATA"};
     return zz_type_known(t) ? names[t] : "?";
 }
 
@@ -779,6 +810,20 @@ int zz_dump(const zz_msg *m, char *out, size_t cap)
     case ZZ_CONTROL_REPLY:
         w_field_u(&w, "request_id", m->u.control.request_id);
         w_field_hex(&w, "json", m->u.control.json.p, m->u.control.json.len);
+        break;
+    case ZZ_FILE_FETCH:
+        w_field_u(&w, "seq", m->u.file_fetch.seq);
+        w_field_hex(&w, "path", m->u.file_fetch.path.p, m->u.file_fetch.path.len);
+        w_field_u(&w, "offset", m->u.file_fetch.offset);
+        w_field_u(&w, "length", m->u.file_fetch.length);
+        break;
+    case ZZ_FILE_DATA:
+        w_field_u(&w, "seq", m->u.file_data.seq);
+        w_field_hex(&w, "path", m->u.file_data.path.p, m->u.file_data.path.len);
+        w_field_u(&w, "offset", m->u.file_data.offset);
+        w_field_u(&w, "status", m->u.file_data.status);
+        w_field_u(&w, "size", m->u.file_data.size);
+        w_field_hex(&w, "data", m->u.file_data.data.p, m->u.file_data.data.len);
         break;
     default:
         return -1;
@@ -1078,6 +1123,31 @@ size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, ui
     return s;
 }
 
+size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq, const void *path,
+                         uint32_t path_len, uint64_t offset, uint32_t length)
+{
+    size_t s = zz_begin(b, ZZ_FILE_FETCH, ZZ_AUTH_SIG, svc, sender);
+    zz_put_u64(b, seq);
+    zz_put_bytes(b, path, path_len);
+    zz_put_u64(b, offset);
+    zz_put_u32(b, length);
+    zz_end_body(b, s);
+    return s;
+}
+
+size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_data *d)
+{
+    size_t s = zz_begin(b, ZZ_FILE_DATA, ZZ_AUTH_NONE, svc, sender);
+    zz_put_u64(b, d->seq);
+    zz_put_bytes(b, d->path.p, d->path.len);
+    zz_put_u64(b, d->offset);
+    zz_put_u8(b, d->status);
+    zz_put_u64(b, d->size);
+    zz_put_bytes(b, d->data.p, d->data.len);
+    zz_end_body(b, s);
+    return s;
+}
+
 /* Lists are rebuilt item by item from the decoded view (not copied as one blob) so
  * that a round trip actually exercises the encoders. */
 static void put_blist(zz_buf *b, const zz_blist *l)
@@ -1244,6 +1314,14 @@ size_t zz_reencode(zz_buf *b, const zz_msg *m)
     case ZZ_CONTROL_REPLY:
         s = zz_enc_control(b, m->type, m->service, m->sender, m->u.control.request_id,
                            m->u.control.json.p, m->u.control.json.len);
+        break;
+    case ZZ_FILE_FETCH:
+        s = zz_enc_file_fetch(b, m->service, m->sender, m->u.file_fetch.seq,
+                              m->u.file_fetch.path.p, m->u.file_fetch.path.len,
+                              m->u.file_fetch.offset, m->u.file_fetch.length);
+        break;
+    case ZZ_FILE_DATA:
+        s = zz_enc_file_data(b, m->service, m->sender, &m->u.file_data);
         break;
     default:
         return b->len;

@@ -38,9 +38,12 @@ enum zz_type {
     ZZ_REPLY_AFFIRM = 22,
     ZZ_CONTROL = 23,
     ZZ_CONTROL_REPLY = 24,
-    ZZ_TYPE_MAX = 24
+    ZZ_FILE_FETCH = 25,
+    ZZ_FILE_DATA = 26,
+    ZZ_TYPE_MAX = 26
 };
-/* 12..15 and 25..31 are unassigned; a decoder rejects them like any unknown type. */
+/* 12..15 and 27..31 are unassigned; a decoder rejects them like any unknown type. */
+#define ZZ_FILE_MAX_CHUNK 4194304u /* FILE-FETCH length and FILE-DATA data, at most */
 int zz_type_known(uint8_t type);
 
 enum zz_auth_kind { ZZ_AUTH_NONE = 0, ZZ_AUTH_MAC = 1, ZZ_AUTH_SIG = 2 };
@@ -247,6 +250,22 @@ typedef struct {
 } zz_control; /* CONTROL and CONTROL-REPLY */
 
 typedef struct {
+    uint64_t seq;
+    zz_bytes path;
+    uint64_t offset;
+    uint32_t length;
+} zz_file_fetch;
+
+typedef struct {
+    uint64_t seq;
+    zz_bytes path;
+    uint64_t offset;
+    uint8_t status; /* 0 ok, 1 no such checkpoint, 2 no such file, 3 refused, 4 error */
+    uint64_t size;
+    zz_bytes data;
+} zz_file_data;
+
+typedef struct {
     uint8_t type;
     uint8_t auth_kind;
     uint16_t service;
@@ -277,6 +296,8 @@ typedef struct {
         zz_shutdown shutdown;
         zz_reply_affirm reply_affirm;
         zz_control control; /* CONTROL and CONTROL-REPLY */
+        zz_file_fetch file_fetch;
+        zz_file_data file_data;
     } u;
 } zz_msg;
 
@@ -356,6 +377,10 @@ size_t zz_enc_reply_affirm(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts
                            const uint8_t digest[ZZ_DIGEST_LEN]);
 size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t request_id,
                       const void *json, uint32_t len);
+/* FILE-FETCH (signed by the caller) and FILE-DATA (no authenticator): state fetching. */
+size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq, const void *path,
+                         uint32_t path_len, uint64_t offset, uint32_t length);
+size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_data *d);
 /* FAULT-STATEMENT, WAKEUP and SHUTDOWN have lists: zz_begin (auth ZZ_AUTH_SIG), the zz_put_*
  * helpers, zz_end_body. */
 /* VIEW-CHANGE and NEW-VIEW have variable lists: build them with zz_begin, the zz_put_*

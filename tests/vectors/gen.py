@@ -55,13 +55,13 @@ def valid(name: str, m: wire.Message, receivers: list[int] | None = None) -> Blo
     if m.AUTH == wire.AUTH_MAC:
         assert receivers is not None
         m = m.with_macs(macs(m.sender, receivers))
-    else:
+    elif m.AUTH == wire.AUTH_SIG:
         m = m.signed(sign_key(m.sender))
     b = Block(name, m.encode())
     b.dump = m.dump()
     if m.AUTH == wire.AUTH_MAC:
         b.mac_keys = [(r, mac_key(m.sender, r)) for r in (receivers or [])]
-    else:
+    elif m.AUTH == wire.AUTH_SIG:
         b.sign_pub = sign_key(m.sender).public
     return b
 
@@ -221,6 +221,11 @@ def generate() -> str:
     add(valid("control", ctl, [h1]))
     add(valid("control-reply", wire.ControlReply(0, h1, 5, b'{"ok": true}'), [op0]))
     add(valid("control-empty-json", wire.Control(0, op0, 6, b""), [h1]))
+    e2 = wire.exec_principal(2)
+    add(valid("file-fetch", wire.FileFetch(SVC, e2, 8, b"kv/6b31", 4194304, 4194304)))
+    add(valid("file-fetch-manifest", wire.FileFetch(SVC, e2, 8, b"", 0, 1024)))
+    add(valid("file-data", wire.FileData(SVC, e1, 8, b"kv/6b31", 3, 0, 7, b"lue")))
+    add(valid("file-data-no-file", wire.FileData(SVC, e1, 8, b"nope", 0, 2, 0, b"")))
 
     # -- invalid vectors: each breaks exactly one rule of an otherwise valid message
     prep = wire.Prepare(SVC, 1, 0, 1, d1).with_macs(macs(1, [0, 2, 3])).encode()
@@ -318,6 +323,51 @@ def generate() -> str:
     # Fault detection and control: wrong auth kinds, field domains, truncations, limits.
     fs_body = fs0.body()
     add(invalid("type-fault-statement-with-mac", with_raw_macs(19, 0, fs_body, [1]), "type"))
+    ff_body = wire.FileFetch(SVC, e2, 8, b"a", 0, 16).body()
+    add(
+        invalid(
+            "type-file-fetch-with-no-auth", raw_msg(25, wire.AUTH_NONE, e2, ff_body, b""), "type"
+        )
+    )
+    fd_body = wire.FileData(SVC, e1, 8, b"a", 0, 0, 1, b"x").body()
+    add(invalid("type-file-data-with-mac", with_raw_macs(26, e1, fd_body, [e2]), "type"))
+    add(
+        invalid("auth-file-data-with-bytes", raw_msg(26, wire.AUTH_NONE, e1, fd_body, b"x"), "auth")
+    )
+
+    def file_data_body(status: int, size: int, data: bytes) -> bytes:
+        return (
+            struct.pack(">QI", 8, 1)
+            + b"a"
+            + struct.pack(">QBQI", 0, status, size, len(data))
+            + data
+        )
+
+    add(
+        invalid(
+            "field-file-data-status",
+            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(5, 0, b""), b""),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "field-file-data-error-with-data",
+            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(2, 0, b"x"), b""),
+            "field",
+        )
+    )
+    ff_long = struct.pack(">QI", 8, 1) + b"a" + struct.pack(">QI", 0, 4194305)
+    ff_long_msg = raw_msg(25, wire.AUTH_SIG, e2, ff_long, b"")
+    ff_long_msg += sign_key(e2).sign(ff_long_msg)
+    add(invalid("field-file-fetch-length", ff_long_msg, "field"))
+    add(
+        invalid(
+            "short-file-data",
+            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(0, 1, b"x")[:-1], b""),
+            "short",
+        )
+    )
     sh_body = wire.Shutdown(SVC, 0, 7, [0, 1], [1], [], [0, 2]).body()
     add(invalid("type-shutdown-with-mac", with_raw_macs(21, 0, sh_body, [1]), "type"))
     ra_body = wire.ReplyAffirm(SVC, 2, 9, c0, da).body()
