@@ -10,8 +10,10 @@ anything is written or any hypervisor call is made):
     active     -> paused | hibernated | convicted   put to sleep, or shut down
     paused     -> recovering | hibernated | convicted   WAKEUP resumes; deeper sleep
     hibernated -> recovering | convicted           WAKEUP restores (+ set_memory)
-    recovering -> active | convicted               caught up (fetched its state)
-    convicted  -> (nothing; remove() forgets it)    SHUTDOWN destroyed it
+    recovering -> active | paused | hibernated | convicted
+                                                   caught up (fetched its state), or put
+                                                   back to sleep by a SHUTDOWN (`sleep`)
+    convicted  -> (nothing; remove() forgets it)    SHUTDOWN (or the operator) destroyed it
 
 Write-ahead: transition() first persists the record with `pending` = the target state,
 then runs the hypervisor action, then persists the outcome. Invariants, at every point
@@ -52,7 +54,7 @@ TRANSITIONS: dict[str | None, frozenset[str]] = {
     ACTIVE: frozenset({PAUSED, HIBERNATED, CONVICTED}),
     PAUSED: frozenset({RECOVERING, HIBERNATED, CONVICTED}),
     HIBERNATED: frozenset({RECOVERING, CONVICTED}),
-    RECOVERING: frozenset({ACTIVE, CONVICTED}),
+    RECOVERING: frozenset({ACTIVE, PAUSED, HIBERNATED, CONVICTED}),
     CONVICTED: frozenset(),
 }
 FORMAT = "zz-inventory/1"
@@ -226,6 +228,35 @@ class Inventory:
                 self._settle_failure(rec, to, e, old_save)
                 raise
             return self._confirm(rec, to)
+
+    async def aprovision(
+        self,
+        service: str,
+        index: int,
+        role: str,
+        domain: str,
+        state: str,
+        action: Callable[[], object],
+        save_file: str | None = None,
+    ) -> Replica:
+        """provision() for the daemon: written ahead on the event loop, the (blocking)
+        action in a thread, under the replica's lock like atransition()."""
+        lock = self._locks.setdefault((service, index), asyncio.Lock())
+        async with lock:
+            if (service, index) in self._replicas:
+                raise IllegalTransition(f"{service}/{index} exists already")
+            rec = Replica(service, index, role, None, domain)
+            rec.pending = state
+            rec.check()
+            self._check_edge(rec, state)
+            self._replicas[rec.key] = rec
+            self._begin(rec, state, save_file)
+            try:
+                await asyncio.to_thread(action)
+            except BaseException as e:
+                self._settle_failure(rec, state, e, None)
+                raise
+            return self._confirm(rec, state)
 
     def remove(self, service: str, index: int) -> None:
         """Forget a convicted replica."""

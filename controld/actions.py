@@ -1,0 +1,259 @@
+# controld/actions.py - the hypervisor sequences controld runs for one replica: provision
+# (boot, wait until the runtime answers, then pause or hibernate), wake (resume, or restore
+# + grow the balloon), put back to sleep, destroy, and the wake-up notice to the runtime.
+# Blocking calls: the daemon runs each sequence in a thread (Inventory.atransition).
+"""Replica action sequences of one host (docs/controld.md, "Provisioning", "WAKEUP").
+
+Everything here is synchronous and touches one replica; the inventory bookkeeping around
+it (write-ahead, settle on failure) is the daemon's. Names and paths:
+
+    domain    zz-<rack>-<service>-x<index>          unique per rack and host
+    run dir   <home>/replicas/<domain>/             console/log (libvirt), replica.log
+    save file <home>/saves/<domain>.save            hibernation image (or process record)
+    state dir Service.exec_state_dir(config, i)      run/s<id>/exec-<i>: the runtime's own
+                                                     directory, shared into a guest as 9p
+                                                     "state" / the process's cwd
+    notice    <state dir>/controld-wakeup.json      written at WAKEUP (see wake_notice)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zz.config import EXEC_PORT_OFFSET, Config, Host, Service
+
+from .hypervisor import DomainNotFound, Hypervisor, HypervisorError, ReplicaSpec
+
+# DESIGN.md §7: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
+BALLOON_MIB = 192
+NOTICE_NAME = "controld-wakeup.json"
+
+
+@dataclass
+class HostContext:
+    """What the action sequences need to know about this host."""
+
+    config: Config
+    host: Host
+    hv: Hypervisor
+    home: Path  # controld's directory: inventory, ledger, replicas/, saves/
+    memory_mib: int = 512  # a replica's full memory
+    image: Path | None = None  # images/build.py output (libvirt, real URIs)
+    store: str = "dir"  # the runtime's checkpoint store: dir or zfs
+    zfs_pool: str | None = None
+    ready_timeout: float = 60.0
+
+    @property
+    def fake_guests(self) -> bool:
+        """libvirt's test:/// driver: domains without a guest, nothing ever answers."""
+        return bool(getattr(self.hv, "is_test", False))
+
+
+def domain_name(config: Config, service: Service, index: int) -> str:
+    return f"zz-{config.rack.name}-{service.name}-x{index}"
+
+
+def run_dir(ctx: HostContext, domain: str) -> Path:
+    return ctx.home / "replicas" / domain
+
+
+def save_path(ctx: HostContext, domain: str) -> Path:
+    return ctx.home / "saves" / f"{domain}.save"
+
+
+def exec_port(service: Service, index: int) -> int:
+    return service.base_port + EXEC_PORT_OFFSET + index
+
+
+def zfs_dataset(service: Service, index: int) -> str:
+    """The runtime's default dataset name (python -m zz.execution --zfs-dataset)."""
+    return f"s{service.id}-exec-{index}"
+
+
+def runtime_command(ctx: HostContext, service: Service, index: int) -> tuple[str, ...]:
+    cmd = [sys.executable, "-m", "zz.execution", "--rack", str(ctx.config.path)]
+    cmd += ["--service", service.name, "--index", str(index), "--store", ctx.store]
+    if ctx.store == "zfs":
+        if not ctx.zfs_pool:
+            raise ValueError("--store zfs needs a ZFS pool")
+        cmd += ["--zfs-pool", ctx.zfs_pool]
+    return tuple(cmd)
+
+
+def replica_spec(ctx: HostContext, service: Service, index: int) -> ReplicaSpec:
+    domain = domain_name(ctx.config, service, index)
+    rd = run_dir(ctx, domain)
+    rd.mkdir(parents=True, exist_ok=True)
+    # libvirt-qemu must reach the console socket in the run dir (docs/controld.md).
+    os.chmod(rd, 0o755)
+    state = service.exec_state_dir(ctx.config, index)
+    state.mkdir(parents=True, exist_ok=True)
+    port = exec_port(service, index)
+    if ctx.hv.kind == "process":
+        command: tuple[str, ...] | None = runtime_command(ctx, service, index)
+    else:
+        # The guest runs the image's own runtime entry (images/); the rack config's host
+        # paths mean nothing inside it.
+        command = None
+    return ReplicaSpec(
+        name=domain,
+        run_dir=rd,
+        command=command,
+        image=ctx.image,
+        memory_mib=ctx.memory_mib,
+        ports=((port, port),),
+        state_dir=state,
+    )
+
+
+def wait_answering(ctx: HostContext, service: Service, index: int, timeout: float) -> float:
+    """Block until the replica accepts a TCP connection on its execution port (the
+    runtime is up and listening); returns the seconds it took."""
+    t0 = time.monotonic()
+    addr = (service.exec_host(ctx.config, index).address, exec_port(service, index))
+    domain = domain_name(ctx.config, service, index)
+    while True:
+        try:
+            with socket.create_connection(addr, timeout=1.0):
+                return time.monotonic() - t0
+        except OSError as e:
+            last = e
+        try:
+            if ctx.hv.state(domain) not in ("running",):
+                raise HypervisorError(domain, "provision", "it stopped while booting")
+        except DomainNotFound:
+            raise HypervisorError(domain, "provision", "it is gone while booting") from None
+        if time.monotonic() - t0 > timeout:
+            raise HypervisorError(domain, "provision", f"not answering on {addr}: {last}")
+        time.sleep(0.05)
+
+
+def put_to_sleep(ctx: HostContext, domain: str, mode: str) -> None:
+    """Paused: suspend. Hibernated: balloon down to BALLOON_MIB, then save to disk."""
+    if mode == "paused":
+        ctx.hv.suspend(domain)
+        return
+    path = save_path(ctx, domain)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hib = getattr(ctx.hv, "hibernate", None)
+    if hib is not None:
+        hib(domain, path, balloon_mib=BALLOON_MIB)
+        return
+    ctx.hv.set_memory(domain, BALLOON_MIB * 1024)
+    ctx.hv.save(domain, path)
+
+
+def provision(ctx: HostContext, service: Service, index: int, mode: str) -> dict[str, Any]:
+    """Boot the replica, wait until its runtime answers (not on test:///), then leave it
+    running (mode active) or put it to sleep. On failure whatever was created is destroyed
+    before the error goes up, so the inventory's settle sees nothing and forgets the
+    record (never a half-provisioned replica nobody tracks)."""
+    spec = replica_spec(ctx, service, index)
+    t0 = time.monotonic()
+    out: dict[str, Any] = {"domain": spec.name}
+    ctx.hv.create(spec)
+    try:
+        if not ctx.fake_guests:
+            out["answering_s"] = round(wait_answering(ctx, service, index, ctx.ready_timeout), 3)
+        if mode != "active":
+            put_to_sleep(ctx, spec.name, mode)
+    except BaseException:
+        _destroy_quietly(ctx, spec.name, save_path(ctx, spec.name))
+        raise
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def _destroy_quietly(ctx: HostContext, domain: str, save: Path | None) -> None:
+    try:
+        ctx.hv.destroy(domain)
+    except DomainNotFound:
+        pass
+    except HypervisorError:
+        pass  # the settle step asks the hypervisor what is left and records it
+    if save is not None and save.exists():
+        try:
+            ctx.hv.discard(save)
+        except HypervisorError:
+            pass
+
+
+def wake(ctx: HostContext, domain: str, state: str, save_file: str | None) -> None:
+    """Paused: resume. Hibernated: restore, then grow the balloon to the full memory
+    (paged-out restore: the guest pages its memory back in as it touches it)."""
+    if state == "paused":
+        ctx.hv.resume(domain)
+        return
+    if not save_file:
+        raise HypervisorError(domain, "wake", "hibernated without a save file")
+    full_kib = ctx.memory_mib * 1024
+    woke = getattr(ctx.hv, "wake_hibernated", None)
+    if woke is not None:
+        name = woke(Path(save_file), ctx.memory_mib)
+    else:
+        name = ctx.hv.restore(Path(save_file))
+        ctx.hv.set_memory(name, full_kib)
+    if name != domain:
+        raise HypervisorError(domain, "wake", f"the save file restored {name!r}")
+
+
+def destroy(ctx: HostContext, domain: str, save_file: str | None) -> None:
+    """Destroy the domain (gone already is fine) and drop its save file."""
+    try:
+        ctx.hv.destroy(domain)
+    except DomainNotFound:
+        pass
+    if save_file and Path(save_file).exists():
+        ctx.hv.discard(Path(save_file))
+
+
+def wake_notice(ctx: HostContext, service: Service, index: int, seq: int, awake: list[int]) -> Path:
+    """Tell the runtime it is recovering and from which seq: a JSON file in its state
+    directory (the process's cwd; inside a guest the 9p share /state), written atomically.
+    The runtime's use of it (fetch the checkpoint, replay from seq) is issue 6."""
+    state = service.exec_state_dir(ctx.config, index)
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / NOTICE_NAME
+    body = {
+        "service": service.id,
+        "index": index,
+        "recovering_from_seq": seq,
+        "awake": awake,
+        "woken_at": time.time(),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) -> str | None:
+    """Keep a convicted replica's state for forensics, out of the way of its successor:
+    ZFS store: snapshot <pool>/<dataset>@forensic-<seq>; dir store: rename the state
+    directory to exec-<i>.forensic-<seq>. Returns what was kept (None: nothing there)."""
+    if ctx.store == "zfs" and ctx.zfs_pool:
+        from zz.snapshots.zfs import dataset_exists, run_zfs
+
+        ds = f"{ctx.zfs_pool}/{zfs_dataset(service, index)}"
+        if not dataset_exists(ds):
+            return None
+        snap = f"{ds}@forensic-{seq}"
+        run_zfs(["snapshot", snap])
+        return snap
+    state = service.exec_state_dir(ctx.config, index)
+    if not state.exists():
+        return None
+    dest = state.with_name(f"{state.name}.forensic-{seq}")
+    n = 1
+    while dest.exists():
+        dest = state.with_name(f"{state.name}.forensic-{seq}.{n}")
+        n += 1
+    state.rename(dest)
+    return str(dest)

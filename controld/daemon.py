@@ -1,0 +1,525 @@
+# controld/daemon.py - one controld per host: an asyncio TCP server on the host's
+# control_port taking CONTROL RPCs from operators (MAC) and WAKEUP / SHUTDOWN certificates
+# from agreement replicas (Ed25519), acting on this host's execution replicas through the
+# hypervisor interface with write-ahead inventory transitions. docs/controld.md.
+"""The controld daemon.
+
+Trust: an operator (CONTROL, MAC with the operator's key) may provision, destroy, list
+and ask for status; only a verified certificate may wake a replica (WAKEUP) or shut one
+down (SHUTDOWN, g+1 matching). Everything that fails to frame, decode, authenticate or
+verify is dropped and counted (`status` shows the counters); no message can crash the
+daemon. Certificate actions run one at a time, in arrival order, on one worker (so a
+SHUTDOWN never overtakes the WAKEUP of its round); operator operations run concurrently,
+serialised per replica by the inventory's locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from zz import certs, wire
+from zz.config import Config, ConfigError, Host, Service
+from zz.keys import ControldKeys, controld_principal
+
+from . import actions
+from . import inventory as inv
+from .actions import HostContext
+from .hypervisor import Hypervisor, HypervisorError
+from .ledger import Ledger
+from .rpc import RACK_SERVICE, control_reply, decode_json
+
+log = logging.getLogger("zz.controld")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+MODES = ("paused", "hibernated", "active")
+
+
+class OpError(Exception):
+    """An operator request that cannot be served; the message goes into the reply."""
+
+
+class Daemon:
+    """controld of `host`. `home` holds inventory.json, ledger.json, replicas/, saves/."""
+
+    def __init__(
+        self,
+        config: Config,
+        host: Host,
+        hv: Hypervisor,
+        keys: ControldKeys,
+        home: Path,
+        *,
+        memory_mib: int = 512,
+        image: Path | None = None,
+        store: str = "dir",
+        zfs_pool: str | None = None,
+        ready_timeout: float = 60.0,
+    ) -> None:
+        self.config = config
+        self.host = host
+        self.hv = hv
+        self.keys = keys
+        self.me = controld_principal(host.index)
+        home.mkdir(parents=True, exist_ok=True)
+        self.ctx = HostContext(
+            config, host, hv, home, memory_mib, image, store, zfs_pool, ready_timeout
+        )
+        self.inventory = inv.Inventory(home / "inventory.json", hv)
+        self.ledger = Ledger(home / "ledger.json")
+        self.freshness_path = home / "freshness.json"
+        self.freshness = certs.Freshness.load(self.freshness_path)
+        self.counters: Counter[str] = Counter()
+        self.recent: deque[str] = deque(maxlen=64)
+        self.in_doubt_at_start: list[dict[str, Any]] = []
+        self.lost: list[dict[str, Any]] = []
+        # One collector per service: SHUTDOWN votes of one round, g+1 make a certificate.
+        self.collectors: dict[int, certs.ShutdownCollector] = {}
+        self._work: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.started = time.time()
+
+    # ---- start, restart, stop ---------------------------------------------------------------
+    def recover(self) -> None:
+        """On start: settle records left in doubt by a crash, and compare every other record
+        with what the hypervisor shows. Nothing is acted upon: a replica whose state does
+        not match (e.g. the process backend cannot adopt a dead controld's children) is
+        reported in `lost` for the operator."""
+        for rec in self.inventory.reconcile():
+            self.in_doubt_at_start.append(asdict(rec))
+            self._note(f"in doubt at start: {rec.service}/{rec.index}: {rec.error}")
+        self.lost = []
+        for rec in self.inventory.replicas():
+            try:
+                ok = inv.consistent_states(self.hv, rec)
+            except HypervisorError as e:
+                ok, why = set(), str(e)
+            else:
+                why = f"the hypervisor shows it as none of {sorted(map(str, ok))}"
+            if rec.state not in ok:
+                self.lost.append({"service": rec.service, "index": rec.index,
+                                  "state": rec.state, "why": why})  # fmt: skip
+                self._note(
+                    f"lost: {rec.service}/{rec.index} is {rec.state} in the inventory; {why}"
+                )
+
+    async def start(self, port: int | None = None) -> int:
+        """Recover, then listen on the host's address and control_port (port=0: any, for
+        tests). Returns the port."""
+        self.recover()
+        self._worker = asyncio.create_task(self._work_loop())
+        self._server = await asyncio.start_server(
+            self._serve_conn, self.host.address, self.host.control_port if port is None else port
+        )
+        bound = self._server.sockets[0].getsockname()[1]
+        log.info("controld %s (principal %d) listening on %s:%d, %s backend, %d replicas",
+                 self.host.name, self.me, self.host.address, bound, self.hv.kind,
+                 len(self.inventory.replicas()))  # fmt: skip
+        return int(bound)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        for t in [*self._tasks, *([self._worker] if self._worker else [])]:
+            t.cancel()
+        for t in [*self._tasks, *([self._worker] if self._worker else [])]:
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def idle(self) -> None:
+        """Wait until every queued certificate action is done (tests, bench)."""
+        await self._work.join()
+
+    def _note(self, line: str) -> None:
+        log.info("%s", line)
+        self.recent.append(f"{time.strftime('%H:%M:%S')} {line}")
+
+    # ---- transport --------------------------------------------------------------------------
+    async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lock = asyncio.Lock()  # replies of concurrent operations never interleave bytes
+
+        async def send(frame: bytes) -> None:
+            async with lock:
+                writer.write(frame)
+                await writer.drain()
+
+        try:
+            while True:
+                try:
+                    raw = await wire.read_frame(reader)
+                except wire.FrameError:
+                    self.counters["framing"] += 1
+                    return
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                try:
+                    await self._on_message(raw, send)
+                except (ConnectionError, OSError):
+                    return
+                except Exception:  # a bug must not take the daemon down: count and log
+                    self.counters["internal_error"] += 1
+                    log.exception("message handling failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _on_message(self, raw: bytes, send: Callable[[bytes], Awaitable[None]]) -> None:
+        try:
+            m = wire.decode(raw)
+        except (wire.WireError, ValueError):
+            self.counters["malformed"] += 1
+            return
+        if isinstance(m, wire.Control):
+            await self._on_control(m, send)
+        elif isinstance(m, wire.Wakeup):
+            self._on_wakeup(m, raw)
+        elif isinstance(m, wire.Shutdown):
+            self._on_shutdown(m, raw)
+        else:
+            self.counters["unexpected_type"] += 1
+
+    # ---- CONTROL ----------------------------------------------------------------------------
+    async def _on_control(self, m: wire.Control, send: Callable[[bytes], Awaitable[None]]) -> None:
+        key = self.keys.operators.get(m.sender)
+        if m.service != RACK_SERVICE or key is None:
+            self.counters["control_unknown_principal"] += 1
+            return
+        if not m.verify_mac(self.me, key):
+            self.counters["control_bad_mac"] += 1
+            return
+
+        async def reply(body: dict[str, Any]) -> None:
+            await send(control_reply(self.me, m.sender, key, m.request_id, body))
+
+        if not self.ledger.accept_request(m.sender, m.request_id):
+            self.counters["control_replayed"] += 1
+            await reply({"ok": False, "final": True, "error": f"request id {m.request_id} reused"})
+            return
+        try:
+            req = decode_json(m.json)
+            op = req.get("op")
+            if not isinstance(op, str):
+                raise ValueError("no 'op'")
+        except ValueError as e:
+            self.counters["control_bad_request"] += 1
+            await reply({"ok": False, "final": True, "error": f"bad request: {e}"})
+            return
+        self.counters["control_ok"] += 1
+        task = asyncio.create_task(self._run_op(op, req, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_op(self, op: str, req: dict[str, Any], reply: Send) -> None:
+        ops: dict[str, Callable[[dict[str, Any], Send], Awaitable[dict[str, Any]]]] = {
+            "status": self._op_status,
+            "list": self._op_list,
+            "provision": self._op_provision,
+            "destroy": self._op_destroy,
+        }
+        try:
+            fn = ops.get(op)
+            if fn is None:
+                raise OpError(f"unknown op {op!r}; one of {', '.join(sorted(ops))}")
+            body = await fn(req, reply)
+            body = {"ok": True, **body}
+        except (OpError, inv.IllegalTransition, KeyError, ValueError) as e:
+            self.counters["control_failed"] += 1
+            body = {"ok": False, "error": str(e).strip('"')}
+        except HypervisorError as e:
+            self.counters["control_failed"] += 1
+            body = {"ok": False, "error": str(e)}
+        except Exception as e:  # a bug: the operator still gets a final answer
+            self.counters["internal_error"] += 1
+            log.exception("op %s failed", op)
+            body = {"ok": False, "error": f"internal error: {type(e).__name__}: {e}"}
+        body["final"] = True
+        if "service" in req and "index" in req:
+            rec = self._find(req)
+            body["replica"] = asdict(rec) if rec is not None else None
+        with contextlib.suppress(ConnectionError, OSError):
+            await reply(body)
+
+    def _find(self, req: dict[str, Any]) -> inv.Replica | None:
+        try:
+            return self.inventory.get(self._service(req).name, int(req["index"]))
+        except (KeyError, ValueError, TypeError, OpError):
+            return None
+
+    def _service(self, req: dict[str, Any]) -> Service:
+        try:
+            return self.config.service(req["service"])
+        except (KeyError, ConfigError):
+            raise OpError(f"unknown service {req.get('service')!r}") from None
+
+    def _index(self, svc: Service, req: dict[str, Any]) -> int:
+        idx = req.get("index")
+        if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < svc.n_exec:
+            raise OpError(f"{svc.name}: index must be an integer in 0..{svc.n_exec - 1}")
+        return idx
+
+    async def _op_status(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        return {
+            "host": self.host.name,
+            "principal": self.me,
+            "backend": self.hv.kind,
+            "uptime_s": round(time.time() - self.started, 1),
+            "replicas": [asdict(r) for r in self.inventory.replicas()],
+            "counters": dict(sorted(self.counters.items())),
+            "in_doubt_at_start": self.in_doubt_at_start,
+            "lost": self.lost,
+            "freshness": json.loads(self.freshness.to_json()),
+            "recent": list(self.recent),
+        }
+
+    async def _op_list(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        return {
+            "replicas": [
+                {
+                    "service": r.service,
+                    "index": r.index,
+                    "role": r.role,
+                    "state": r.state,
+                    "pending": r.pending,
+                    "domain": r.domain,
+                    "error": r.error,
+                }  # fmt: skip
+                for r in self.inventory.replicas()
+            ]
+        }
+
+    def _placement_check(self, svc: Service, index: int) -> None:
+        """Only replicas the config places here, and at most one execution replica of a
+        service per host (DESIGN.md §1): one faulty host can then take down one replica
+        of a service, not two."""
+        placed = svc.exec_host(self.config, index)
+        if placed.index != self.host.index:
+            raise OpError(
+                f"{svc.name}/{index} is placed on host {placed.name}, not {self.host.name}"
+            )
+        for r in self.inventory.replicas():
+            if r.service == svc.name and r.index != index and r.state != inv.CONVICTED:
+                raise OpError(
+                    f"{svc.name}/{r.index} is already on {self.host.name}: at most one execution"
+                    " replica of a service per host"
+                )
+
+    async def _provision(
+        self, svc: Service, index: int, mode: str, role: str | None = None
+    ) -> dict[str, Any]:
+        domain = actions.domain_name(self.config, svc, index)
+        save = str(actions.save_path(self.ctx, domain)) if mode == "hibernated" else None
+        role = role or ("active" if index < svc.active else "standby")
+        out: dict[str, Any] = {}
+
+        def act() -> None:
+            out.update(actions.provision(self.ctx, svc, index, mode))
+
+        await self.inventory.aprovision(svc.name, index, role, domain, mode, act, save_file=save)
+        self._note(f"provisioned {svc.name}/{index} {mode} ({domain}) {out}")
+        return out
+
+    async def _op_provision(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        svc = self._service(req)
+        index = self._index(svc, req)
+        mode = req.get("mode", svc.sleep)
+        if mode not in MODES:
+            raise OpError(f"mode must be one of {', '.join(MODES)}")
+        if not svc.uses_execution_replicas:
+            raise OpError(f"service {svc.name!r}: app {svc.app!r} has no execution replicas")
+        self._placement_check(svc, index)
+        await reply(
+            {"ok": True, "final": False, "progress": f"booting {svc.name}/{index}, then {mode}"}
+        )
+        return await self._provision(svc, index, mode)
+
+    async def _op_destroy(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        svc = self._service(req)
+        index = self._index(svc, req)
+        rec = self.inventory.get(svc.name, index)
+        await reply({"ok": True, "final": False, "progress": f"destroying {rec.domain}"})
+        await self._destroy(rec)
+        return {"destroyed": rec.domain}
+
+    async def _destroy(self, rec: inv.Replica) -> None:
+        """-> convicted (destroy the domain, drop the save file), then forget it."""
+        if rec.state != inv.CONVICTED:
+            domain, save = rec.domain, rec.save_file
+            await self.inventory.atransition(
+                rec.service,
+                rec.index,
+                inv.CONVICTED,
+                lambda: actions.destroy(self.ctx, domain, save),
+            )
+        self.inventory.remove(rec.service, rec.index)
+
+    # ---- WAKEUP -----------------------------------------------------------------------------
+    def _service_by_id(self, sid: int) -> Service | None:
+        for s in self.config.services:
+            if s.id == sid:
+                return s
+        return None
+
+    def _on_wakeup(self, m: wire.Wakeup, raw: bytes) -> None:
+        svc = self._service_by_id(m.service)
+        if svc is None:
+            self.counters["wakeup_unknown_service"] += 1
+            return
+        try:
+            w = certs.verify_wakeup(
+                raw, keys=self.keys.services[svc.id], f=svc.f, g=svc.g, n_exec=svc.n_exec
+            )
+        except certs.CertError as e:
+            self.counters["wakeup_rejected"] += 1
+            self.counters[f"wakeup_rejected:{e.reason}"] += 1
+            return
+        try:
+            self.freshness.check_wakeup(w)
+        except certs.CertError as e:
+            self.counters[f"wakeup_{e.reason}"] += 1
+            return
+        # Recorded before acting: a crash mid-action never acts twice on one certificate.
+        self.freshness.acted_wakeup(w)
+        self.freshness.save(self.freshness_path)
+        self.counters["wakeup_accepted"] += 1
+        awake = list(w.awake)
+        self._note(
+            f"WAKEUP {svc.name} seq {w.seq} awake {awake} wake {list(w.wake)} from {m.sender}"
+        )
+        self._work.put_nowait(("wakeup", (svc, w.seq, awake, list(w.wake))))
+
+    async def _act_wakeup(self, svc: Service, seq: int, awake: list[int], wake: list[int]) -> None:
+        for x in wake:
+            try:
+                rec = self.inventory.get(svc.name, x)
+            except KeyError:
+                continue  # hosted elsewhere
+            if rec.state not in (inv.PAUSED, inv.HIBERNATED) or rec.pending is not None:
+                self.counters["wakeup_not_sleeping"] += 1
+                self._note(f"WAKEUP {svc.name}/{x}: is {rec.state}, nothing to wake")
+                continue
+            domain, state, save = rec.domain, rec.state, rec.save_file
+            t0 = time.monotonic()
+            try:
+                await self.inventory.atransition(
+                    svc.name,
+                    x,
+                    inv.RECOVERING,
+                    lambda d=domain, st=state, sv=save: actions.wake(self.ctx, d, st, sv),
+                )
+            except (HypervisorError, inv.IllegalTransition, OSError) as e:
+                self.counters["action_failed"] += 1
+                self._note(f"WAKEUP {svc.name}/{x} failed: {e}")
+                continue
+            dt = time.monotonic() - t0
+            self.counters["woken"] += 1
+            notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
+            self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
+
+    # ---- SHUTDOWN ---------------------------------------------------------------------------
+    def _on_shutdown(self, m: wire.Shutdown, raw: bytes) -> None:
+        svc = self._service_by_id(m.service)
+        if svc is None:
+            self.counters["shutdown_unknown_service"] += 1
+            return
+        col = self.collectors.get(svc.id)
+        if col is None:
+            trust = certs.ServiceTrust(svc.id, self.keys.services[svc.id], svc.f, svc.g, svc.n_exec)
+            col = self.collectors[svc.id] = certs.ShutdownCollector(trust)
+        try:
+            cert = col.add(raw)
+        except certs.CertError as e:
+            self.counters["shutdown_rejected"] += 1
+            self.counters[f"shutdown_rejected:{e.reason}"] += 1
+            return
+        self.counters["shutdown_votes"] += 1
+        if cert is None:
+            return
+        try:
+            self.freshness.check_shutdown(cert)
+        except certs.CertError as e:
+            self.counters[f"shutdown_{e.reason}"] += 1
+            return
+        self.freshness.acted_shutdown(cert)
+        self.freshness.save(self.freshness_path)
+        col.forget_below(cert.seq)
+        self.counters["shutdown_accepted"] += 1
+        self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
+                   f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
+        self._work.put_nowait(("shutdown", (svc, cert.seq, list(cert.convict), list(cert.sleep))))
+
+    async def _act_shutdown(
+        self, svc: Service, seq: int, convict: list[int], sleep: list[int]
+    ) -> None:
+        for x in convict:
+            try:
+                rec = self.inventory.get(svc.name, x)
+            except KeyError:
+                continue
+            try:
+                await self._destroy(rec)
+                kept = await asyncio.to_thread(actions.set_aside_state, self.ctx, svc, x, seq)
+                self.counters["convicted"] += 1
+                self._note(f"convicted {svc.name}/{x} destroyed; state kept as {kept}")
+            except (HypervisorError, inv.IllegalTransition, OSError) as e:
+                self.counters["action_failed"] += 1
+                self._note(f"SHUTDOWN {svc.name}/{x} destroy failed: {e}")
+                continue
+            try:
+                self._placement_check(svc, x)
+                await self._provision(svc, x, svc.sleep, role="standby")
+                self.counters["reprovisioned"] += 1
+            except OpError as e:
+                self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
+            except (HypervisorError, inv.IllegalTransition, OSError) as e:
+                self.counters["action_failed"] += 1
+                self._note(f"fresh spare {svc.name}/{x} failed: {e}")
+        for x in sleep:
+            try:
+                rec = self.inventory.get(svc.name, x)
+            except KeyError:
+                continue
+            if rec.state not in (inv.RECOVERING, inv.ACTIVE):
+                continue
+            mode = svc.sleep
+            domain = rec.domain
+            save = str(actions.save_path(self.ctx, domain)) if mode == "hibernated" else None
+            try:
+                await self.inventory.atransition(
+                    svc.name,
+                    x,
+                    mode,
+                    lambda d=domain, md=mode: actions.put_to_sleep(self.ctx, d, md),
+                    save_file=save,
+                )
+                self._note(f"{svc.name}/{x} back to sleep ({mode})")
+            except (HypervisorError, inv.IllegalTransition, OSError) as e:
+                self.counters["action_failed"] += 1
+                self._note(f"SHUTDOWN {svc.name}/{x} sleep failed: {e}")
+
+    # ---- the certificate worker -------------------------------------------------------------
+    async def _work_loop(self) -> None:
+        while True:
+            kind, args = await self._work.get()
+            try:
+                if kind == "wakeup":
+                    await self._act_wakeup(*args)
+                else:
+                    await self._act_shutdown(*args)
+            except Exception:
+                self.counters["internal_error"] += 1
+                log.exception("%s action failed", kind)
+            finally:
+                self._work.task_done()

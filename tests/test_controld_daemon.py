@@ -1,0 +1,518 @@
+# tests/test_controld_daemon.py - the controld daemon end to end over TCP: operator RPC
+# authentication, provisioning, certificate-checked WAKEUP and SHUTDOWN, restart. libvirt on
+# test:///default (fast, in-process domains) and the process backend with the real
+# execution runtime. Certificates are real Ed25519-signed zz/wire.py messages.
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from zz.controld import actions
+from zz.controld import inventory as inv
+from zz.controld.daemon import Daemon
+from zz.controld.hypervisor import DomainNotFound, open_backend
+from zz.controld.rpc import RpcError, call, control_request
+
+from zz import keys, wire
+from zz.config import Config, load
+from zz.crypto import SigningKey
+from zz.procrack import REPO, repo_env
+
+A, B = bytes([0xA]) * 32, bytes([0xB]) * 32
+OP = keys.operator_principal(0)
+SVC = 1
+
+
+def _free_base() -> int:
+    """A base port whose execution ports (base+64 .. base+66) are free now."""
+    for _ in range(200):
+        base = 20000 + secrets.randbelow(30000)
+        try:
+            for i in range(3):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + 64 + i))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range")
+
+
+RACK = """\
+[rack]
+name = "{name}"
+[[hosts]]
+name = "h0"
+address = "127.0.0.1"
+libvirt_uri = "test:///default"
+[[hosts]]
+name = "h1"
+address = "127.0.0.1"
+libvirt_uri = "test:///default"
+[[hosts]]
+name = "h2"
+address = "127.0.0.1"
+libvirt_uri = "test:///default"
+[[services]]
+name = "web"
+id = 1
+g = 1
+f = 1
+app = "kv"
+clients = 2
+base_port = {base}
+sleep = "{sleep}"
+"""
+
+
+@dataclass
+class Rack:
+    config: Config
+    path: Path
+    signers: dict[int, SigningKey]  # agreement replica r of service 1
+    op_keys: dict[int, bytes]  # operator 0's MAC key per controld principal
+
+    def statement(self, r: int, seq: int, row: list[tuple[int, int, bytes]]) -> bytes:
+        entries = [wire.RowEntry(j, st, d) for j, st, d in row]
+        return wire.FaultStatement(SVC, r, seq, entries).signed(self.signers[r]).encode()
+
+    def wakeup(
+        self, sender: int, seq: int, evidence: list[bytes], sleeping: list[int], wake: list[int]
+    ) -> bytes:
+        m = wire.Wakeup(SVC, sender, seq, evidence, sleeping, wake)
+        return m.signed(self.signers[sender]).encode()
+
+    def valid_wakeup(self, seq: int = 7, sender: int = 0) -> bytes:
+        """Scenario w1 of tests/vectors/faults.txt: 0 and 1 disagree, wake spare 2."""
+        ev = [self.statement(r, seq, [(0, 1, A), (1, 1, B)]) for r in (0, 1)]
+        return self.wakeup(sender, seq, ev, [2], [2])
+
+    def shutdown(self, r: int, seq: int, convict: list[int], sleep: list[int]) -> bytes:
+        active = [j for j in (0, 2) if j not in convict and j not in sleep]
+        m = wire.Shutdown(SVC, r, seq, [0, 1], convict, sleep, active)
+        return m.signed(self.signers[r]).encode()
+
+
+def make_rack(tmp_path: Path, sleep: str = "paused") -> Rack:
+    name = "t" + secrets.token_hex(4)  # domain names on the shared test:///default differ
+    p = tmp_path / "rack.toml"
+    p.write_text(RACK.format(name=name, base=_free_base(), sleep=sleep))
+    c = load(p)
+    keys.generate(c)
+    signers = {}
+    for r in range(4):
+        sk = keys.load_secret(keys.secret_path(c.rack.key_dir, SVC, r)).sign
+        assert sk is not None
+        signers[r] = sk
+    op = keys.load_secret(keys.secret_path(c.rack.key_dir, 0, OP))
+    return Rack(c, p, signers, op.macs)
+
+
+@pytest.fixture
+def rack(tmp_path: Path) -> Rack:
+    return make_rack(tmp_path)
+
+
+class Node:
+    """One in-process controld and a client for it."""
+
+    def __init__(self, rack: Rack, host: int, backend: str, **opts: Any) -> None:
+        self.rack = rack
+        self.host = rack.config.hosts[host]
+        self.principal = keys.controld_principal(host)
+        self.hv = open_backend(
+            backend, **({"uri": "test:///default"} if backend == "libvirt" else {})
+        )
+        ck = keys.load_controld(rack.config.rack.key_dir, rack.config, host)
+        home = rack.config.rack.run_dir / "controld" / self.host.name
+        self.daemon = Daemon(rack.config, self.host, self.hv, ck, home, ready_timeout=30, **opts)
+        self.port = 0
+
+    async def start(self) -> None:
+        self.port = await self.daemon.start(port=0)
+
+    async def rpc(self, op: str, **params: Any) -> dict[str, Any]:
+        return await call(
+            "127.0.0.1",
+            self.port,
+            operator=OP,
+            controld=self.principal,
+            key=self.rack.op_keys[self.principal],
+            op={"op": op, **params},
+            timeout=60,
+        )
+
+    async def send(self, *raws: bytes) -> None:
+        """Send messages on one connection, then a status RPC on it: its reply means they
+        were all handled; then wait until the actions they queued are done."""
+        r, w = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            for raw in raws:
+                w.write(wire.frame(raw))
+            rid = time.time_ns()
+            key = self.rack.op_keys[self.principal]
+            w.write(control_request(OP, self.principal, key, rid, {"op": "list"}))
+            await w.drain()
+            await asyncio.wait_for(wire.read_frame(r), 10)
+        finally:
+            w.close()
+        await asyncio.wait_for(self.daemon.idle(), 60)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.daemon.counters)
+
+    def state(self, index: int) -> str | None:
+        return self.daemon.inventory.get("web", index).state
+
+    async def close(self, destroy: bool = True) -> None:
+        await self.daemon.stop()
+        if destroy:
+            for rec in self.daemon.inventory.replicas():
+                with contextlib.suppress(Exception):
+                    self.hv.destroy(rec.domain)
+        self.hv.close()
+
+
+@contextlib.asynccontextmanager
+async def nodes(rack: Rack, backend: str, *hosts: int) -> AsyncIterator[list[Node]]:
+    made = [Node(rack, h, backend) for h in hosts]
+    try:
+        for n in made:
+            await n.start()
+        yield made
+    finally:
+        for n in made:
+            await n.close()
+
+
+def _raw_control(rack: Rack, principal: int, sender: int, key: bytes, rid: int) -> bytes:
+    m = wire.Control(0, sender, rid, json.dumps({"op": "status"}).encode())
+    return m.with_macs({principal: key}).encode()
+
+
+# ---- RPC authentication -----------------------------------------------------------------
+
+
+async def test_rpc_auth_and_garbage(rack: Rack) -> None:
+    async with nodes(rack, "libvirt", 0) as (n,):
+        st = await n.rpc("status")
+        assert st["ok"] and st["host"] == "h0" and st["principal"] == 16777216
+        assert st["backend"] == "libvirt" and st["replicas"] == []
+        key = rack.op_keys[n.principal]
+        rid = time.time_ns()
+        bad_mac = _raw_control(rack, n.principal, OP, bytes(32), rid)
+        unknown = _raw_control(rack, n.principal, OP + 1, key, rid)  # no such operator
+        wrong_receiver = _raw_control(rack, n.principal + 1, OP, key, rid)  # entry for h1 only
+        garbage = b"ZZ\x01\x17" + bytes(40)
+        await n.send(bad_mac, unknown, wrong_receiver, garbage)
+        c = n.counters()
+        assert c["control_bad_mac"] == 2 and c["control_unknown_principal"] == 1
+        assert c["malformed"] == 1
+        # A reused request id is refused with an authenticated reply, and persisted.
+        rid = time.time_ns()
+        ok = await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=key,
+                        op={"op": "list"}, request_id=rid)  # fmt: skip
+        assert ok["ok"]
+        again = await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=key,
+                           op={"op": "list"}, request_id=rid)  # fmt: skip
+        assert not again["ok"] and "reused" in again["error"]
+        older = await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=key,
+                           op={"op": "list"}, request_id=rid - 1)  # fmt: skip
+        assert not older["ok"] and n.counters()["control_replayed"] == 2
+        bad = await n.rpc("frobnicate")
+        assert not bad["ok"] and "unknown op" in bad["error"]
+        # A frame length below 16 closes that connection; the daemon keeps serving.
+        r, w = await asyncio.open_connection("127.0.0.1", n.port)
+        w.write((3).to_bytes(4, "big") + b"abc")
+        await w.drain()
+        assert await asyncio.wait_for(r.read(), 5) == b""
+        w.close()
+        st = await n.rpc("status")
+        assert st["counters"]["framing"] == 1
+        # A client with the wrong key sees no authenticated reply (the daemon sends none).
+        with pytest.raises(RpcError):
+            await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=bytes(32),
+                       op={"op": "status"}, timeout=1.5)  # fmt: skip
+
+
+# ---- provisioning, WAKEUP ---------------------------------------------------------------
+
+
+async def test_provision_checks_placement(rack: Rack) -> None:
+    async with nodes(rack, "libvirt", 0) as (n,):
+        # Execution replica i is placed on hosts[(i + 1) % 3]: h0 holds replica 2 only.
+        r = await n.rpc("provision", service="web", index=1, mode="paused")
+        assert not r["ok"] and "placed on host h2" in r["error"]
+        r = await n.rpc("provision", service="web", index=7)
+        assert not r["ok"] and "0..2" in r["error"]
+        r = await n.rpc("provision", service="nope", index=2)
+        assert not r["ok"] and "unknown service" in r["error"]
+        r = await n.rpc("provision", service="web", index=2, mode="frozen")
+        assert not r["ok"] and "mode" in r["error"]
+        assert (await n.rpc("list"))["replicas"] == []
+
+
+@pytest.mark.parametrize("backend", ["libvirt", "process"])
+async def test_wakeup_paused(rack: Rack, backend: str) -> None:
+    async with nodes(rack, backend, 0) as (n,):
+        progress: list[dict[str, Any]] = []
+        r = await call("127.0.0.1", n.port, operator=OP, controld=n.principal,
+                       key=rack.op_keys[n.principal], progress=progress.append,
+                       op={"op": "provision", "service": "web", "index": 2, "mode": "paused"})  # fmt: skip
+        assert r["ok"], r
+        assert progress and "booting" in progress[0]["progress"]
+        assert r["replica"]["state"] == "paused" and r["replica"]["role"] == "standby"
+        domain = r["replica"]["domain"]
+        assert n.hv.state(domain) == "paused"
+        if backend == "process":
+            assert r["answering_s"] > 0  # the real runtime came up before the pause
+        # Forged WAKEUPs: nothing changes.
+        good_ev = [rack.statement(x, 7, [(0, 1, A), (1, 1, B)]) for x in (0, 1)]
+        bad_sig = bytearray(rack.valid_wakeup())
+        bad_sig[-1] ^= 1
+        only_g = rack.wakeup(0, 7, good_ev[:1], [2], [2])
+        agree = [rack.statement(x, 7, [(0, 1, A), (1, 1, A)]) for x in (0, 1)]
+        not_a_fault = rack.wakeup(0, 7, agree, [2], [2])
+        one_late = [
+            rack.statement(0, 7, [(0, 1, A), (1, 1, B)]),
+            rack.statement(1, 7, [(0, 1, A), (1, 1, A)]),
+        ]
+        not_conv = rack.wakeup(0, 7, one_late, [2], [2])
+        wrong_wake = rack.wakeup(0, 7, good_ev, [2], [])
+        by_client = wire.Wakeup(SVC, 65536, 7, good_ev, [2], [2]).signed(rack.signers[0]).encode()
+        await n.send(bytes(bad_sig), only_g, not_a_fault, not_conv, wrong_wake, by_client)
+        c = n.counters()
+        assert c["wakeup_rejected"] == 6, c
+        for reason in (
+            "bad-signature",
+            "too-few-signers",
+            "not-a-fault",
+            "wrong-wake",
+            "bad-sender",
+        ):
+            assert c[f"wakeup_rejected:{reason}"] >= 1, (reason, c)
+        assert n.state(2) == "paused" and n.hv.state(domain) == "paused"
+        state_dir = rack.config.service("web").exec_state_dir(rack.config, 2)
+        assert not (state_dir / actions.NOTICE_NAME).exists()
+        # The valid one wakes replica 2, marks it recovering and leaves the notice.
+        await n.send(rack.valid_wakeup())
+        assert n.counters()["woken"] == 1
+        assert n.state(2) == "recovering" and n.hv.state(domain) == "running"
+        notice = json.loads((state_dir / actions.NOTICE_NAME).read_text())
+        assert notice["recovering_from_seq"] == 7 and notice["awake"] == [0, 1]
+        # Duplicates: the same message, and the same round from another sender.
+        await n.send(rack.valid_wakeup(), rack.valid_wakeup(sender=3))
+        c = n.counters()
+        assert c["wakeup_duplicate"] == 2 and c["woken"] == 1 and c["wakeup_accepted"] == 1
+
+
+async def test_wakeup_hibernated(tmp_path: Path) -> None:
+    rack = make_rack(tmp_path, sleep="hibernated")
+    async with nodes(rack, "libvirt", 0) as (n,):
+        r = await n.rpc("provision", service="web", index=2)  # the service's mode
+        assert r["ok"] and r["replica"]["state"] == "hibernated", r
+        rec = n.daemon.inventory.get("web", 2)
+        assert rec.save_file and Path(rec.save_file).exists()
+        with pytest.raises(DomainNotFound):
+            n.hv.state(rec.domain)  # saved: the domain is gone until restore
+        await n.send(rack.valid_wakeup())
+        assert n.state(2) == "recovering" and n.hv.state(rec.domain) == "running"
+        assert n.hv.memory_kib(rec.domain) == 512 * 1024  # grown back to its full memory
+
+
+# ---- SHUTDOWN ---------------------------------------------------------------------------
+
+
+async def test_shutdown_certificate(rack: Rack) -> None:
+    # h2 hosts replica 1 (active, the faulty one), h0 the spare 2.
+    async with nodes(rack, "libvirt", 0, 2) as (h0, h2):
+        assert (await h2.rpc("provision", service="web", index=1, mode="active"))["ok"]
+        assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        old_dom = h2.daemon.inventory.get("web", 1).domain
+        state1 = rack.config.service("web").exec_state_dir(rack.config, 1)
+        (state1 / "marker").write_text("evidence")
+        await h0.send(rack.valid_wakeup())
+        assert h0.state(2) == "recovering"
+        # g = 1 vote: no certificate, nothing happens.
+        v0 = rack.shutdown(0, 7, convict=[1], sleep=[])
+        await h2.send(v0)
+        assert h2.state(1) == "active" and h2.hv.state(old_dom) == "running"
+        assert h2.counters()["shutdown_votes"] == 1 and "shutdown_accepted" not in h2.counters()
+        # A conflicting second vote from the same replica is refused.
+        await h2.send(rack.shutdown(0, 7, convict=[0], sleep=[]))
+        assert h2.counters()["shutdown_rejected:conflicting"] == 1
+        # A vote with a bad signature does not count.
+        forged = bytearray(rack.shutdown(2, 7, convict=[1], sleep=[]))
+        forged[-5] ^= 0x40
+        await h2.send(bytes(forged))
+        assert h2.counters()["shutdown_rejected:bad-signature"] == 1
+        assert h2.state(1) == "active"
+        # g+1 = 2 matching votes: destroy, keep the state aside, provision a fresh spare.
+        await h2.send(rack.shutdown(1, 7, convict=[1], sleep=[]))
+        c = h2.counters()
+        assert c["shutdown_accepted"] == 1 and c["convicted"] == 1 and c["reprovisioned"] == 1
+        rec = h2.daemon.inventory.get("web", 1)
+        assert rec.state == "paused" and rec.role == "standby"
+        assert h2.hv.state(rec.domain) == "paused"
+        assert (state1.with_name("exec-1.forensic-7") / "marker").read_text() == "evidence"
+        assert not (state1 / "marker").exists()
+        # The same certificate again (late third vote, replayed votes): nothing.
+        await h2.send(rack.shutdown(2, 7, convict=[1], sleep=[]), v0)
+        c = h2.counters()
+        assert c["convicted"] == 1 and c["reprovisioned"] == 1
+        # h0 hosts nothing convicted; a stale WAKEUP of the resolved round does nothing.
+        await h0.send(rack.shutdown(0, 7, convict=[1], sleep=[]), rack.shutdown(1, 7, [1], []))
+        assert h0.state(2) == "recovering"
+        await h0.send(rack.valid_wakeup(seq=5))
+        assert h0.counters()["wakeup_stale"] == 1
+
+
+async def test_shutdown_puts_extra_replicas_back_to_sleep(rack: Rack) -> None:
+    async with nodes(rack, "libvirt", 0) as (h0,):
+        assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        await h0.send(rack.valid_wakeup())
+        assert h0.state(2) == "recovering"
+        dom = h0.daemon.inventory.get("web", 2).domain
+        await h0.send(*(rack.shutdown(r, 7, convict=[1], sleep=[2]) for r in (0, 1)))
+        assert h0.state(2) == "paused" and h0.hv.state(dom) == "paused"
+
+
+# ---- restart ----------------------------------------------------------------------------
+
+
+async def test_restart_mid_transition(rack: Rack) -> None:
+    """controld stops after writing a WAKEUP's transition ahead and resuming the domain,
+    before confirming: the restarted daemon settles it from the hypervisor, reports it,
+    and a duplicate of the WAKEUP does nothing."""
+    # test:/// state lives as long as a connection to it: this one stands for libvirtd.
+    keep = open_backend("libvirt", uri="test:///default")
+    try:
+        await _restart_mid_transition(rack)
+    finally:
+        keep.close()
+
+
+async def _restart_mid_transition(rack: Rack) -> None:
+    n = Node(rack, 0, "libvirt")
+    await n.start()
+    try:
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        rec = n.daemon.inventory.get("web", 2)
+        n.daemon.freshness.acted_wakeup(
+            __import__("zz.certs", fromlist=["x"]).verify_wakeup(
+                rack.valid_wakeup(), keys=n.daemon.keys.services[SVC], f=1, g=1, n_exec=3
+            )
+        )
+        n.daemon.freshness.save(n.daemon.freshness_path)
+        n.daemon.inventory._begin(rec, inv.RECOVERING, rec.save_file)  # written ahead...
+        n.hv.resume(rec.domain)  # ...the action ran, and then controld died
+    finally:
+        await n.close(destroy=False)
+    n2 = Node(rack, 0, "libvirt")
+    await n2.start()
+    try:
+        assert n2.daemon.inventory.get("web", 2).state == "recovering"
+        st = await n2.rpc("status")
+        assert (
+            len(st["in_doubt_at_start"]) == 1 and "confirmed" in st["in_doubt_at_start"][0]["error"]
+        )
+        assert st["lost"] == []
+        await n2.send(rack.valid_wakeup())
+        c = n2.counters()
+        assert c["wakeup_duplicate"] == 1 and "woken" not in c
+    finally:
+        await n2.close()
+
+
+def _procs_with(text: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace"
+                ):
+                    out.append(int(d.name))
+    return out
+
+
+@pytest.fixture
+def kill_leftovers(rack: Rack) -> Iterator[None]:
+    yield
+    for pid in _procs_with(str(rack.path)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _start_controld(rack: Rack, port: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "zz.controld", "--config", str(rack.path), "--host", "h0",
+           "--backend", "process", "--port", str(port), "--ready-timeout", "30"]  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=REPO, env=repo_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    assert p.stdout is not None
+    line = p.stdout.readline().decode()
+    assert "listening" in line, line
+    return p
+
+
+async def test_controld_killed_and_restarted(rack: Rack, kill_leftovers: None) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctl = keys.controld_principal(0)
+    key = rack.op_keys[ctl]
+
+    async def rpc(op: dict[str, Any]) -> dict[str, Any]:
+        return await call("127.0.0.1", port, operator=OP, controld=ctl, key=key, op=op, timeout=60)
+
+    async def send(raw: bytes) -> None:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(wire.frame(raw))
+        w.write(control_request(OP, ctl, key, time.time_ns(), {"op": "list"}))
+        await w.drain()
+        await asyncio.wait_for(wire.read_frame(r), 10)
+        w.close()
+
+    p = _start_controld(rack, port)
+    try:
+        r = await rpc({"op": "provision", "service": "web", "index": 2, "mode": "paused"})
+        assert r["ok"], r
+        await send(rack.valid_wakeup())
+        for _ in range(200):
+            st = await rpc({"op": "status"})
+            if st["replicas"][0]["state"] == "recovering":
+                break
+            await asyncio.sleep(0.05)
+        assert st["counters"]["woken"] == 1
+    finally:
+        p.kill()
+        p.wait()
+    # The replica process outlives the killed controld; its children cannot be adopted.
+    assert _procs_with(f"--rack {rack.path} --service web --index 2")
+    p = _start_controld(rack, port)
+    try:
+        st = await rpc({"op": "status"})
+        assert [(x["index"], x["state"]) for x in st["replicas"]] == [(2, "recovering")]
+        assert [x["index"] for x in st["lost"]] == [2]  # reported, not acted upon
+        await send(rack.valid_wakeup())
+        st = await rpc({"op": "status"})
+        assert st["counters"]["wakeup_duplicate"] == 1 and "woken" not in st["counters"]
+        # The operator's ids are persisted too: an old request id is still refused.
+        old = await call("127.0.0.1", port, operator=OP, controld=ctl, key=key,
+                         op={"op": "list"}, request_id=1)  # fmt: skip
+        assert not old["ok"] and "reused" in old["error"]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
