@@ -222,14 +222,35 @@ async def test_rpc_auth_and_garbage(rack: Rack) -> None:
         assert c["malformed"] == 1
         # A reused request id is refused with an authenticated reply, and persisted.
         rid = time.time_ns()
-        ok = await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=key,
-                        op={"op": "list"}, request_id=rid)  # fmt: skip
+        ok = await call(
+            "127.0.0.1",
+            n.port,
+            operator=OP,
+            controld=n.principal,
+            key=key,
+            op={"op": "list"},
+            request_id=rid,
+        )
         assert ok["ok"]
-        again = await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=key,
-                           op={"op": "list"}, request_id=rid)  # fmt: skip
+        again = await call(
+            "127.0.0.1",
+            n.port,
+            operator=OP,
+            controld=n.principal,
+            key=key,
+            op={"op": "list"},
+            request_id=rid,
+        )
         assert not again["ok"] and "reused" in again["error"]
-        older = await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=key,
-                           op={"op": "list"}, request_id=rid - 1)  # fmt: skip
+        older = await call(
+            "127.0.0.1",
+            n.port,
+            operator=OP,
+            controld=n.principal,
+            key=key,
+            op={"op": "list"},
+            request_id=rid - 1,
+        )
         assert not older["ok"] and n.counters()["control_replayed"] == 2
         bad = await n.rpc("frobnicate")
         assert not bad["ok"] and "unknown op" in bad["error"]
@@ -243,8 +264,15 @@ async def test_rpc_auth_and_garbage(rack: Rack) -> None:
         assert st["counters"]["framing"] == 1
         # A client with the wrong key sees no authenticated reply (the daemon sends none).
         with pytest.raises(RpcError):
-            await call("127.0.0.1", n.port, operator=OP, controld=n.principal, key=bytes(32),
-                       op={"op": "status"}, timeout=1.5)  # fmt: skip
+            await call(
+                "127.0.0.1",
+                n.port,
+                operator=OP,
+                controld=n.principal,
+                key=bytes(32),
+                op={"op": "status"},
+                timeout=1.5,
+            )
 
 
 # ---- provisioning, WAKEUP ---------------------------------------------------------------
@@ -268,9 +296,15 @@ async def test_provision_checks_placement(rack: Rack) -> None:
 async def test_wakeup_paused(rack: Rack, backend: str) -> None:
     async with nodes(rack, backend, 0) as (n,):
         progress: list[dict[str, Any]] = []
-        r = await call("127.0.0.1", n.port, operator=OP, controld=n.principal,
-                       key=rack.op_keys[n.principal], progress=progress.append,
-                       op={"op": "provision", "service": "web", "index": 2, "mode": "paused"})  # fmt: skip
+        r = await call(
+            "127.0.0.1",
+            n.port,
+            operator=OP,
+            controld=n.principal,
+            key=rack.op_keys[n.principal],
+            progress=progress.append,
+            op={"op": "provision", "service": "web", "index": 2, "mode": "paused"},
+        )
         assert r["ok"], r
         assert progress and "booting" in progress[0]["progress"]
         assert r["replica"]["state"] == "paused" and r["replica"]["role"] == "standby"
@@ -457,10 +491,29 @@ def kill_leftovers(rack: Rack) -> Iterator[None]:
 
 
 def _start_controld(rack: Rack, port: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "zz.controld", "--config", str(rack.path), "--host", "h0",
-           "--backend", "process", "--port", str(port), "--ready-timeout", "30"]  # fmt: skip
-    p = subprocess.Popen(cmd, cwd=REPO, env=repo_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zz.controld",
+        "--config",
+        str(rack.path),
+        "--host",
+        "h0",
+        "--backend",
+        "process",
+        "--port",
+        str(port),
+        "--ready-timeout",
+        "30",
+    ]
+    p = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=repo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert p.stdout is not None
     line = p.stdout.readline().decode()
     assert "listening" in line, line
@@ -510,8 +563,9 @@ async def test_controld_killed_and_restarted(rack: Rack, kill_leftovers: None) -
         st = await rpc({"op": "status"})
         assert st["counters"]["wakeup_duplicate"] == 1 and "woken" not in st["counters"]
         # The operator's ids are persisted too: an old request id is still refused.
-        old = await call("127.0.0.1", port, operator=OP, controld=ctl, key=key,
-                         op={"op": "list"}, request_id=1)  # fmt: skip
+        old = await call(
+            "127.0.0.1", port, operator=OP, controld=ctl, key=key, op={"op": "list"}, request_id=1
+        )
         assert not old["ok"] and "reused" in old["error"]
     finally:
         p.send_signal(signal.SIGTERM)

@@ -20,6 +20,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         print(f"zz keys: {e}", file=sys.stderr)
         return 1
     n = sum(s.n + s.exec_replicas + s.clients for s in config.services)
+    n += len(config.hosts) + 1  # s0: one controld per host and operator 0
     print(f"wrote keys for {n} principals in {len(config.services)} services to {out}")
     return 0
 
@@ -202,10 +203,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which a stats file counts as a dead replica (default 5)",
     )
     st.set_defaults(func=_cmd_status)
+
+    cd = sub.add_parser(
+        "controld",
+        help="run a host's controld, or `zz controld call ...` to ask one",
+        description="Everything after `controld` goes to python -m zz.controld"
+        " (docs/controld.md): `zz controld --config RACK --host NAME` runs the daemon,"
+        " `zz controld call --config RACK --host NAME status` asks it.",
+        add_help=False,
+    )
+    cd.add_argument("args", nargs=argparse.REMAINDER)
+    cd.set_defaults(func=_cmd_controld)
     return ap
 
 
+def _cmd_controld(args: argparse.Namespace) -> int:
+    from .controld.__main__ import main as controld_main
+
+    return controld_main(args.args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["controld"]:  # its options (--help, --config) are controld's own
+        return _cmd_controld(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
