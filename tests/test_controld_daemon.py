@@ -352,15 +352,18 @@ async def test_wakeup_paused(rack: Rack, backend: str) -> None:
         assert c["wakeup_duplicate"] == 2 and c["woken"] == 1 and c["wakeup_accepted"] == 1
 
 
-async def test_wakeup_hibernated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["libvirt", "process"])
+async def test_wakeup_hibernated(tmp_path: Path, backend: str) -> None:
     rack = make_rack(tmp_path, sleep="hibernated")
-    async with nodes(rack, "libvirt", 0) as (n,):
+    async with nodes(rack, backend, 0) as (n,):
         r = await n.rpc("provision", service="web", index=2)  # the service's mode
         assert r["ok"] and r["replica"]["state"] == "hibernated", r
         rec = n.daemon.inventory.get("web", 2)
         assert rec.save_file and Path(rec.save_file).exists()
         with pytest.raises(DomainNotFound):
             n.hv.state(rec.domain)  # saved: the domain is gone until restore
+        if backend == "libvirt":
+            assert n.hv.list() == [d for d in n.hv.list() if d != rec.domain]
         await n.send(rack.valid_wakeup())
         assert n.state(2) == "recovering" and n.hv.state(rec.domain) == "running"
         assert n.hv.memory_kib(rec.domain) == 512 * 1024  # grown back to its full memory
@@ -369,9 +372,10 @@ async def test_wakeup_hibernated(tmp_path: Path) -> None:
 # ---- SHUTDOWN ---------------------------------------------------------------------------
 
 
-async def test_shutdown_certificate(rack: Rack) -> None:
+@pytest.mark.parametrize("backend", ["libvirt", "process"])
+async def test_shutdown_certificate(rack: Rack, backend: str) -> None:
     # h2 hosts replica 1 (active, the faulty one), h0 the spare 2.
-    async with nodes(rack, "libvirt", 0, 2) as (h0, h2):
+    async with nodes(rack, backend, 0, 2) as (h0, h2):
         assert (await h2.rpc("provision", service="web", index=1, mode="active"))["ok"]
         assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
         old_dom = h2.daemon.inventory.get("web", 1).domain
@@ -570,3 +574,48 @@ async def test_controld_killed_and_restarted(rack: Rack, kill_leftovers: None) -
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=20)
+
+
+# ---- failures leave the inventory consistent ---------------------------------------------
+
+
+async def test_provision_failure_is_rolled_back(rack: Rack) -> None:
+    """The runtime cannot start (its key file is gone): the reply says so, nothing is
+    left running and the inventory does not keep the replica."""
+    keys.secret_path(rack.config.rack.key_dir, SVC, wire.exec_principal(2)).unlink()
+    async with nodes(rack, "process", 0) as (n,):
+        r = await n.rpc("provision", service="web", index=2, mode="paused")
+        assert not r["ok"] and "stopped while booting" in r["error"], r
+        assert r["replica"] is None and n.daemon.inventory.replicas() == []
+        assert n.hv.list() == []
+        # The slot is free again for a later, successful attempt.
+        assert n.counters()["control_failed"] == 1
+
+
+async def test_wake_failure_is_reported(tmp_path: Path) -> None:
+    """A hibernated replica whose save file vanished cannot be woken: the WAKEUP is spent,
+    the record keeps its state with the error, nothing else changes."""
+    rack = make_rack(tmp_path, sleep="hibernated")
+    async with nodes(rack, "libvirt", 0) as (n,):
+        assert (await n.rpc("provision", service="web", index=2))["ok"]
+        save = n.daemon.inventory.get("web", 2).save_file
+        assert save is not None
+        Path(save).unlink()
+        await n.send(rack.valid_wakeup())
+        rec = n.daemon.inventory.get("web", 2)
+        assert rec.state == "hibernated" and rec.pending is None
+        assert rec.error and "recovering failed" in rec.error
+        assert n.counters()["action_failed"] == 1 and "woken" not in n.counters()
+        st = await n.rpc("status")
+        assert any("failed" in line for line in st["recent"])
+
+
+async def test_operator_destroy(rack: Rack) -> None:
+    async with nodes(rack, "libvirt", 0) as (n,):
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        dom = n.daemon.inventory.get("web", 2).domain
+        r = await n.rpc("destroy", service="web", index=2)
+        assert r["ok"] and r["destroyed"] == dom and r["replica"] is None
+        assert dom not in n.hv.list() and n.daemon.inventory.replicas() == []
+        r = await n.rpc("destroy", service="web", index=2)
+        assert not r["ok"] and "no replica web/2" in r["error"]
