@@ -13,7 +13,9 @@ it (write-ahead, settle on failure) is the daemon's. Names and paths:
     state dir Service.exec_state_dir(config, i)      run/s<id>/exec-<i>: the runtime's own
                                                      directory, shared into a guest as 9p
                                                      "state" / the process's cwd
-    notice    <state dir>/controld-wakeup.json      written at WAKEUP (see wake_notice)
+    notice    <state dir>/controld-wakeup.json      written at WAKEUP (see wake_notice);
+                                                     a real guest's agent is also told
+                                                     ("wake", guest_wake)
 """
 
 from __future__ import annotations
@@ -29,11 +31,17 @@ from typing import Any
 
 from zz.config import EXEC_PORT_OFFSET, Config, Host, Service
 
-from .hypervisor import DomainNotFound, Hypervisor, HypervisorError, ReplicaSpec
+from .hypervisor import (
+    GUEST_AGENT_PORT,
+    DomainNotFound,
+    Hypervisor,
+    HypervisorError,
+    ReplicaSpec,
+)
 
 # DESIGN.md §7: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
-NOTICE_NAME = "controld-wakeup.json"
+NOTICE_NAME = "controld-wakeup.json"  # execution/runtime.py WAKE_NOTICE reads it
 
 
 @dataclass
@@ -96,35 +104,58 @@ def replica_spec(ctx: HostContext, service: Service, index: int) -> ReplicaSpec:
     state = service.exec_state_dir(ctx.config, index)
     state.mkdir(parents=True, exist_ok=True)
     port = exec_port(service, index)
+    ports: tuple[tuple[int, int], ...] = ((port, port),)
     if ctx.hv.kind == "process":
         command: tuple[str, ...] | None = runtime_command(ctx, service, index)
     else:
-        # The guest runs the image's own runtime entry (images/); the rack config's host
-        # paths mean nothing inside it.
+        # The guest runs the image's agent (images/zz_guest.py), idle until woken; the
+        # rack config's host paths mean nothing inside it. Its forward lets controld ask
+        # it (ping, wake); libvirt reads the port back from the domain XML after a restart.
         command = None
+        ports = ((_free_port(), GUEST_AGENT_PORT), *ports)
     return ReplicaSpec(
         name=domain,
         run_dir=rd,
         command=command,
         image=ctx.image,
         memory_mib=ctx.memory_mib,
-        ports=((port, port),),
+        ports=ports,
         state_dir=state,
     )
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(ctx: HostContext, domain: str, addr: tuple[str, int]) -> str | None:
+    """None if the replica answers, else why not. A guest: its agent answers "ping" (a
+    TCP connect proves nothing, slirp accepts on a forward before the guest listens). A
+    process: the runtime accepts a connection on its execution port."""
+    if ctx.hv.kind != "process":
+        try:
+            ctx.hv.guest_call(domain, "ping", timeout=2.0)
+            return None
+        except HypervisorError as e:
+            return str(e)
+    try:
+        with socket.create_connection(addr, timeout=1.0):
+            return None
+    except OSError as e:
+        return str(e)
+
+
 def wait_answering(ctx: HostContext, service: Service, index: int, timeout: float) -> float:
-    """Block until the replica accepts a TCP connection on its execution port (the
-    runtime is up and listening); returns the seconds it took."""
+    """Block until the replica answers (_answers); returns the seconds it took."""
     t0 = time.monotonic()
     addr = (service.exec_host(ctx.config, index).address, exec_port(service, index))
     domain = domain_name(ctx.config, service, index)
     while True:
-        try:
-            with socket.create_connection(addr, timeout=1.0):
-                return time.monotonic() - t0
-        except OSError as e:
-            last = e
+        last = _answers(ctx, domain, addr)
+        if last is None:
+            return time.monotonic() - t0
         try:
             if ctx.hv.state(domain) not in ("running",):
                 raise HypervisorError(domain, "provision", "it stopped while booting")
@@ -232,6 +263,15 @@ def wake_notice(ctx: HostContext, service: Service, index: int, seq: int, awake:
     tmp.write_text(json.dumps(body) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def guest_wake(ctx: HostContext, domain: str, seq: int) -> None:
+    """A real guest: ask its agent to mount /state again (a hibernated guest unmounted it
+    to be saved), note the seq and start the runtime (images/zz_guest.py "wake"). A process
+    or a test:/// domain has nothing to ask: the notice file is all."""
+    if ctx.hv.kind == "process" or ctx.fake_guests:
+        return
+    ctx.hv.guest_call(domain, "wake", timeout=30.0, seq=seq)
 
 
 def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) -> str | None:

@@ -426,6 +426,12 @@ class Daemon:
             dt = time.monotonic() - t0
             self.counters["woken"] += 1
             notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
+            try:
+                await asyncio.to_thread(actions.guest_wake, self.ctx, domain, seq)
+            except HypervisorError as e:
+                # It runs (recovering) but its agent did not take the notice: say so.
+                self.counters["guest_wake_failed"] += 1
+                self._note(f"{svc.name}/{x}: guest agent wake failed: {e}")
             self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
 
     # ---- SHUTDOWN ---------------------------------------------------------------------------
