@@ -48,17 +48,12 @@ def mac_pairs(service: Service) -> list[tuple[int, int]]:
 
 # Rack-level principals in service 0 (docs/wire.md): controld of host h, operator k (`zz`).
 RACK_SERVICE = 0
-PRINCIPAL_OPERATOR = 33554432
+PRINCIPAL_OPERATOR = wire.PRINCIPAL_OPERATOR
+operator_principal = wire.operator_principal
 
 
 def controld_principal(h: int) -> int:
     return wire.host_principal(h)
-
-
-def operator_principal(k: int) -> int:
-    if not 0 <= k <= 0xFFFFFFFF - PRINCIPAL_OPERATOR:
-        raise ValueError(f"operator index {k} out of range")
-    return PRINCIPAL_OPERATOR + k
 
 
 def rack_principals(config: Config, operators: int = 1) -> tuple[list[int], list[int]]:
