@@ -52,8 +52,18 @@ FAULTS = ("diverge-state", "wrong-reply", "slow-report")
 # K·t1 on this machine, so the agreement replicas time it out).
 SLOW_REPORT_SECONDS = 0.5
 DIVERGE_PATH = "zz-fault-diverge"
+# controld writes this into the state directory when it wakes the replica (controld/actions.py).
+WAKE_NOTICE = "controld-wakeup.json"
+_WAKE_POLL = 0.02
 # Sleep between background file fetches: request execution keeps most of the bandwidth.
 _BACKGROUND_PAUSE = 0.001
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 class AppFault(Exception):
@@ -221,6 +231,7 @@ class Runtime:
             asyncio.create_task(self._executor(), name="zz-exec-executor"),
             asyncio.create_task(self._status_loop(), name="zz-exec-status"),
             asyncio.create_task(self._stall_loop(), name="zz-exec-stall"),
+            asyncio.create_task(self._wake_watch(), name="zz-exec-wake"),
         ]
         log.info(
             "execution replica %d of service %s listening on %s:%d, last executed %d",
@@ -754,6 +765,33 @@ class Runtime:
                     link.send(self._fetch_msg(link.peer))
             last = self.last_executed
 
+    async def _wake_watch(self) -> None:
+        """React at once to controld's wake-up notice (controld/actions.py wake_notice).
+
+        A replica that slept was frozen mid-flight; once it runs again it must learn the
+        cluster's stable checkpoint now, not when the stall check next fires."""
+        path = self.state_dir / WAKE_NOTICE
+        seen = _mtime(path)
+        while True:
+            await asyncio.sleep(_WAKE_POLL)
+            now = _mtime(path)
+            if now is None or now == seen:
+                continue
+            seen = now
+            try:
+                notice = json.loads(path.read_text())
+            except (OSError, ValueError):
+                notice = {}
+            self.counters["wake_notices"] += 1
+            self.recovery["woken_at"] = notice.get("woken_at")
+            self.recovery["noticed_at"] = time.time()
+            log.info(
+                "woken by controld (from seq %s): registering again",
+                notice.get("recovering_from_seq"),
+            )
+            for link in self._links:
+                link.send(self._fetch_msg(link.peer))
+
     # ---- recovery (execution/recovery.py, docs/recovery.md) -------------------------
 
     def _peer_sources(self) -> list[PeerSource]:
@@ -823,7 +861,14 @@ class Runtime:
         self.state.sync()
         live = self.store.path
         fetcher = StateFetcher(live, manifest, seq, sources, on_bad_source=self._bad_source)
-        fetcher.prepare()
+        # What this replica's own last checkpoint says, plus what changed since: enough to
+        # tell which files match without re-hashing the whole state (docs/recovery.md).
+        own = self.builder.previous
+        suspect = self.state.peek_dirty() | self.builder.dirty
+        if self.fetcher is not None:  # an earlier recovery had not fetched these yet
+            self._bg_stop.set()
+            suspect |= set(self.fetcher.pending())
+        fetcher.prepare(own.files if own is not None else {}, suspect)
         if self.recovery_mode == "full":
             fetcher.fetch_all()  # the baseline: nothing executes before every file is here
             if not fetcher.done:

@@ -149,6 +149,10 @@ class StateDir:
             out.extend(posixpath.join(sub, f) for f in files)
         return out
 
+    def peek_dirty(self) -> set[str]:
+        """Paths written or deleted since the last take_dirty(), without resetting."""
+        return self._written | self._deleted
+
     def take_dirty(self) -> DirtySet:
         """Return and reset the dirty set; call after sync() when taking a checkpoint."""
         dirty = DirtySet(frozenset(self._written), frozenset(self._deleted))

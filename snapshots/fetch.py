@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -90,13 +90,24 @@ class StateFetcher:
 
     # -- set-up ---------------------------------------------------------------------
 
-    def prepare(self) -> None:
+    def prepare(
+        self, local: Mapping[str, FileEntry] | None = None, dirty: Iterable[str] = ()
+    ) -> None:
         """Reconcile the local directory with the manifest without fetching anything.
 
         Local files that match the manifest are kept; everything else listed becomes
         pending; local files not listed are removed. Directories of pending files are
         created so that the app's directory walks see the certified tree.
+
+        Without `local` every local file is found by a walk and hashed. A replica that
+        knows its own state passes `local` (the files of its last checkpoint manifest)
+        and `dirty` (the paths written or deleted since): then only dirty files are
+        hashed, and recovery costs O(changes), not O(state size) — the difference
+        between a best-case recovery that stays flat and one that grows with the state.
         """
+        if local is not None:
+            self._prepare_known(local, set(dirty))
+            return
         listed = self.manifest.files
         for rel in _local_files(self.root):
             if rel.startswith(RESERVED_DIR + "/") and rel not in listed:
@@ -115,6 +126,36 @@ class StateFetcher:
             full.parent.mkdir(parents=True, exist_ok=True)
             if full.exists():
                 full.unlink()
+            self._add_pending(rel)
+        self.counters["pending_at_start"] = len(self._pending)
+
+    def _prepare_known(self, local: Mapping[str, FileEntry], dirty: set[str]) -> None:
+        listed = self.manifest.files
+        for rel in (set(local) | dirty) - set(listed):
+            if rel.startswith(RESERVED_DIR + "/") and rel not in local:
+                continue
+            full = self.root / rel
+            if full.is_file() or full.is_symlink():
+                full.unlink()
+                self.counters["removed"] += 1
+        made: set[str] = set()
+        for rel, want in listed.items():
+            if rel in dirty:
+                if _matches(self.root / rel, want):
+                    self.counters["kept"] += 1
+                    continue
+            elif local.get(rel) == want:
+                self.counters["kept"] += 1
+                continue
+            full = self.root / rel
+            if rel in dirty or rel in local:
+                if full.is_dir() and not full.is_symlink():
+                    raise FetchError(f"{rel}: a directory where the certified state has a file")
+                full.unlink(missing_ok=True)
+            parent = rel.rpartition("/")[0]
+            if parent and parent not in made:
+                (self.root / parent).mkdir(parents=True, exist_ok=True)
+                made.add(parent)
             self._add_pending(rel)
         self.counters["pending_at_start"] = len(self._pending)
 

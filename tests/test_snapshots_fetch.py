@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import zz.snapshots.fetch as fetch_mod
 from zz.execution.state import StateDir, StateError
 from zz.snapshots.fetch import FetchError, SourceError, StateFetcher
 from zz.snapshots.manifest import scan
@@ -184,3 +185,28 @@ def test_directory_where_a_file_is_certified_is_an_error(tmp_path, certified):
     (local / "top").mkdir(parents=True)
     with pytest.raises(FetchError, match="top: a directory"):
         make(tmp_path, certified)
+
+
+def test_prepare_with_known_local_state_hashes_only_dirty_files(tmp_path, certified, monkeypatch):
+    src, manifest = certified
+    local = tmp_path / "local"
+    (local / "db").mkdir(parents=True)
+    (local / "db" / "a").write_bytes(b"alpha" * 100)  # in the own manifest, clean: kept
+    (local / "db" / "b").write_bytes(b"BETA")  # own manifest says old content: refetched
+    (local / "top").write_bytes(b"top file")  # dirty but matching: hashed and kept
+    (local / "gone").write_bytes(b"x")  # own manifest lists it, certified one does not
+    own = scan(local).files
+    (local / "db" / "a").write_bytes(b"tampered after the checkpoint")  # not reported dirty
+    hashed = []
+    f = StateFetcher(local, manifest, 7, [DirSource("p1", src, 7)])
+    orig = fetch_mod.hash_file
+    monkeypatch.setattr(fetch_mod, "hash_file", lambda p: hashed.append(p.name) or orig(p))
+    f.prepare(own, {"top"})
+    assert hashed == ["top"]
+    # db/a is trusted from the own manifest (O(changes), by design: the runtime reports
+    # every write); db/b's own entry differs from the certified one, so it is fetched.
+    assert f.pending() == [".zz/memory", "db/b"]
+    assert not (local / "gone").exists()
+    assert f.counters["kept"] == 2
+    f.fetch_all()
+    assert (local / "db" / "b").read_bytes() == b"beta"
