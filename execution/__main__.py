@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         " the background (on-demand), or fetch and verify everything before executing"
         " (full; the benchmark's baseline)",
     )
+    p.add_argument(
+        "--start-asleep",
+        action="store_true",
+        help="a spare: open the state and listen, but do not register with the agreement"
+        " replicas (nor execute) until controld writes its wake notice",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--inject-fault",
@@ -63,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 zfs_dataset=args.zfs_dataset,
                 inject_fault=args.inject_fault,
                 recovery_mode=args.recovery,
+                asleep=args.start_asleep,
             )
         )
     except (ConfigError, KeyFileError, AppRegistryError, StorageError, ValueError) as e:

@@ -129,6 +129,7 @@ class Runtime:
         window: int = DEFAULT_WINDOW,
         inject_fault: str | None = None,
         recovery_mode: str = "on-demand",
+        asleep: bool = False,
     ) -> None:
         if not 0 <= index < service.n_exec:
             raise ValueError(f"{service.name}: no execution replica {index}")
@@ -177,6 +178,9 @@ class Runtime:
         if recovery_mode not in ("on-demand", "full"):
             raise ValueError(f"unknown recovery mode {recovery_mode!r}")
         self.recovery_mode = recovery_mode
+        # Provisioned as a spare: state open, listening, but not registered with the
+        # agreement replicas (so not executing) until controld's wake notice.
+        self.asleep = asleep
         self.stable_votes = StableVotes(service.g)
         self._recover_target: tuple[int, bytes] | None = None
         self.fetcher: StateFetcher | None = None
@@ -220,13 +224,13 @@ class Runtime:
         for r in range(self.svc.n):
             link = _Link(self, f"r{r}", self.config.replica_address(self.svc, r), r)
             self._links.append(link)
-            link.start()
         for j in range(self.svc.n_exec):
             if j != self.index:
                 addr = self.svc.exec_address(self.config, j)
                 link = _Link(self, f"x{j}", addr, wire.exec_principal(j))
                 self._peer_links.append(link)
-                link.start()
+        if not self.asleep:
+            self._start_links()
         self._tasks = [
             asyncio.create_task(self._executor(), name="zz-exec-executor"),
             asyncio.create_task(self._status_loop(), name="zz-exec-status"),
@@ -765,6 +769,11 @@ class Runtime:
                     link.send(self._fetch_msg(link.peer))
             last = self.last_executed
 
+    def _start_links(self) -> None:
+        self.asleep = False
+        for link in self._links + self._peer_links:
+            link.start()
+
     async def _wake_watch(self) -> None:
         """React at once to controld's wake-up notice (controld/actions.py wake_notice).
 
@@ -789,6 +798,9 @@ class Runtime:
                 "woken by controld (from seq %s): registering again",
                 notice.get("recovering_from_seq"),
             )
+            if self.asleep:
+                self._start_links()  # registration is the links' on_connect
+                continue
             for link in self._links:
                 link.send(self._fetch_msg(link.peer))
 
@@ -945,6 +957,7 @@ class Runtime:
             "counters": dict(sorted(self.counters.items())),
             "certificates": dict(sorted(self.collector.dropped.items())),
             "recovery": dict(self.recovery),
+            "asleep": self.asleep,
             "recovering": self.fetcher is not None,
             "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,
         }

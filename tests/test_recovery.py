@@ -5,12 +5,16 @@
 # reported and the file is taken from another peer. Real zz-agreed, real runtime processes.
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from zz.controld.actions import NOTICE_NAME
 from zz.execution.apps.kv import GET as KV_GET
 from zz.execution.apps.kv import key_path
+from zz.execution.runtime import WAKE_NOTICE
 
 from tests.test_execution_faults import start_rig
 from tests.test_execution_runtime import CP, KV_PUT, Rig, _kv, _kv_ok, needs_agreed
@@ -104,3 +108,25 @@ def test_corrupted_peer_file_is_rejected_and_fetched_elsewhere(rig: Rig) -> None
     live = rig.cluster.run_dir / f"exec-{SPARE}"
     files = [p for p in live.rglob(victim.split("/")[-1]) if "live" in p.parts]
     assert files and all(b"corrupt" not in p.read_bytes() for p in files)
+
+
+@pytest.mark.slow
+@needs_agreed
+def test_spare_asleep_until_the_wake_notice(rig: Rig) -> None:
+    execs = rig.execs
+    execs.args[SPARE] = ["--start-asleep"]
+    execs.start(SPARE)
+    rig.wait(lambda: execs.status(SPARE).get("asleep") is True, "spare up and asleep")
+    _fill(rig)
+    st = execs.status(SPARE)
+    assert st["last_executed"] == 0 and st["agreement_links_up"] == 0
+    # What controld writes when it wakes a replica (controld/actions.py wake_notice).
+    assert NOTICE_NAME == WAKE_NOTICE
+    notice = rig.cluster.service.exec_state_dir(rig.cluster.config, SPARE) / WAKE_NOTICE
+    notice.write_text(json.dumps({"recovering_from_seq": 1, "woken_at": time.time()}))
+    rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint"), "recovery")
+    st = execs.status(SPARE)
+    assert not st["asleep"] and st["counters"].get("wake_notices") == 1
+    assert execs.stop(0) == 0  # now the client needs the woken spare
+    got = rig.invoke_all([_kv(KV_GET, f"k{k}".encode()) for k in range(KEYS)], client_index=1)
+    assert got == [_kv_ok(b"v%d" % k) for k in range(KEYS)]
