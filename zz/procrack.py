@@ -169,8 +169,11 @@ class ProcRack:
         agreed: Path | str | None = None,
         python: str = sys.executable,
         overrides: Mapping[str, Any] | None = None,
+        exec_args: Mapping[int, list[str]] | None = None,
     ) -> None:
         self.config = config
+        # Extra command-line arguments per execution replica index (store, fault switches).
+        self.exec_args = dict(exec_args or {})
         self.services = list(services) if services is not None else list(config.services)
         self.agreed = Path(agreed) if agreed else DEFAULT_AGREED
         self.python = python
@@ -201,7 +204,7 @@ class ProcRack:
                     continue
                 for i in range(svc.active):
                     cmd = [self.python, "-m", "zz.execution", "--rack", str(self.config.path)]
-                    cmd += ["--service", svc.name, "--index", str(i)]
+                    cmd += ["--service", svc.name, "--index", str(i), *self.exec_args.get(i, [])]
                     self._spawn("exec", svc, i, svc.exec_address(self.config, i), cmd)
             deadline = time.monotonic() + timeout
             for p in self.procs:
