@@ -283,16 +283,16 @@ class Runtime:
         live = self.store.path
         # Anything in the live directory past the last checkpoint may be half a batch:
         # only a checkpoint is a state every correct replica also had.
-        for child in list(live.iterdir()):
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
         previous: Manifest | None = None
-        if ckpts:
+        if not ckpts:
+            for child in list(live.iterdir()):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        else:
             seq, name = ckpts[-1]
-            with self.store.open_snapshot(name) as snap:
-                shutil.copytree(snap, live, dirs_exist_ok=True, symlinks=True)
+            self.store.restore_live(name)
             previous = scan(live)
             saved = self.manifest_dir / f"{name}.manifest"
             if saved.exists():

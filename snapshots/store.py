@@ -15,6 +15,7 @@ Invariants every backend keeps:
 from __future__ import annotations
 
 import re
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -77,6 +78,19 @@ class CheckpointStore(ABC):
         Read it only; whatever the backend had to create for it (a ZFS clone) is removed
         on exit, also when the body raises.
         """
+
+    def restore_live(self, name: str) -> None:
+        """Make the live directory exactly snapshot ``name`` again (a restart drops what
+        was written after the last checkpoint). Generic: empty it and copy the snapshot
+        in; ZFS overrides this with an O(1) ``zfs rollback``."""
+        live = self.path
+        for child in list(live.iterdir()):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        with self.open_snapshot(name) as snap:
+            shutil.copytree(snap, live, dirs_exist_ok=True, symlinks=True)
 
     @abstractmethod
     def destroy(self) -> None:

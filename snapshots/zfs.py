@@ -259,6 +259,11 @@ class ZfsStore(CheckpointStore):
     def open_snapshot(self, name: str) -> AbstractContextManager[Path]:
         return self._open(name)
 
+    def restore_live(self, name: str) -> None:
+        # -r: snapshots taken after `name` (a checkpoint that never became the last one
+        # recorded, e.g. cut off by a crash) go; ZFS cannot roll back past them otherwise.
+        run_zfs(["zfs", "rollback", "-r", self._snap(name)], retry_busy=True)
+
     @contextmanager
     def _open(self, name: str) -> Iterator[Path]:
         snap = self._snap(name)

@@ -152,3 +152,20 @@ def test_pool_helpers_reject_bad_input(zfs_daemon: None, tmp_path: Path) -> None
         create_file_pool(name, tmp_path / "tiny.img", 1 << 20)
     assert e.value.command[:2] == ["zpool", "create"]
     assert not (tmp_path / "tiny.img").exists() and not pool_exists(name)
+
+
+@pytest.mark.parametrize("kind", ["zfs", "dir"])
+def test_restore_live_drops_what_came_after(kind: str, pool: str, tmp_path: Path) -> None:
+    if kind == "zfs":
+        s = open_store("zfs", pool=pool, dataset="rl", mountpoint=tmp_path / "live")
+    else:
+        s = open_store("dir", root=tmp_path / "dirstore")
+    (s.path / "d").mkdir()
+    (s.path / "d" / "a").write_bytes(b"one")
+    s.snapshot(checkpoint_name(4))
+    before = scan(s.path).files
+    (s.path / "d" / "a").write_bytes(b"two")
+    (s.path / "new").write_bytes(b"after the checkpoint")
+    s.restore_live(checkpoint_name(4))
+    assert scan(s.path).files == before
+    assert not (s.path / "new").exists()
