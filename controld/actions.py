@@ -85,9 +85,14 @@ def zfs_dataset(service: Service, index: int) -> str:
     return f"s{service.id}-exec-{index}"
 
 
-def runtime_command(ctx: HostContext, service: Service, index: int) -> tuple[str, ...]:
+def runtime_command(
+    ctx: HostContext, service: Service, index: int, inject_fault: str | None = None
+) -> tuple[str, ...]:
     cmd = [sys.executable, "-m", "zz.execution", "--rack", str(ctx.config.path)]
     cmd += ["--service", service.name, "--index", str(index), "--store", ctx.store]
+    if inject_fault is not None:
+        # Drills only (zz drill wrong-reply/slow): the runtime misbehaves on purpose.
+        cmd += ["--inject-fault", inject_fault]
     if ctx.store == "zfs":
         if not ctx.zfs_pool:
             raise ValueError("--store zfs needs a ZFS pool")
@@ -95,7 +100,9 @@ def runtime_command(ctx: HostContext, service: Service, index: int) -> tuple[str
     return tuple(cmd)
 
 
-def replica_spec(ctx: HostContext, service: Service, index: int) -> ReplicaSpec:
+def replica_spec(
+    ctx: HostContext, service: Service, index: int, inject_fault: str | None = None
+) -> ReplicaSpec:
     domain = domain_name(ctx.config, service, index)
     rd = run_dir(ctx, domain)
     rd.mkdir(parents=True, exist_ok=True)
@@ -106,8 +113,10 @@ def replica_spec(ctx: HostContext, service: Service, index: int) -> ReplicaSpec:
     port = exec_port(service, index)
     ports: tuple[tuple[int, int], ...] = ((port, port),)
     if ctx.hv.kind == "process":
-        command: tuple[str, ...] | None = runtime_command(ctx, service, index)
+        command: tuple[str, ...] | None = runtime_command(ctx, service, index, inject_fault)
     else:
+        if inject_fault is not None:
+            raise ValueError("inject_fault: only the process backend can start a faulty runtime")
         # The guest runs the image's agent (images/zz_guest.py), idle until woken; the
         # rack config's host paths mean nothing inside it. Its forward lets controld ask
         # it (ping, wake); libvirt reads the port back from the domain XML after a restart.
@@ -181,12 +190,14 @@ def put_to_sleep(ctx: HostContext, domain: str, mode: str) -> None:
     ctx.hv.save(domain, path)
 
 
-def provision(ctx: HostContext, service: Service, index: int, mode: str) -> dict[str, Any]:
+def provision(
+    ctx: HostContext, service: Service, index: int, mode: str, inject_fault: str | None = None
+) -> dict[str, Any]:
     """Boot the replica, wait until its runtime answers (not on test:///), then leave it
     running (mode active) or put it to sleep. On failure whatever was created is destroyed
     before the error goes up, so the inventory's settle sees nothing and forgets the
     record (never a half-provisioned replica nobody tracks)."""
-    spec = replica_spec(ctx, service, index)
+    spec = replica_spec(ctx, service, index, inject_fault)
     t0 = time.monotonic()
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)

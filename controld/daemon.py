@@ -317,7 +317,12 @@ class Daemon:
                 )
 
     async def _provision(
-        self, svc: Service, index: int, mode: str, role: str | None = None
+        self,
+        svc: Service,
+        index: int,
+        mode: str,
+        role: str | None = None,
+        inject_fault: str | None = None,
     ) -> dict[str, Any]:
         domain = actions.domain_name(self.config, svc, index)
         save = str(actions.save_path(self.ctx, domain)) if mode == "hibernated" else None
@@ -325,7 +330,7 @@ class Daemon:
         out: dict[str, Any] = {}
 
         def act() -> None:
-            out.update(actions.provision(self.ctx, svc, index, mode))
+            out.update(actions.provision(self.ctx, svc, index, mode, inject_fault))
 
         await self.inventory.aprovision(svc.name, index, role, domain, mode, act, save_file=save)
         self._note(f"provisioned {svc.name}/{index} {mode} ({domain}) {out}")
@@ -339,11 +344,18 @@ class Daemon:
             raise OpError(f"mode must be one of {', '.join(MODES)}")
         if not svc.uses_execution_replicas:
             raise OpError(f"service {svc.name!r}: app {svc.app!r} has no execution replicas")
+        # Drills (zz drill): start the runtime with --inject-fault (process backend only).
+        fault = req.get("inject_fault")
+        if fault is not None:
+            from zz.execution.runtime import FAULTS
+
+            if fault not in FAULTS or mode != "active":
+                raise OpError(f"inject_fault must be one of {', '.join(FAULTS)}, mode active")
         self._placement_check(svc, index)
         await reply(
             {"ok": True, "final": False, "progress": f"booting {svc.name}/{index}, then {mode}"}
         )
-        return await self._provision(svc, index, mode)
+        return await self._provision(svc, index, mode, inject_fault=fault)
 
     async def _op_destroy(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
         svc = self._service(req)
