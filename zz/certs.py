@@ -1,6 +1,7 @@
 # zz/certs.py - the verifier of WAKEUP and SHUTDOWN certificates that controld acts on.
 # Signatures, principals and replica sets are checked here; the fault rules are zz/faults.py.
-"""Verification of the agreement cluster's control certificates (docs/fault-detection.md §9).
+"""Verification of the agreement cluster's control certificates (docs/fault-detection.md,
+"The C port and the certificate verifier").
 
 controld never imports the agreement code: it trusts a wake-up or a shutdown only
 through what this module checks against the service's public keys (the key directory,
