@@ -76,6 +76,7 @@ class Cluster:
         view_timeout_ms: int = 1000,
         app: str = "echo",
         f: int = 1,
+        active: int | None = None,
     ) -> None:
         self.dir = Path(tmp_path).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +87,9 @@ class Cluster:
             raise FileNotFoundError(f"{self.binary} not built: make -C agreement all asan")
         self.nclients = clients
         self.base_port = free_port_range(self.n)
+        # Where zz-agreed sends WAKEUP/SHUTDOWN; a test may listen there as controld.
+        self.control_port = free_port_range(1)
+        active_line = f"active = {active}\n" if active is not None else ""
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.all_pids: list[int] = []
         self._clients: list[Any] = []
@@ -105,6 +109,7 @@ view_timeout_ms = {view_timeout_ms}
 name = "h0"
 address = "127.0.0.1"
 libvirt_uri = "test:///default"
+control_port = {self.control_port}
 
 [[services]]
 name = "{SERVICE_NAME}"
@@ -114,7 +119,7 @@ f = {f}
 app = "{app}"
 clients = {clients}
 base_port = {self.base_port}
-"""
+{active_line}"""
         )
         from zz import config as zconfig
         from zz import keys as zkeys

@@ -13,6 +13,7 @@ import pytest
 
 from zz import wire
 from zz.client import Client, ClientParams, ClientTimeout
+from zz.crypto import sha256
 
 G = 1
 N = 3 * G + 1
@@ -249,12 +250,19 @@ class OrderingReplica(FakeReplica):
     REPLY, which the client must not count as a result."""
 
     execs: list[FakeExec]
+    # REPLY-AFFIRM sent for every request it receives: none | right | wrong | badmac
+    affirm = "none"
 
     def reply(self, m: wire.Request) -> None:
         super().reply(m)
         if self.mode != "silent" and self.r == self.view % N:
             for x in self.execs:
                 x.execute(m)
+        if self.affirm != "none" and self.writer is not None:
+            result = b"evil" if self.affirm == "wrong" else b"exec:" + m.op
+            aff = wire.ReplyAffirm(1, self.r, m.timestamp, CLIENT, sha256(result))
+            key = os.urandom(32) if self.affirm == "badmac" else self.key
+            self.writer.write(wire.frame(aff.with_macs({CLIENT: key}).encode()))
 
 
 @pytest.fixture
@@ -355,6 +363,57 @@ async def test_exec_read_only_is_ordered(exec_rig: ExecRig) -> None:
     assert not exec_rig.replicas[0].received[-1].read_only
     # Ordered, so only the primary and the not yet introduced replicas were asked once.
     assert [len(r.received) for r in exec_rig.replicas] == [1, 1, 1, 1]
+
+
+def _affirm_rig(rig: ExecRig, modes: list[str]) -> None:
+    # exec 0 right, exec 1 wrong, exec 2 asleep: f+1 = 2 matching REPLYs cannot be had.
+    rig.execs[1].mode = "wrong"
+    rig.execs[2].mode = "silent"
+    for rep, mode in zip(rig.replicas, modes, strict=True):
+        rep.affirm = mode
+
+
+async def test_affirmation_certificate_is_a_result(exec_rig: ExecRig) -> None:
+    _affirm_rig(exec_rig, ["right", "right", "none", "none"])
+    async with Client(exec_rig.params) as c:
+        assert await c.invoke(b"op", timeout=5) == b"exec:op"
+        assert c.stats["affirmed_results"] == 1 and c.stats["affirms"] >= G + 1
+
+
+async def test_g_affirms_are_not_enough(exec_rig: ExecRig) -> None:
+    # One correct affirm, one faulty replica affirming the wrong reply's digest: neither
+    # digest has g+1 affirms, and f+1 matching REPLYs are impossible.
+    _affirm_rig(exec_rig, ["right", "wrong", "none", "none"])
+    async with Client(exec_rig.params) as c:
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"op", timeout=1.0)
+        assert c.stats["affirmed_results"] == 0
+
+
+async def test_affirms_need_a_reply_with_that_result(exec_rig: ExecRig) -> None:
+    _affirm_rig(exec_rig, ["right", "right", "right", "right"])
+    exec_rig.execs[0].mode = "silent"  # the only correct REPLY never comes
+    async with Client(exec_rig.params) as c:
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"op", timeout=1.0)
+        assert c.stats["affirms"] >= G + 1 and c.stats["affirmed_results"] == 0
+
+
+async def test_faulty_affirms_cannot_vouch_for_a_wrong_reply(exec_rig: ExecRig) -> None:
+    # g = 1 faulty agreement replica affirms the wrong result that exec 1 sent: 1 < g+1.
+    _affirm_rig(exec_rig, ["wrong", "none", "none", "none"])
+    async with Client(exec_rig.params) as c:
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"op", timeout=1.0)
+        assert c.stats["affirmed_results"] == 0
+
+
+async def test_affirms_with_bad_macs_do_not_count(exec_rig: ExecRig) -> None:
+    _affirm_rig(exec_rig, ["right", "badmac", "badmac", "none"])
+    async with Client(exec_rig.params) as c:
+        with pytest.raises(ClientTimeout):
+            await c.invoke(b"op", timeout=1.0)
+        assert c.stats["bad_mac"] >= 1 and c.stats["affirmed_results"] == 0
 
 
 def test_params_from_config_for_external_app(write_rack: Callable[[str], Path]) -> None:

@@ -28,10 +28,11 @@ DIVERGE_PATH = "zz-fault-diverge"  # execution/runtime.py DIVERGE_PATH
 
 
 def start_rig(tmp_path: Path, replicas: list[int], args: dict[int, list[str]]) -> Iterator[Rig]:
-    """zz-agreed (g = f = 1, kv app) + the given execution replica processes; everything is
-    torn down also on failure, and every replica must exit 0 on SIGTERM."""
+    """zz-agreed (g = f = 1, kv app) + the given execution replica processes, all of them
+    active (agreement replicas push batches only to active ones); everything is torn down
+    also on failure, and every replica must exit 0 on SIGTERM."""
     for attempt in range(20):
-        cluster = _kv_cluster(tmp_path / f"try{attempt}", CP)
+        cluster = _kv_cluster(tmp_path / f"try{attempt}", CP, active=max(2, len(replicas)))
         if all(_port_free(a[1]) for a in cluster.service.exec_addresses(cluster.config)):
             break
     execs = ExecReplicas(cluster, args)

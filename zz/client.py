@@ -1,6 +1,7 @@
 # zz/client.py - asyncio client library for one ZZ service (PBFT client side, docs/wire.md).
 # Sends MAC'd REQUESTs, retransmits to all replicas on timeout, accepts g+1 matching REPLYs
-# (echo services) or f+1 matching REPLYs from execution replicas (every other app).
+# (echo services) or f+1 matching REPLYs from execution replicas (every other app), or g+1
+# matching REPLY-AFFIRMs from agreement replicas plus one REPLY with the affirmed result.
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from . import keys, wire
 from .config import Config
+from .crypto import sha256
 from .link import Link
 
 
@@ -141,6 +143,8 @@ class _Pending:
     # or f execution replicas), keyed by sender principal: (result, view).
     faulty: int = 0
     replies: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+    # REPLY-AFFIRMs by agreement replica: the result digest it saw certified.
+    affirms: dict[int, bytes] = field(default_factory=dict)
 
 
 class Client:
@@ -292,6 +296,9 @@ class Client:
         except wire.WireError:
             self.stats["bad_msg"] += 1
             return
+        if isinstance(m, wire.ReplyAffirm):
+            self._on_affirm(m)
+            return
         if not isinstance(m, wire.Reply) or m.service != p.service or m.client != p.principal:
             self.stats["unexpected"] += 1
             return
@@ -324,6 +331,8 @@ class Client:
             return
         # The latest reply per replica counts: a correct replica never changes its answer.
         pend.replies[m.sender] = (m.result, m.view)
+        if self._affirmed(pend):
+            return
         votes = Counter(res for res, _ in pend.replies.values())
         result, count = votes.most_common(1)[0]
         if count >= pend.quorum:
@@ -333,3 +342,36 @@ class Client:
             pend.future.set_result(result)
         elif pend.read_only and len(pend.replies) - count + pend.quorum > p.n:
             pend.future.set_exception(_NoQuorum())
+
+    def _on_affirm(self, m: wire.ReplyAffirm) -> None:
+        """A REPLY-AFFIRM: agreement replica `sender` saw f+1 execution replicas agree that
+        our request's result hashes to `result_digest` (docs/wire.md)."""
+        p = self.params
+        kind, idx = wire.principal_kind(m.sender)
+        if m.service != p.service or m.client != p.principal or kind != "agreement" or idx >= p.n:
+            self.stats["unexpected"] += 1
+            return
+        if not m.verify_mac(p.principal, p.keys[idx]):
+            self.stats["bad_mac"] += 1
+            return
+        self.stats["affirms"] += 1
+        pend = self._pending
+        if pend is None or pend.future.done() or m.timestamp != pend.timestamp or pend.read_only:
+            self.stats["stale"] += 1
+            return
+        pend.affirms[idx] = m.result_digest
+        self._affirmed(pend)
+
+    def _affirmed(self, pend: _Pending) -> bool:
+        """The affirmation certificate: g+1 matching REPLY-AFFIRMs from distinct agreement
+        replicas (at least one correct) and one REPLY, from any replica, with that result.
+        Completes the request and returns True when it holds."""
+        if not pend.affirms or pend.read_only or pend.future.done():
+            return False
+        quorum = {d for d, n in Counter(pend.affirms.values()).items() if n >= self.params.g + 1}
+        for result, _view in pend.replies.values():
+            if sha256(result) in quorum:
+                self.stats["affirmed_results"] += 1
+                pend.future.set_result(result)
+                return True
+        return False

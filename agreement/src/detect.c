@@ -1,14 +1,24 @@
 /* detect.c - fault detection over EXEC-REPORTs (ZZ §4.3): per sequence number a timer of
  * K·t1 (t1 = delay from dispatch to the first report, clamped to a floor and a ceiling)
  * starts at the first report; f+1 matching on-time reports make an execution certificate.
- * A mismatch or a timeout is recorded as a suspected fault (signed fault statements, the
- * convictability rule and WAKEUP follow in the fault-detection issue; see
- * docs/fault-detection.md). Late reports are kept as distinct values (the TR's hatted P). */
+ * A mismatch or a timeout is flagged and handed to wakeup.c, which signs the row as a fault
+ * statement (docs/fault-detection.md). Late reports are kept as distinct values (the TR's
+ * hatted P). Certified batches' reply lists feed REPLY-AFFIRM (request.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "faults.h"
 #include "replica.h"
+
+static void rec_free_refs(zz_report_rec *k)
+{
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
+        free(k->refs[i]);
+        k->refs[i] = NULL;
+        k->nrefs[i] = 0;
+    }
+}
 
 static zz_report_rec *rec_for(zz_replica *r, uint64_t seq, int create)
 {
@@ -21,11 +31,14 @@ static zz_report_rec *rec_for(zz_replica *r, uint64_t seq, int create)
         return NULL;
     if (k->timer)
         zz_net_cancel(r->net, k->timer);
+    rec_free_refs(k);
     memset(k, 0, sizeof *k);
     k->seq = seq;
     k->owner = r;
     return k;
 }
+
+zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq) { return rec_for(r, seq, 0); }
 
 void zz_detect_dispatched(zz_replica *r, uint64_t seq)
 {
@@ -40,7 +53,11 @@ static void log_fault(zz_replica *r, const zz_report_rec *k, const char *what)
 {
     char row[ZZ_MAX_EXEC * 12 + 1];
     size_t off = 0;
-    for (uint32_t i = 0; i < r->n_exec && off + 12 < sizeof row; i++) {
+    row[0] = '\0';
+    uint32_t width = r->wake && r->conf->n_exec > r->n_exec ? r->conf->n_exec : r->n_exec;
+    for (uint32_t i = 0; i < width && off + 12 < sizeof row; i++) {
+        if (!zz_exec_counts(r, i))
+            continue;
         if (!k->reported[i])
             off += (size_t)snprintf(row + off, sizeof row - off, " %u=-", i);
         else
@@ -51,29 +68,71 @@ static void log_fault(zz_replica *r, const zz_report_rec *k, const char *what)
             (unsigned long long)k->seq, row);
 }
 
+static void flag(zz_replica *r, zz_report_rec *k, const char *what)
+{
+    k->flagged = 1;
+    k->flag_ms = zz_now_ms(r);
+    log_fault(r, k, what);
+}
+
+/* A fault statement is signed once per seq, and only when no certificate can form any more
+ * (docs/fault-detection.md §1): a correct replica never signs a row that holds one. */
+static void state_fault(zz_replica *r, zz_report_rec *k)
+{
+    if (k->certified || k->stated)
+        return;
+    k->stated = 1;
+    if (!k->flag_ms)
+        k->flag_ms = zz_now_ms(r);
+    zz_wake_on_flag(r, k);
+}
+
 static void on_deadline(void *ctx)
 {
     zz_report_rec *k = ctx;
     zz_replica *r = k->owner;
     k->timer = 0;
     k->expired = 1;
-    if (k->certified || k->flagged)
+    if (k->certified)
         return;
-    k->flagged = 1;
-    r->st.exec_timeouts++;
-    log_fault(r, k, "execution timeout");
+    if (!k->flagged) {
+        r->st.exec_timeouts++;
+        flag(r, k, "execution timeout");
+    }
+    state_fault(r, k);
+}
+
+/* The reply list of a certified batch: each client's newest (timestamp, result digest)
+ * becomes what a retransmission of that request is affirmed with. */
+static void record_affirmations(zz_replica *r, const uint8_t *refs, uint32_t nrefs)
+{
+    zz_flist l = {nrefs, refs};
+    for (uint32_t i = 0; i < nrefs; i++) {
+        zz_reply_ref e;
+        zz_reply_ref_at(&l, i, &e);
+        int ci = zz_client_index(r, e.client);
+        if (ci < 0)
+            continue;
+        zz_client *c = &r->clients[ci];
+        if (e.timestamp > c->aff_t) {
+            c->aff_t = e.timestamp;
+            memcpy(c->aff_dig, e.result_digest, ZZ_DIGEST_LEN);
+        }
+    }
 }
 
 static void check_reports(zz_replica *r, zz_report_rec *k)
 {
-    uint32_t best = 0, distinct = 0;
-    for (uint32_t i = 0; i < r->n_exec; i++) {
-        if (!k->reported[i] || k->late[i])
+    uint32_t best = 0, distinct = 0, best_i = 0, pending = 0;
+    for (uint32_t i = 0; i < r->n_exec || (r->wake && i < r->conf->n_exec); i++) {
+        if (!k->reported[i] && zz_exec_counts(r, i) && (r->wake || i < r->n_exec))
+            pending++; /* awake, not reported yet: may still complete a certificate */
+        if (!k->reported[i] || k->late[i] || !zz_exec_counts(r, i))
             continue;
         uint32_t same = 0;
         int first = 1;
         for (uint32_t j = 0; j < r->n_exec; j++) {
-            if (!k->reported[j] || k->late[j])
+            if (!k->reported[j] || k->late[j] || !zz_exec_counts(r, j))
                 continue;
             if (memcmp(k->dig[i], k->dig[j], ZZ_DIGEST_LEN) == 0) {
                 same++;
@@ -82,14 +141,17 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
             }
         }
         distinct += first;
-        if (same > best)
+        if (same > best) {
             best = same;
+            best_i = i;
+        }
     }
     if (distinct > 1 && !k->flagged) {
-        k->flagged = 1;
         r->st.exec_mismatches++;
-        log_fault(r, k, "execution mismatch");
+        flag(r, k, "execution mismatch");
     }
+    if (distinct > 1 && (k->expired || best + pending < r->conf->f + 1))
+        state_fault(r, k);
     if (best >= r->conf->f + 1 && !k->certified) {
         k->certified = 1;
         r->st.exec_certificates++;
@@ -97,10 +159,15 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
             zz_net_cancel(r->net, k->timer);
             k->timer = 0;
         }
+        /* Equal digests hash equal lists (checked at intake), so any certified one will do. */
+        record_affirmations(r, k->refs[best_i], k->nrefs[best_i]);
+        rec_free_refs(k);
+        zz_wake_on_certified(r, k);
     }
 }
 
-void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest)
+void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
+                      const uint8_t *refs, uint32_t nrefs)
 {
     zz_report_rec *k = rec_for(r, seq, 1);
     if (!k || i >= ZZ_MAX_EXEC)
@@ -114,17 +181,19 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
     k->reported[i] = 1;
     memcpy(k->dig[i], digest, ZZ_DIGEST_LEN);
     k->late[i] = (uint8_t)k->expired;
-    if (!k->first_ms) {
+    if (!k->certified && nrefs > 0) {
+        k->refs[i] = zz_memdup(refs, (size_t)nrefs * ZZ_REPLY_REF_WIRE);
+        k->nrefs[i] = k->refs[i] ? nrefs : 0;
+    }
+    if (!k->first_ms && zz_exec_counts(r, i)) {
         k->first_ms = now;
         uint64_t t1 = k->dispatch_ms && now > k->dispatch_ms ? now - k->dispatch_ms : 0;
-        uint64_t t = (uint64_t)r->conf->detect_k * t1;
-        if (t < r->conf->detect_floor_ms)
-            t = r->conf->detect_floor_ms;
-        if (t > r->conf->detect_ceiling_ms)
-            t = r->conf->detect_ceiling_ms;
+        uint64_t t = zz_fault_timer_ms(t1, r->conf->detect_k, r->conf->detect_floor_ms,
+                                       r->conf->detect_ceiling_ms);
         k->timer = zz_net_timer(r->net, (uint32_t)t, on_deadline, k);
     }
     check_reports(r, k);
+    zz_wake_on_report(r, k, i);
 }
 
 /* An authenticated EXEC-REPORT from execution replica 256 + i. The reply digest must hash
@@ -140,11 +209,14 @@ void zz_detect_on_report(zz_replica *r, const zz_msg *m)
         return;
     }
     r->st.exec_reports++;
-    zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, q->seq, q->digest);
+    zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, q->seq, q->digest, q->refs,
+                     q->replies.count);
 }
 
 void zz_detect_free(zz_replica *r)
 {
+    for (uint32_t i = 0; r->reports && i < ZZ_DETECT_RECORDS; i++)
+        rec_free_refs(&r->reports[i]);
     free(r->reports);
     r->reports = NULL;
 }

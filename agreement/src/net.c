@@ -30,6 +30,9 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 #define MAX_EVENTS 256
+/* Outgoing links: agreement peers 0 .. ZZ_MAX_REPLICAS-1, then links added with
+ * zz_net_add_link (e.g. to the controld of every host), which get no fault injection. */
+#define MAX_LINKS (ZZ_MAX_REPLICAS + ZZ_MAX_HOSTS)
 
 enum conn_kind { C_ACCEPTED, C_PEER, C_LISTEN, C_WAKE };
 enum link_state { L_DOWN, L_CONNECTING, L_UP };
@@ -81,9 +84,10 @@ struct zz_net {
     zz_on_close on_close;
     int ep;
     zz_conn listener, wake;
-    zz_conn links[ZZ_MAX_REPLICAS];
-    struct sockaddr_storage peer_addr[ZZ_MAX_REPLICAS];
-    socklen_t peer_addrlen[ZZ_MAX_REPLICAS];
+    zz_conn links[MAX_LINKS];
+    struct sockaddr_storage peer_addr[MAX_LINKS];
+    socklen_t peer_addrlen[MAX_LINKS];
+    uint32_t n_links; /* links in use: ZZ_MAX_REPLICAS + those added */
     zz_conn *accepted;   /* list head */
     zz_conn *dirty_head; /* connections with output to flush */
     zz_conn *dead_head;  /* connections to close */
@@ -401,6 +405,7 @@ static void link_connect(zz_net *n, zz_conn *c)
         return;
     }
     if (errno != EINPROGRESS || ep_set(n, c, EPOLLOUT) < 0) {
+        n->st.connect_failures++;
         /* Through the dead list so the fd is closed in one place. */
         c->state = L_CONNECTING;
         mark_dead(n, c);
@@ -414,6 +419,7 @@ static void link_connect_done(zz_net *n, zz_conn *c)
     int soerr = 0;
     socklen_t sl = sizeof soerr;
     if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr != 0) {
+        n->st.connect_failures++;
         mark_dead(n, c);
         return;
     }
@@ -442,6 +448,9 @@ static void link_down(zz_net *n, zz_conn *c)
     c->in_len = 0;
     link_schedule_retry(n, c);
 }
+
+static int resolve(const char *host, uint16_t port, int passive, struct sockaddr_storage *ss,
+                   socklen_t *sl);
 
 /* ---- injection and the public send API ---- */
 
@@ -502,6 +511,24 @@ void zz_net_send_peer(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len)
         inject_send(n, peer, msg, len);
     else
         link_send(n, peer, msg, len);
+}
+
+int zz_net_add_link(zz_net *n, const char *host, uint16_t port)
+{
+    if (n->n_links >= MAX_LINKS)
+        return -1;
+    uint32_t id = n->n_links;
+    if (resolve(host, port, 0, &n->peer_addr[id], &n->peer_addrlen[id]) < 0)
+        return -1;
+    n->n_links++;
+    return (int)id;
+}
+
+void zz_net_send_link(zz_net *n, int link, const uint8_t *msg, size_t len)
+{
+    if (link < ZZ_MAX_REPLICAS || (uint32_t)link >= n->n_links)
+        return;
+    link_send(n, (uint32_t)link, msg, len);
 }
 
 void zz_net_bcast(zz_net *n, const uint8_t *msg, size_t len)
@@ -828,7 +855,8 @@ zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_clos
     n->wake.kind = C_WAKE;
     n->rng = c->inject_seed ^ (uint64_t)c->id;
     n->inject = c->inject_drop > 0 || c->inject_dup > 0 || c->inject_delay_ms > 0;
-    for (uint32_t p = 0; p < ZZ_MAX_REPLICAS; p++) {
+    n->n_links = ZZ_MAX_REPLICAS;
+    for (uint32_t p = 0; p < MAX_LINKS; p++) {
         zz_conn *l = &n->links[p];
         l->kind = C_PEER;
         l->net = n;
@@ -888,7 +916,7 @@ void zz_net_free(zz_net *n)
         n->accepted = c->next;
         conn_destroy(n, c);
     }
-    for (uint32_t p = 0; p < ZZ_MAX_REPLICAS; p++) {
+    for (uint32_t p = 0; p < MAX_LINKS; p++) {
         zz_conn *l = &n->links[p];
         if (l->fd >= 0)
             close(l->fd);

@@ -27,6 +27,7 @@ typedef struct {
     uint64_t conns_accepted, reconnects;
     uint64_t injected_drops, injected_dups, injected_delays;
     uint64_t send_overflow;  /* frames dropped because a peer's queue was full */
+    uint64_t connect_failures; /* outgoing connection attempts that failed (retried later) */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
@@ -37,6 +38,11 @@ void zz_net_free(zz_net *n);
  * the outgoing link, subject to fault injection. Never blocks: queued if the socket
  * is busy, reconnects in the background. */
 void zz_net_send_peer(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len);
+/* An extra reconnecting outgoing link to host:port (e.g. a controld), no fault injection.
+ * Returns its id for zz_net_send_link, or -1 (address unresolvable, too many links).
+ * Frames queue while it is down and go out when a retry with backoff connects. */
+int zz_net_add_link(zz_net *n, const char *host, uint16_t port);
+void zz_net_send_link(zz_net *n, int link, const uint8_t *msg, size_t len);
 /* Send to every other agreement replica. */
 void zz_net_bcast(zz_net *n, const uint8_t *msg, size_t len);
 /* Send on a specific (e.g. client) connection. No injection. */

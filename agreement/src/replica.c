@@ -132,6 +132,8 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->net = zz_net_new(c, r, zz_replica_on_frame, zz_replica_on_close, err, errcap);
     if (!r->net)
         return -1;
+    if (zz_wake_init(r, err, errcap) != 0)
+        return -1;
     r->last_progress_ms = zz_now_ms(r);
     return 0;
 }
@@ -170,6 +172,7 @@ void zz_replica_free(zz_replica *r)
     }
     free(r->clients);
     free(r->queue);
+    zz_wake_free(r);
     zz_xlog_free(r);
     zz_detect_free(r);
     zz_buf_free(&r->out);
@@ -266,7 +269,10 @@ static int authenticate(zz_replica *r, const zz_msg *m)
         return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
     case ZZ_CHECKPOINT:
     case ZZ_VIEW_CHANGE:
-    case ZZ_NEW_VIEW: {
+    case ZZ_NEW_VIEW:
+    case ZZ_FAULT_STATEMENT:
+    case ZZ_WAKEUP:
+    case ZZ_SHUTDOWN: {
         if (!from_replica)
             return ZZ_DROP_SENDER;
         const zz_pubkey *pk = zz_pub_for(r, m->sender);
@@ -340,6 +346,15 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
     case ZZ_EXEC_REPORT:
     case ZZ_EXEC_CHECKPOINT:
         zz_on_exec_message(r, &m);
+        break;
+    case ZZ_FAULT_STATEMENT:
+        zz_on_fault_statement(r, &m);
+        break;
+    case ZZ_WAKEUP:
+        zz_on_wakeup(r, &m);
+        break;
+    case ZZ_SHUTDOWN:
+        zz_on_shutdown(r, &m);
         break;
     default:
         break;
@@ -421,13 +436,14 @@ void zz_write_stats(zz_replica *r)
     fprintf(f, ", \"framing\": %llu}, \"dropped_total\": %llu, ",
             (unsigned long long)ns->framing_errors,
             (unsigned long long)(total + ns->framing_errors));
+    zz_wake_write_stats(r, f);
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "
                "\"injected_drops\": %llu, \"injected_dups\": %llu, \"injected_delays\": %llu, "
-               "\"send_overflow\": %llu}}\n",
+               "\"send_overflow\": %llu, \"connect_failures\": %llu}}\n",
             (unsigned long long)ns->frames_in, (unsigned long long)ns->frames_out,
             (unsigned long long)ns->reconnects, (unsigned long long)ns->injected_drops,
             (unsigned long long)ns->injected_dups, (unsigned long long)ns->injected_delays,
-            (unsigned long long)ns->send_overflow);
+            (unsigned long long)ns->send_overflow, (unsigned long long)ns->connect_failures);
     if (fclose(f) == 0)
         rename(tmp, r->conf->stats_file);
 }

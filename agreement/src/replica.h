@@ -67,11 +67,21 @@ typedef struct zz_report_rec {
     uint64_t seq; /* 0 = unused */
     struct zz_replica *owner;
     uint64_t dispatch_ms, first_ms;
+    uint64_t flag_ms;     /* when the mismatch or timeout was flagged (detection latency) */
     uint64_t timer;       /* net timer id of the K·t1 deadline, 0 = none */
-    int expired, certified, flagged;
+    int expired, certified, flagged; /* flagged: counted as a mismatch or a timeout */
+    int stated;                      /* a fault statement was signed (or suppressed) */
     uint8_t reported[ZZ_MAX_EXEC], late[ZZ_MAX_EXEC];
     uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
+    /* Each reporter's reply_refs (owned, 44 bytes each) until the seq is certified: the
+     * certified list feeds REPLY-AFFIRM. Freed at certification or when the slot is reused. */
+    uint8_t *refs[ZZ_MAX_EXEC];
+    uint32_t nrefs[ZZ_MAX_EXEC];
 } zz_report_rec;
+
+/* What this agreement replica believes about execution replica i (conf exec lines). */
+enum { ZZ_EXEC_UNKNOWN = 0, ZZ_EXEC_AWAKE, ZZ_EXEC_SLEEPING, ZZ_EXEC_CONVICTED };
+struct zz_wake; /* wakeup.c: fault statements collected, the open round */
 
 /* Checkpoint votes for one sequence number. */
 #define ZZ_CKPT_RECORDS 16
@@ -99,6 +109,10 @@ typedef struct {
     uint64_t pend_since_ms;
     uint64_t proposed_t; /* primary: highest t put in a batch in the current view */
     int queued;          /* primary: in the proposal queue */
+    /* external execution: the newest request of this client in a batch with an execution
+     * certificate here, and SHA-256 of its result (REPLY-AFFIRM to retransmissions) */
+    uint64_t aff_t;
+    uint8_t aff_dig[ZZ_DIGEST_LEN];
 } zz_client;
 
 enum zz_drop {
@@ -123,6 +137,12 @@ typedef struct {
     uint64_t exec_commits_sent, exec_reports, exec_checkpoints, exec_stable_advances;
     uint64_t exec_log_overflow; /* batches dropped from a full execution log */
     uint64_t exec_certificates, exec_mismatches, exec_timeouts;
+    /* fault detection in zz-agreed (wakeup.c) */
+    uint64_t fault_statements_sent, fault_statements_received, fault_statements_rejected;
+    uint64_t wakeups_sent, wakeups_received, wakeups_rejected, wakeups_relayed;
+    uint64_t shutdowns_sent, shutdowns_received, shutdowns_rejected;
+    uint64_t controld_sends, reply_affirms_sent;
+    uint64_t detect_latency_last_ms, detect_latency_max_ms; /* flag -> own WAKEUP sent */
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -171,6 +191,11 @@ typedef struct zz_replica {
     zz_xckpt xckpts[ZZ_XCKPT_RECORDS];
     zz_report_rec *reports;         /* ZZ_DETECT_RECORDS (external execution only) */
     uint32_t n_exec;                /* execution replicas seen reporting (row width) */
+    /* Awake set (conf exec lines; all ZZ_EXEC_UNKNOWN without them): starts as the conf's
+     * active replicas, grows on an adopted WAKEUP, becomes a SHUTDOWN's `active`. Only
+     * awake replicas get EXEC-COMMITs and count in certificates and fault rows. */
+    uint8_t exec_state[ZZ_MAX_EXEC];
+    struct zz_wake *wake;           /* NULL without exec lines */
     /* primary's proposal queue of client indexes */
     uint32_t *queue;
     uint32_t q_head, q_len;
@@ -235,9 +260,23 @@ void zz_xlog_append(zz_replica *r, const zz_slot *s);
 const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
 void zz_xlog_free(zz_replica *r);
 
+/* wakeup.c */
+int zz_wake_init(zz_replica *r, char *err, size_t errcap);
+void zz_wake_free(zz_replica *r);
+int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
+void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
+void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */
+void zz_wake_on_report(zz_replica *r, zz_report_rec *k, uint32_t i);
+void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
+void zz_on_wakeup(zz_replica *r, const zz_msg *m);
+void zz_on_shutdown(zz_replica *r, const zz_msg *m);
+void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
+
 /* detect.c */
 void zz_detect_dispatched(zz_replica *r, uint64_t seq);
-void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest);
+void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
+                      const uint8_t *refs, uint32_t nrefs);
+zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
 void zz_detect_on_report(zz_replica *r, const zz_msg *m); /* checks the reply digest first */
 void zz_detect_free(zz_replica *r);
 

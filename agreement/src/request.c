@@ -22,6 +22,26 @@ void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_
         zz_net_send_conn(r->net, c->conn, b->p + st, b->len - st);
 }
 
+/* External execution: we hold no results, but an execution certificate for the client's
+ * newest request; g+1 matching REPLY-AFFIRMs plus one REPLY with that result convince the
+ * client (ZZ §4.2) when f+1 matching REPLYs cannot be had, e.g. while a spare wakes. */
+static void send_affirm(zz_replica *r, uint32_t ci)
+{
+    zz_client *c = &r->clients[ci];
+    if (!c->conn || r->conf->byzantine == ZZ_BYZ_SILENT)
+        return;
+    uint32_t principal = r->conf->keys[ci].id;
+    zz_buf *b = &r->rbuf;
+    zz_buf_reset(b);
+    size_t st = zz_enc_reply_affirm(b, r->conf->service, r->id, c->aff_t, principal, c->aff_dig);
+    zz_mackey *k = r->conf->keys[ci].mac;
+    zz_auth_mac(b, st, &principal, &k, 1);
+    if (!b->oom) {
+        zz_net_send_conn(r->net, c->conn, b->p + st, b->len - st);
+        r->st.reply_affirms_sent++;
+    }
+}
+
 static void enqueue(zz_replica *r, uint32_t ci)
 {
     zz_client *c = &r->clients[ci];
@@ -52,6 +72,8 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
         r->st.requests_dup++;
         if (t == c->last_t && c->result)
             zz_send_reply(r, (uint32_t)ci, r->view, t, 0, c->result, c->result_len);
+        else if (r->conf->external_exec && c->aff_t && t <= c->aff_t)
+            send_affirm(r, (uint32_t)ci);
         return;
     }
     if (t > c->pend_t) {

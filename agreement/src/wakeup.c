@@ -1,0 +1,821 @@
+/* wakeup.c - ZZ fault handling inside zz-agreed (§4.3, §4.7.3; docs/fault-detection.md "In
+ * zz-agreed"): sign FAULT-STATEMENTs for seqs detect.c flags, collect the peers', send a
+ * self-certifying WAKEUP once zz_fault_evaluate accepts them, adopt peers' WAKEUPs, and once
+ * the woken replicas have reported, resolve the round into a signed SHUTDOWN.
+ *
+ * Invariants: at most one round is open; while it is, no new statement is signed (its
+ * rows would be about an awake set that is changing). r->exec_state is the awake set every
+ * certificate, row and EXEC-COMMIT push uses. Everything received is verified here or in
+ * replica.c before it changes any state; anything that fails is dropped and counted. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "faults.h"
+#include "replica.h"
+
+#define WAKE_CANDIDATES 16   /* seqs whose statements are being collected at once */
+#define WAKE_RESEND_MS 1000  /* WAKEUP to controld again while the woken have not reported */
+#define WAKE_RESOLVE_MS 5000 /* + ceiling: resolve without the woken replicas' reports */
+#define SUBSET_MAX 10        /* rows up to which every subset is tried as evidence */
+
+typedef struct {
+    uint64_t seq; /* 0 = free */
+    uint32_t n_awake;
+    uint32_t awake[ZZ_MAX_EXEC]; /* the statements' awake set (their row ids) */
+    uint8_t **raw;               /* per signer: its signed FAULT-STATEMENT (owned) or NULL */
+    uint32_t *len;
+    uint32_t count;
+    uint64_t first_ms;
+} candidate;
+
+struct zz_wake {
+    candidate cand[WAKE_CANDIDATES];
+    zz_frow *rows, *sub;     /* n scratch rows each: decoded statements, an evidence set */
+    int links[ZZ_MAX_HOSTS]; /* net link to each host's controld, -1 = none */
+    zz_buf buf;              /* encoder scratch (r->out is reused by zz_on_fetch) */
+    /* the open round: a WAKEUP adopted, its SHUTDOWN not yet decided */
+    int open;
+    uint64_t seq;
+    uint32_t awake[ZZ_MAX_EXEC], n_awake; /* the evidence's awake set */
+    uint32_t woken[ZZ_MAX_EXEC], n_woken;
+    zz_frow *ev; /* the evidence rows (n entries) */
+    uint32_t n_ev;
+    uint8_t *wakeup_raw; /* the adopted WAKEUP, resent to controld (owned) */
+    uint32_t wakeup_len;
+    uint64_t opened_ms, resend_timer;
+    int resolve_failed_logged;
+    uint8_t **sd_body; /* per sender: body of its SHUTDOWN for the open round (owned) */
+    uint32_t *sd_len;
+};
+
+/* ---- awake set ---- */
+
+int zz_exec_counts(const zz_replica *r, uint32_t i)
+{
+    return !r->wake || (i < ZZ_MAX_EXEC && r->exec_state[i] == ZZ_EXEC_AWAKE);
+}
+
+static uint32_t list_state(const zz_replica *r, uint8_t state, uint32_t *out)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->conf->n_exec && i < ZZ_MAX_EXEC; i++)
+        if (r->exec_state[i] == state)
+            out[n++] = i;
+    return n;
+}
+
+static int same_ids(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t nb)
+{
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
+}
+
+/* ids from a wire list<u32>: ascending, distinct, below ZZ_MAX_EXEC. */
+static int ids_from(const zz_flist *l, uint32_t *out, uint32_t *n)
+{
+    if (l->count > ZZ_MAX_EXEC)
+        return -1;
+    for (uint32_t i = 0; i < l->count; i++) {
+        out[i] = zz_u32_at(l, i);
+        if (out[i] >= ZZ_MAX_EXEC || (i > 0 && out[i] <= out[i - 1]))
+            return -1;
+    }
+    *n = l->count;
+    return 0;
+}
+
+static void fmt_ids(char *s, size_t cap, const uint32_t *ids, uint32_t n)
+{
+    size_t o = 0;
+    s[0] = '\0';
+    for (uint32_t i = 0; i < n && o + 12 < cap; i++)
+        o += (size_t)snprintf(s + o, cap - o, "%s%u", i ? "," : "", ids[i]);
+}
+
+/* ---- set-up ---- */
+
+int zz_wake_init(zz_replica *r, char *err, size_t errcap)
+{
+    if (!r->conf->external_exec || r->conf->n_exec == 0)
+        return 0;
+    struct zz_wake *w = calloc(1, sizeof *w);
+    if (!w)
+        goto oom;
+    r->wake = w;
+    zz_buf_init(&w->buf);
+    w->rows = calloc(r->n, sizeof *w->rows);
+    w->sub = calloc(r->n, sizeof *w->sub);
+    w->ev = calloc(r->n, sizeof *w->ev);
+    w->sd_body = calloc(r->n, sizeof *w->sd_body);
+    w->sd_len = calloc(r->n, sizeof *w->sd_len);
+    if (!w->rows || !w->sub || !w->ev || !w->sd_body || !w->sd_len)
+        goto oom;
+    for (int c = 0; c < WAKE_CANDIDATES; c++) {
+        w->cand[c].raw = calloc(r->n, sizeof *w->cand[c].raw);
+        w->cand[c].len = calloc(r->n, sizeof *w->cand[c].len);
+        if (!w->cand[c].raw || !w->cand[c].len)
+            goto oom;
+    }
+    for (uint32_t i = 0; i < r->conf->n_exec; i++)
+        r->exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
+    for (uint32_t h = 0; h < ZZ_MAX_HOSTS; h++) {
+        w->links[h] = -1;
+        if (!r->conf->has_controld[h])
+            continue;
+        w->links[h] = zz_net_add_link(r->net, r->conf->controld[h].host,
+                                      r->conf->controld[h].port);
+        if (w->links[h] < 0) {
+            snprintf(err, errcap, "controld of host %u: cannot resolve '%s'", h,
+                     r->conf->controld[h].host);
+            return -1;
+        }
+    }
+    return 0;
+oom:
+    snprintf(err, errcap, "out of memory allocating fault detection state");
+    return -1;
+}
+
+static void cand_clear(zz_replica *r, candidate *c)
+{
+    for (uint32_t s = 0; s < r->n; s++) {
+        free(c->raw[s]);
+        c->raw[s] = NULL;
+        c->len[s] = 0;
+    }
+    c->seq = 0;
+    c->count = 0;
+    c->n_awake = 0;
+}
+
+static void round_clear(zz_replica *r)
+{
+    struct zz_wake *w = r->wake;
+    if (w->resend_timer)
+        zz_net_cancel(r->net, w->resend_timer);
+    w->resend_timer = 0;
+    free(w->wakeup_raw);
+    w->wakeup_raw = NULL;
+    w->wakeup_len = 0;
+    for (uint32_t s = 0; s < r->n; s++) {
+        free(w->sd_body[s]);
+        w->sd_body[s] = NULL;
+        w->sd_len[s] = 0;
+    }
+    w->open = 0;
+    w->n_ev = 0;
+    w->resolve_failed_logged = 0;
+}
+
+void zz_wake_free(zz_replica *r)
+{
+    struct zz_wake *w = r->wake;
+    if (!w)
+        return;
+    if (w->rows && w->ev && w->sd_body && w->sd_len) {
+        round_clear(r);
+        for (int c = 0; c < WAKE_CANDIDATES; c++)
+            if (w->cand[c].raw && w->cand[c].len)
+                cand_clear(r, &w->cand[c]);
+    }
+    for (int c = 0; c < WAKE_CANDIDATES; c++) {
+        free(w->cand[c].raw);
+        free(w->cand[c].len);
+    }
+    free(w->rows);
+    free(w->sub);
+    free(w->ev);
+    free(w->sd_body);
+    free(w->sd_len);
+    zz_buf_free(&w->buf);
+    free(w);
+    r->wake = NULL;
+}
+
+/* ---- sending ---- */
+
+static void send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_t len,
+                          uint8_t *sent_hosts)
+{
+    uint32_t h = r->conf->exec[exec_id].host;
+    if (h >= ZZ_MAX_HOSTS || sent_hosts[h] || r->wake->links[h] < 0)
+        return;
+    sent_hosts[h] = 1;
+    if (r->conf->byzantine == ZZ_BYZ_SILENT)
+        return;
+    zz_net_send_link(r->net, r->wake->links[h], msg, len);
+    r->st.controld_sends++;
+}
+
+static void bcast_raw(zz_replica *r, const uint8_t *msg, size_t len)
+{
+    if (r->conf->byzantine != ZZ_BYZ_SILENT)
+        zz_net_bcast(r->net, msg, len);
+}
+
+/* ---- candidates: statements collected per (seq, awake set) ---- */
+
+static candidate *cand_for(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t n)
+{
+    struct zz_wake *w = r->wake;
+    candidate *free_c = NULL, *victim = NULL;
+    for (int i = 0; i < WAKE_CANDIDATES; i++) {
+        candidate *c = &w->cand[i];
+        if (c->seq == seq && same_ids(c->awake, c->n_awake, awake, n))
+            return c;
+        if (!c->seq) {
+            if (!free_c)
+                free_c = c;
+            continue;
+        }
+        /* Evict the candidate with the fewest signers, then the oldest: a faulty replica
+         * flooding statements for every seq must not push out a round that correct
+         * replicas are completing. */
+        if (!victim || c->count < victim->count ||
+            (c->count == victim->count && c->seq < victim->seq))
+            victim = c;
+    }
+    candidate *c = free_c ? free_c : victim;
+    cand_clear(r, c);
+    c->seq = seq;
+    c->n_awake = n;
+    memcpy(c->awake, awake, n * sizeof *awake);
+    c->first_ms = zz_now_ms(r);
+    return c;
+}
+
+/* A verified FAULT-STATEMENT into its row form; -1 if it is not one a correct replica
+ * could sign (row longer than ZZ_MAX_EXEC, ids not ascending). */
+static int row_from(const zz_msg *m, zz_frow *row)
+{
+    const zz_fault_statement *q = &m->u.fault_statement;
+    if (q->row.count == 0 || q->row.count > ZZ_MAX_EXEC)
+        return -1;
+    row->signer = m->sender;
+    row->seq = q->seq;
+    row->n = q->row.count;
+    for (uint32_t i = 0; i < q->row.count; i++) {
+        zz_row_entry e;
+        zz_row_at(&q->row, i, &e);
+        if (e.replica >= ZZ_MAX_EXEC || (i > 0 && e.replica <= row->ids[i - 1]))
+            return -1;
+        row->ids[i] = e.replica;
+        row->e[i].state = e.state;
+        memcpy(row->e[i].dig, e.digest, ZZ_DIGEST_LEN);
+    }
+    return 0;
+}
+
+static void open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t n_awake,
+                       const uint32_t *wake, uint32_t n_wake, const zz_frow *rows,
+                       uint32_t nrows, const uint8_t *raw, uint32_t len);
+
+/* Evidence sets to try, best first: every subset of at least g+1 rows by falling size when
+ * there are few rows (a faulty signer's row can spoil a set that is convictable without it),
+ * else the full set and the sets missing one row. */
+static uint32_t evidence_masks(uint32_t nrows, uint32_t min, uint64_t *out, uint32_t cap)
+{
+    uint64_t full = nrows >= 64 ? UINT64_MAX : (1ULL << nrows) - 1;
+    uint32_t n = 0;
+    if (nrows <= SUBSET_MAX) {
+        for (uint32_t pc = nrows; pc >= min && pc > 0; pc--)
+            for (uint64_t mask = full; mask > 0 && n < cap; mask--)
+                if ((uint32_t)__builtin_popcountll(mask) == pc)
+                    out[n++] = mask;
+        return n;
+    }
+    out[n++] = full;
+    for (uint32_t i = 0; i < nrows && n < cap && nrows - 1 >= min; i++)
+        out[n++] = full & ~(1ULL << i);
+    return n;
+}
+
+/* Try to turn the candidate's statements into a WAKEUP (docs/fault-detection.md §4). */
+static void try_evaluate(zz_replica *r, candidate *c)
+{
+    struct zz_wake *w = r->wake;
+    if (w->open || c->count < r->g + 1)
+        return;
+    uint32_t awake[ZZ_MAX_EXEC], sleeping[ZZ_MAX_EXEC];
+    uint32_t n_awake = list_state(r, ZZ_EXEC_AWAKE, awake);
+    uint32_t n_sleeping = list_state(r, ZZ_EXEC_SLEEPING, sleeping);
+    if (n_sleeping == 0 || !same_ids(awake, n_awake, c->awake, c->n_awake))
+        return;
+    uint32_t signer[ZZ_MAX_REPLICAS], nrows = 0;
+    for (uint32_t s = 0; s < r->n; s++) {
+        zz_msg m;
+        if (!c->raw[s] || zz_decode(c->raw[s], c->len[s], &m) != ZZ_OK ||
+            row_from(&m, &w->rows[nrows]) != 0)
+            continue;
+        signer[nrows++] = s;
+    }
+    static const uint32_t mask_cap = (1u << SUBSET_MAX) + ZZ_MAX_REPLICAS + 1;
+    uint64_t masks[(1u << SUBSET_MAX) + ZZ_MAX_REPLICAS + 1];
+    uint32_t nmasks = evidence_masks(nrows, r->g + 1, masks, mask_cap);
+    uint32_t wake[ZZ_MAX_EXEC], n_wake = 0, k = 0;
+    uint64_t best_mask = 0;
+    zz_frow *sub = w->sub;
+    for (uint32_t t = 0; t < nmasks && !best_mask; t++) {
+        k = 0;
+        for (uint32_t i = 0; i < nrows; i++)
+            if (masks[t] & (1ULL << i))
+                sub[k++] = w->rows[i];
+        int reason = zz_fault_evaluate(sub, k, r->conf->f, r->g, c->seq, awake, n_awake,
+                                       sleeping, n_sleeping, wake, &n_wake);
+        if (reason == ZZ_FAULT_OK) {
+            if (n_wake == 0)
+                return; /* justified, but nobody is left asleep to wake */
+            best_mask = masks[t];
+        }
+    }
+    if (!best_mask)
+        return;
+    /* WAKEUP: the chosen statements, our sleeping view, the evaluator's choice. */
+    zz_buf *b = &w->buf;
+    zz_buf_reset(b);
+    size_t st = zz_begin(b, ZZ_WAKEUP, ZZ_AUTH_SIG, r->conf->service, r->id);
+    zz_put_u64(b, c->seq);
+    uint32_t who[ZZ_MAX_REPLICAS];
+    k = 0;
+    for (uint32_t i = 0; i < nrows; i++)
+        if (best_mask & (1ULL << i))
+            who[k++] = signer[i];
+    zz_put_u32(b, k);
+    for (uint32_t i = 0; i < k; i++)
+        zz_put_bytes(b, c->raw[who[i]], c->len[who[i]]);
+    zz_put_u32_list(b, sleeping, n_sleeping);
+    zz_put_u32_list(b, wake, n_wake);
+    zz_end_body(b, st);
+    if (zz_auth_sign(b, st, r->conf->sign) != 0 || b->oom)
+        return;
+    uint8_t *raw = zz_memdup(b->p + st, b->len - st);
+    uint32_t len = (uint32_t)(b->len - st);
+    if (!raw)
+        return;
+    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
+    for (uint32_t i = 0; i < n_wake; i++)
+        send_controld(r, wake[i], raw, len, hosts);
+    bcast_raw(r, raw, len);
+    r->st.wakeups_sent++;
+    zz_report_rec *rec = zz_detect_record(r, c->seq);
+    uint64_t now = zz_now_ms(r);
+    uint64_t since = rec && rec->flagged && rec->flag_ms ? rec->flag_ms : c->first_ms;
+    uint64_t lat = now > since ? now - since : 0;
+    r->st.detect_latency_last_ms = lat;
+    if (lat > r->st.detect_latency_max_ms)
+        r->st.detect_latency_max_ms = lat;
+    char ws[256], ss[256];
+    fmt_ids(ws, sizeof ws, wake, n_wake);
+    fmt_ids(ss, sizeof ss, who, k);
+    fprintf(stderr,
+            "zz-agreed: replica %u: WAKEUP seq %llu wake [%s], evidence from agreement replicas "
+            "[%s], %llu ms after the fault was flagged\n",
+            r->id, (unsigned long long)c->seq, ws, ss, (unsigned long long)lat);
+    uint64_t seq = c->seq;
+    uint32_t cawake[ZZ_MAX_EXEC], cn = c->n_awake;
+    memcpy(cawake, c->awake, cn * sizeof *cawake);
+    cand_clear(r, c);
+    open_round(r, seq, cawake, cn, wake, n_wake, sub, k, raw, len);
+    free(raw);
+}
+
+/* ---- signing statements ---- */
+
+static void put_row(zz_replica *r, zz_buf *b, const zz_report_rec *k, const uint32_t *awake,
+                    uint32_t n_awake, int blame_first)
+{
+    zz_put_u32(b, n_awake);
+    for (uint32_t j = 0; j < n_awake; j++) {
+        uint32_t i = awake[j];
+        zz_row_entry e;
+        memset(&e, 0, sizeof e);
+        e.replica = i;
+        if (k->reported[i] && !(blame_first && j == 0)) {
+            e.state = k->late[i] ? ZZ_ROW_LATE : ZZ_ROW_ONTIME;
+            memcpy(e.digest, k->dig[i], ZZ_DIGEST_LEN);
+        }
+        zz_put_row_entry(b, &e);
+    }
+    (void)r;
+}
+
+/* Sign and broadcast a row for k->seq over the current awake set; also collect it. */
+static void send_statement(zz_replica *r, const zz_report_rec *k, int blame_first)
+{
+    struct zz_wake *w = r->wake;
+    uint32_t awake[ZZ_MAX_EXEC];
+    uint32_t n_awake = list_state(r, ZZ_EXEC_AWAKE, awake);
+    if (n_awake == 0)
+        return;
+    zz_buf *b = &w->buf;
+    zz_buf_reset(b);
+    size_t st = zz_begin(b, ZZ_FAULT_STATEMENT, ZZ_AUTH_SIG, r->conf->service, r->id);
+    zz_put_u64(b, k->seq);
+    put_row(r, b, k, awake, n_awake, blame_first);
+    zz_end_body(b, st);
+    if (zz_auth_sign(b, st, r->conf->sign) != 0 || b->oom)
+        return;
+    uint32_t len = (uint32_t)(b->len - st);
+    uint8_t *raw = zz_memdup(b->p + st, len);
+    if (!raw)
+        return;
+    bcast_raw(r, raw, len);
+    r->st.fault_statements_sent++;
+    if (blame_first) {
+        free(raw); /* the false statement is only for the others to reject */
+        return;
+    }
+    candidate *c = cand_for(r, k->seq, awake, n_awake);
+    if (c->raw[r->id]) {
+        free(raw);
+        return;
+    }
+    c->raw[r->id] = raw;
+    c->len[r->id] = len;
+    c->count++;
+    try_evaluate(r, c);
+}
+
+void zz_wake_on_flag(zz_replica *r, zz_report_rec *k)
+{
+    if (!r->wake || r->wake->open || k->certified)
+        return;
+    send_statement(r, k, 0);
+}
+
+void zz_wake_on_certified(zz_replica *r, zz_report_rec *k)
+{
+    /* Test-only Byzantine agreement replica: a signed statement blaming the lowest awake
+     * (correct) replica for every certified seq; alone it must never wake anyone. */
+    if (r->wake && r->conf->byzantine == ZZ_BYZ_FALSE_FAULT)
+        send_statement(r, k, 1);
+}
+
+void zz_on_fault_statement(zz_replica *r, const zz_msg *m)
+{
+    struct zz_wake *w = r->wake;
+    zz_frow row;
+    if (!w || m->sender == r->id || row_from(m, &row) != 0) {
+        r->st.fault_statements_rejected++;
+        return;
+    }
+    r->st.fault_statements_received++;
+    candidate *c = cand_for(r, row.seq, row.ids, row.n);
+    if (c->raw[m->sender])
+        return; /* one statement per signer and round: a duplicate or a second opinion */
+    c->raw[m->sender] = zz_memdup(m->raw, m->raw_len);
+    if (!c->raw[m->sender])
+        return;
+    c->len[m->sender] = m->raw_len;
+    c->count++;
+    try_evaluate(r, c);
+}
+
+/* ---- the open round ---- */
+
+/* The woken replica replays the committed log like any execution replica that registers:
+ * answer it as if it had just sent FETCH{kind 3, seq 0} on its registered connection. */
+static void serve_log(zz_replica *r, uint32_t i)
+{
+    static const uint8_t null_digest[ZZ_DIGEST_LEN];
+    if (!r->exec_conn[i])
+        return; /* not connected: it registers (and gets the log) once it runs */
+    zz_buf b;
+    zz_buf_init(&b);
+    size_t st = zz_enc_fetch(&b, r->conf->service, ZZ_PRINCIPAL_EXEC + i, ZZ_FETCH_LOG, 0,
+                             null_digest);
+    zz_put_u16(&b, 0); /* an empty MAC vector: this message never leaves the replica */
+    zz_msg m;
+    if (!b.oom && zz_decode(b.p + st, b.len - st, &m) == ZZ_OK)
+        zz_on_fetch(r, r->exec_conn[i], &m);
+    zz_buf_free(&b);
+}
+
+static void try_resolve(zz_replica *r);
+
+static void on_round_tick(void *ctx)
+{
+    zz_replica *r = ctx;
+    struct zz_wake *w = r->wake;
+    w->resend_timer = 0;
+    if (!w->open)
+        return;
+    zz_report_rec *k = zz_detect_record(r, w->seq);
+    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
+    for (uint32_t j = 0; j < w->n_woken; j++)
+        if (!k || !k->reported[w->woken[j]])
+            send_controld(r, w->woken[j], w->wakeup_raw, w->wakeup_len, hosts);
+    try_resolve(r);
+    if (w->open)
+        w->resend_timer = zz_net_timer(r->net, WAKE_RESEND_MS, on_round_tick, r);
+}
+
+static void open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t n_awake,
+                       const uint32_t *wake, uint32_t n_wake, const zz_frow *rows,
+                       uint32_t nrows, const uint8_t *raw, uint32_t len)
+{
+    struct zz_wake *w = r->wake;
+    round_clear(r);
+    w->wakeup_raw = zz_memdup(raw, len);
+    w->wakeup_len = w->wakeup_raw ? len : 0;
+    w->open = 1;
+    w->seq = seq;
+    w->n_awake = n_awake;
+    memcpy(w->awake, awake, n_awake * sizeof *awake);
+    w->n_woken = n_wake;
+    memcpy(w->woken, wake, n_wake * sizeof *wake);
+    w->n_ev = nrows < r->n ? nrows : r->n;
+    memcpy(w->ev, rows, w->n_ev * sizeof *rows);
+    w->opened_ms = zz_now_ms(r);
+    for (uint32_t j = 0; j < n_wake; j++) {
+        r->exec_state[wake[j]] = ZZ_EXEC_AWAKE;
+        serve_log(r, wake[j]);
+    }
+    w->resend_timer = zz_net_timer(r->net, WAKE_RESEND_MS, on_round_tick, r);
+    try_resolve(r);
+}
+
+static void apply_resolution(zz_replica *r, const uint32_t *convict, uint32_t nc,
+                             const uint32_t *sleep, uint32_t ns, const uint32_t *active,
+                             uint32_t na)
+{
+    for (uint32_t i = 0; i < nc; i++)
+        r->exec_state[convict[i]] = ZZ_EXEC_CONVICTED;
+    for (uint32_t i = 0; i < ns; i++)
+        r->exec_state[sleep[i]] = ZZ_EXEC_SLEEPING;
+    for (uint32_t i = 0; i < na; i++)
+        r->exec_state[active[i]] = ZZ_EXEC_AWAKE;
+}
+
+static void send_shutdown(zz_replica *r, const zz_fresolution *res)
+{
+    struct zz_wake *w = r->wake;
+    zz_buf *b = &w->buf;
+    zz_buf_reset(b);
+    size_t st = zz_begin(b, ZZ_SHUTDOWN, ZZ_AUTH_SIG, r->conf->service, r->id);
+    zz_put_u64(b, w->seq);
+    zz_put_u32_list(b, w->awake, w->n_awake);
+    zz_put_u32_list(b, res->convict, res->n_convict);
+    zz_put_u32_list(b, res->sleep, res->n_sleep);
+    zz_put_u32_list(b, res->stay, res->n_stay);
+    zz_end_body(b, st);
+    if (zz_auth_sign(b, st, r->conf->sign) != 0 || b->oom)
+        return;
+    const uint8_t *msg = b->p + st;
+    size_t len = b->len - st;
+    /* Every host with a replica of the round: convicted ones are destroyed, surplus ones put
+     * back to sleep, and the others' controld learns the outcome. */
+    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
+    for (uint32_t i = 0; i < w->n_awake; i++)
+        send_controld(r, w->awake[i], msg, len, hosts);
+    for (uint32_t i = 0; i < w->n_woken; i++)
+        send_controld(r, w->woken[i], msg, len, hosts);
+    bcast_raw(r, msg, len);
+    r->st.shutdowns_sent++;
+    char cs[256], ss[256], as[256];
+    fmt_ids(cs, sizeof cs, res->convict, res->n_convict);
+    fmt_ids(ss, sizeof ss, res->sleep, res->n_sleep);
+    fmt_ids(as, sizeof as, res->stay, res->n_stay);
+    fprintf(stderr,
+            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s]%s\n",
+            r->id, (unsigned long long)w->seq, cs, ss, as,
+            res->shortfall ? " (fewer than f+1 active)" : "");
+    apply_resolution(r, res->convict, res->n_convict, res->sleep, res->n_sleep, res->stay,
+                     res->n_stay);
+    round_clear(r);
+}
+
+/* Once the woken replicas reported the round's seq (or after WAKE_RESOLVE_MS), decide from
+ * this replica's own view of every report (docs/fault-detection.md §5). */
+static void try_resolve(zz_replica *r)
+{
+    struct zz_wake *w = r->wake;
+    if (!w->open)
+        return;
+    zz_report_rec *k = zz_detect_record(r, w->seq);
+    if (!k)
+        return;
+    int all = 1;
+    for (uint32_t j = 0; j < w->n_woken; j++)
+        all &= k->reported[w->woken[j]];
+    uint64_t waited = zz_now_ms(r) - w->opened_ms;
+    if (!all && waited < WAKE_RESOLVE_MS + (uint64_t)r->conf->detect_ceiling_ms)
+        return;
+    zz_freport rep[ZZ_MAX_EXEC];
+    uint32_t nrep = 0;
+    for (uint32_t pass = 0; pass < 2; pass++) {
+        const uint32_t *ids = pass ? w->woken : w->awake;
+        uint32_t n = pass ? w->n_woken : w->n_awake;
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t i = ids[j];
+            rep[nrep].id = i;
+            memset(&rep[nrep].e, 0, sizeof rep[nrep].e);
+            if (k->reported[i]) {
+                rep[nrep].e.state = k->late[i] ? ZZ_FENTRY_LATE : ZZ_FENTRY_ONTIME;
+                memcpy(rep[nrep].e.dig, k->dig[i], ZZ_DIGEST_LEN);
+            }
+            nrep++;
+        }
+    }
+    zz_fresolution res;
+    if (zz_fault_resolve(w->ev, w->n_ev, r->conf->f, r->g, w->awake, w->n_awake, w->woken,
+                         w->n_woken, rep, nrep, &res) != 0) {
+        if (!w->resolve_failed_logged)
+            fprintf(stderr, "zz-agreed: replica %u: round at seq %llu cannot be resolved "
+                            "(more than f faults?)\n",
+                    r->id, (unsigned long long)w->seq);
+        w->resolve_failed_logged = 1;
+        return;
+    }
+    if (res.decided) {
+        send_shutdown(r, &res);
+        return;
+    }
+    if (!all)
+        return;
+    /* Everyone woken reported and still no f+1 agree (the agreeing replicas were faulty,
+     * scenario w6): close this round; the seq is judged again over the larger awake set. */
+    fprintf(stderr, "zz-agreed: replica %u: round at seq %llu undecided, next round\n", r->id,
+            (unsigned long long)w->seq);
+    round_clear(r);
+    if (!k->certified)
+        send_statement(r, k, 0);
+}
+
+void zz_wake_on_report(zz_replica *r, zz_report_rec *k, uint32_t i)
+{
+    (void)i;
+    if (r->wake && r->wake->open && k->seq == r->wake->seq)
+        try_resolve(r);
+}
+
+/* ---- WAKEUP and SHUTDOWN from peers ---- */
+
+static const char *check_wakeup(zz_replica *r, const zz_msg *m, uint32_t *nrows_out,
+                                 uint32_t *wake, uint32_t *n_wake)
+{
+    struct zz_wake *w = r->wake;
+    const zz_wakeup *q = &m->u.wakeup;
+    if (q->evidence.count == 0 || q->evidence.count > r->n)
+        return "evidence count";
+    zz_blist_iter it;
+    zz_bytes item;
+    uint32_t nrows = 0;
+    zz_blist_begin(&q->evidence, &it);
+    while (zz_blist_next(&it, &item)) {
+        zz_msg s;
+        if (zz_decode(item.p, item.len, &s) != ZZ_OK || s.type != ZZ_FAULT_STATEMENT)
+            return "evidence is not a FAULT-STATEMENT";
+        if (s.service != r->conf->service || s.sender >= r->n)
+            return "evidence signer";
+        const zz_pubkey *pk = zz_pub_for(r, s.sender);
+        if (!pk || !zz_verify_sig(&s, pk))
+            return "evidence signature";
+        if (s.u.fault_statement.seq != q->seq)
+            return "evidence seq";
+        if (row_from(&s, &w->rows[nrows]) != 0)
+            return "evidence row";
+        nrows++;
+    }
+    uint32_t sleeping[ZZ_MAX_EXEC], n_sleeping, claimed[ZZ_MAX_EXEC], n_claimed;
+    if (ids_from(&q->sleeping, sleeping, &n_sleeping) != 0 ||
+        ids_from(&q->wake, claimed, &n_claimed) != 0)
+        return "replica lists";
+    int reason = zz_fault_evaluate(w->rows, nrows, r->conf->f, r->g, q->seq, w->rows[0].ids,
+                                   w->rows[0].n, sleeping, n_sleeping, wake, n_wake);
+    if (reason != ZZ_FAULT_OK)
+        return zz_fault_reason_name(reason);
+    if (!same_ids(wake, *n_wake, claimed, n_claimed) || n_claimed == 0)
+        return "wake differs from the evidence's choice";
+    for (uint32_t j = 0; j < n_claimed; j++)
+        if (claimed[j] >= r->conf->n_exec)
+            return "wake names an unknown replica";
+    *nrows_out = nrows;
+    return NULL;
+}
+
+void zz_on_wakeup(zz_replica *r, const zz_msg *m)
+{
+    struct zz_wake *w = r->wake;
+    uint32_t wake[ZZ_MAX_EXEC], n_wake = 0, nrows = 0;
+    const char *why = w ? check_wakeup(r, m, &nrows, wake, &n_wake) : "no exec lines";
+    if (why) {
+        r->st.wakeups_rejected++;
+        fprintf(stderr, "zz-agreed: replica %u: WAKEUP from %u for seq %llu rejected: %s\n",
+                r->id, m->sender, (unsigned long long)m->u.wakeup.seq, why);
+        return;
+    }
+    r->st.wakeups_received++;
+    const zz_frow *rows = w->rows;
+    if (w->open && w->seq == m->u.wakeup.seq &&
+        same_ids(w->awake, w->n_awake, rows[0].ids, rows[0].n))
+        return; /* the round we are in */
+    uint32_t awake[ZZ_MAX_EXEC];
+    uint32_t n_awake = list_state(r, ZZ_EXEC_AWAKE, awake);
+    int fits = !w->open && same_ids(awake, n_awake, rows[0].ids, rows[0].n);
+    for (uint32_t j = 0; fits && j < n_wake; j++)
+        fits = r->exec_state[wake[j]] == ZZ_EXEC_SLEEPING;
+    if (!fits)
+        return; /* valid but about another awake set: an old round, or one we are past */
+    char ws[256];
+    fmt_ids(ws, sizeof ws, wake, n_wake);
+    fprintf(stderr, "zz-agreed: replica %u: WAKEUP seq %llu wake [%s] adopted from replica %u\n",
+            r->id, (unsigned long long)m->u.wakeup.seq, ws, m->sender);
+    /* Relay it: its sender may be faulty and have told no controld. */
+    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
+    for (uint32_t j = 0; j < n_wake; j++)
+        send_controld(r, wake[j], m->raw, m->raw_len, hosts);
+    r->st.wakeups_relayed++;
+    /* rows live in w->rows, which open_round's evaluation paths do not touch */
+    zz_frow *copy = calloc(nrows, sizeof *copy);
+    if (!copy)
+        return;
+    memcpy(copy, rows, nrows * sizeof *copy);
+    open_round(r, m->u.wakeup.seq, copy[0].ids, copy[0].n, wake, n_wake, copy, nrows, m->raw,
+               m->raw_len);
+    free(copy);
+}
+
+void zz_on_shutdown(zz_replica *r, const zz_msg *m)
+{
+    struct zz_wake *w = r->wake;
+    const zz_shutdown *q = &m->u.shutdown;
+    uint32_t awake[ZZ_MAX_EXEC], na, convict[ZZ_MAX_EXEC], nc, sleep[ZZ_MAX_EXEC], ns,
+        active[ZZ_MAX_EXEC], nact;
+    if (!w || ids_from(&q->awake, awake, &na) != 0 || ids_from(&q->convict, convict, &nc) != 0 ||
+        ids_from(&q->sleep, sleep, &ns) != 0 || ids_from(&q->active, active, &nact) != 0) {
+        r->st.shutdowns_rejected++;
+        return;
+    }
+    r->st.shutdowns_received++;
+    if (!w->open || q->seq != w->seq || !same_ids(awake, na, w->awake, w->n_awake))
+        return; /* not our open round (already resolved here, or never adopted) */
+    /* A certificate is g+1 identical bodies from distinct replicas (docs/wire.md). */
+    uint32_t s = m->sender;
+    free(w->sd_body[s]);
+    w->sd_body[s] = zz_memdup(m->body, m->body_len);
+    w->sd_len[s] = w->sd_body[s] ? m->body_len : 0;
+    uint32_t same = 0;
+    for (uint32_t j = 0; j < r->n; j++)
+        same += w->sd_body[j] && w->sd_len[j] == m->body_len &&
+                memcmp(w->sd_body[j], m->body, m->body_len) == 0;
+    if (same < r->g + 1)
+        return;
+    char cs[256], as[256];
+    fmt_ids(cs, sizeof cs, convict, nc);
+    fmt_ids(as, sizeof as, active, nact);
+    fprintf(stderr,
+            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
+            "certificate of %u\n",
+            r->id, (unsigned long long)q->seq, cs, as, same);
+    for (uint32_t j = 0; j < nc + ns + nact; j++) {
+        uint32_t id = j < nc ? convict[j] : j < nc + ns ? sleep[j - nc] : active[j - nc - ns];
+        if (id >= r->conf->n_exec)
+            return;
+    }
+    apply_resolution(r, convict, nc, sleep, ns, active, nact);
+    round_clear(r);
+}
+
+/* ---- stats ---- */
+
+static void write_ids(FILE *f, const char *name, const uint32_t *ids, uint32_t n)
+{
+    fprintf(f, "\"%s\": [", name);
+    for (uint32_t i = 0; i < n; i++)
+        fprintf(f, "%s%u", i ? ", " : "", ids[i]);
+    fprintf(f, "], ");
+}
+
+void zz_wake_write_stats(zz_replica *r, void *file)
+{
+    FILE *f = file;
+    const zz_rstats *s = &r->st;
+    fprintf(f, "\"fault_statements_sent\": %llu, \"fault_statements_received\": %llu, "
+               "\"fault_statements_rejected\": %llu, \"wakeups_sent\": %llu, "
+               "\"wakeups_received\": %llu, \"wakeups_rejected\": %llu, "
+               "\"wakeups_relayed\": %llu, \"shutdowns_sent\": %llu, "
+               "\"shutdowns_received\": %llu, \"shutdowns_rejected\": %llu, "
+               "\"controld_sends\": %llu, \"reply_affirms_sent\": %llu, "
+               "\"detect_latency_last_ms\": %llu, \"detect_latency_max_ms\": %llu, ",
+            (unsigned long long)s->fault_statements_sent,
+            (unsigned long long)s->fault_statements_received,
+            (unsigned long long)s->fault_statements_rejected,
+            (unsigned long long)s->wakeups_sent, (unsigned long long)s->wakeups_received,
+            (unsigned long long)s->wakeups_rejected, (unsigned long long)s->wakeups_relayed,
+            (unsigned long long)s->shutdowns_sent, (unsigned long long)s->shutdowns_received,
+            (unsigned long long)s->shutdowns_rejected, (unsigned long long)s->controld_sends,
+            (unsigned long long)s->reply_affirms_sent,
+            (unsigned long long)s->detect_latency_last_ms,
+            (unsigned long long)s->detect_latency_max_ms);
+    uint32_t ids[ZZ_MAX_EXEC], n;
+    n = list_state(r, ZZ_EXEC_AWAKE, ids);
+    write_ids(f, "exec_awake", ids, n);
+    n = list_state(r, ZZ_EXEC_SLEEPING, ids);
+    write_ids(f, "exec_sleeping", ids, n);
+    n = list_state(r, ZZ_EXEC_CONVICTED, ids);
+    write_ids(f, "exec_convicted", ids, n);
+    fprintf(f, "\"fault_round_open\": %d, \"fault_round_seq\": %llu, ",
+            r->wake ? r->wake->open : 0,
+            (unsigned long long)(r->wake && r->wake->open ? r->wake->seq : 0));
+}
