@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+import time
 from collections.abc import Sequence
 
 from . import __version__, keys, placement, render
@@ -101,6 +103,61 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rack_up(args: argparse.Namespace) -> int:
+    from . import rackctl
+
+    config = load(args.config)
+    t0 = time.monotonic()
+    try:
+        state = rackctl.up(config, backend=args.backend, store=args.store, progress=_progress)
+    except rackctl.AlreadyUp as e:
+        print(f"zz rack up: {e}", file=sys.stderr)
+        return 0
+    except (rackctl.RackError, OSError) as e:
+        print(f"zz rack up: {e}", file=sys.stderr)
+        return 1
+    print(rackctl.format_state(state))
+    took = time.monotonic() - t0
+    print(f"rack {config.rack.name!r} up in {took:.1f} s; state in {rackctl.state_path(config)}")
+    print(f"`zz rack down {args.config}` stops it")
+    return 0
+
+
+def _cmd_rack_down(args: argparse.Namespace) -> int:
+    from . import rackctl
+
+    try:
+        report = rackctl.down(load(args.config), progress=_progress)
+    except (rackctl.RackError, OSError) as e:
+        print(f"zz rack down: {e}", file=sys.stderr)
+        return 1
+    return 0 if report.clean else 1
+
+
+def _cmd_drill(args: argparse.Namespace) -> int:
+    from . import drill
+
+    return drill.main_cli(args, _progress)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from .procrack import REPO
+
+    script = REPO / "scripts" / "bench" / args.name
+    if not script.exists():
+        print(f"zz bench: {script} does not exist (not built yet)", file=sys.stderr)
+        return 2
+    # Run it as its shebang says; one not marked executable is a bash script.
+    cmd = [str(script)] if os.access(script, os.X_OK) else ["bash", str(script)]
+    return subprocess.call([*cmd, *args.args], cwd=REPO)
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from .status import format_rows, rack_status
 
@@ -145,6 +202,61 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     pl.set_defaults(func=_cmd_plan)
+    ru = rsub.add_parser(
+        "up",
+        help="bring the planned rack up on this machine",
+        description="Keys if missing, replica files, one controld per host, every agreement"
+        " replica, every execution replica through its host's controld (active ones running,"
+        " spares paused or hibernated); recorded in run/rack.json (docs/operations.md)."
+        " A rack that is already up is left alone.",
+    )
+    ru.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    ru.add_argument(
+        "--backend",
+        choices=("process", "libvirt"),
+        default="process",
+        help="replicas as processes (default) or libvirt VMs",
+    )
+    ru.add_argument(
+        "--store",
+        choices=("dir", "zfs"),
+        default="dir",
+        help="checkpoint store: directories (default) or a ZFS pool per host",
+    )
+    ru.set_defaults(func=_cmd_rack_up)
+    rd = rsub.add_parser(
+        "down",
+        help="tear the rack down completely",
+        description="Stop everything run/rack.json records (controlds destroy their"
+        " replicas), kill leftovers naming the rack's files, destroy zz-<rack>-* domains and"
+        " the rack's ZFS pools. Exit 1 if something had to be killed.",
+    )
+    rd.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    rd.set_defaults(func=_cmd_rack_down)
+
+    from .drill import KINDS, add_arguments
+
+    dr = sub.add_parser(
+        "drill",
+        help="inject a fault into a running rack under load and report",
+        description="Run KV load on a service of a rack that is up, inject the fault, watch,"
+        " and write run/drills/<kind>-<time>/report.json + timeline.png (docs/operations.md)."
+        " Kinds: " + ", ".join(KINDS) + ".",
+    )
+    add_arguments(dr)
+    dr.set_defaults(func=_cmd_drill)
+
+    be = sub.add_parser(
+        "bench",
+        help="run a benchmark of scripts/bench",
+        description="Run scripts/bench/NAME with the remaining arguments (e.g. --quick).",
+    )
+    be.add_argument(
+        "name",
+        choices=("wakeup", "recovery", "execution", "agreement", "detection", "checkpoint"),
+    )
+    be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
+    be.set_defaults(func=_cmd_bench)
 
     c = sub.add_parser(
         "client",

@@ -1,0 +1,774 @@
+# zz/drill.py - `zz drill KIND CONFIG`: fault injection against a rack that is up (zz rack up),
+# under recorded KV load; watches the replicas and controlds, writes the report (zz/report.py).
+"""Fault-injection drills (docs/operations.md, "Drills").
+
+One drill = KV clients recording a history (zz/history.py) on the kv services of a running
+rack, `--before` seconds of load, the fault, `--after` seconds of watching, then the
+verdicts. Observed on one monotonic clock, every 100 ms:
+
+* agreement replicas' stats files (view, view change, every counter: exec_mismatches,
+  exec_timeouts, and whatever fault detection adds), the first change after the fault
+  of any counter is a detection event;
+* every controld's `status` (CONTROL RPC as operator 0): counters `wakeup_accepted`,
+  `woken`, `shutdown_accepted`, `convicted`, `reprovisioned`, and its `recent` lines,
+  which name the replicas woken, convicted and provisioned.
+
+Nothing is inferred that was not observed: a drill whose fault pipeline (detection in
+zz-agreed, WAKEUP/SHUTDOWN to controld, recovery) did not act says FAIL and names the
+missing step; a kind that cannot be injected into this rack refuses before starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import history as zh
+from . import report as rp
+from . import wire
+from .client import Client, ClientParams, ClientTimeout
+from .config import Config, Service, load
+from .execution.apps import kv
+from .procrack import DEFAULT_AGREED, leftover_pids, signal_group
+from .rackctl import (
+    ProcRecord,
+    RackError,
+    _save_state,
+    _start,
+    load_state,
+    operator_call,
+)
+
+KINDS = (
+    "primary",
+    "client-flood",
+    "wrong-reply",
+    "crash",
+    "slow",
+    "corrupt-snapshot",
+    "byzantine-host",
+)
+# Drill kind -> the runtime's --inject-fault (execution/runtime.py FAULTS).
+RUNTIME_FAULT = {
+    "wrong-reply": "wrong-reply",
+    "slow": "slow-report",
+    "byzantine-host": "wrong-reply",
+}
+POLL_S = 0.1
+KEYS = [b"k0", b"k1", b"k2", b"k3"]
+
+Progress = Callable[[str], None]
+
+
+class DrillError(Exception):
+    """The drill cannot run against this rack (not up, no kv service, unsupported kind)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=KINDS, metavar="KIND", help=" | ".join(KINDS))
+    p.add_argument("config", metavar="CONFIG", help="rack config (TOML) of a rack that is up")
+    p.add_argument("--service", help="the kv service to load and fault (default: the first kv)")
+    p.add_argument("--replica", type=int, default=0, help="execution replica to fault (default 0)")
+    p.add_argument("--host", help="byzantine-host: the host (default: the faulted replica's)")
+    p.add_argument("--clients", type=int, default=4, help="KV clients per service (default 4)")
+    p.add_argument("--first-client", type=int, help="first client index (default: clients-16)")
+    p.add_argument("--before", type=float, default=3.0, help="load before the fault (s)")
+    p.add_argument("--after", type=float, default=12.0, help="watching after the fault (s)")
+    p.add_argument("--out", type=Path, help="report directory (default run/drills/KIND-TIME)")
+
+
+# ---- observation --------------------------------------------------------------------------
+@dataclass
+class Event:
+    t: float  # seconds after the fault (negative: before)
+    source: str
+    what: str
+
+
+@dataclass
+class Observer:
+    """Polls stats files and controlds; remembers the baseline at the fault and every
+    change after it."""
+
+    config: Config
+    services: list[Service]
+    fault_ns: int = 0
+    events: list[Event] = field(default_factory=list)
+    agreed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    agreed_base: dict[str, dict[str, Any]] = field(default_factory=dict)
+    controld: dict[str, dict[str, Any]] = field(default_factory=dict)
+    controld_base: dict[str, dict[str, int]] = field(default_factory=dict)
+    recent_seen: set[str] = field(default_factory=set)
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def now(self) -> float:
+        return (time.monotonic_ns() - self.fault_ns) / 1e9 if self.fault_ns else 0.0
+
+    def read_agreed(self) -> None:
+        for s in self.services:
+            for r in range(s.n):
+                path = self.config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.stats.json"
+                name = f"{s.name}/agreed-{r}"
+                try:
+                    d = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if not isinstance(d, dict):
+                    continue
+                old = self.agreed.get(name)
+                self.agreed[name] = d
+                if old is None or not self.fault_ns:
+                    continue
+                for k, v in d.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool) and old.get(k) != v:
+                        if k in ("view", "in_view_change") or _is_fault_counter(k):
+                            self.events.append(Event(self.now(), name, f"{k} {old.get(k)} -> {v}"))
+
+    async def read_controlds(self) -> None:
+        async def one(h: Any) -> None:
+            try:
+                st = await operator_call(self.config, h, {"op": "status"}, timeout=3.0)
+            except Exception as e:  # a controld that is down is itself an observation
+                self.errors[f"controld {h.name}: {type(e).__name__}"] += 1
+                return
+            if not st.get("ok", True):
+                return
+            old = self.controld.get(h.name)
+            self.controld[h.name] = st
+            if not self.fault_ns or old is None:
+                return
+            for k, v in st.get("counters", {}).items():
+                # control_* count our own status polls: noise.
+                if old.get("counters", {}).get(k) != v and not k.startswith("control_"):
+                    self.events.append(Event(self.now(), f"controld {h.name}", f"{k} -> {v}"))
+            for line in st.get("recent", []):
+                key = f"{h.name} {line}"
+                if key not in self.recent_seen:
+                    self.recent_seen.add(key)
+                    self.events.append(Event(self.now(), f"controld {h.name}", line))
+
+        await asyncio.gather(*(one(h) for h in self.config.hosts))
+
+    def mark_fault(self) -> None:
+        self.fault_ns = time.monotonic_ns()
+        self.agreed_base = {k: dict(v) for k, v in self.agreed.items()}
+        self.controld_base = {k: dict(v.get("counters", {})) for k, v in self.controld.items()}
+        for h, st in self.controld.items():
+            self.recent_seen |= {f"{h} {line}" for line in st.get("recent", [])}
+
+    def counter_delta(self, name: str) -> int:
+        total = 0
+        for h, st in self.controld.items():
+            total += st.get("counters", {}).get(name, 0) - self.controld_base.get(h, {}).get(
+                name, 0
+            )
+        return total
+
+    def first(self, pred: Callable[[Event], bool]) -> Event | None:
+        for e in self.events:
+            if e.t >= 0 and pred(e):
+                return e
+        return None
+
+    def lines(self, pattern: str) -> list[tuple[str, str]]:
+        """(host, line) of the controld log lines after the fault matching `pattern`."""
+        rx = re.compile(pattern)
+        return [
+            (e.source.split()[-1], e.what)
+            for e in self.events
+            if e.source.startswith("controld") and rx.search(e.what)
+        ]
+
+
+def _is_fault_counter(key: str) -> bool:
+    return any(w in key for w in ("mismatch", "timeout", "fault", "wakeup", "shutdown", "convict"))
+
+
+# ---- load ---------------------------------------------------------------------------------
+@dataclass
+class Load:
+    recorders: dict[str, zh.HistoryRecorder]
+    tally: Counter[str]
+    stop: asyncio.Event
+    tasks: list[asyncio.Task[None]]
+
+
+async def _worker(
+    client: Client, rec: zh.HistoryRecorder, seed: int, stop: asyncio.Event, tally: Counter[str]
+) -> None:
+    rng = random.Random(seed)
+    kc = rec.client(client, timeout=8.0)
+    seen: dict[bytes, bytes | None] = {}
+    n = 0
+    try:
+        while not stop.is_set():
+            key = rng.choice(KEYS)
+            n += 1
+            value = b"s%d-%d" % (seed, n)
+            r = rng.random()
+            try:
+                if r < 0.4:
+                    reply = await kc.get(key)
+                    seen[key] = reply.value if reply.ok else None
+                elif r < 0.8:
+                    await kc.put(key, value)
+                else:
+                    await kc.cas(key, seen.get(key), value)
+                tally["ok"] += 1
+            except ClientTimeout:
+                tally["timeouts"] += 1
+    finally:
+        await client.close()
+
+
+def _start_load(config: Config, services: list[Service], clients: int, first: int | None) -> Load:
+    stop = asyncio.Event()
+    tally: Counter[str] = Counter()
+    recorders: dict[str, zh.HistoryRecorder] = {}
+    tasks = []
+    for s in services:
+        base = first if first is not None else max(0, s.clients - 16)
+        if base + clients > s.clients:
+            raise DrillError(f"{s.name}: clients {base}..{base + clients - 1} exceed {s.clients}")
+        rec = recorders[s.name] = zh.HistoryRecorder()
+        for i in range(clients):
+            c = Client(ClientParams.from_config(config, s.name, base + i))
+            tasks.append(asyncio.create_task(_worker(c, rec, s.id * 1000 + i, stop, tally)))
+    return Load(recorders, tally, stop, tasks)
+
+
+# ---- the drill ----------------------------------------------------------------------------
+class Drill:
+    def __init__(self, config: Config, args: argparse.Namespace, progress: Progress) -> None:
+        self.config = config
+        self.args = args
+        self.kind: str = args.kind
+        self.progress = progress
+        state = load_state(config)
+        if state is None or not state.complete:
+            raise DrillError(f"rack {config.rack.name!r} is not up: zz rack up {config.path}")
+        dead = [p.name for p in state.procs if not p.alive()]
+        if dead:
+            raise DrillError(
+                f"rack {config.rack.name!r} is degraded ({', '.join(dead)} not running):"
+                f" zz rack down {config.path} && zz rack up {config.path}"
+            )
+        self.state = state
+        kvs = [s for s in config.services if s.app == "kv"]
+        if args.service:
+            self.service = config.service(args.service)
+            if self.service.app != "kv":
+                raise DrillError(f"{self.service.name}: drills record a kv history (app 'kv')")
+        elif kvs:
+            self.service = kvs[0]
+        else:
+            raise DrillError("no service with app = 'kv': drills load and check a kv service")
+        self.notes: list[str] = []
+        self.details: dict[str, Any] = {}
+        self.reasons: list[str] = []
+        self.fault_host: str | None = None
+        self.faulted: list[str] = []
+        self.services = [self.service]
+        if self.kind == "byzantine-host":
+            self._plan_byzantine_host(kvs)
+        if self.kind in ("wrong-reply", "slow", "byzantine-host") and state.backend != "process":
+            raise DrillError(
+                f"{self.kind}: a faulty runtime can only be started by the process backend"
+                f" (rack is {state.backend}): controld cannot pass --inject-fault into a guest"
+            )
+        if self.kind in ("wrong-reply", "crash", "slow", "corrupt-snapshot"):
+            if not 0 <= args.replica < self.service.active:
+                raise DrillError(f"--replica must be an active one (0..{self.service.active - 1})")
+            if self.service.n_exec <= self.service.active:
+                raise DrillError(f"{self.service.name} has no sleeping spare to wake")
+
+    def _plan_byzantine_host(self, kvs: list[Service]) -> None:
+        host = self.args.host or self.service.exec_host(self.config, self.args.replica).name
+        names = [h.name for h in self.config.hosts]
+        if host not in names:
+            raise DrillError(f"--host {host!r}: not one of {', '.join(names)}")
+        self.fault_host = host
+        hit = []
+        for s in kvs:
+            on = [i for i in range(s.active) if s.exec_host(self.config, i).name == host]
+            if on:
+                hit.append(s)
+        if not hit:
+            raise DrillError(f"no active execution replica of a kv service on {host}")
+        self.services = hit
+        if len(hit) < 2:
+            self.notes.append(
+                f"only {len(hit)} kv service has an active replica on {host}: the paper's"
+                " drill affects several services (add more kv services to the rack)"
+            )
+
+    # ---- fault injection ------------------------------------------------------------------
+    async def inject(self, obs: Observer) -> None:
+        k = self.kind
+        if k == "primary":
+            await self._kill_primary(obs)
+        elif k == "client-flood":
+            self.flood = asyncio.create_task(self._flood())
+        elif k in ("wrong-reply", "slow"):
+            await self._faulty_runtime(self.service, self.args.replica, RUNTIME_FAULT[k])
+        elif k == "crash":
+            self._kill_exec(self.service, self.args.replica)
+        elif k == "corrupt-snapshot":
+            self._corrupt_peer_snapshot()
+            self._kill_exec(self.service, self.args.replica)
+        elif k == "byzantine-host":
+            await self._byzantine_host()
+
+    def _agreed_proc(self, s: Service, r: int) -> ProcRecord:
+        return self.state.proc(f"{s.name}/agreed-{r}")
+
+    async def _kill_primary(self, obs: Observer) -> None:
+        s = self.service
+        views = [
+            d.get("view", 0) for n, d in obs.agreed.items() if n.startswith(f"{s.name}/agreed-")
+        ]
+        view = max(views) if views else 0
+        primary = view % s.n
+        p = self._agreed_proc(s, primary)
+        signal_group(p.pid, signal.SIGKILL)
+        self.details["view_before"] = view
+        self.details["killed"] = p.name
+        self.faulted.append(p.name)
+
+    async def _flood(self) -> None:
+        """A Byzantine client: its own valid requests, and every request it ever sent,
+        resent to every agreement and execution replica every ~2 ms, for the whole drill.
+        Plus requests whose MACs are garbage."""
+        s = self.service
+        base = self.args.first_client
+        base = base if base is not None else max(0, s.clients - 16)
+        idx = base + self.args.clients  # the client right after the honest ones
+        if idx >= s.clients:
+            raise DrillError(f"{s.name}: no client principal {idx} for the flooding client")
+        params = ClientParams.from_config(self.config, s.name, idx)
+        params.initial_timeout = 0.002
+        params.max_timeout = 0.004
+        c = Client(params)
+        c.start()
+        sent: Counter[str] = Counter()
+        self.details["flood_client"] = idx
+        self.details["flood_sent"] = sent
+        everyone = list(range(params.n))
+        all_exec = list(range(params.n_exec))
+        old: list[bytes] = []
+        try:
+            while True:
+                ts = time.time_ns()
+                req = wire.Request(params.service, params.principal, ts, 0, kv.encode_get(b"k0"))
+                macs = {r: params.keys[r] for r in everyone}
+                macs |= {wire.exec_principal(i): k for i, k in params.exec_keys.items()}
+                good = req.with_macs(macs).encode()
+                bad = req.with_macs({r: os.urandom(32) for r in everyone}).encode()
+                old = (old + [good])[-8:]
+                for _ in range(25):
+                    for m in old:
+                        c._send(m, everyone, all_exec)
+                        sent["retransmissions"] += 1
+                    c._send(bad, everyone, all_exec)
+                    sent["bad_mac"] += 1
+                    await asyncio.sleep(0.002)
+                with contextlib.suppress(ClientTimeout, ValueError):
+                    # And its own pending requests on a 2 ms retransmission timer.
+                    await c.invoke(kv.encode_get(b"k1"), timeout=0.05)
+                    sent["invoked"] += 1
+        finally:
+            await c.close()
+
+    def _exec_pids(self, s: Service, i: int) -> list[int]:
+        return leftover_pids(
+            ["zz.execution"],
+            [
+                str(self.config.path),
+                f"--service {s.name}".replace(" ", "\0"),
+                f"--index\0{i}\0",
+            ],  # fmt: skip
+        )
+
+    def _kill_exec(self, s: Service, i: int) -> None:
+        pids = self._exec_pids(s, i)
+        if not pids:
+            raise DrillError(f"{s.name}/exec-{i}: no running process found")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.faulted.append(f"{s.name}/exec-{i}")
+        self.details.setdefault("killed_pids", []).extend(pids)
+
+    async def _faulty_runtime(self, s: Service, i: int, fault: str) -> None:
+        """Ask the replica's controld to replace it with a runtime started with
+        --inject-fault: controld keeps owning it, so a SHUTDOWN certificate finds it."""
+        host = s.exec_host(self.config, i)
+        r = await operator_call(self.config, host, {"op": "destroy", "service": s.name,
+                                                     "index": i})  # fmt: skip
+        if not r.get("ok"):
+            raise DrillError(f"controld {host.name}: destroy {s.name}/{i}: {r.get('error', r)}")
+        r = await operator_call(
+            self.config,
+            host,
+            {
+                "op": "provision",
+                "service": s.name,
+                "index": i,
+                "mode": "active",
+                "inject_fault": fault,
+            },  # fmt: skip
+        )
+        if not r.get("ok"):
+            raise DrillError(
+                f"controld {host.name}: provision {s.name}/{i} with inject_fault={fault}:"
+                f" {r.get('error', r)} (controld without inject_fault support?)"
+            )
+        self.faulted.append(f"{s.name}/exec-{i} ({fault})")
+
+    async def _byzantine_host(self) -> None:
+        """Every replica of every service on the host misbehaves at once: its execution
+        replicas answer wrongly, its agreement replicas stop (a crash is one Byzantine
+        behaviour; one faulty agreement replica per service is within g)."""
+        assert self.fault_host is not None
+        jobs = []
+        for s in self.services:
+            for i in range(s.active):
+                if s.exec_host(self.config, i).name == self.fault_host:
+                    jobs.append(self._faulty_runtime(s, i, "wrong-reply"))
+        await asyncio.gather(*jobs)
+        for s in self.services:
+            for r in range(s.n):
+                if self.config.replica_host(s, r).name == self.fault_host:
+                    p = self._agreed_proc(s, r)
+                    signal_group(p.pid, signal.SIGKILL)
+                    self.faulted.append(p.name)
+
+    def _corrupt_peer_snapshot(self) -> None:
+        """Flip bytes in a file of the newest checkpoint snapshot of another active replica
+        (the recovering spare will be offered it)."""
+        s = self.service
+        peers = [i for i in range(s.active) if i != self.args.replica]
+        if not peers:
+            raise DrillError("corrupt-snapshot needs another active replica to corrupt")
+        root = s.exec_state_dir(self.config, peers[0])
+        snaps = sorted(
+            (p for p in root.rglob("snapshots/*") if p.is_dir() and not p.name.startswith(".")),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if not snaps:
+            raise DrillError(
+                f"{root}: no checkpoint snapshot in a directory store to corrupt (ZFS store:"
+                " corrupting a snapshot needs a writable clone, not implemented)"
+            )
+        files = sorted(
+            (f for f in snaps[-1].rglob("*") if f.is_file()), key=lambda f: -f.stat().st_size
+        )
+        if not files:
+            raise DrillError(f"{snaps[-1]}: empty snapshot")
+        victim = files[0]
+        data = bytearray(victim.read_bytes())
+        if not data:
+            data = bytearray(b"\0")
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        self.details["corrupted"] = str(victim)
+
+    # ---- after the drill ------------------------------------------------------------------
+    async def restore(self, report: rp.DrillReport) -> None:
+        """Leave the rack usable for the next drill: a killed agreement replica is started
+        again (same replica file); a faulty execution replica that was not convicted is
+        replaced by a clean one (a convicted one controld already replaced)."""
+        for p in list(self.state.procs):
+            if p.kind == "agreed" and not p.alive():
+                s = next(x for x in self.config.services if p.name.startswith(x.name + "/"))
+                r = int(p.name.rsplit("-", 1)[1])
+                conf = self.config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.conf"
+                self.state.procs.remove(p)
+                _start(self.state, self.config, "agreed", p.name,
+                       [str(DEFAULT_AGREED), "--conf", str(conf)], Path(p.log),
+                       (p.address, p.port))  # fmt: skip
+                self.notes.append(f"restarted {p.name} after the drill")
+        _save_state(self.config, self.state)
+        for name in self.faulted:
+            m = re.match(r"(.+)/exec-(\d+)", name)
+            if not m:
+                continue
+            s, i = self.config.service(m.group(1)), int(m.group(2))
+            if any(f"{s.name}/{i}" in c for c in report.convicted):
+                continue
+            host = s.exec_host(self.config, i)
+            with contextlib.suppress(Exception):
+                await operator_call(self.config, host, {"op": "destroy", "service": s.name,
+                                                        "index": i})  # fmt: skip
+            r = await operator_call(self.config, host, {"op": "provision", "service": s.name,
+                                                        "index": i, "mode": "active"})  # fmt: skip
+            self.notes.append(
+                f"not convicted: {s.name}/exec-{i} replaced by a clean runtime after the drill"
+                + ("" if r.get("ok") else f" (failed: {r.get('error')})")
+            )
+
+    # ---- run ------------------------------------------------------------------------------
+    async def run(self) -> rp.DrillReport:
+        a = self.args
+        obs = Observer(self.config, self.services)
+        obs.read_agreed()
+        await obs.read_controlds()
+        if len(obs.controld) < len(self.config.hosts):
+            raise DrillError(f"controlds not answering: {dict(obs.errors)}")
+        self.spares_at_start = self._sleeping(obs)
+        if self.kind not in ("primary", "client-flood"):
+            missing = [s.name for s in self.services if not self.spares_at_start.get(s.name)]
+            if missing:
+                raise DrillError(
+                    f"no sleeping spare of {', '.join(missing)} to wake (an earlier fault round"
+                    f" woke it; `zz status {self.config.path}`): restart the rack"
+                )
+        zh.lincheck_binary()  # build before the clock starts
+        load = _start_load(self.config, self.services, a.clients, a.first_client)
+        self.progress(f"load: {a.clients} kv clients on {', '.join(s.name for s in self.services)}"
+                      f"; fault '{self.kind}' in {a.before:.0f} s")  # fmt: skip
+        try:
+            t_end = time.monotonic() + a.before
+            while time.monotonic() < t_end:
+                obs.read_agreed()
+                await asyncio.sleep(POLL_S)
+            await obs.read_controlds()
+            obs.mark_fault()
+            wall = time.time()
+            await self.inject(obs)
+            self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
+                          f" watching {a.after:.0f} s")  # fmt: skip
+            t_end = time.monotonic() + a.after
+            tick = 0
+            while time.monotonic() < t_end:
+                obs.read_agreed()
+                if tick % 3 == 0:
+                    await obs.read_controlds()
+                tick += 1
+                await asyncio.sleep(POLL_S)
+            await obs.read_controlds()
+        finally:
+            load.stop.set()
+            flood = getattr(self, "flood", None)
+            if flood is not None:
+                flood.cancel()
+                with contextlib.suppress(BaseException):
+                    await flood
+            # Workers finish their current op (<= 8 s timeout) and close their clients.
+            await asyncio.wait(load.tasks, timeout=15)
+            for t in load.tasks:
+                t.cancel()
+        report = self.evaluate(obs, load, wall)
+        await self.restore(report)
+        report.notes = self.notes
+        return report
+
+    def evaluate(self, obs: Observer, load: Load, wall: float) -> rp.DrillReport:
+        s = self.service
+        r = rp.DrillReport(
+            self.kind, self.config.rack.name, ",".join(x.name for x in self.services), wall
+        )
+        f_ns = obs.fault_ns
+        samples: list[rp.Sample] = []
+        first_ret: float | None = None
+        verdicts = []
+        for name, rec in load.recorders.items():
+            h = rec.history()
+            for o in h.operations:
+                call = (o.call - f_ns) / 1e9
+                ret = None if o.ret is None else (o.ret - f_ns) / 1e9
+                samples.append(rp.Sample(call, ret))
+                if ret is not None and call >= 0 and (first_ret is None or ret < first_ret):
+                    first_ret = ret
+            r.operations += len(h.operations)
+            r.pending += sum(1 for o in h.operations if o.pending)
+            out = self.out_dir
+            out.mkdir(parents=True, exist_ok=True)
+            h.save(out / f"history-{name}.json")
+            try:
+                v = zh.check(h, html=out / f"history-{name}.html", timeout=120)
+                verdicts.append((name, v))
+            except zh.LincheckError as e:
+                self.reasons.append(f"linearizability check of {name} failed to run: {e}")
+        r.first_correct_reply_s = first_ret
+        r.timeline = rp.buckets(samples)
+        before = [x for x in samples if x.ret is not None and -self.args.before <= x.ret < 0]
+        r.load_before = len(before) / self.args.before if self.args.before else None
+        end = max((x.ret for x in samples if x.ret is not None), default=0.0)
+        tail = [x for x in samples if x.ret is not None and end - 3.0 <= x.ret and x.ret > 0]
+        r.load_after = len(tail) / 3.0 if end > 3.0 else None
+        if verdicts:
+            r.linearizable = all(v.linearizable for _, v in verdicts)
+            r.linearizability = "; ".join(f"{n}: {v}" for n, v in verdicts)
+            if not r.linearizable:
+                self.reasons.append("history is not linearizable")
+
+        # Observed control-plane events.
+        wake = obs.first(lambda e: e.source.startswith("controld") and e.what.startswith("woken"))
+        r.wakeup_s = wake.t if wake else None
+        r.woken = [ln for _, ln in obs.lines(r"^woke ")]
+        r.convicted = [ln for _, ln in obs.lines(r"^convicted ")]
+        r.shut_down = [ln for _, ln in obs.lines(r"^SHUTDOWN .* convict ")]
+        r.spares_restored = [ln for _, ln in obs.lines(r"^provisioned .* (paused|hibernated)")]
+        det = obs.first(
+            lambda e: e.source.startswith(f"{s.name}/agreed")
+            and (e.what.startswith(("view ", "in_view_change")) if self.kind == "primary"
+                 else _is_fault_counter(e.what.split()[0]))
+        )  # fmt: skip
+        r.detection_s = det.t if det else None
+        r.details = dict(self.details)
+        r.details["faulted"] = self.faulted
+        r.details["tally"] = dict(load.tally)
+        r.details["events"] = [vars(e) for e in obs.events[:400]]
+        r.details["controld_deltas"] = {
+            k: obs.counter_delta(k)
+            for k in (
+                "wakeup_accepted",
+                "wakeup_rejected",
+                "woken",
+                "shutdown_accepted",
+                "convicted",
+                "reprovisioned",
+                "action_failed",
+            )  # fmt: skip
+        }
+        if obs.errors:
+            r.details["observer_errors"] = dict(obs.errors)
+        if isinstance(r.details.get("flood_sent"), Counter):
+            r.details["flood_sent"] = dict(r.details["flood_sent"])
+        getattr(self, f"_judge_{self.kind.replace('-', '_')}")(r, obs)
+        r.reasons = self.reasons
+        r.result = "FAIL" if self.reasons else "PASS"
+        return r
+
+    # ---- verdicts per kind ----------------------------------------------------------------
+    def _need_progress(self, r: rp.DrillReport) -> None:
+        if r.first_correct_reply_s is None:
+            self.reasons.append("no operation issued after the fault completed")
+        if r.load_after is not None and r.load_after == 0:
+            self.reasons.append("no operation completed in the last 3 s: the service is stuck")
+
+    def _judge_primary(self, r: rp.DrillReport, obs: Observer) -> None:
+        s = self.service
+        v0 = self.details.get("view_before", 0)
+        views = {n: d.get("view") for n, d in obs.agreed.items() if n != self.details["killed"]
+                 and n.startswith(f"{s.name}/agreed-")}  # fmt: skip
+        self.details["views_after"] = views
+        if not views or min(v or 0 for v in views.values()) <= v0:
+            self.reasons.append(f"survivors did not all move past view {v0}: {views}")
+        if r.detection_s is None:
+            self.reasons.append("no view change observed in the agreement replicas' stats")
+        self.notes.append("stats files are rewritten every status period: detection time"
+                          " resolution is that period")  # fmt: skip
+        if r.details["controld_deltas"]["woken"]:
+            self.reasons.append("a sleeping execution replica was woken by a primary crash")
+        self._need_progress(r)
+
+    def _sleeping(self, obs: Observer) -> dict[str, list[int]]:
+        """Per service, the execution replicas controld shows asleep."""
+        out: dict[str, list[int]] = {}
+        for st in obs.controld.values():
+            for rec in st.get("replicas", []):
+                if rec.get("state") in ("paused", "hibernated"):
+                    out.setdefault(rec["service"], []).append(rec["index"])
+        return {k: sorted(v) for k, v in out.items()}
+
+    def _judge_client_flood(self, r: rp.DrillReport, obs: Observer) -> None:
+        d = r.details["controld_deltas"]
+        if d["wakeup_accepted"] or d["woken"]:
+            self.reasons.append(f"a faulty client caused a wake-up: {d}")
+        before = self.spares_at_start.get(self.service.name, [])
+        after = self._sleeping(obs).get(self.service.name, [])
+        if not before:
+            self.reasons.append("no sleeping spare at the start: nothing could show a wake-up")
+        if set(before) - set(after):
+            self.reasons.append(f"spares asleep before the flood: {before}, after: {after}")
+        asleep = [f"{self.service.name}/exec-{i}" for i in after]
+        self.details["spares"] = asleep
+        r.detection_s = None
+        self.notes.append("client-flood: no detection, wake-up or conviction may happen;"
+                          f" spares after the drill: {', '.join(asleep) or 'none'}")  # fmt: skip
+        self._need_progress(r)
+
+    def _judge_exec_fault(self, r: rp.DrillReport, obs: Observer) -> None:
+        if r.detection_s is None:
+            self.reasons.append(
+                "missing: fault detection in zz-agreed (no mismatch/timeout/fault counter in"
+                " any agreement replica's stats changed after the fault)"
+            )
+        d = r.details["controld_deltas"]
+        if not d["wakeup_accepted"]:
+            self.reasons.append(
+                "missing: WAKEUP — no controld accepted a wake-up certificate"
+                f" (controld counters after the fault: {d})"
+            )
+        elif not r.woken:
+            self.reasons.append("controld accepted a WAKEUP but woke no replica")
+        if not r.convicted:
+            self.reasons.append("missing: SHUTDOWN — no faulty replica was convicted")
+        if r.convicted and not r.spares_restored:
+            self.reasons.append("no fresh spare provisioned after the conviction")
+        self._need_progress(r)
+
+    _judge_wrong_reply = _judge_exec_fault
+    _judge_crash = _judge_exec_fault
+    _judge_slow = _judge_exec_fault
+    _judge_byzantine_host = _judge_exec_fault
+
+    def _judge_corrupt_snapshot(self, r: rp.DrillReport, obs: Observer) -> None:
+        self._judge_exec_fault(r, obs)
+        bad = 0
+        for i in range(self.service.n_exec):
+            path = self.service.exec_state_dir(self.config, i).with_name(f"exec-{i}.status.json")
+            with contextlib.suppress(OSError, ValueError):
+                c = json.loads(path.read_text()).get("counters", {})
+                bad += sum(v for k, v in c.items() if "bad" in k or "mismatch" in k)
+        self.details["bad_source_counters"] = bad
+        if not bad:
+            self.reasons.append(
+                "the corrupted snapshot file was never rejected by a recovering replica"
+                " (no bad-source / hash-mismatch counter in the execution replicas' status)"
+            )
+
+    @property
+    def out_dir(self) -> Path:
+        if self.args.out:
+            return Path(self.args.out)
+        if not hasattr(self, "_out"):
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self._out = self.config.rack.run_dir / "drills" / f"{self.kind}-{stamp}"
+        return self._out
+
+
+def run(
+    config: Config, args: argparse.Namespace, progress: Progress
+) -> tuple[rp.DrillReport, Path]:
+    d = Drill(config, args, progress)
+    report = asyncio.run(d.run())
+    js, png = rp.write(report, d.out_dir)
+    return report, d.out_dir
+
+
+def main_cli(args: argparse.Namespace, progress: Progress) -> int:
+    config = load(args.config)
+    try:
+        report, out = run(config, args, progress)
+    except (DrillError, RackError) as e:
+        print(f"zz drill {args.kind}: {e}", file=sys.stderr)
+        return 2
+    print(rp.format_text(report))
+    print(f"report: {out / 'report.json'}, {out / 'timeline.png'}")
+    return 0 if report.result == "PASS" else 1
