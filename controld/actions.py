@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -110,6 +111,8 @@ def replica_spec(
     os.chmod(rd, 0o755)
     state = service.exec_state_dir(ctx.config, index)
     state.mkdir(parents=True, exist_ok=True)
+    if ctx.hv.kind == "libvirt" and not ctx.fake_guests:
+        _share_with_qemu(ctx, state)
     port = exec_port(service, index)
     ports: tuple[tuple[int, int], ...] = ((port, port),)
     if ctx.hv.kind == "process":
@@ -131,6 +134,19 @@ def replica_spec(
         ports=ports,
         state_dir=state,
     )
+
+
+def _share_with_qemu(ctx: HostContext, state: Path) -> None:
+    """9p accessmode 'squash' (the backend's default) writes as QEMU's user: the guest can
+    only write its share if libvirt-qemu owns it (docs/images.md). 'passthrough' runs QEMU
+    as root and needs nothing."""
+    if getattr(ctx.hv, "state_accessmode", "squash") != "squash" or os.geteuid() != 0:
+        return
+    try:
+        shutil.chown(state, "libvirt-qemu", "libvirt-qemu")
+    except (LookupError, OSError) as e:
+        why = f"cannot hand {state} to libvirt-qemu: {e}"
+        raise HypervisorError(state.name, "provision", why) from e
 
 
 def _free_port() -> int:

@@ -9,10 +9,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ import pytest
 from zz.controld import actions
 from zz.controld import inventory as inv
 from zz.controld.daemon import Daemon
-from zz.controld.hypervisor import DomainNotFound, open_backend
+from zz.controld.hypervisor import DomainNotFound, HypervisorError, open_backend
 from zz.controld.rpc import RpcError, call, control_request
 
 from zz import keys, wire
@@ -105,10 +107,11 @@ class Rack:
         return m.signed(self.signers[r]).encode()
 
 
-def make_rack(tmp_path: Path, sleep: str = "paused") -> Rack:
+def make_rack(tmp_path: Path, sleep: str = "paused", uri: str = "test:///default") -> Rack:
     name = "t" + secrets.token_hex(4)  # domain names on the shared test:///default differ
     p = tmp_path / "rack.toml"
-    p.write_text(RACK.format(name=name, base=_free_base(), sleep=sleep))
+    text = RACK.format(name=name, base=_free_base(), sleep=sleep)
+    p.write_text(text.replace("test:///default", uri))
     c = load(p)
     keys.generate(c)
     signers = {}
@@ -128,16 +131,17 @@ def rack(tmp_path: Path) -> Rack:
 class Node:
     """One in-process controld and a client for it."""
 
-    def __init__(self, rack: Rack, host: int, backend: str, **opts: Any) -> None:
+    def __init__(
+        self, rack: Rack, host: int, backend: str, uri: str = "test:///default", **opts: Any
+    ) -> None:
         self.rack = rack
         self.host = rack.config.hosts[host]
         self.principal = keys.controld_principal(host)
-        self.hv = open_backend(
-            backend, **({"uri": "test:///default"} if backend == "libvirt" else {})
-        )
+        self.hv = open_backend(backend, **({"uri": uri} if backend == "libvirt" else {}))
         ck = keys.load_controld(rack.config.rack.key_dir, rack.config, host)
         home = rack.config.rack.run_dir / "controld" / self.host.name
-        self.daemon = Daemon(rack.config, self.host, self.hv, ck, home, ready_timeout=30, **opts)
+        opts.setdefault("ready_timeout", 30)
+        self.daemon = Daemon(rack.config, self.host, self.hv, ck, home, **opts)
         self.port = 0
 
     async def start(self) -> None:
@@ -151,7 +155,7 @@ class Node:
             controld=self.principal,
             key=self.rack.op_keys[self.principal],
             op={"op": op, **params},
-            timeout=60,
+            timeout=self.daemon.ctx.ready_timeout + 60,
         )
 
     async def send(self, *raws: bytes) -> None:
@@ -619,3 +623,72 @@ async def test_operator_destroy(rack: Rack) -> None:
         assert dom not in n.hv.list() and n.daemon.inventory.replicas() == []
         r = await n.rpc("destroy", service="web", index=2)
         assert not r["ok"] and "no replica web/2" in r["error"]
+
+
+# ---- a real guest on qemu:///system -----------------------------------------------------
+
+
+@pytest.fixture
+def real_vm_rack() -> Iterator[Rack]:
+    """A rack in a world-readable temp dir (libvirt's QEMU must reach the run dirs and the
+    9p share); skipped without root, libvirt or the image tools."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (qemu:///system, /var/cache/zz-images)")
+    try:
+        import libvirt  # type: ignore[import-not-found]
+
+        libvirt.open("qemu:///system").close()
+    except Exception as e:  # ImportError or libvirtError
+        pytest.skip(f"qemu:///system not available: {e}")
+    d = Path(tempfile.mkdtemp(prefix="zz-controld-vm-"))
+    os.chmod(d, 0o755)
+    try:
+        yield make_rack(d, uri="qemu:///system")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.slow
+async def test_real_guest_wakeup(real_vm_rack: Rack) -> None:
+    """Provision a paused replica as a real VM, reject a forged WAKEUP (still paused, the
+    guest does not answer), wake it with a valid one (the guest answers, and its agent
+    wrote the wake file into the 9p-shared state dir), destroy it; nothing is left."""
+    rack = real_vm_rack
+    sys.path.insert(0, str(REPO / "images"))
+    import build  # type: ignore[import-not-found]
+
+    image = (await asyncio.to_thread(build.build)).directory
+    n = Node(rack, 0, "libvirt", uri="qemu:///system", image=image, ready_timeout=180)
+    await n.start()
+    domain = actions.domain_name(rack.config, rack.config.service("web"), 2)
+    try:
+        r = await n.rpc("provision", service="web", index=2, mode="paused")
+        assert r["ok"], r
+        assert n.hv.state(domain) == "paused"
+        boot = r["answering_s"]
+        with pytest.raises(HypervisorError):
+            await asyncio.to_thread(n.hv.guest_call, domain, "ping", 1.0)
+        ev = [rack.statement(0, 7, [(0, 1, A), (1, 1, B)])]
+        await n.send(rack.wakeup(0, 7, ev, [2], [2]))  # only g signers: forged
+        assert n.counters()["wakeup_rejected:too-few-signers"] == 1
+        assert n.state(2) == "paused" and n.hv.state(domain) == "paused"
+        t0 = time.monotonic()
+        await n.send(rack.valid_wakeup())
+        woke = time.monotonic() - t0
+        assert n.state(2) == "recovering" and n.hv.state(domain) == "running"
+        assert "guest_wake_failed" not in n.counters(), "\n".join(n.daemon.recent)
+        reply = await asyncio.to_thread(n.hv.guest_call, domain, "ping", 5.0)
+        assert reply["agent"] == "zz-guest"
+        state = rack.config.service("web").exec_state_dir(rack.config, 2)
+        assert json.loads((state / "zz-wake.json").read_text())["seq"] == 7
+        assert json.loads((state / actions.NOTICE_NAME).read_text())["recovering_from_seq"] == 7
+        r = await n.rpc("destroy", service="web", index=2)
+        assert r["ok"], r
+        print(f"\nreal guest: booted and answering in {boot:.1f} s, WAKEUP to woken {woke:.2f} s")
+    finally:
+        with contextlib.suppress(Exception):
+            n.hv.destroy(domain)
+        await n.close()
+    virsh = ["virsh", "-c", "qemu:///system", "list", "--all", "--name"]
+    out = subprocess.run(virsh, capture_output=True, text=True, check=True).stdout
+    assert domain not in out.split()
