@@ -109,7 +109,14 @@ def _cmd_rack_up(args: argparse.Namespace) -> int:
     config = load(args.config)
     t0 = time.monotonic()
     try:
-        state = rackctl.up(config, backend=args.backend, store=args.store, progress=_progress)
+        overrides = dict(_key_value(kv) for kv in args.set or [])
+        state = rackctl.up(
+            config,
+            backend=args.backend,
+            store=args.store,
+            progress=_progress,
+            overrides=overrides,
+        )
     except rackctl.AlreadyUp as e:
         print(f"zz rack up: {e}", file=sys.stderr)
         return 0
@@ -121,6 +128,13 @@ def _cmd_rack_up(args: argparse.Namespace) -> int:
     print(f"rack {config.rack.name!r} up in {took:.1f} s; state in {rackctl.state_path(config)}")
     print(f"`zz rack down {args.config}` stops it")
     return 0
+
+
+def _key_value(text: str) -> tuple[str, int | str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set {text!r}: expected KEY=VALUE")
+    return key, int(value) if value.isdigit() else value
 
 
 def _cmd_rack_down(args: argparse.Namespace) -> int:
@@ -222,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("dir", "zfs"),
         default="dir",
         help="checkpoint store: directories (default) or a ZFS pool per host",
+    )
+    ru.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="replica-file setting for every zz-agreed (e.g. detect_floor_ms=500); repeatable",
     )
     ru.set_defaults(func=_cmd_rack_up)
     rd = rsub.add_parser(

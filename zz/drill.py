@@ -68,6 +68,11 @@ RUNTIME_FAULT = {
     "byzantine-host": "wrong-reply",
 }
 POLL_S = 0.1
+# Agreement stats counters whose first change after the fault is the detection: the view
+# (primary), or a signed fault statement / mismatch / WAKEUP sent (execution faults).
+# exec_timeouts alone is not: late reports happen under load without any fault.
+PRIMARY_KEYS = ("view", "in_view_change", "view_changes")
+DETECT_KEYS = ("fault_statements_sent", "exec_mismatches", "wakeups_sent")
 KEYS = [b"k0", b"k1", b"k2", b"k3"]
 
 Progress = Callable[[str], None]
@@ -81,7 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=KINDS, metavar="KIND", help=" | ".join(KINDS))
     p.add_argument("config", metavar="CONFIG", help="rack config (TOML) of a rack that is up")
     p.add_argument("--service", help="the kv service to load and fault (default: the first kv)")
-    p.add_argument("--replica", type=int, default=0, help="execution replica to fault (default 0)")
+    p.add_argument(
+        "--replica", type=int, help="execution replica to fault (default: first running)"
+    )
     p.add_argument("--host", help="byzantine-host: the host (default: the faulted replica's)")
     p.add_argument("--clients", type=int, default=4, help="KV clients per service (default 4)")
     p.add_argument("--first-client", type=int, help="first client index (default: clients-16)")
@@ -93,9 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ---- observation --------------------------------------------------------------------------
 @dataclass
 class Event:
-    t: float  # seconds after the fault (negative: before)
-    source: str
+    t_ns: int  # time.monotonic_ns() when observed
+    source: str  # "kv/agreed-1", "controld h1" (a log line), "controld h1 counters"
     what: str
+    t: float = 0.0  # seconds after the fault (negative: before), set by mark_fault/evaluate
 
 
 @dataclass
@@ -114,8 +122,14 @@ class Observer:
     recent_seen: set[str] = field(default_factory=set)
     errors: Counter[str] = field(default_factory=Counter)
 
-    def now(self) -> float:
-        return (time.monotonic_ns() - self.fault_ns) / 1e9 if self.fault_ns else 0.0
+    def now(self) -> int:
+        return time.monotonic_ns()
+
+    def rel(self) -> list[Event]:
+        """Every event with `t` set relative to the fault."""
+        for e in self.events:
+            e.t = (e.t_ns - self.fault_ns) / 1e9
+        return self.events
 
     def read_agreed(self) -> None:
         for s in self.services:
@@ -130,7 +144,7 @@ class Observer:
                     continue
                 old = self.agreed.get(name)
                 self.agreed[name] = d
-                if old is None or not self.fault_ns:
+                if old is None:
                     continue
                 for k, v in d.items():
                     if isinstance(v, int | float) and not isinstance(v, bool) and old.get(k) != v:
@@ -148,17 +162,22 @@ class Observer:
                 return
             old = self.controld.get(h.name)
             self.controld[h.name] = st
-            if not self.fault_ns or old is None:
+            if old is None:
+                self.recent_seen |= {f"{h.name} {line}" for line in st.get("recent", [])}
                 return
             for k, v in st.get("counters", {}).items():
                 # control_* count our own status polls: noise.
                 if old.get("counters", {}).get(k) != v and not k.startswith("control_"):
-                    self.events.append(Event(self.now(), f"controld {h.name}", f"{k} -> {v}"))
+                    self.events.append(
+                        Event(self.now(), f"controld {h.name} counters", f"{k} -> {v}")
+                    )
             for line in st.get("recent", []):
                 key = f"{h.name} {line}"
                 if key not in self.recent_seen:
                     self.recent_seen.add(key)
-                    self.events.append(Event(self.now(), f"controld {h.name}", line))
+                    # controld prefixes its lines with HH:MM:SS; our clock is better.
+                    text = re.sub(r"^\d\d:\d\d:\d\d ", "", line)
+                    self.events.append(Event(self.now(), f"controld {h.name}", text))
 
         await asyncio.gather(*(one(h) for h in self.config.hosts))
 
@@ -166,8 +185,6 @@ class Observer:
         self.fault_ns = time.monotonic_ns()
         self.agreed_base = {k: dict(v) for k, v in self.agreed.items()}
         self.controld_base = {k: dict(v.get("counters", {})) for k, v in self.controld.items()}
-        for h, st in self.controld.items():
-            self.recent_seen |= {f"{h} {line}" for line in st.get("recent", [])}
 
     def counter_delta(self, name: str) -> int:
         total = 0
@@ -178,18 +195,22 @@ class Observer:
         return total
 
     def first(self, pred: Callable[[Event], bool]) -> Event | None:
-        for e in self.events:
+        for e in self.rel():
             if e.t >= 0 and pred(e):
                 return e
         return None
 
-    def lines(self, pattern: str) -> list[tuple[str, str]]:
-        """(host, line) of the controld log lines after the fault matching `pattern`."""
+    def lines(self, pattern: str, before: bool = False) -> list[tuple[float, str]]:
+        """(t, line) of the controld log lines matching `pattern`, after the fault (or,
+        with `before`, before it)."""
         rx = re.compile(pattern)
         return [
-            (e.source.split()[-1], e.what)
-            for e in self.events
-            if e.source.startswith("controld") and rx.search(e.what)
+            (e.t, f"{e.source.split()[1]}: {e.what}")
+            for e in self.rel()
+            if e.source.startswith("controld")
+            and not e.source.endswith("counters")
+            and (e.t < 0) == before
+            and rx.search(e.what)
         ]
 
 
@@ -282,28 +303,55 @@ class Drill:
         self.fault_host: str | None = None
         self.faulted: list[str] = []
         self.services = [self.service]
-        if self.kind == "byzantine-host":
-            self._plan_byzantine_host(kvs)
+        self.kvs = kvs
+        self.replica = 0
         if self.kind in ("wrong-reply", "slow", "byzantine-host") and state.backend != "process":
             raise DrillError(
                 f"{self.kind}: a faulty runtime can only be started by the process backend"
                 f" (rack is {state.backend}): controld cannot pass --inject-fault into a guest"
             )
-        if self.kind in ("wrong-reply", "crash", "slow", "corrupt-snapshot"):
-            if not 0 <= args.replica < self.service.active:
-                raise DrillError(f"--replica must be an active one (0..{self.service.active - 1})")
-            if self.service.n_exec <= self.service.active:
-                raise DrillError(f"{self.service.name} has no sleeping spare to wake")
+        if (
+            self.kind not in ("primary", "client-flood")
+            and self.service.n_exec <= self.service.active
+        ):
+            raise DrillError(f"{self.service.name} has no sleeping spare to wake")
 
-    def _plan_byzantine_host(self, kvs: list[Service]) -> None:
-        host = self.args.host or self.service.exec_host(self.config, self.args.replica).name
+    def _running(self, obs: Observer, s: Service) -> list[int]:
+        """Execution replicas of `s` controld shows running (active or recovering): after
+        a conviction the woken spare is active and the convicted index a fresh spare."""
+        return sorted(
+            rec["index"]
+            for st in obs.controld.values()
+            for rec in st.get("replicas", [])
+            if rec.get("service") == s.name and rec.get("state") in ("active", "recovering")
+        )
+
+    def _choose(self, obs: Observer) -> None:
+        running = self._running(obs, self.service)
+        if self.kind in ("wrong-reply", "crash", "slow", "corrupt-snapshot", "byzantine-host"):
+            if self.args.replica is None:
+                if not running:
+                    raise DrillError(f"{self.service.name}: no running execution replica")
+                self.replica = running[0]
+            elif self.args.replica not in running:
+                raise DrillError(
+                    f"--replica {self.args.replica} is not running (running: {running})"
+                )
+            else:
+                self.replica = self.args.replica
+        if self.kind == "byzantine-host":
+            self._plan_byzantine_host(self.kvs, obs)
+
+    def _plan_byzantine_host(self, kvs: list[Service], obs: Observer) -> None:
+        host = self.args.host or self.service.exec_host(self.config, self.replica).name
         names = [h.name for h in self.config.hosts]
         if host not in names:
             raise DrillError(f"--host {host!r}: not one of {', '.join(names)}")
         self.fault_host = host
         hit = []
+        self.running = {s.name: self._running(obs, s) for s in kvs}
         for s in kvs:
-            on = [i for i in range(s.active) if s.exec_host(self.config, i).name == host]
+            on = [i for i in self.running[s.name] if s.exec_host(self.config, i).name == host]
             if on:
                 hit.append(s)
         if not hit:
@@ -323,12 +371,12 @@ class Drill:
         elif k == "client-flood":
             self.flood = asyncio.create_task(self._flood())
         elif k in ("wrong-reply", "slow"):
-            await self._faulty_runtime(self.service, self.args.replica, RUNTIME_FAULT[k])
+            await self._faulty_runtime(self.service, self.replica, RUNTIME_FAULT[k])
         elif k == "crash":
-            self._kill_exec(self.service, self.args.replica)
+            self._kill_exec(self.service, self.replica)
         elif k == "corrupt-snapshot":
             self._corrupt_peer_snapshot()
-            self._kill_exec(self.service, self.args.replica)
+            self._kill_exec(self.service, self.replica)
         elif k == "byzantine-host":
             await self._byzantine_host()
 
@@ -445,7 +493,7 @@ class Drill:
         assert self.fault_host is not None
         jobs = []
         for s in self.services:
-            for i in range(s.active):
+            for i in self.running[s.name]:
                 if s.exec_host(self.config, i).name == self.fault_host:
                     jobs.append(self._faulty_runtime(s, i, "wrong-reply"))
         await asyncio.gather(*jobs)
@@ -460,7 +508,7 @@ class Drill:
         """Flip bytes in a file of the newest checkpoint snapshot of another active replica
         (the recovering spare will be offered it)."""
         s = self.service
-        peers = [i for i in range(s.active) if i != self.args.replica]
+        peers = [i for i in self.running_now if i != self.replica]
         if not peers:
             raise DrillError("corrupt-snapshot needs another active replica to corrupt")
         root = s.exec_state_dir(self.config, peers[0])
@@ -528,6 +576,8 @@ class Drill:
         await obs.read_controlds()
         if len(obs.controld) < len(self.config.hosts):
             raise DrillError(f"controlds not answering: {dict(obs.errors)}")
+        self._choose(obs)
+        self.running_now = self._running(obs, self.service)
         self.spares_at_start = self._sleeping(obs)
         if self.kind not in ("primary", "client-flood"):
             missing = [s.name for s in self.services if not self.spares_at_start.get(s.name)]
@@ -544,20 +594,17 @@ class Drill:
             t_end = time.monotonic() + a.before
             while time.monotonic() < t_end:
                 obs.read_agreed()
+                await obs.read_controlds()
                 await asyncio.sleep(POLL_S)
-            await obs.read_controlds()
             obs.mark_fault()
             wall = time.time()
             await self.inject(obs)
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
                           f" watching {a.after:.0f} s")  # fmt: skip
             t_end = time.monotonic() + a.after
-            tick = 0
             while time.monotonic() < t_end:
                 obs.read_agreed()
-                if tick % 3 == 0:
-                    await obs.read_controlds()
-                tick += 1
+                await obs.read_controlds()
                 await asyncio.sleep(POLL_S)
             await obs.read_controlds()
         finally:
@@ -617,22 +664,36 @@ class Drill:
                 self.reasons.append("history is not linearizable")
 
         # Observed control-plane events.
-        wake = obs.first(lambda e: e.source.startswith("controld") and e.what.startswith("woken"))
-        r.wakeup_s = wake.t if wake else None
-        r.woken = [ln for _, ln in obs.lines(r"^woke ")]
+        woke = obs.lines(r"^woke ")
+        r.wakeup_s = woke[0][0] if woke else None
+        r.woken = [ln for _, ln in woke]
         r.convicted = [ln for _, ln in obs.lines(r"^convicted ")]
         r.shut_down = [ln for _, ln in obs.lines(r"^SHUTDOWN .* convict ")]
         r.spares_restored = [ln for _, ln in obs.lines(r"^provisioned .* (paused|hibernated)")]
+        keys = PRIMARY_KEYS if self.kind == "primary" else DETECT_KEYS
         det = obs.first(
-            lambda e: e.source.startswith(f"{s.name}/agreed")
-            and (e.what.startswith(("view ", "in_view_change")) if self.kind == "primary"
-                 else _is_fault_counter(e.what.split()[0]))
-        )  # fmt: skip
+            lambda e: e.source.startswith(f"{s.name}/agreed") and e.what.split()[0] in keys
+        )
         r.detection_s = det.t if det else None
-        r.details = dict(self.details)
+        early = obs.lines(r"^WAKEUP ", before=True)
+        if early:
+            t, line = early[0]
+            msg = (f"a WAKEUP before the fault (t = {t:.1f} s, no fault injected yet: a false"
+                   f" wake-up under load): {line}")  # fmt: skip
+            if self.kind == "primary":
+                self.notes.append(msg)
+            else:
+                self.reasons.append(msg)
+        for n, d in obs.agreed.items():
+            if "detect_latency_max_ms" in d:
+                r.details.setdefault("detect_latency_ms", {})[n] = {
+                    "last": d.get("detect_latency_last_ms"),
+                    "max": d["detect_latency_max_ms"],
+                }
+        r.details.update(self.details)
         r.details["faulted"] = self.faulted
         r.details["tally"] = dict(load.tally)
-        r.details["events"] = [vars(e) for e in obs.events[:400]]
+        r.details["events"] = [vars(e) for e in obs.rel()[:600]]
         r.details["controld_deltas"] = {
             k: obs.counter_delta(k)
             for k in (

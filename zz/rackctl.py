@@ -116,6 +116,7 @@ class RackState:
     procs: list[ProcRecord] = field(default_factory=list)
     replicas: list[ReplicaRecord] = field(default_factory=list)
     pools: list[dict[str, str]] = field(default_factory=list)  # {"name", "vdev"}
+    overrides: dict[str, Any] = field(default_factory=dict)  # replica-file keys (--set)
     complete: bool = False
 
     def proc(self, name: str) -> ProcRecord:
@@ -141,6 +142,7 @@ class RackState:
             procs=[ProcRecord(**p) for p in d.get("procs", [])],
             replicas=[ReplicaRecord(**r) for r in d.get("replicas", [])],
             pools=list(d.get("pools", [])),
+            overrides=dict(d.get("overrides", {})),
             complete=bool(d.get("complete")),
         )
 
@@ -337,6 +339,7 @@ def up(
     agreed: Path | None = None,
     progress: Progress = _quiet,
     timeout: float = 120.0,
+    overrides: dict[str, Any] | None = None,
 ) -> RackState:
     """Bring the rack up; AlreadyUp if its recorded processes still run. On any failure
     everything started so far is torn down before the error goes up."""
@@ -370,6 +373,7 @@ def up(
         progress(f"keys generated in {out}")
     _remove_exec_state(config)
     state = RackState(config.rack.name, str(config.path), backend, store, time.time())
+    state.overrides = dict(overrides or {})
     _save_state(config, state)
     try:
         _up(config, state, agreed, progress, timeout)
@@ -413,7 +417,7 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
              f" ({time.monotonic() - t0:.1f} s)")  # fmt: skip
     t0 = time.monotonic()
     for s in config.services:
-        render.render_service(config, s)
+        render.render_service(config, s, state.overrides)
         for r in range(s.n):
             conf = run / f"s{s.id}" / f"agreed-{r}.conf"
             log = run / f"s{s.id}" / f"agreed-{r}.log"
