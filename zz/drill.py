@@ -73,7 +73,7 @@ POLL_S = 0.1
 # exec_timeouts alone is not: late reports happen under load without any fault.
 PRIMARY_KEYS = ("view", "in_view_change", "view_changes")
 DETECT_KEYS = ("fault_statements_sent", "exec_mismatches", "wakeups_sent")
-KEYS = [b"k0", b"k1", b"k2", b"k3"]
+KEYS_PER_DRILL = 4
 
 Progress = Callable[[str], None]
 
@@ -228,7 +228,12 @@ class Load:
 
 
 async def _worker(
-    client: Client, rec: zh.HistoryRecorder, seed: int, stop: asyncio.Event, tally: Counter[str]
+    client: Client,
+    rec: zh.HistoryRecorder,
+    seed: int,
+    stop: asyncio.Event,
+    tally: Counter[str],
+    keys: list[bytes],
 ) -> None:
     rng = random.Random(seed)
     kc = rec.client(client, timeout=8.0)
@@ -236,7 +241,7 @@ async def _worker(
     n = 0
     try:
         while not stop.is_set():
-            key = rng.choice(KEYS)
+            key = rng.choice(keys)
             n += 1
             value = b"s%d-%d" % (seed, n)
             r = rng.random()
@@ -256,6 +261,10 @@ async def _worker(
 
 
 def _start_load(config: Config, services: list[Service], clients: int, first: int | None) -> Load:
+    """`clients` recording kv clients per service. Keys are fresh per drill (the store
+    keeps earlier drills' keys, and the checker assumes every key starts absent)."""
+    stamp = b"%x" % time.time_ns()
+    keys = [b"d%s-k%d" % (stamp, k) for k in range(KEYS_PER_DRILL)]
     stop = asyncio.Event()
     tally: Counter[str] = Counter()
     recorders: dict[str, zh.HistoryRecorder] = {}
@@ -267,7 +276,7 @@ def _start_load(config: Config, services: list[Service], clients: int, first: in
         rec = recorders[s.name] = zh.HistoryRecorder()
         for i in range(clients):
             c = Client(ClientParams.from_config(config, s.name, base + i))
-            tasks.append(asyncio.create_task(_worker(c, rec, s.id * 1000 + i, stop, tally)))
+            tasks.append(asyncio.create_task(_worker(c, rec, s.id * 1000 + i, stop, tally, keys)))
     return Load(recorders, tally, stop, tasks)
 
 
@@ -325,6 +334,23 @@ class Drill:
             for rec in st.get("replicas", [])
             if rec.get("service") == s.name and rec.get("state") in ("active", "recovering")
         )
+
+    def _check_agreement_spares(self, obs: Observer) -> None:
+        """The agreement replicas must know a sleeping spare to wake: after a conviction
+        controld provisions a fresh one, but the cluster may still list its index as
+        convicted."""
+        for s in self.services:
+            rows = [d for n, d in obs.agreed.items() if n.startswith(f"{s.name}/agreed-")]
+            if not rows or "exec_sleeping" not in rows[0]:
+                continue  # no detection in zz-agreed: the verdict will say so
+            if not any(d.get("exec_sleeping") for d in rows):
+                d = rows[0]
+                raise DrillError(
+                    f"{s.name}: the agreement replicas know no sleeping execution replica"
+                    f" (awake {d.get('exec_awake')}, convicted {d.get('exec_convicted')});"
+                    " controld re-provisions a convicted index as a fresh spare, but"
+                    " zz-agreed does not take it back as sleeping yet: restart the rack"
+                )
 
     def _choose(self, obs: Observer) -> None:
         running = self._running(obs, self.service)
@@ -485,6 +511,9 @@ class Drill:
                 f" {r.get('error', r)} (controld without inject_fault support?)"
             )
         self.faulted.append(f"{s.name}/exec-{i} ({fault})")
+        # The fault starts when the faulty runtime answers; before that the replica was
+        # merely down while being replaced (a crash, recorded separately).
+        self.fault_at_ns = time.monotonic_ns()
 
     async def _byzantine_host(self) -> None:
         """Every replica of every service on the host misbehaves at once: its execution
@@ -577,6 +606,8 @@ class Drill:
         if len(obs.controld) < len(self.config.hosts):
             raise DrillError(f"controlds not answering: {dict(obs.errors)}")
         self._choose(obs)
+        if self.kind not in ("primary", "client-flood"):
+            self._check_agreement_spares(obs)
         self.running_now = self._running(obs, self.service)
         self.spares_at_start = self._sleeping(obs)
         if self.kind not in ("primary", "client-flood"):
@@ -598,7 +629,11 @@ class Drill:
                 await asyncio.sleep(POLL_S)
             obs.mark_fault()
             wall = time.time()
+            self.fault_at_ns = 0
             await self.inject(obs)
+            if self.fault_at_ns:
+                self.details["replace_s"] = round((self.fault_at_ns - obs.fault_ns) / 1e9, 3)
+                obs.fault_ns = self.fault_at_ns
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
                           f" watching {a.after:.0f} s")  # fmt: skip
             t_end = time.monotonic() + a.after
@@ -674,7 +709,13 @@ class Drill:
         det = obs.first(
             lambda e: e.source.startswith(f"{s.name}/agreed") and e.what.split()[0] in keys
         )
-        r.detection_s = det.t if det else None
+        # A WAKEUP reaching a controld proves the cluster had detected the fault by then;
+        # the stats files (rewritten about once a second) may show it later.
+        wakeups = obs.lines(r"^WAKEUP ")
+        times = [
+            x for x in (det.t if det else None, wakeups[0][0] if wakeups else None) if x is not None
+        ]
+        r.detection_s = min(times) if times else None
         early = obs.lines(r"^WAKEUP ", before=True)
         if early:
             t, line = early[0]
