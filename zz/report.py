@@ -140,19 +140,13 @@ def plot_timeline(report: DrillReport, path: Path) -> Path:
         if ly and max(ly) / max(min(ly), 1e-3) > 50:
             bottom.set_yscale("log")
         bottom.set_xlabel("time since the fault (s)")
+        # A legend, not labels at the lines: detection, wake-up and first reply are often
+        # a few ms apart and their labels would overlap.
         for name, t in report.marks().items():
-            for ax in (top, bottom):
-                ax.axvline(t, color=MARKS[name], linestyle="--", linewidth=1)
-            top.annotate(
-                name.replace("_", " "),
-                (t, 1.0),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                va="top",
-                ha="right",
-                fontsize=7,
-                color=MARKS[name],
-            )
+            label = f"{name.replace('_', ' ')} ({t * 1000:.0f} ms)" if t else name
+            top.axvline(t, color=MARKS[name], linestyle="--", linewidth=1, label=label)
+            bottom.axvline(t, color=MARKS[name], linestyle="--", linewidth=1)
+        top.legend(loc="upper right", fontsize=7, framealpha=0.9)
         top.set_title(f"zz drill {report.kind}: {report.rack}/{report.service} — {report.result}")
         fig.tight_layout()
         tmp = path.with_name(path.name + ".tmp.png")
