@@ -1,0 +1,172 @@
+# tests/test_rackctl.py - zz rack up / down on this machine (process backend, real zz-agreed,
+# controlds and execution runtimes): everything comes up, and down leaves nothing behind.
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import free_port_range
+from tests.test_execution_runtime import needs_agreed
+from zz import rackctl
+from zz.config import Config, load
+from zz.procrack import leftover_pids
+
+HOSTS = 4
+
+
+def write_rack(tmp_path: Path, name: str = "rt", services: int = 1, sleep: str = "paused") -> Path:
+    """A rack of HOSTS simulated hosts 127.0.0.1..4 and `services` kv services (f = g = 1,
+    one spare each), on free ports."""
+    ctl = free_port_range(HOSTS)
+    lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\n']
+    for h in range(HOSTS):
+        lines.append(
+            f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{h + 1}"\ncontrol_port = {ctl + h}\n'
+        )
+    for s in range(services):
+        base = free_port_range(70)
+        lines.append(
+            f'[[services]]\nname = "kv{s}"\nid = {s + 1}\ng = 1\nf = 1\napp = "kv"\n'
+            f'sleep = "{sleep}"\nbase_port = {base}\n'
+        )
+    path = tmp_path / "rack.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def leftovers(config: Config) -> list[int]:
+    return leftover_pids([str(config.path), f"{config.rack.run_dir}/"])
+
+
+def assert_nothing_left(config: Config) -> None:
+    assert not leftovers(config), "processes of the rack survived `down`"
+    assert not rackctl.rack_domains(config), "libvirt domains of the rack survived"
+    assert not rackctl.state_path(config).exists()
+    for h in config.hosts:
+        home = config.rack.run_dir / "controld" / h.name
+        assert not (home / "replicas").exists() and not (home / "inventory.json").exists()
+
+
+@pytest.fixture
+def rack(tmp_path: Path) -> Iterator[Config]:
+    config = load(write_rack(tmp_path))
+    try:
+        yield config
+    finally:
+        # Also after a failed assertion: nothing of the rack may outlive the test.
+        rackctl.down(config)
+        for pid in leftovers(config):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _list(config: Config, host: str) -> list[dict[str, object]]:
+    h = next(x for x in config.hosts if x.name == host)
+    reply = await rackctl.operator_call(config, h, {"op": "list"}, timeout=10)
+    assert reply["ok"], reply
+    return list(reply["replicas"])  # type: ignore[arg-type]
+
+
+@needs_agreed
+def test_up_twice_down_twice_leaves_nothing(rack: Config) -> None:
+    lines: list[str] = []
+    state = rackctl.up(rack, progress=lines.append, overrides={"detect_floor_ms": 1000})
+    assert state.complete
+    assert (rack.rack.key_dir / "s0").is_dir(), "keys generated when missing"
+    svc = rack.services[0]
+    # One controld per host, 3g+1 agreement replicas, all alive and recorded on disk.
+    assert sorted(p.name for p in state.procs if p.kind == "controld") == ["h0", "h1", "h2", "h3"]
+    assert len([p for p in state.procs if p.kind == "agreed"]) == svc.n
+    assert all(p.alive() for p in state.procs)
+    on_disk = rackctl.load_state(rack)
+    assert on_disk is not None and on_disk.to_json() == state.to_json()
+    assert on_disk.overrides == {"detect_floor_ms": 1000}
+    assert "detect_floor_ms 1000" in (rack.rack.run_dir / "s1" / "agreed-0.conf").read_text()
+    # Execution replicas live in their hosts' controlds: 2 active, 1 paused spare.
+    modes = {r.index: r.mode for r in state.replicas}
+    assert modes == {0: "active", 1: "active", 2: "paused"}
+    for r in state.replicas:
+        listed = asyncio.run(_list(rack, r.host))
+        assert [(x["index"], x["state"]) for x in listed] == [(r.index, r.mode)]
+    assert any("agreement replicas listening" in line for line in lines)
+
+    with pytest.raises(rackctl.AlreadyUp, match="already up"):
+        rackctl.up(rack)
+    assert all(p.alive() for p in state.procs), "a second up must not touch the running rack"
+
+    report = rackctl.down(rack)
+    assert report.clean, report
+    assert sorted(report.stopped) == sorted(p.name for p in state.procs)
+    assert_nothing_left(rack)
+    again = rackctl.down(rack)
+    assert again.nothing and again.clean and not again.stopped
+
+
+@needs_agreed
+def test_down_after_a_controld_was_killed(rack: Config) -> None:
+    """A controld SIGKILLed leaves its replicas running (their own sessions, docs/controld.md);
+    down finds them by the rack's paths on their command lines."""
+    state = rackctl.up(rack, overrides={"detect_floor_ms": 1000})
+    victim = next(r for r in state.replicas if r.mode == "active")
+    ctl = state.proc(victim.host)
+    os.kill(ctl.pid, signal.SIGKILL)
+    report = rackctl.down(rack)
+    assert report.leftovers, "the orphaned execution replica should have been found"
+    assert_nothing_left(rack)
+
+
+@needs_agreed
+def test_up_refuses_busy_ports_and_starts_nothing(rack: Config) -> None:
+    import socket
+
+    h = rack.hosts[1]
+    with socket.socket() as s:
+        s.bind((h.address, h.control_port))
+        s.listen()
+        with pytest.raises(rackctl.RackError, match=f"controld h1 .*{h.control_port}"):
+            rackctl.up(rack)
+    assert not leftovers(rack)
+    assert rackctl.load_state(rack) is None
+
+
+@needs_agreed
+def test_dead_rack_record_is_cleaned_by_the_next_up(rack: Config) -> None:
+    rackctl.up(rack, overrides={"detect_floor_ms": 1000})
+    state = rackctl.load_state(rack)
+    assert state is not None
+    # Everything dies without `down` (say the machine's processes were killed).
+    for p in state.procs:
+        os.killpg(p.pid, signal.SIGKILL)
+    for pid in leftovers(rack):
+        os.kill(pid, signal.SIGKILL)
+    lines: list[str] = []
+    state2 = rackctl.up(rack, progress=lines.append)
+    assert any("dead rack" in line for line in lines)
+    assert all(p.alive() for p in state2.procs)
+    rackctl.down(rack)
+    assert_nothing_left(rack)
+
+
+def test_corrupt_state_file_is_an_error_not_a_guess(tmp_path: Path) -> None:
+    config = load(write_rack(tmp_path))
+    path = rackctl.state_path(config)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(rackctl.RackError, match="unreadable"):
+        rackctl.load_state(config)
+    path.write_text(json.dumps({"rack": "x"}))
+    with pytest.raises(rackctl.RackError, match="not a rack state file"):
+        rackctl.down(config)
+
+
+def test_start_ticks_tells_a_recycled_pid_apart() -> None:
+    me = rackctl.start_ticks(os.getpid())
+    assert me is not None
+    rec = rackctl.ProcRecord("x", "x", os.getpid(), me + 1, "/dev/null")
+    assert not rec.alive(), "same pid, another start time: not our process"
+    assert rackctl.ProcRecord("x", "x", os.getpid(), me, "/dev/null").alive()
