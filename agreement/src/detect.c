@@ -193,7 +193,7 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
         k->timer = zz_net_timer(r->net, (uint32_t)t, on_deadline, k);
     }
     check_reports(r, k);
-    zz_wake_on_report(r, k, i);
+    zz_wake_on_report(r, k);
 }
 
 /* An authenticated EXEC-REPORT from execution replica 256 + i. The reply digest must hash

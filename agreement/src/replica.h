@@ -266,7 +266,7 @@ void zz_wake_free(zz_replica *r);
 int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */
-void zz_wake_on_report(zz_replica *r, zz_report_rec *k, uint32_t i);
+void zz_wake_on_report(zz_replica *r, zz_report_rec *k); /* a report for k->seq arrived */
 void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
 void zz_on_wakeup(zz_replica *r, const zz_msg *m);
 void zz_on_shutdown(zz_replica *r, const zz_msg *m);

@@ -381,8 +381,9 @@ static void try_evaluate(zz_replica *r, candidate *c)
 
 /* ---- signing statements ---- */
 
-static void put_row(zz_replica *r, zz_buf *b, const zz_report_rec *k, const uint32_t *awake,
-                    uint32_t n_awake, int blame_first)
+/* blame_first: the false-fault test mode's lie, "nothing" for the lowest awake replica. */
+static void put_row(zz_buf *b, const zz_report_rec *k, const uint32_t *awake, uint32_t n_awake,
+                    int blame_first)
 {
     zz_put_u32(b, n_awake);
     for (uint32_t j = 0; j < n_awake; j++) {
@@ -396,7 +397,6 @@ static void put_row(zz_replica *r, zz_buf *b, const zz_report_rec *k, const uint
         }
         zz_put_row_entry(b, &e);
     }
-    (void)r;
 }
 
 /* Sign and broadcast a row for k->seq over the current awake set; also collect it. */
@@ -411,7 +411,7 @@ static void send_statement(zz_replica *r, const zz_report_rec *k, int blame_firs
     zz_buf_reset(b);
     size_t st = zz_begin(b, ZZ_FAULT_STATEMENT, ZZ_AUTH_SIG, r->conf->service, r->id);
     zz_put_u64(b, k->seq);
-    put_row(r, b, k, awake, n_awake, blame_first);
+    put_row(b, k, awake, n_awake, blame_first);
     zz_end_body(b, st);
     if (zz_auth_sign(b, st, r->conf->sign) != 0 || b->oom)
         return;
@@ -642,9 +642,8 @@ static void try_resolve(zz_replica *r)
         send_statement(r, k, 0);
 }
 
-void zz_wake_on_report(zz_replica *r, zz_report_rec *k, uint32_t i)
+void zz_wake_on_report(zz_replica *r, zz_report_rec *k)
 {
-    (void)i;
     if (r->wake && r->wake->open && k->seq == r->wake->seq)
         try_resolve(r);
 }
