@@ -172,7 +172,7 @@ class Node:
             await asyncio.wait_for(wire.read_frame(r), 10)
         finally:
             w.close()
-        await asyncio.wait_for(self.daemon.idle(), 60)
+        await asyncio.wait_for(self.daemon.idle(), self.daemon.ctx.ready_timeout + 120)
 
     def counters(self) -> dict[str, int]:
         return dict(self.daemon.counters)
@@ -692,3 +692,84 @@ async def test_real_guest_wakeup(real_vm_rack: Rack) -> None:
     virsh = ["virsh", "-c", "qemu:///system", "list", "--all", "--name"]
     out = subprocess.run(virsh, capture_output=True, text=True, check=True).stdout
     assert domain not in out.split()
+
+
+@pytest.mark.slow
+async def test_real_guest_hibernated_shutdown_restart(tmp_path: Path) -> None:
+    """A real hibernated replica: provision (boot, balloon, save), a forged WAKEUP does
+    nothing, a valid one restores it and grows it back; a SHUTDOWN certificate convicting
+    it destroys it and provisions a fresh hibernated spare; controld restarts (the saved
+    spare is found again, not lost), a replayed WAKEUP is refused and a new round wakes
+    the fresh spare."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (qemu:///system, /var/cache/zz-images)")
+    try:
+        import libvirt  # type: ignore[import-not-found]
+
+        libvirt.open("qemu:///system").close()
+    except Exception as e:  # ImportError or libvirtError
+        pytest.skip(f"qemu:///system not available: {e}")
+    d = Path(tempfile.mkdtemp(prefix="zz-controld-vm-"))
+    os.chmod(d, 0o755)
+    rack = make_rack(d, sleep="hibernated", uri="qemu:///system")
+    sys.path.insert(0, str(REPO / "images"))
+    import build  # type: ignore[import-not-found]
+
+    image = (await asyncio.to_thread(build.build)).directory
+    opts: dict[str, Any] = {"uri": "qemu:///system", "image": image, "ready_timeout": 180}
+    domain = actions.domain_name(rack.config, rack.config.service("web"), 2)
+    n = Node(rack, 0, "libvirt", **opts)
+    n2: Node | None = None
+    try:
+        await n.start()
+        r = await n.rpc("provision", service="web", index=2)
+        assert r["ok"] and r["replica"]["state"] == "hibernated", r
+        save = Path(r["replica"]["save_file"])
+        assert save.exists() and domain not in n.hv.list()
+        bad = bytearray(rack.valid_wakeup())
+        bad[-1] ^= 1
+        await n.send(bytes(bad))
+        assert n.counters()["wakeup_rejected:bad-signature"] == 1 and n.state(2) == "hibernated"
+        t0 = time.monotonic()
+        await n.send(rack.valid_wakeup())
+        woke = time.monotonic() - t0
+        assert n.state(2) == "recovering" and n.hv.state(domain) == "running"
+        # The balloon deflates while the guest runs (paged-out restore): it gets there.
+        deadline = time.monotonic() + 60
+        while n.hv.memory_kib(domain) < 512 * 1024 - 1024:
+            assert time.monotonic() < deadline, n.hv.memory_kib(domain)
+            await asyncio.sleep(0.2)
+        assert "guest_wake_failed" not in n.counters(), "\n".join(n.daemon.recent)
+        state = rack.config.service("web").exec_state_dir(rack.config, 2)
+        assert json.loads((state / "zz-wake.json").read_text())["seq"] == 7
+        # SHUTDOWN: g+1 votes convict replica 2; a fresh hibernated spare replaces it.
+        await n.send(*(rack.shutdown(x, 7, convict=[2], sleep=[]) for x in (0, 1)))
+        c = n.counters()
+        assert c["convicted"] == 1 and c["reprovisioned"] == 1, "\n".join(n.daemon.recent)
+        assert n.state(2) == "hibernated" and domain not in n.hv.list() and save.exists()
+        assert (state.with_name("exec-2.forensic-7") / "zz-wake.json").exists()
+        # controld restarts: the saved spare is found again (its save file), not lost.
+        await n.close(destroy=False)
+        n2 = Node(rack, 0, "libvirt", **opts)
+        await n2.start()
+        st = await n2.rpc("status")
+        assert st["lost"] == [] and st["in_doubt_at_start"] == []
+        await n2.send(rack.valid_wakeup())  # the resolved round again: stale
+        assert n2.counters()["wakeup_stale"] == 1 and n2.state(2) == "hibernated"
+        ev = [rack.statement(x, 9, [(0, 1, A), (1, 1, B)]) for x in (0, 1)]
+        await n2.send(rack.wakeup(1, 9, ev, [2], [2]))
+        assert n2.state(2) == "recovering" and n2.hv.state(domain) == "running"
+        assert (await n2.rpc("destroy", service="web", index=2))["ok"]
+        assert not save.exists()
+        print(f"\nreal hibernated guest: WAKEUP to restored and grown {woke:.2f} s")
+    finally:
+        for node in (n, n2):
+            if node is None:
+                continue
+            with contextlib.suppress(Exception):
+                node.hv.destroy(domain)
+            with contextlib.suppress(Exception):
+                await node.close()
+        shutil.rmtree(d, ignore_errors=True)
+    virsh = ["virsh", "-c", "qemu:///system", "list", "--all", "--name"]
+    assert domain not in subprocess.run(virsh, capture_output=True, text=True).stdout.split()
