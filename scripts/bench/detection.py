@@ -3,19 +3,31 @@
 # a wrong reply and a crash, on real zz-agreed (4 replicas) and 2 active execution replicas.
 """Fault detection benchmark (docs/fault-detection.md §6); `scripts/bench/detection` runs it.
 
+One service, f = g = 1: 4 zz-agreed (release build, execution external, the project's
+timer K = 4, floor 50 ms, ceiling 5 s), execution replicas 0 and 1 active and 2 a spare
+(a running process that zz-agreed feeds only once it adopts a WAKEUP). A stand-in
+controld on the host's control port verifies every WAKEUP with zz/certs.py and collects
+SHUTDOWN votes into certificates; it wakes and destroys nothing itself.
+
 (a) False wake-ups. Every replica correct; closed-loop clients send microbench requests
     whose CPU time E is drawn per request from a lognormal distribution (the op carries
-    the iteration count, so both execution replicas burn the same E). The agreement
-    replicas' counters say how often a correct execution replica was flagged (timeouts,
-    mismatches) and, once zz-agreed sends them, fault statements and WAKEUPs. Next to them:
-    the bound of §6 from the measured distribution of the gap between the two replicas'
-    reports (seen by the clients as the gap between their REPLYs, which a replica sends
-    just before its EXEC-REPORT) against the timer clamp(K·t1, floor, ceiling).
+    the iteration count, so both execution replicas burn the same E). Reported: the
+    agreement replicas' counters (timeouts, mismatches, fault statements, WAKEUPs), the
+    WAKEUPs controld verified, and, from the rows zz-agreed logs when it flags a seq, how
+    many seqs the rules (zz.faults) would wake a spare for if one were always there. Next
+    to them, the bound of §6 from the measured gap between the two replicas' reports (seen
+    by the clients as the gap between their REPLYs, which a replica sends just before its
+    EXEC-REPORT) against the timer clamp(K·t1, floor, ceiling).
 (b) Detection latency. Execution replica 1 returns wrong results (--inject-fault
     wrong-reply): time from its wrong REPLY to the "execution mismatch" line at each
-    agreement replica. Then replica 1 is killed: time from replica 0's REPLY (the first
-    report) to the "execution timeout" line, against the target clamp(K·t1) + 5 ms, with
-    E small (the floor governs) and E large (K·t1 governs).
+    agreement replica, and to the first WAKEUP. Then, on a fresh rack, replica 1 is
+    killed: time from replica 0's REPLY (the first report) to the "execution timeout"
+    line, against the target clamp(K·t1) + 5 ms, with E small (the floor governs) and E
+    large (K·t1 governs), and to the first WAKEUP.
+
+Times come from one monotonic clock in this process: REPLY arrivals in the clients, log
+lines by a thread polling the logs every millisecond (zz-agreed writes them unbuffered),
+so each figure carries a few ms of scheduling noise on a busy machine.
 
 Writes bench-results/detection.json and prints a table. `--quick` is a short run.
 """
@@ -46,23 +58,33 @@ sys.path.insert(0, str(REPO))
 from zz.execution.apps import microbench as mb  # noqa: E402
 
 from tests.cluster import free_port_range  # noqa: E402
+from zz import certs, faults, procrack, wire  # noqa: E402
 from zz import config as zconfig  # noqa: E402
 from zz import keys as zkeys  # noqa: E402
-from zz import procrack  # noqa: E402
-from zz.client import Client, ClientParams  # noqa: E402
+from zz.client import Client, ClientParams, ClientTimeout  # noqa: E402
 from zz.procrack import DEFAULT_AGREED, ProcRack  # noqa: E402
 
 # The project's detection timer (docs/config.md defaults), passed explicitly so that the
 # bound below is computed with exactly what the replicas run.
-K, FLOOR_MS, CEILING_MS = 4, 50, 5000
+K, FLOOR_MS, CEILING_MS = 4, 50, 5000  # --floor-ms replaces the floor for a what-if run
 # Section (b)'s target: the timer plus this much for the event loop and the log write.
 SLACK_MS = 5.0
 STATS = ("exec_certificates", "exec_timeouts", "exec_mismatches")
 STATS_LATER = ("fault_statements_sent", "wakeups_sent")  # once zz-agreed has them
 
 
-def timer_ms(t1_ms: float) -> float:
-    return min(max(K * t1_ms, FLOOR_MS), CEILING_MS)
+@dataclasses.dataclass(frozen=True)
+class Timer:
+    k: int = K
+    floor_ms: int = FLOOR_MS
+    ceiling_ms: int = CEILING_MS
+
+    def ms(self, t1_ms: float) -> float:
+        return min(max(self.k * t1_ms, self.floor_ms), self.ceiling_ms)
+
+    def overrides(self) -> dict[str, int]:
+        return {"detect_k": self.k, "detect_floor_ms": self.floor_ms,
+                "detect_ceiling_ms": self.ceiling_ms}  # fmt: skip
 
 
 # ---- the rack --------------------------------------------------------------------------
@@ -115,19 +137,146 @@ def wait_linked(cfg: zconfig.Config, i: int, timeout: float = 30) -> None:
     raise TimeoutError(f"execution replica {i} not linked")
 
 
-def replace_exec(rack: ProcRack, i: int, extra: list[str]) -> None:
-    """Restart execution replica i with extra arguments (the fault to inject); the new
-    process joins rack.procs, so rack.stop() takes care of it like of the others."""
-    old = next(p for p in rack.procs if p.kind == "exec" and p.index == i)
-    procrack.terminate(old.popen)
-    rack.procs.remove(old)
+def spawn_exec(rack: ProcRack, i: int, extra: list[str]) -> None:
+    """Start execution replica i (again) with extra arguments; the process joins
+    rack.procs, so rack.stop() takes care of it like of the others."""
+    old = next((p for p in rack.procs if p.kind == "exec" and p.index == i), None)
+    if old is not None:
+        procrack.terminate(old.popen)
+        rack.procs.remove(old)
     (rack.config.rack.run_dir / "s1" / f"exec-{i}.status.json").unlink(missing_ok=True)
-    svc = old.service
+    svc = rack.config.services[0]
+    log = rack.config.rack.run_dir / "s1" / f"exec-{i}.log"
     cmd = [rack.python, "-m", "zz.execution", "--rack", str(rack.config.path)]
     cmd += ["--service", svc.name, "--index", str(i), *extra]
-    popen = procrack.spawn(cmd, old.log, procrack.repo_env())
-    rack.procs.append(procrack.Proc("exec", svc, i, old.address, old.log, popen))
+    popen = procrack.spawn(cmd, log, procrack.repo_env())
+    addr = svc.exec_address(rack.config, i)
+    rack.procs.append(procrack.Proc("exec", svc, i, addr, log, popen))
     wait_linked(rack.config, i)
+
+
+class Controld:
+    """Stands in for the host's controld: receives what zz-agreed sends it, verifies every
+    WAKEUP with zz/certs.py and collects SHUTDOWN votes into certificates. It wakes
+    nobody: the spare of this rack is a running process that zz-agreed itself starts
+    feeding once it adopts a WAKEUP, so a false wake-up has its real effect on the service."""
+
+    def __init__(self, cfg: zconfig.Config) -> None:
+        svc = cfg.services[0]
+        self.port = cfg.hosts[0].control_port
+        self.trust = certs.ServiceTrust.load(cfg.rack.key_dir, svc)
+        self.collector = certs.ShutdownCollector(self.trust)
+        self.wakeups: list[tuple[float, int, tuple[int, ...], int]] = []  # t, seq, wake, sender
+        self.shutdowns: list[tuple[float, int, tuple[int, ...]]] = []  # t, seq, convict
+        self.rejected: list[str] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                self._on(await wire.read_frame(reader))
+        except (asyncio.IncompleteReadError, wire.FrameError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            pass  # the run is over: end quietly, the replicas reconnect to nobody
+        finally:
+            writer.close()
+
+    def _on(self, raw: bytes) -> None:
+        now = time.monotonic()
+        try:
+            msg = wire.decode(raw)
+            if isinstance(msg, wire.Wakeup):
+                t = self.trust
+                w = certs.verify_wakeup(raw, keys=t.keys, f=t.f, g=t.g, n_exec=t.n_exec)
+                self.wakeups.append((now, w.seq, w.wake, w.sender))
+            elif isinstance(msg, wire.Shutdown):
+                c = self.collector.add(raw)
+                if c is not None:
+                    self.shutdowns.append((now, c.seq, c.convict))
+            else:
+                self.rejected.append(f"unexpected {msg.NAME}")
+        except wire.WireError as e:
+            self.rejected.append(f"malformed: {e}")
+        except certs.CertError as e:
+            self.rejected.append(e.reason)
+
+    def summary(self, t0: float) -> dict[str, Any]:
+        first = min((t for t, *_ in self.wakeups), default=None)
+        return {
+            "wakeups_verified": len(self.wakeups),
+            "wakeup_seqs": sorted({seq for _, seq, _, _ in self.wakeups}),
+            "first_wakeup_after_s": None if first is None else first - t0,
+            "shutdown_certificates": [{"seq": q, "convict": list(c)} for _, q, c in self.shutdowns],
+            "rejected": self.rejected,
+        }
+
+
+def would_be_wakeups(events: list[tuple[float, int, str, int, str]]) -> dict[str, Any]:
+    """Seqs at which zz-agreed's rules would wake a spare if one were always available
+    (controld provisions a fresh one after every conviction): for each flagged seq, the
+    rows the agreement replicas logged, evaluated with zz.faults over the awake set of the
+    moment. Seqs flagged while a round is open are skipped (nobody signs then)."""
+    awake: tuple[int, ...] = (0, 1)
+    round_open = False
+    rows: dict[int, dict[int, str]] = {}
+    seq_awake: dict[int, tuple[int, ...]] = {}
+    skipped = 0
+    for _, r, kind, seq, row in sorted(events):
+        if kind in ("wakeup", "wakeup-adopted"):
+            round_open = True
+        elif kind == "shutdown" and round_open:
+            round_open = False
+            if m := re.search(r"active \[([\d,]*)\]", row):
+                awake = tuple(int(x) for x in m[1].split(",") if x)
+        elif kind in ("timeout", "mismatch"):
+            if round_open and seq not in rows:
+                skipped += 1
+                continue
+            rows.setdefault(seq, {}).setdefault(r, row)
+            seq_awake.setdefault(seq, awake)
+    by_count: dict[int, int] = {}
+    justified = 0
+    for seq, by in rows.items():
+        by_count[len(by)] = by_count.get(len(by), 0) + 1
+        aw = seq_awake[seq]
+        stmts = [
+            faults.FaultStatement(r, "mb", seq, aw, _entries(row, aw)) for r, row in by.items()
+        ]
+        spare = (max(aw) + 1,)
+        d = faults.evaluate_evidence(
+            stmts, f=1, g=1, service="mb", seq=seq, awake=aw, sleeping=spare
+        )
+        justified += d.justified
+    return {
+        "seqs_flagged": len(rows),
+        "seqs_flagged_in_open_round": skipped,
+        "seqs_by_number_of_flagging_replicas": {str(k): v for k, v in sorted(by_count.items())},
+        "seqs_with_justified_wakeup": justified,
+    }
+
+
+def _entries(row: str, awake: tuple[int, ...]) -> tuple[faults.Entry, ...]:
+    """ "0=abcd 1=late:abcd 2=-" (detect.c log_fault) -> the entries of the awake replicas."""
+    cells = dict(c.split("=", 1) for c in row.split() if "=" in c)
+    out = []
+    for j in awake:
+        v = cells.get(str(j), "-")
+        if v == "-":
+            out.append(faults.Entry.missing())
+        elif v.startswith("late:"):
+            out.append(faults.Entry.late(v[5:].encode()))
+        else:
+            out.append(faults.Entry.ontime(v.encode()))
+    return tuple(out)
 
 
 def agreed_stats(cfg: zconfig.Config) -> list[dict[str, Any]]:
@@ -172,8 +321,21 @@ class TimedClient(Client):
         super()._on_message(raw)
 
 
-_EVENT = re.compile(rb"replica (\d+): execution (timeout|mismatch) at seq (\d+)")
-_WAKE = re.compile(rb"(?i)replica (\d+):.*\bwake-?up\b.*?seq (\d+)")
+_EVENT = re.compile(rb"replica (\d+): execution (timeout|mismatch) at seq (\d+):(.*)$")
+_WAKE_SENT = re.compile(rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\], evidence")
+_WAKE_ADOPTED = re.compile(rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\] adopted")
+_SHUTDOWN = re.compile(rb"replica (\d+): SHUTDOWN seq (\d+)(.*)$")
+
+
+def _classify(line: bytes) -> tuple[int, str, int, str] | None:
+    if m := _EVENT.search(line):
+        return int(m[1]), m[2].decode(), int(m[3]), m[4].decode().strip()
+    if m := _SHUTDOWN.search(line):
+        return int(m[1]), "shutdown", int(m[2]), m[3].decode()
+    for kind, rx in (("wakeup", _WAKE_SENT), ("wakeup-adopted", _WAKE_ADOPTED)):
+        if m := rx.search(line):
+            return int(m[1]), kind, int(m[2]), ""
+    return None
 
 
 class LogWatch:
@@ -182,7 +344,7 @@ class LogWatch:
 
     def __init__(self, logs: list[Path]) -> None:
         self.logs = logs
-        self.events: list[tuple[float, int, str, int]] = []  # time, replica, kind, seq
+        self.events: list[tuple[float, int, str, int, str]] = []  # time, replica, kind, seq, row
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -212,21 +374,16 @@ class LogWatch:
                 offsets[i] += len(data)
                 *lines, partial[i] = (partial[i] + data).split(b"\n")
                 for line in lines:
-                    if m := _EVENT.search(line):
-                        ev = (now, int(m[1]), m[2].decode(), int(m[3]))
-                    elif m := _WAKE.search(line):
-                        ev = (now, int(m[1]), "wakeup", int(m[2]))
-                    else:
-                        continue
-                    with self._lock:
-                        self.events.append(ev)
+                    if (ev := _classify(line)) is not None:
+                        with self._lock:
+                            self.events.append((now, *ev))
             time.sleep(0.001)
 
     def since(self, t: float, kind: str) -> dict[int, tuple[float, int]]:
         """First event of `kind` per agreement replica after time t: replica -> (time, seq)."""
         out: dict[int, tuple[float, int]] = {}
         with self._lock:
-            for when, r, k, seq in self.events:
+            for when, r, k, seq, _ in self.events:
                 if k == kind and when >= t and r not in out:
                     out[r] = (when, seq)
         return out
@@ -266,7 +423,7 @@ class Sample:
 
 
 async def false_wakeups(
-    cfg: zconfig.Config, args: argparse.Namespace, iters_per_ms: float
+    cfg: zconfig.Config, rack: ProcRack, args: argparse.Namespace, iters_per_ms: float
 ) -> dict[str, Any]:
     rng = random.Random(args.seed)
     mu = math.log(args.e_median_ms)
@@ -274,35 +431,48 @@ async def false_wakeups(
     def draw_ms() -> float:
         return min(rng.lognormvariate(mu, args.e_sigma), args.e_max_ms)
 
+    spawn_exec(rack, 2, [])  # the spare: registered, fed nothing until a WAKEUP is adopted
+    controld = Controld(cfg)
+    await controld.start()
+    logs = [cfg.rack.run_dir / "s1" / f"agreed-{r}.log" for r in range(4)]
     clients = [TimedClient(_params(cfg, c)) for c in range(args.clients)]
     samples: list[Sample] = []
-    issued = 0
-    bad = 0
+    issued = bad = 0
+    stalled: str | None = None
     t_start = time.monotonic()
     deadline = t_start + args.max_seconds
 
     async def loop(c: TimedClient) -> None:
-        nonlocal issued, bad
-        while issued < args.requests and time.monotonic() < deadline:
+        nonlocal issued, bad, stalled
+        while issued < args.requests and time.monotonic() < deadline and stalled is None:
             issued += 1
             e_ms = draw_ms()
             op = mb.encode_op(iterations=max(0, round(e_ms * iters_per_ms)))
             t0 = time.monotonic()
-            res = await c.invoke(op, timeout=120)
+            try:
+                res = await c.invoke(op, timeout=args.stall_seconds)
+            except ClientTimeout:
+                # After a false wake-up the service runs on replica 0 and the woken spare;
+                # if that does not work out, say so instead of waiting forever.
+                stalled = f"no reply certificate within {args.stall_seconds} s"
+                return
             if len(res) != 33 or res[0] != mb.STATUS_OK:
                 bad += 1
             arr = sorted(c.arrivals.values())
-            if len(arr) == 2:
+            if len(arr) >= 2:
                 samples.append(Sample(1000 * (arr[0] - t0), 1000 * (arr[1] - arr[0]), e_ms))
 
     stats0 = agreed_stats(cfg)
-    try:
-        await asyncio.gather(*(loop(c) for c in clients))
-    finally:
-        for c in clients:
-            await c.close()
-    wall = time.monotonic() - t_start
-    await asyncio.sleep(2.5)  # stats files are rewritten every second; timers run out
+    with LogWatch(logs) as watch:
+        try:
+            await asyncio.gather(*(loop(c) for c in clients))
+        finally:
+            for c in clients:
+                await c.close()
+        wall = time.monotonic() - t_start
+        await asyncio.sleep(2.5)  # stats files are rewritten every second; timers run out
+        events = list(watch.events)
+    await controld.close()
     stats1 = agreed_stats(cfg)
     delta = {
         k: [
@@ -314,18 +484,15 @@ async def false_wakeups(
 
     n = len(samples)
     gaps = [s.gap_ms for s in samples]
-    over_floor = sum(g > FLOOR_MS for g in gaps)
-    over_timer = sum(s.gap_ms > timer_ms(s.t1_ms) for s in samples)
-    certs = [c for c in delta["exec_certificates"] if c is not None]
-    batches = max(certs) if certs else 0
-    flagged = [
-        (t or 0) + (m or 0)
-        for t, m in zip(delta["exec_timeouts"], delta["exec_mismatches"], strict=True)
-    ]
+    over_floor = sum(g > args.timer.floor_ms for g in gaps)
+    over_timer = sum(s.gap_ms > args.timer.ms(s.t1_ms) for s in samples)
+    certs_ = [c for c in delta["exec_certificates"] if c is not None]
+    batches = max(certs_) if certs_ else 0
     return {
         "requests": issued,
         "completed_with_both_replies": n,
         "bad_results": bad,
+        "stalled": stalled,
         "seconds": wall,
         "ops_per_s": issued / wall if wall else None,
         "clients": args.clients,
@@ -340,7 +507,8 @@ async def false_wakeups(
         "report_gap_ms": quantiles(gaps),
         "agreement_deltas": delta,
         "batches_certified": batches,
-        "flagged_per_agreement_replica": flagged,
+        "controld": controld.summary(t_start),
+        "would_be_wakeups": would_be_wakeups(events),
         "bound": {
             "p_gap_over_floor": over_floor / n if n else None,
             "p_gap_over_floor_95": rule_of_three(over_floor, n),
@@ -382,65 +550,103 @@ async def _one(
     return t0, replies, watch.since(t0, kind)
 
 
-async def detection(
+async def wrong_reply(
     cfg: zconfig.Config, rack: ProcRack, args: argparse.Namespace, iters_per_ms: float
 ) -> dict[str, Any]:
+    """Replica 1 answers wrongly from the start: a mismatch per request, and a WAKEUP."""
+    spawn_exec(rack, 1, ["--inject-fault", "wrong-reply"])  # before any request: level start
+    op = mb.encode_op(iterations=round(args.small_e_ms * iters_per_ms))
     logs = [cfg.rack.run_dir / "s1" / f"agreed-{r}.log" for r in range(4)]
+    controld = Controld(cfg)
+    await controld.start()
     c = TimedClient(_params(cfg, 0))
-    out: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    first_fault = None
     try:
         with LogWatch(logs) as watch:
-            # Before any request, so that the faulty replica starts level with the others.
-            replace_exec(rack, 1, ["--inject-fault", "wrong-reply"])
-            op = mb.encode_op(iterations=round(args.small_e_ms * iters_per_ms))
-            wrong: list[dict[str, Any]] = []
             for k in range(args.samples + 1):
                 t0, rep, flags = await _one(c, watch, op, {0, 1}, "mismatch", 5.0)
-                if k == 0 or 1 not in rep or 0 not in rep:
-                    continue  # the first one opens the client's connections
+                if 1 not in rep or 0 not in rep:
+                    continue
                 t_wrong, t_last = rep[1], max(rep[0], rep[1])
-                wrong.append(
-                    {
-                        "fault_to_flag_ms": [1000 * (t - t_wrong) for t, _ in flags.values()],
-                        "second_report_to_flag_ms": [
-                            1000 * (t - t_last) for t, _ in flags.values()
-                        ],
-                        "flagged_by": sorted(flags),
-                    }
-                )
-            out["wrong_reply"] = _summary(wrong, None)
+                first_fault = first_fault or t_wrong
+                if k == 0:
+                    continue  # it also opened the client's connections: not a sample
+                rows.append({
+                    "fault_to_flag_ms": [1000 * (t - t_wrong) for t, _ in flags.values()],
+                    "second_report_to_flag_ms": [1000 * (t - t_last) for t, _ in flags.values()],
+                    "flagged_by": sorted(flags),
+                })  # fmt: skip
+            await asyncio.sleep(1.5)
+            wake = _wakeup_latency(watch, controld, first_fault)
+    finally:
+        await c.close()
+        await controld.close()
+    return _summary(rows, None) | wake | {"agreement_counters": counters(agreed_stats(cfg))}
 
-            # Crash: replica 1 (still the faulty one) is killed, replica 0 answers alone.
-            old = next(p for p in rack.procs if p.kind == "exec" and p.index == 1)
-            procrack.signal_group(old.popen.pid, signal.SIGKILL)
-            old.popen.wait(timeout=10)
-            crash = (("crash_small_e", args.small_e_ms), ("crash_large_e", args.large_e_ms))
-            for name, e_ms in crash:
+
+async def crash(
+    cfg: zconfig.Config, rack: ProcRack, args: argparse.Namespace, iters_per_ms: float
+) -> dict[str, Any]:
+    """Replica 1 is killed after a few requests; every later request times out at the
+    agreement replicas, first with E small (the floor governs), then E large (K·t1)."""
+    logs = [cfg.rack.run_dir / "s1" / f"agreed-{r}.log" for r in range(4)]
+    controld = Controld(cfg)
+    await controld.start()
+    c = TimedClient(_params(cfg, 0))
+    out: dict[str, Any] = {}
+    first_fault = None
+    try:
+        for _ in range(3):  # both replicas answer: connections open, t1 of a healthy run
+            await c.invoke(mb.encode_op(iterations=round(args.small_e_ms * iters_per_ms)))
+        victim = next(p for p in rack.procs if p.kind == "exec" and p.index == 1)
+        procrack.signal_group(victim.popen.pid, signal.SIGKILL)
+        victim.popen.wait(timeout=10)
+        with LogWatch(logs) as watch:
+            for name, e_ms in (("small_e", args.small_e_ms), ("large_e", args.large_e_ms)):
                 op = mb.encode_op(iterations=round(e_ms * iters_per_ms))
                 rows: list[dict[str, Any]] = []
                 for _ in range(args.samples):
-                    wait_s = CEILING_MS / 1000 + 2
+                    wait_s = args.timer.ceiling_ms / 1000 + 2
                     t0, rep, flags = await _one(c, watch, op, {0}, "timeout", wait_s)
                     if 0 not in rep:
                         continue
                     t_first = rep[0]
+                    first_fault = first_fault or t_first
                     t1 = 1000 * (t_first - t0)
-                    rows.append(
-                        {
-                            "t1_upper_ms": t1,
-                            "target_ms": timer_ms(t1) + SLACK_MS,
-                            "report_to_flag_ms": [1000 * (t - t_first) for t, _ in flags.values()],
-                            "flagged_by": sorted(flags),
-                        }
-                    )
+                    rows.append({
+                        "t1_upper_ms": t1,
+                        "target_ms": args.timer.ms(t1) + SLACK_MS,
+                        "report_to_flag_ms": [1000 * (t - t_first) for t, _ in flags.values()],
+                        "flagged_by": sorted(flags),
+                    })  # fmt: skip
                 out[name] = _summary(rows, "report_to_flag_ms") | {"e_ms": e_ms}
-            wakes = watch.since(0, "wakeup")
-            out["wakeup_lines"] = {str(r): seq for r, (_, seq) in wakes.items()}
+            await asyncio.sleep(1.5)
+            # The crash shows at the first request after it, when replica 0's report opens
+            # the timer: that is the fault time here.
+            out |= _wakeup_latency(watch, controld, first_fault)
     finally:
         await c.close()
-    await asyncio.sleep(1.5)
-    out["agreement_counters"] = counters(agreed_stats(cfg))
-    return out
+        await controld.close()
+    return out | {"agreement_counters": counters(agreed_stats(cfg))}
+
+
+def _wakeup_latency(watch: LogWatch, controld: Controld, fault: float | None) -> dict[str, Any]:
+    """The first WAKEUP: when each agreement replica logged sending or adopting it, and
+    when the stand-in controld had a verified one, in ms after the fault."""
+    if fault is None:
+        return {"wakeup": None}
+    sent = watch.since(fault, "wakeup")
+    adopted = watch.since(fault, "wakeup-adopted")
+    at_controld = [t for t, *_ in controld.wakeups if t >= fault]
+    return {
+        "wakeup": {
+            "sent_ms": {str(r): 1000 * (t - fault) for r, (t, _) in sorted(sent.items())},
+            "adopted_ms": {str(r): 1000 * (t - fault) for r, (t, _) in sorted(adopted.items())},
+            "verified_at_controld_ms": 1000 * (at_controld[0] - fault) if at_controld else None,
+            "controld": controld.summary(fault),
+        }
+    }
 
 
 def _summary(rows: list[dict[str, Any]], key: str | None) -> dict[str, Any]:
@@ -475,17 +681,16 @@ def calibrate() -> float:
     return max(rates)
 
 
-def run_phase(label: str, clients: int, body: Any) -> Any:
+def run_phase(label: str, clients: int, timer: Timer, body: Any) -> Any:
     """A fresh rack in a temporary directory for one phase; every process is stopped on
     the way out, also on errors, and a survivor fails the run."""
     with tempfile.TemporaryDirectory(prefix=f"zz-bench-detect-{label}-") as tmp:
         cfg = write_rack(Path(tmp), clients)
-        overrides = {"detect_k": K, "detect_floor_ms": FLOOR_MS, "detect_ceiling_ms": CEILING_MS}
-        with ProcRack(cfg, overrides=overrides) as rack:
+        with ProcRack(cfg, overrides=timer.overrides()) as rack:
             rack.start(timeout=60)
             result = asyncio.run(body(cfg, rack))
-            # Execution replica 1 is killed on purpose in (b).
-            dead = [p.name for p in rack.dead() if not (label == "b" and p.kind == "exec")]
+            # Execution replica 1 is killed on purpose in the crash phase.
+            dead = [p.name for p in rack.dead() if not (label == "crash" and p.kind == "exec")]
             if dead:
                 raise RuntimeError(f"died: {dead}\n{rack.log_tails()}")
         report = rack.last_stop
@@ -498,7 +703,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3,000 requests, 8 latency samples")
     ap.add_argument("--requests", type=int, help="(a) requests (default 100,000)")
-    ap.add_argument("--max-seconds", type=float, help="(a) stop issuing after this (default 420)")
+    ap.add_argument("--max-seconds", type=float, help="(a) stop issuing after this (default 450)")
     ap.add_argument("--clients", type=int, default=8, help="(a) closed-loop clients")
     ap.add_argument("--e-median-ms", type=float, default=0.5)
     ap.add_argument("--e-sigma", type=float, default=1.0)
@@ -507,11 +712,16 @@ def main() -> int:
     ap.add_argument("--small-e-ms", type=float, default=2.0)
     ap.add_argument("--large-e-ms", type=float, default=40.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--floor-ms", type=int, default=FLOOR_MS, help="what-if: another floor")
+    ap.add_argument(
+        "--stall-seconds", type=float, default=30.0, help="(a) ends at a request this slow"
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench-results" / "detection.json")
     args = ap.parse_args()
     args.requests = args.requests or (3000 if args.quick else 100_000)
-    args.max_seconds = args.max_seconds or (90.0 if args.quick else 420.0)
+    args.max_seconds = args.max_seconds or (90.0 if args.quick else 450.0)
     args.samples = args.samples or (8 if args.quick else 20)
+    args.timer = Timer(floor_ms=args.floor_ms)
     if not DEFAULT_AGREED.exists():
         print(f"missing {DEFAULT_AGREED}: run make -C agreement", file=sys.stderr)
         return 1
@@ -521,15 +731,22 @@ def main() -> int:
     iters_per_ms = calibrate()
     print(f"calibrated {iters_per_ms:.0f} SHA-256 iterations/ms", flush=True)
     print(f"(a) {args.requests} requests, {args.clients} clients ...", flush=True)
-    a = run_phase("a", args.clients, lambda cfg, rack: false_wakeups(cfg, args, iters_per_ms))
-    print("(b) wrong reply, then crash ...", flush=True)
-    b = run_phase("b", 1, lambda cfg, rack: detection(cfg, rack, args, iters_per_ms))
+    a = run_phase(
+        "a", args.clients, args.timer,
+        lambda cfg, rack: false_wakeups(cfg, rack, args, iters_per_ms),
+    )  # fmt: skip
+    print("(b) wrong reply ...", flush=True)
+    wr = run_phase(
+        "wrong", 1, args.timer, lambda cfg, rack: wrong_reply(cfg, rack, args, iters_per_ms)
+    )
+    print("(b) crash ...", flush=True)
+    cr = run_phase("crash", 1, args.timer, lambda cfg, rack: crash(cfg, rack, args, iters_per_ms))
     total = time.monotonic() - started
 
     doc = {
         "false_wakeups": a,
-        "detection_latency": b,
-        "timer": {"K": K, "floor_ms": FLOOR_MS, "ceiling_ms": CEILING_MS, "slack_ms": SLACK_MS},
+        "detection_latency": {"wrong_reply": wr, "crash": cr},
+        "timer": dataclasses.asdict(args.timer) | {"slack_ms": SLACK_MS},
         "iters_per_ms": iters_per_ms,
         "machine": {
             "loadavg_before": list(load_before),
@@ -544,7 +761,7 @@ def main() -> int:
     print_table(doc)
     print(f"wrote {args.out} in {total:.0f} s")
     ok = a["bad_results"] == 0 and a["completed_with_both_replies"] > 0
-    ok = ok and all(b[k]["samples"] > 0 for k in ("wrong_reply", "crash_small_e", "crash_large_e"))
+    ok = ok and wr["samples"] > 0 and cr["small_e"]["samples"] > 0 and cr["large_e"]["samples"] > 0
     return 0 if ok else 1
 
 
@@ -553,27 +770,35 @@ def _f(x: float | None, spec: str = ".1f") -> str:
 
 
 def print_table(doc: dict[str, Any]) -> None:
-    a, b = doc["false_wakeups"], doc["detection_latency"]
+    a, t = doc["false_wakeups"], doc["timer"]
     d = a["agreement_deltas"]
+    e = a["e_distribution"]
     print(
-        f"\n(a) false wake-ups: {a['requests']} requests in {a['seconds']:.0f} s"
-        f" ({_f(a['ops_per_s'], '.0f')}/s), E lognormal median {a['e_distribution']['median_ms']}"
-        f" ms sigma {a['e_distribution']['sigma']},"
-        f" timer clamp({K}*t1, {FLOOR_MS}, {CEILING_MS}) ms"
+        f"\n(a) correct replicas: {a['requests']} requests in {a['seconds']:.0f} s"
+        f" ({_f(a['ops_per_s'], '.0f')}/s), E lognormal median {e['median_ms']} ms"
+        f" sigma {e['sigma']}, timer clamp({t['k']}*t1, {t['floor_ms']}, {t['ceiling_ms']}) ms"
     )
-    print(
-        f"{'agreement replica':<20}{'certified':>10}{'timeouts':>10}{'mismatch':>10}"
-        f"{'fault-stmts':>12}{'wakeups':>9}"
-    )
+    if a["stalled"]:
+        print(f"    STALLED: {a['stalled']}")
+    print(f"{'agreement replica':<18}{'certified':>10}{'timeouts':>10}{'mismatch':>10}"
+          f"{'fault-stmts':>12}{'wakeups':>9}")  # fmt: skip
     for r in range(4):
         row = [d[k][r] for k in (*STATS, *STATS_LATER)]
-        print(
-            f"{r:<20}"
-            + "".join(
-                f"{'-' if v is None else v:>{w}}"
-                for v, w in zip(row, (10, 10, 10, 12, 9), strict=True)
-            )
+        cells = "".join(
+            f"{'-' if v is None else v:>{w}}" for v, w in zip(row, (10, 10, 10, 12, 9), strict=True)
         )
+        print(f"{r:<18}{cells}")
+    wb, cd = a["would_be_wakeups"], a["controld"]
+    print(
+        f"WAKEUPs verified at controld: {cd['wakeups_verified']} (seqs {cd['wakeup_seqs']},"
+        f" first after {_f(cd['first_wakeup_after_s'])} s); SHUTDOWN certificates:"
+        f" {cd['shutdown_certificates']}"
+    )
+    print(
+        f"seqs flagged: {wb['seqs_flagged']} (by n replicas:"
+        f" {wb['seqs_by_number_of_flagging_replicas']}); {wb['seqs_with_justified_wakeup']}"
+        " would justify a WAKEUP by the rules (with a spare always provisioned)"
+    )
     g = a["report_gap_ms"]
     print(
         f"report gap ms: p50 {_f(g['p50'], '.2f')} p99 {_f(g['p99'], '.2f')}"
@@ -585,25 +810,38 @@ def print_table(doc: dict[str, Any]) -> None:
         f"bound: P(gap > floor) = {_f(bd['p_gap_over_floor'], '.2e')} (95% <= "
         f"{_f(bd['p_gap_over_floor_95'], '.2e')}); P(gap > clamp(K t1)) est "
         f"{_f(bd['p_gap_over_timer_est'], '.2e')}; expected flagged batches <= "
-        f"{_f(bd['expected_flagged_batches_upper'], '.2f')} of {a['batches_certified']}"
+        f"{_f(bd['expected_flagged_batches_upper'], '.1f')} of {a['batches_certified']}"
     )
     print("\n(b) detection latency (ms, at each of the 4 agreement replicas)")
-    w = b["wrong_reply"]
+    w = doc["detection_latency"]["wrong_reply"]
     print(
         f"wrong reply: fault->flag p50 {_f(w['fault_to_flag_ms']['p50'], '.2f')}"
         f" max {_f(w['fault_to_flag_ms']['max'], '.2f')}; second report->flag p50 "
         f"{_f(w['second_report_to_flag_ms']['p50'], '.2f')} max "
         f"{_f(w['second_report_to_flag_ms']['max'], '.2f')} ({w['samples']} requests)"
     )
-    for k in ("crash_small_e", "crash_large_e"):
-        c = b[k]
+    _print_wake("wrong reply", w.get("wakeup"))
+    cr = doc["detection_latency"]["crash"]
+    for k in ("small_e", "large_e"):
+        c = cr[k]
         lat, tgt = c["report_to_flag_ms"], c["target_ms"]
         print(
             f"crash, E={c['e_ms']} ms: first report->flag p50 {_f(lat['p50'])} max "
             f"{_f(lat['max'])}; target clamp(K t1)+{SLACK_MS:.0f} p50 {_f(tgt['p50'])};"
             f" {c['within_target']}/{c['flags']} within target"
         )
-    print(f"WAKEUP lines seen: {b['wakeup_lines'] or 'none'}; counters {b['agreement_counters']}")
+    _print_wake("crash", cr.get("wakeup"))
+
+
+def _print_wake(name: str, w: dict[str, Any] | None) -> None:
+    if not w or not w["sent_ms"]:
+        print(f"{name}: no WAKEUP sent")
+        return
+    sent = ", ".join(f"{r}: {v:.1f}" for r, v in w["sent_ms"].items())
+    print(
+        f"{name}: fault->WAKEUP sent (replica: ms) {sent}; verified at controld"
+        f" {_f(w['verified_at_controld_ms'])} ms"
+    )
 
 
 if __name__ == "__main__":
