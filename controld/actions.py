@@ -26,6 +26,7 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,25 +303,32 @@ def guest_wake(ctx: HostContext, domain: str, seq: int) -> None:
 
 
 def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) -> str | None:
-    """Keep a convicted replica's state for forensics, out of the way of its successor:
-    ZFS store: snapshot <pool>/<dataset>@forensic-<seq>; dir store: rename the state
-    directory to exec-<i>.forensic-<seq>. Returns what was kept (None: nothing there)."""
+    """Keep a convicted replica's state for forensics, out of its successor's way (the
+    fresh replica starts from nothing). ZFS store: snapshot <pool>/<dataset>@forensic-<seq>,
+    then rename the dataset to <dataset>-forensic-<seq> and unmount it; the snapshot is
+    then <pool>/<dataset>-forensic-<seq>@forensic-<seq>. Either store: the state directory
+    becomes exec-<i>.forensic-<seq>. Returns what was kept (None: nothing was there)."""
+    kept: list[str] = []
     if ctx.store == "zfs" and ctx.zfs_pool:
         from zz.snapshots.zfs import dataset_exists, run_zfs
 
         ds = f"{ctx.zfs_pool}/{zfs_dataset(service, index)}"
-        if not dataset_exists(ds):
-            return None
-        snap = f"{ds}@forensic-{seq}"
-        run_zfs(["snapshot", snap])
-        return snap
+        if dataset_exists(ds):
+            run_zfs(["zfs", "snapshot", f"{ds}@forensic-{seq}"])
+            new = _unused(f"{ds}-forensic-{seq}", dataset_exists)
+            run_zfs(["zfs", "rename", ds, new], retry_busy=True)
+            run_zfs(["zfs", "set", "mountpoint=none", new], retry_busy=True)
+            kept.append(f"{new}@forensic-{seq}")
     state = service.exec_state_dir(ctx.config, index)
-    if not state.exists():
-        return None
-    dest = state.with_name(f"{state.name}.forensic-{seq}")
-    n = 1
-    while dest.exists():
-        dest = state.with_name(f"{state.name}.forensic-{seq}.{n}")
-        n += 1
-    state.rename(dest)
-    return str(dest)
+    if state.exists():
+        dest = Path(_unused(str(state.with_name(f"{state.name}.forensic-{seq}")), os.path.exists))
+        state.rename(dest)
+        kept.append(str(dest))
+    return ", ".join(kept) or None
+
+
+def _unused(name: str, exists: Callable[[str], bool]) -> str:
+    out, n = name, 1
+    while exists(out):
+        out, n = f"{name}-{n}", n + 1
+    return out

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zfs_pool
 from zz.controld import actions
 from zz.controld import inventory as inv
 from zz.controld.daemon import Daemon
@@ -773,3 +774,34 @@ async def test_real_guest_hibernated_shutdown_restart(tmp_path: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
     virsh = ["virsh", "-c", "qemu:///system", "list", "--all", "--name"]
     assert domain not in subprocess.run(virsh, capture_output=True, text=True).stdout.split()
+
+
+# ---- ZFS: the convicted replica's dataset is kept as a snapshot -------------------------
+
+zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool
+
+
+async def test_shutdown_keeps_zfs_snapshot(rack: Rack, pool: str) -> None:
+    """Process backend, the runtime on its own ZFS dataset: a SHUTDOWN certificate leaves
+    the convicted replica's dataset as <ds>-forensic-7@forensic-7, and the fresh spare
+    gets a new, empty dataset under the old name."""
+    from zz.snapshots.zfs import dataset_exists, run_zfs
+
+    n = Node(rack, 2, "process", store="zfs", zfs_pool=pool, ready_timeout=60)
+    await n.start()
+    try:
+        r = await n.rpc("provision", service="web", index=1, mode="active")
+        assert r["ok"], r
+        ds = f"{pool}/s1-exec-1"
+        assert dataset_exists(ds)
+        live = rack.config.service("web").exec_state_dir(rack.config, 1) / "live"
+        (live / "evidence").write_text("x")
+        await n.send(*(rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)))
+        c = n.counters()
+        assert c["convicted"] == 1 and c["reprovisioned"] == 1, "\n".join(n.daemon.recent)
+        snaps = run_zfs(["zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-r", pool])
+        assert f"{ds}-forensic-7@forensic-7" in snaps.split()
+        assert n.state(1) == "paused" and dataset_exists(ds)  # the fresh one's own
+        assert not (live / "evidence").exists()
+    finally:
+        await n.close()
