@@ -1,3 +1,3 @@
 # controld - installed as zz.controld: the per-host control daemon.
-# Later: libvirt/process backends, WAKEUP/SHUTDOWN certificate checks, snapshot file server.
-"""ZZ per-host control daemon: VM lifecycle, certificates and state serving (to come)."""
+# The daemon (daemon.py, python -m zz.controld), its RPC, actions and inventory: docs/controld.md.
+"""ZZ per-host control daemon: replica lifecycle driven by operator RPCs and certificates."""
