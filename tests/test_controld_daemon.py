@@ -805,3 +805,26 @@ async def test_shutdown_keeps_zfs_snapshot(rack: Rack, pool: str) -> None:
         assert not (live / "evidence").exists()
     finally:
         await n.close()
+
+
+async def test_cli_call(rack: Rack) -> None:
+    """`zz controld call` as an operator would run it: provision, then status."""
+    async with nodes(rack, "libvirt", 0) as (n,):
+        base = [sys.executable, "-m", "zz", "controld", "call", "--config", str(rack.path)]
+        base += ["--host", "h0", "--port", str(n.port)]
+
+        async def run(*args: str) -> tuple[int, dict[str, Any], str]:
+            p = await asyncio.create_subprocess_exec(
+                *base, *args, cwd=REPO, env=repo_env(),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(p.communicate(), 60)
+            return p.returncode or 0, json.loads(out), err.decode()
+
+        rc, body, err = await run("provision", "service=web", "index=2", "mode=paused")
+        assert rc == 0 and body["replica"]["state"] == "paused", (body, err)
+        assert "booting web/2" in err  # the progress reply, on stderr
+        rc, body, _ = await run("status")
+        assert rc == 0 and [r["state"] for r in body["replicas"]] == ["paused"]
+        rc, body, _ = await run("provision", "service=web", "index=1")
+        assert rc == 1 and "placed on host h2" in body["error"]
