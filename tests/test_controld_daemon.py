@@ -828,3 +828,43 @@ async def test_cli_call(rack: Rack) -> None:
         assert rc == 0 and [r["state"] for r in body["replicas"]] == ["paused"]
         rc, body, _ = await run("provision", "service=web", "index=1")
         assert rc == 1 and "placed on host h2" in body["error"]
+
+
+async def test_mutated_messages_never_act_or_crash(rack: Rack) -> None:
+    """Hundreds of mutations of valid WAKEUP, SHUTDOWN and CONTROL messages (flipped
+    bytes, truncations, extensions, changed type bytes): each is dropped and counted,
+    nothing is woken or destroyed, and no handler raised (internal_error stays 0)."""
+    import random
+
+    rng = random.Random(5)
+    async with nodes(rack, "libvirt", 0) as (n,):
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        key = rack.op_keys[n.principal]
+        seeds = [
+            rack.valid_wakeup(),
+            rack.shutdown(0, 7, convict=[2], sleep=[]),
+            _raw_control(rack, n.principal, OP, key, time.time_ns() + 10**18),
+        ]
+        mutated: list[bytes] = []
+        for _ in range(400):
+            m = bytearray(rng.choice(seeds))
+            kind = rng.randrange(4)
+            if kind == 0:
+                for _ in range(rng.randint(1, 3)):
+                    m[rng.randrange(len(m))] ^= 1 << rng.randrange(8)
+            elif kind == 1:
+                del m[rng.randrange(16, len(m)) :]
+            elif kind == 2:
+                m += bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+            else:
+                m[3] = rng.randrange(32)
+            if len(m) >= 16 and bytes(m) not in seeds:  # a type byte set to itself
+                mutated.append(bytes(m))
+        for i in range(0, len(mutated), 50):
+            await n.send(*mutated[i : i + 50])
+        c = n.counters()
+        assert "internal_error" not in c and "woken" not in c and "convicted" not in c, c
+        assert "wakeup_accepted" not in c and "shutdown_accepted" not in c
+        dropped = sum(v for k, v in c.items() if ":" not in k and k != "control_ok")
+        assert dropped == len(mutated), c
+        assert n.state(2) == "paused"
