@@ -468,3 +468,63 @@ base_port = 21000
     # The echo app runs inside the agreement replicas: nothing to wake, no such lines.
     echo = render.replica_conf(c, c.service("echo"), 0)
     assert "exec " not in echo and "controld " not in echo
+
+
+def _sign_key(cluster: Cluster, r: int) -> Any:
+    from zz import keys
+
+    sk = keys.load_secret(keys.secret_path(cluster.dir / "keys", SERVICE_ID, r)).sign
+    assert sk is not None
+    return sk
+
+
+def _send(port: int, msgs: list[bytes]) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for m in msgs:
+            s.sendall(wire.frame(m))
+        time.sleep(0.3)  # let the replica read them before the connection goes
+
+
+@pytest.mark.slow
+def test_forged_wakeups_are_rejected(quiet_rig: FaultRig) -> None:
+    """WAKEUPs that fail verification never change a replica's awake set nor reach
+    controld, whoever signs the outer message (here: replica 3's own key)."""
+    rig = quiet_rig
+    cl = rig.cluster
+    assert _puts(rig, 2, "q") == [_kv_ok()] * 2
+    keys = {r: _sign_key(cl, r) for r in range(cl.n)}
+    da, db = sha256(b"digest a"), sha256(b"digest b")
+    row = [wire.RowEntry(0, wire.ROW_ONTIME, da), wire.RowEntry(1, wire.ROW_ONTIME, db)]
+
+    def stmt(signer: int, key: int | None = None, seq: int = 1) -> bytes:
+        m = wire.FaultStatement(SERVICE_ID, signer, seq, row)
+        return m.signed(keys[signer if key is None else key]).encode()
+
+    def wakeup(ev: list[bytes], wake: list[int], key: int = 3) -> bytes:
+        m = wire.Wakeup(SERVICE_ID, 3, 1, ev, [SPARE], wake)
+        return m.signed(keys[key]).encode()
+
+    bad = {
+        "forged evidence signature": wakeup([stmt(1), stmt(2, key=0)], [SPARE]),
+        "one statement only": wakeup([stmt(1)], [SPARE]),
+        "the same signer twice": wakeup([stmt(1), stmt(1)], [SPARE]),
+        "evidence about another seq": wakeup([stmt(1), stmt(2, seq=2)], [SPARE]),
+        "wake is not the rules' choice": wakeup([stmt(1), stmt(2)], []),
+    }
+    outer_forged = wakeup([stmt(1), stmt(2)], [SPARE], key=2)  # claims sender 3
+    before = [cl.stats(r) for r in (0, 1)]
+    for port in (cl.port(0), cl.port(1)):
+        _send(port, [*bad.values(), outer_forged])
+    rig.wait(
+        lambda: all(cl.stats(r)["wakeups_rejected"] >= len(bad) for r in (0, 1)),
+        "every forged WAKEUP rejected",
+    )
+    for r, b in zip((0, 1), before, strict=True):
+        s = cl.stats(r)
+        assert s["wakeups_rejected"] == len(bad), s
+        assert s["dropped"]["auth"] == b["dropped"]["auth"] + 1, s  # the outer forgery
+        assert s["wakeups_received"] == 0 and s["fault_round_open"] == 0, s
+        assert s["exec_awake"] == [0, 1], s
+        log = cl.log_path(r).read_text()
+        assert "rejected: evidence signature" in log and "duplicate-signer" in log, log[-3000:]
+    _assert_quiet(rig)
