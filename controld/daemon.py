@@ -325,6 +325,12 @@ class Daemon:
         inject_fault: str | None = None,
     ) -> dict[str, Any]:
         domain = actions.domain_name(self.config, svc, index)
+        with contextlib.suppress(KeyError):
+            old = self.inventory.get(svc.name, index)
+            if old.state == inv.CONVICTED and old.pending is None:
+                # Destroyed already (controld stopped before forgetting it): only the
+                # record is left, and it must not block the slot.
+                self.inventory.remove(svc.name, index)
         save = str(actions.save_path(self.ctx, domain)) if mode == "hibernated" else None
         role = role or ("active" if index < svc.active else "standby")
         out: dict[str, Any] = {}

@@ -868,3 +868,16 @@ async def test_mutated_messages_never_act_or_crash(rack: Rack) -> None:
         dropped = sum(v for k, v in c.items() if ":" not in k and k != "control_ok")
         assert dropped == len(mutated), c
         assert n.state(2) == "paused"
+
+
+async def test_convicted_leftover_does_not_block_the_slot(rack: Rack) -> None:
+    """controld stopped after destroying a convicted replica but before forgetting it: a
+    later provision of that slot works (the record is only bookkeeping)."""
+    async with nodes(rack, "libvirt", 0) as (n,):
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        rec = n.daemon.inventory.get("web", 2)
+        await n.daemon.inventory.atransition(
+            "web", 2, inv.CONVICTED, lambda: n.hv.destroy(rec.domain)
+        )
+        r = await n.rpc("provision", service="web", index=2, mode="paused")
+        assert r["ok"] and r["replica"]["state"] == "paused", r
