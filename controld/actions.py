@@ -332,3 +332,47 @@ def _unused(name: str, exists: Callable[[str], bool]) -> str:
     while exists(out):
         out, n = f"{name}-{n}", n + 1
     return out
+
+
+@dataclass(frozen=True)
+class Forensic:
+    """One kept state of a convicted replica: a directory or a ZFS dataset (with its
+    @forensic snapshot), created `created` (Unix time)."""
+
+    kind: str  # "dir" or "zfs"
+    name: str
+    created: float
+
+
+def forensics(ctx: HostContext) -> list[Forensic]:
+    """What set_aside_state() kept on this host (for the services it holds replicas of)."""
+    out: list[Forensic] = []
+    for svc in ctx.config.services:
+        base = ctx.config.rack.run_dir / f"s{svc.id}"
+        if base.is_dir():
+            for p in sorted(base.glob("exec-*.forensic-*")):
+                if p.is_dir():
+                    out.append(Forensic("dir", str(p), p.stat().st_mtime))
+    if ctx.store == "zfs" and ctx.zfs_pool:
+        from zz.snapshots.zfs import run_zfs
+
+        # `zfs get -p` (zfs-fuse's `list` has no -p): creation in seconds since the epoch.
+        lines = run_zfs(
+            ["zfs", "get", "-rHp", "-o", "name,value", "creation", ctx.zfs_pool]
+        ).splitlines()
+        for line in lines:
+            name, _, created = line.partition("\t")
+            leaf = name.rsplit("/", 1)[-1]
+            if "@" not in leaf and "-forensic-" in leaf and created.strip().isdigit():
+                out.append(Forensic("zfs", name, float(created)))
+    return out
+
+
+def purge_forensic(ctx: HostContext, item: Forensic) -> None:
+    """Remove one kept state for good (its snapshots with a ZFS dataset)."""
+    if item.kind == "zfs":
+        from zz.snapshots.zfs import run_zfs
+
+        run_zfs(["zfs", "destroy", "-r", item.name], retry_busy=True)
+    else:
+        shutil.rmtree(item.name)

@@ -26,6 +26,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from zz.snapshots import StorageError
+
 from zz import certs, wire
 from zz.config import Config, ConfigError, Host, Service
 from zz.keys import ControldKeys, controld_principal
@@ -228,6 +230,8 @@ class Daemon:
             "list": self._op_list,
             "provision": self._op_provision,
             "destroy": self._op_destroy,
+            "forensics": self._op_forensics,
+            "purge_forensics": self._op_purge_forensics,
         }
         try:
             fn = ops.get(op)
@@ -235,7 +239,7 @@ class Daemon:
                 raise OpError(f"unknown op {op!r}; one of {', '.join(sorted(ops))}")
             body = await fn(req, reply)
             body = {"ok": True, **body}
-        except (OpError, inv.IllegalTransition, KeyError, ValueError) as e:
+        except (OpError, inv.IllegalTransition, KeyError, ValueError, StorageError) as e:
             self.counters["control_failed"] += 1
             body = {"ok": False, "error": str(e).strip('"')}
         except HypervisorError as e:
@@ -370,6 +374,31 @@ class Daemon:
         await reply({"ok": True, "final": False, "progress": f"destroying {rec.domain}"})
         await self._destroy(rec)
         return {"destroyed": rec.domain}
+
+    async def _op_forensics(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        items = await asyncio.to_thread(actions.forensics, self.ctx)
+        return {"forensics": [asdict(i) for i in items]}
+
+    async def _op_purge_forensics(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """Remove the kept states of convicted replicas older than `older_than_s` seconds
+        (required: forensic evidence is never dropped by default)."""
+        age = req.get("older_than_s")
+        if not isinstance(age, int | float) or isinstance(age, bool) or age < 0:
+            raise OpError("older_than_s: a number of seconds >= 0 is required")
+        items = await asyncio.to_thread(actions.forensics, self.ctx)
+        now = time.time()
+        purged, failed = [], []
+        for item in items:
+            if now - item.created < age:
+                continue
+            try:
+                await asyncio.to_thread(actions.purge_forensic, self.ctx, item)
+            except (OSError, StorageError) as e:
+                failed.append({"name": item.name, "error": str(e)})
+                continue
+            purged.append(item.name)
+            self._note(f"purged forensic state {item.name}")
+        return {"purged": purged, "failed": failed}
 
     async def _destroy(self, rec: inv.Replica) -> None:
         """-> convicted (destroy the domain, drop the save file), then forget it."""

@@ -409,8 +409,15 @@ async def test_shutdown_certificate(rack: Rack, backend: str) -> None:
         rec = h2.daemon.inventory.get("web", 1)
         assert rec.state == "paused" and rec.role == "standby"
         assert h2.hv.state(rec.domain) == "paused"
-        assert (state1.with_name("exec-1.forensic-7") / "marker").read_text() == "evidence"
+        kept = state1.with_name("exec-1.forensic-7")
+        assert (kept / "marker").read_text() == "evidence"
         assert not (state1 / "marker").exists()
+        f = await h2.rpc("forensics")
+        assert [(x["kind"], x["name"]) for x in f["forensics"]] == [("dir", str(kept))]
+        assert (await h2.rpc("purge_forensics", older_than_s=3600))["purged"] == []
+        assert not (await h2.rpc("purge_forensics"))["ok"]  # no default: evidence stays
+        assert (await h2.rpc("purge_forensics", older_than_s=0))["purged"] == [str(kept)]
+        assert not kept.exists() and (await h2.rpc("forensics"))["forensics"] == []
         # The same certificate again (late third vote, replayed votes): nothing.
         await h2.send(rack.shutdown(2, 7, convict=[1], sleep=[]), v0)
         c = h2.counters()
@@ -803,6 +810,13 @@ async def test_shutdown_keeps_zfs_snapshot(rack: Rack, pool: str) -> None:
         assert f"{ds}-forensic-7@forensic-7" in snaps.split()
         assert n.state(1) == "paused" and dataset_exists(ds)  # the fresh one's own
         assert not (live / "evidence").exists()
+        fr = await n.rpc("forensics")
+        assert fr["ok"], fr
+        kinds = sorted(x["kind"] for x in fr["forensics"])
+        assert kinds == ["dir", "zfs"]
+        r = await n.rpc("purge_forensics", older_than_s=0)
+        assert f"{ds}-forensic-7" in r["purged"] and r["failed"] == [], r
+        assert not dataset_exists(f"{ds}-forensic-7") and dataset_exists(ds)
     finally:
         await n.close()
 
