@@ -112,7 +112,9 @@ def test_render_domain_xml(tmp_path: Path) -> None:
     root = ET.fromstring(xml)
     assert root.get("type") == "qemu"
     assert root.findtext("memory") == "2048" and root.findtext("currentMemory") == "192"
-    assert root.find("devices/memballoon").get("autodeflate") == "on"  # type: ignore[union-attr]
+    balloon = root.find("devices/memballoon")
+    assert balloon is not None and balloon.get("autodeflate") == "on"
+    assert balloon.get("freePageReporting") == "on"
     fs = root.find("devices/filesystem")
     assert fs is not None and fs.find("source").get("dir") == str(tmp_path / "state & co")  # type: ignore[union-attr]
     assert root.find("seclabel/label").text == "+0:+0"  # type: ignore[union-attr]
