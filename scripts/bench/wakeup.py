@@ -110,13 +110,15 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
-def wait_memory(hv: Any, name: str, kib: int, limit: float = 60.0) -> float:
-    """Until the balloon has given the guest `kib` back (so a ballast fits)."""
+def wait_memory(hv: Any, name: str, kib: int, limit: float = 120.0) -> float | None:
+    """Seconds until the balloon has given the guest `kib` back (so a ballast fits), None
+    if it did not within `limit` (autodeflate still lets the ballast in, more slowly)."""
     t0 = time.monotonic()
     dom = hv.conn.lookupByName(name)
     while hv._actual_kib(dom) < kib - 1024:
         if time.monotonic() - t0 > limit:
-            raise RuntimeError(f"{name}: memory did not grow back to {kib} KiB")
+            print(f"  (memory of {name} not back to {kib >> 10} MiB after {limit:.0f} s)")
+            return None
         time.sleep(0.05)
     return time.monotonic() - t0
 
@@ -195,8 +197,9 @@ def measure_restores(
         woke = hv.guest_call(name, "wake", timeout=30, seq=i)
         mount_s = time.monotonic() - t1
         assert woke["state_mounted"], woke
-        wait_memory(hv, name, full_kib)
-        grown_s = time.monotonic() - t0  # restore until the balloon is fully deflated
+        grown = wait_memory(hv, name, full_kib)
+        # From the restore until the balloon is fully deflated.
+        grown_s = None if grown is None else time.monotonic() - t0
         hv.discard(save)
         paged.append(
             {"answer_s": total, "restore_and_grow_call_s": t_wake, "file_bytes": res.file_bytes,
