@@ -145,6 +145,7 @@ class Daemon:
         await self._work.join()
 
     def _note(self, line: str) -> None:
+        # zz drill parses these lines (docs/controld.md): change their wording with it.
         log.info("%s", line)
         self.recent.append(f"{time.strftime('%H:%M:%S')} {line}")
 
