@@ -136,6 +136,7 @@ def _start(
     args: dict[int, list[str]],
     overrides: dict[str, Any],
     per_replica: dict[int, dict[str, Any]] | None = None,
+    controld_up: bool = True,
 ) -> Iterator[FaultRig]:
     for attempt in range(20):
         cluster = Cluster(
@@ -159,7 +160,8 @@ def _start(
     rig.controld = FakeControld(cluster, execs, trust)
     ok = False
     try:
-        rig.controld.start(cluster.control_port)
+        if controld_up:
+            rig.controld.start(cluster.control_port)
         cluster.start()
         for i in range(3):
             execs.start(i)
@@ -251,6 +253,33 @@ def test_wrong_reply_wakes_the_spare_and_is_convicted(wrong_rig: FaultRig) -> No
     assert rig.total("fault_statements_sent") >= rig.cluster.g + 1
     assert rig.total("wakeups_sent") >= 1 and rig.total("shutdowns_sent") >= rig.cluster.g + 1
     print(f"wrong reply: first result after {first:.2f} s; {_latency(rig)}")
+
+
+@pytest.fixture
+def late_controld_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {1: ["--inject-fault", "wrong-reply"]}, FAST, controld_up=False)
+
+
+@pytest.mark.slow
+def test_controld_down_at_wakeup_gets_it_once_up(late_controld_rig: FaultRig) -> None:
+    rig = late_controld_rig
+    port = rig.cluster.control_port
+    timer = threading.Timer(2.0, rig.controld.start, args=(port,))
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        # Blocks until the spare answers, i.e. until the WAKEUP got through.
+        assert _puts(rig, 1, "d") == [_kv_ok()]
+        waited = time.monotonic() - t0
+    finally:
+        timer.join()
+    assert waited >= 1.5, waited
+    _check_wakeup(rig)
+    _wait_resolved(rig, convicted=1)
+    # Connection attempts failed meanwhile, were counted, and nothing else stalled.
+    assert sum(s["net"]["connect_failures"] for s in rig.agreement()) >= 1
+    assert rig.total("controld_sends") > rig.total("wakeups_sent") + rig.total("wakeups_relayed")
+    print(f"controld up after 2 s: first result after {waited:.2f} s")
 
 
 @pytest.fixture
