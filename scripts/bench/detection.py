@@ -703,7 +703,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3,000 requests, 8 latency samples")
     ap.add_argument("--requests", type=int, help="(a) requests (default 100,000)")
-    ap.add_argument("--max-seconds", type=float, help="(a) stop issuing after this (default 450)")
+    ap.add_argument("--max-seconds", type=float, help="(a) stop issuing after this (default 510)")
     ap.add_argument("--clients", type=int, default=8, help="(a) closed-loop clients")
     ap.add_argument("--e-median-ms", type=float, default=0.5)
     ap.add_argument("--e-sigma", type=float, default=1.0)
@@ -719,7 +719,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench-results" / "detection.json")
     args = ap.parse_args()
     args.requests = args.requests or (3000 if args.quick else 100_000)
-    args.max_seconds = args.max_seconds or (90.0 if args.quick else 450.0)
+    args.max_seconds = args.max_seconds or (90.0 if args.quick else 510.0)
     args.samples = args.samples or (8 if args.quick else 20)
     args.timer = Timer(floor_ms=args.floor_ms)
     if not DEFAULT_AGREED.exists():
