@@ -88,10 +88,18 @@ def zfs_dataset(service: Service, index: int) -> str:
 
 
 def runtime_command(
-    ctx: HostContext, service: Service, index: int, inject_fault: str | None = None
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    inject_fault: str | None = None,
+    asleep: bool = False,
 ) -> tuple[str, ...]:
     cmd = [sys.executable, "-m", "zz.execution", "--rack", str(ctx.config.path)]
     cmd += ["--service", service.name, "--index", str(index), "--store", ctx.store]
+    if asleep:
+        # A spare: up and listening, but it registers with the agreement replicas only
+        # once controld's wake notice appears (execution/runtime.py _wake_watch).
+        cmd.append("--start-asleep")
     if inject_fault is not None:
         # Drills only (zz drill wrong-reply/slow): the runtime misbehaves on purpose.
         cmd += ["--inject-fault", inject_fault]
@@ -103,7 +111,11 @@ def runtime_command(
 
 
 def replica_spec(
-    ctx: HostContext, service: Service, index: int, inject_fault: str | None = None
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    inject_fault: str | None = None,
+    asleep: bool = False,
 ) -> ReplicaSpec:
     domain = domain_name(ctx.config, service, index)
     rd = run_dir(ctx, domain)
@@ -117,7 +129,7 @@ def replica_spec(
     port = exec_port(service, index)
     ports: tuple[tuple[int, int], ...] = ((port, port),)
     if ctx.hv.kind == "process":
-        command: tuple[str, ...] | None = runtime_command(ctx, service, index, inject_fault)
+        command: tuple[str, ...] | None = runtime_command(ctx, service, index, inject_fault, asleep)
     else:
         if inject_fault is not None:
             raise ValueError("inject_fault: only the process backend can start a faulty runtime")
@@ -214,7 +226,7 @@ def provision(
     running (mode active) or put it to sleep. On failure whatever was created is destroyed
     before the error goes up, so the inventory's settle sees nothing and forgets the
     record (never a half-provisioned replica nobody tracks)."""
-    spec = replica_spec(ctx, service, index, inject_fault)
+    spec = replica_spec(ctx, service, index, inject_fault, asleep=mode != "active")
     t0 = time.monotonic()
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)
