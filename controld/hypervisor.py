@@ -112,7 +112,7 @@ class ReplicaSpec:
     run_dir    controld's own files of this replica: the console socket and log (libvirt),
                the process's log (process backend). Must exist.
     command    process backend: the argv run on the host (required). libvirt: the command
-               the guest runs (None: the image's default, images/guest_ok.py).
+               the guest runs (None: the image's default, the guest agent images/zz_guest.py).
     image      libvirt on a real driver: the image directory made by images/build.py
                (vmlinuz + initrd.gz). Ignored by the process backend and test:///.
     memory_mib the guest's maximum memory; current_mib its balloon target at start (None:
