@@ -147,6 +147,13 @@ def test_libvirt_hibernate_and_wake_on_test_driver(test_hv: Hypervisor, tmp_path
     with pytest.raises(HypervisorError) as ei:
         hv.wake_hibernated(tmp_path / "missing.save", 512)
     assert ei.value.action == "restore"
+    # Restored, but the grow fails (above the maximum): said so, the domain keeps running.
+    hv.hibernate(name, save, balloon_mib=128)
+    with pytest.raises(HypervisorError, match="restored, but growing") as ei:
+        hv.wake_hibernated(save, 4096)
+    assert ei.value.name == name and ei.value.action == "wake_hibernated"
+    assert hv.state(name) == RUNNING and hv.memory_kib(name) == 128 * 1024
+    hv.discard(save)
     hv.destroy(name)
 
 
