@@ -55,6 +55,8 @@ DIVERGE_PATH = "zz-fault-diverge"
 # controld writes this into the state directory when it wakes the replica (controld/actions.py).
 WAKE_NOTICE = "controld-wakeup.json"
 _WAKE_POLL = 0.02
+# How long a request waiting for a file keeps asking the peers before the replica gives up.
+_FETCH_PATIENCE = 60.0
 # Sleep between background file fetches: request execution keeps most of the bandwidth.
 _BACKGROUND_PAUSE = 0.001
 
@@ -872,7 +874,9 @@ class Runtime:
         manifest = fetch_manifest(sources, seq, digest, on_bad_source=self._bad_source)
         self.state.sync()
         live = self.store.path
-        fetcher = StateFetcher(live, manifest, seq, sources, on_bad_source=self._bad_source)
+        fetcher = StateFetcher(
+            live, manifest, seq, sources, on_bad_source=self._bad_source, patience=_FETCH_PATIENCE
+        )
         # What this replica's own last checkpoint says, plus what changed since: enough to
         # tell which files match without re-hashing the whole state (docs/recovery.md).
         own = self.builder.previous

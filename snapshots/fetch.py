@@ -73,8 +73,10 @@ class StateFetcher:
         sources: Sequence[Source],
         *,
         on_bad_source: BadSourceHook | None = None,
+        patience: float = 0.0,
     ) -> None:
         self.root = Path(root)
+        self.patience = patience
         self.manifest = manifest
         self.seq = seq
         self.sources = list(sources)
@@ -235,7 +237,8 @@ class StateFetcher:
             ev.wait()
             return True
         try:
-            self._fetch_one(rel)
+            # The app is blocked on this file and cannot run without it: keep trying.
+            self._fetch_one(rel, patience=self.patience if foreground else 0.0)
             self.counters["fetched_foreground" if foreground else "fetched_background"] += 1
         except BaseException:
             with self._lock:
@@ -247,7 +250,24 @@ class StateFetcher:
             ev.set()
         return True
 
-    def _fetch_one(self, rel: str) -> None:
+    def _fetch_one(self, rel: str, *, patience: float = 0.0) -> None:
+        """Fetch `rel` from the first source with the right content; while none has it,
+        retry with backoff for up to `patience` seconds (peers restart, or are busy
+        taking the checkpoint that will serve it)."""
+        deadline = time.monotonic() + patience
+        delay = 0.05
+        while True:
+            try:
+                self._fetch_from_sources(rel)
+                return
+            except FetchError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                self.counters["fetch_retries"] += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _fetch_from_sources(self, rel: str) -> None:
         want = self.manifest.files[rel]
         reasons = []
         for src in self.sources:
@@ -278,10 +298,11 @@ class StateFetcher:
         tmp_dir = self.root / TMP_DIR
         tmp_dir.mkdir(parents=True, exist_ok=True)
         tmp = tmp_dir / f"{threading.get_ident()}-{time.monotonic_ns()}"
+        # No fsync: a crash loses the recovery, not data. A restarted replica goes back
+        # to its own last checkpoint and recovers again; fsync per file would cost a
+        # synchronous round trip through ZFS for every file fetched.
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         dest = self.root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)

@@ -210,3 +210,27 @@ def test_prepare_with_known_local_state_hashes_only_dirty_files(tmp_path, certif
     assert f.counters["kept"] == 2
     f.fetch_all()
     assert (local / "db" / "b").read_bytes() == b"beta"
+
+
+def test_foreground_fetch_waits_for_a_source_to_come_back(tmp_path, certified):
+    src, manifest = certified
+
+    class Flaky(DirSource):
+        fails = 2
+
+        def fetch(self, seq, path, size):
+            if self.fails:
+                self.fails -= 1
+                raise SourceError("connection refused")
+            return super().fetch(seq, path, size)
+
+    local = tmp_path / "local"
+    local.mkdir()
+    f = StateFetcher(local, manifest, 7, [Flaky("flaky", src, 7)], patience=5.0)
+    f.prepare()
+    assert f.ensure("top")
+    assert f.counters["fetch_retries"] == 2
+    g = StateFetcher(local, manifest, 7, [DeadSource()], patience=0.2)
+    g.prepare()
+    with pytest.raises(FetchError):
+        g.ensure("db/a")
