@@ -307,6 +307,7 @@ class Drill:
         else:
             raise DrillError("no service with app = 'kv': drills load and check a kv service")
         self.notes: list[str] = []
+        self.phase = "starting"
         self.details: dict[str, Any] = {}
         self.reasons: list[str] = []
         self.fault_host: str | None = None
@@ -401,8 +402,10 @@ class Drill:
         elif k == "crash":
             self._kill_exec(self.service, self.replica)
         elif k == "corrupt-snapshot":
-            self._corrupt_peer_snapshot()
-            self._kill_exec(self.service, self.replica)
+            self.victim = self._snapshot_victim()
+            self.corruptor = asyncio.create_task(self._corrupt_snapshots())
+            await asyncio.sleep(0.2)  # the existing snapshots first
+            await self._faulty_runtime(self.service, self.victim, "wrong-reply")
         elif k == "byzantine-host":
             await self._byzantine_host()
 
@@ -533,35 +536,53 @@ class Drill:
                     signal_group(p.pid, signal.SIGKILL)
                     self.faulted.append(p.name)
 
-    def _corrupt_peer_snapshot(self) -> None:
-        """Flip bytes in a file of the newest checkpoint snapshot of another active replica
-        (the recovering spare will be offered it)."""
+    def _snapshot_victim(self) -> int:
+        """The replica whose storage goes bad: the first peer the spare asks (the runtime
+        asks peers from index+1 on, execution/runtime.py _peer_sources), so the corrupted
+        copy is really offered."""
         s = self.service
-        peers = [i for i in self.running_now if i != self.replica]
-        if not peers:
-            raise DrillError("corrupt-snapshot needs another active replica to corrupt")
-        root = s.exec_state_dir(self.config, peers[0])
-        snaps = sorted(
-            (p for p in root.rglob("snapshots/*") if p.is_dir() and not p.name.startswith(".")),
-            key=lambda p: p.stat().st_mtime,
-        )
-        if not snaps:
-            raise DrillError(
-                f"{root}: no checkpoint snapshot in a directory store to corrupt (ZFS store:"
-                " corrupting a snapshot needs a writable clone, not implemented)"
-            )
-        files = sorted(
-            (f for f in snaps[-1].rglob("*") if f.is_file()), key=lambda f: -f.stat().st_size
-        )
-        if not files:
-            raise DrillError(f"{snaps[-1]}: empty snapshot")
-        victim = files[0]
-        data = bytearray(victim.read_bytes())
-        if not data:
-            data = bytearray(b"\0")
-        data[len(data) // 2] ^= 0xFF
-        victim.write_bytes(bytes(data))
-        self.details["corrupted"] = str(victim)
+        spare = self.spares_at_start[s.name][0]
+        for k in range(1, s.n_exec):
+            j = (spare + k) % s.n_exec
+            if j in self.running_now:
+                return j
+        raise DrillError(f"{s.name}: no running replica to corrupt")
+
+    async def _corrupt_snapshots(self) -> None:
+        """Byzantine storage at replica B: every file of every checkpoint snapshot it holds
+        (directory store: <state>/**/snapshots/<name>/) gets one byte flipped, the ones it
+        takes during the drill too; B also answers wrongly, so it gets convicted and the
+        spare wakes and recovers with B among its sources. A correct recovering replica
+        must reject B's files (SHA-256 against the certified manifest) and take them from
+        the correct peer. That stays within f = 1: B is the only faulty execution replica."""
+        s = self.service
+        b = self.victim
+        root = s.exec_state_dir(self.config, b)
+        done: set[Path] = set()
+        files = 0
+        first = True
+        while True:
+            for snap in root.rglob("snapshots/*"):
+                if snap in done or snap.name.startswith(".") or not snap.is_dir():
+                    continue
+                done.add(snap)
+                for f in snap.rglob("*"):
+                    if f.is_file() and not f.is_symlink():
+                        with contextlib.suppress(OSError):
+                            data = bytearray(f.read_bytes()) or bytearray(b"\0\0")
+                            data[len(data) // 2] ^= 0xFF
+                            f.write_bytes(bytes(data))
+                            files += 1
+                self.details["corrupted_snapshots"] = sorted(str(d) for d in done)
+                self.details["corrupted_files"] = files
+            if first:
+                first = False
+                if not done:
+                    self.notes.append(
+                        f"{root}: no snapshot in a directory store yet (a ZFS store's"
+                        " snapshots are read-only: corrupting them is not implemented)"
+                    )
+            await asyncio.sleep(0.05)
 
     # ---- after the drill ------------------------------------------------------------------
     async def restore(self, report: rp.DrillReport) -> None:
@@ -617,7 +638,9 @@ class Drill:
                     f"no sleeping spare of {', '.join(missing)} to wake (an earlier fault round"
                     f" woke it; `zz status {self.config.path}`): restart the rack"
                 )
-        zh.lincheck_binary()  # build before the clock starts
+        self.phase = "building tools/lincheck"
+        await asyncio.to_thread(zh.lincheck_binary)  # before the clock starts
+        self.phase = "load before the fault"
         load = _start_load(self.config, self.services, a.clients, a.first_client)
         self.progress(f"load: {a.clients} kv clients on {', '.join(s.name for s in self.services)}"
                       f"; fault '{self.kind}' in {a.before:.0f} s")  # fmt: skip
@@ -627,6 +650,7 @@ class Drill:
                 obs.read_agreed()
                 await obs.read_controlds()
                 await asyncio.sleep(POLL_S)
+            self.phase = "injecting the fault"
             obs.mark_fault()
             wall = time.time()
             self.fault_at_ns = 0
@@ -634,6 +658,7 @@ class Drill:
             if self.fault_at_ns:
                 self.details["replace_s"] = round((self.fault_at_ns - obs.fault_ns) / 1e9, 3)
                 obs.fault_ns = self.fault_at_ns
+            self.phase = "watching after the fault"
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
                           f" watching {a.after:.0f} s")  # fmt: skip
             t_end = time.monotonic() + a.after
@@ -644,16 +669,20 @@ class Drill:
             await obs.read_controlds()
         finally:
             load.stop.set()
-            flood = getattr(self, "flood", None)
-            if flood is not None:
-                flood.cancel()
-                with contextlib.suppress(BaseException):
-                    await flood
+            for name in ("flood", "corruptor"):
+                task = getattr(self, name, None)
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
             # Workers finish their current op (<= 8 s timeout) and close their clients.
+            self.phase = "stopping the load"
             await asyncio.wait(load.tasks, timeout=15)
             for t in load.tasks:
                 t.cancel()
-        report = self.evaluate(obs, load, wall)
+        self.phase = "checking the history (Porcupine)"
+        report = await asyncio.to_thread(self.evaluate, obs, load, wall)
+        self.phase = "restoring the rack"
         await self.restore(report)
         report.notes = self.notes
         return report
@@ -832,18 +861,25 @@ class Drill:
 
     def _judge_corrupt_snapshot(self, r: rp.DrillReport, obs: Observer) -> None:
         self._judge_exec_fault(r, obs)
-        bad = 0
-        for i in range(self.service.n_exec):
-            path = self.service.exec_state_dir(self.config, i).with_name(f"exec-{i}.status.json")
+        s = self.service
+        rejected = []
+        for i in range(s.n_exec):
+            path = s.exec_state_dir(self.config, i).with_name(f"exec-{i}.status.json")
             with contextlib.suppress(OSError, ValueError):
-                c = json.loads(path.read_text()).get("counters", {})
-                bad += sum(v for k, v in c.items() if "bad" in k or "mismatch" in k)
-        self.details["bad_source_counters"] = bad
-        if not bad:
+                st = json.loads(path.read_text())
+                for b in st.get("recovery", {}).get("bad_sources", []):
+                    rejected.append(f"exec-{i} rejected {b.get('path')} from {b.get('source')}:"
+                                    f" {b.get('why')}")  # fmt: skip
+        self.details["rejected"] = rejected
+        if not self.details.get("corrupted_files"):
+            self.reasons.append(f"no snapshot file of {s.name}/exec-{self.victim} was corrupted")
+        elif not any(f"from x{self.victim}" in x for x in rejected):
             self.reasons.append(
-                "the corrupted snapshot file was never rejected by a recovering replica"
-                " (no bad-source / hash-mismatch counter in the execution replicas' status)"
+                f"no recovering replica reported a corrupted file from exec-{self.victim}"
+                " (recovery.bad_sources in the execution replicas' status files)"
             )
+        else:
+            self.notes.append(f"corrupted copies rejected: {len(rejected)}, e.g. {rejected[0]}")
 
     @property
     def out_dir(self) -> Path:
@@ -859,7 +895,18 @@ def run(
     config: Config, args: argparse.Namespace, progress: Progress
 ) -> tuple[rp.DrillReport, Path]:
     d = Drill(config, args, progress)
-    report = asyncio.run(d.run())
+    limit = args.before + args.after + 600
+
+    async def bounded() -> rp.DrillReport:
+        # Every step has its own timeout; this is the backstop that names the stuck one.
+        try:
+            return await asyncio.wait_for(d.run(), limit)
+        except TimeoutError:
+            raise DrillError(
+                f"the drill did not finish in {limit:.0f} s: stuck {d.phase}"
+            ) from None
+
+    report = asyncio.run(bounded())
     js, png = rp.write(report, d.out_dir)
     return report, d.out_dir
 
