@@ -56,6 +56,9 @@ if [ -f pyproject.toml ]; then
     # Editable install so tests and scripts see the working tree; pip is a no-op when current.
     say "$PY -m pip install -e '.[test]'"
     $PY -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+    # matplotlib draws the drill reports' timeline.png (zz/report.py); it is one of the
+    # package's dependencies, this only names it when the install above could not get it.
+    $PY -c 'import matplotlib' 2>/dev/null || { say "matplotlib missing after pip install"; exit 1; }
 else
     say "no pyproject.toml yet: skipping the Python package"
 fi
