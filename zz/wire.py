@@ -1121,6 +1121,32 @@ class FileData(Message):
         ]
 
 
+@dataclass
+class SpareReady(Message):
+    """controld of the replica's host → the service's agreement replicas: a fresh sleeping
+    replica stands under index `replica`. `seq` is the SHUTDOWN seq that convicted the
+    previous incarnation (0 for a first provisioning); zz-agreed takes it only as the answer
+    to that conviction, so an old SPARE-READY replayed after a later one does nothing."""
+
+    TYPE: ClassVar[int] = 27
+    NAME: ClassVar[str] = "SPARE-READY"
+    AUTH: ClassVar[int] = AUTH_SIG
+
+    replica: int
+    seq: int
+
+    def body(self) -> bytes:
+        return _u32(self.replica) + _u64(self.seq)
+
+    @classmethod
+    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
+        replica = r.u32("replica")
+        return cls(service, sender, replica, r.u64("seq"))
+
+    def _dump_fields(self) -> list[str]:
+        return [f"replica={self.replica}", f"seq={self.seq}"]
+
+
 def reply_ref(client: int, timestamp: int, result: bytes) -> ReplyRef:
     return ReplyRef(client, timestamp, sha256(result))
 
@@ -1196,6 +1222,7 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
         ControlReply,
         FileFetch,
         FileData,
+        SpareReady,
     )
 }
 

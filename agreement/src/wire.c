@@ -206,6 +206,7 @@ static uint8_t auth_kind_of(uint8_t type)
     case ZZ_WAKEUP:
     case ZZ_SHUTDOWN:
     case ZZ_FILE_FETCH:
+    case ZZ_SPARE_READY:
         return ZZ_AUTH_SIG;
     case ZZ_FILE_DATA: /* its content is checked against a certified manifest instead */
         return ZZ_AUTH_NONE;
@@ -423,6 +424,12 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
             return ZZ_ERR_FIELD;
         if (q->data.len > ZZ_FILE_MAX_CHUNK)
             return ZZ_ERR_FIELD;
+        break;
+    }
+    case ZZ_SPARE_READY: {
+        zz_spare_ready *q = &m->u.spare_ready;
+        TRY(rd_u32(r, &q->replica));
+        TRY(rd_u64(r, &q->seq));
         break;
     }
     default:
@@ -697,7 +704,7 @@ static const char *type_name(uint8_t t)
         "FETCH-REPLY", "STATUS",         "?",               "?",               "?",
         "?",           "EXEC-COMMIT",    "EXEC-REPORT",     "EXEC-CHECKPOINT", "FAULT-STATEMENT",
         "WAKEUP",      "SHUTDOWN",       "REPLY-AFFIRM",    "CONTROL",         "CONTROL-REPLY",
-        "FILE-FETCH",  "FILE-DATA"};
+        "FILE-FETCH",  "FILE-DATA",      "SPARE-READY"};
     return zz_type_known(t) ? names[t] : "?";
 }
 
@@ -824,6 +831,10 @@ int zz_dump(const zz_msg *m, char *out, size_t cap)
         w_field_u(&w, "status", m->u.file_data.status);
         w_field_u(&w, "size", m->u.file_data.size);
         w_field_hex(&w, "data", m->u.file_data.data.p, m->u.file_data.data.len);
+        break;
+    case ZZ_SPARE_READY:
+        w_field_u(&w, "replica", m->u.spare_ready.replica);
+        w_field_u(&w, "seq", m->u.spare_ready.seq);
         break;
     default:
         return -1;
@@ -1148,6 +1159,16 @@ size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_
     return s;
 }
 
+size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t replica,
+                          uint64_t seq)
+{
+    size_t s = zz_begin(b, ZZ_SPARE_READY, ZZ_AUTH_SIG, svc, sender);
+    zz_put_u32(b, replica);
+    zz_put_u64(b, seq);
+    zz_end_body(b, s);
+    return s;
+}
+
 /* Lists are rebuilt item by item from the decoded view (not copied as one blob) so
  * that a round trip actually exercises the encoders. */
 static void put_blist(zz_buf *b, const zz_blist *l)
@@ -1322,6 +1343,10 @@ size_t zz_reencode(zz_buf *b, const zz_msg *m)
         break;
     case ZZ_FILE_DATA:
         s = zz_enc_file_data(b, m->service, m->sender, &m->u.file_data);
+        break;
+    case ZZ_SPARE_READY:
+        s = zz_enc_spare_ready(b, m->service, m->sender, m->u.spare_ready.replica,
+                               m->u.spare_ready.seq);
         break;
     default:
         return b->len;

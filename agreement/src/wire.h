@@ -40,9 +40,10 @@ enum zz_type {
     ZZ_CONTROL_REPLY = 24,
     ZZ_FILE_FETCH = 25,
     ZZ_FILE_DATA = 26,
-    ZZ_TYPE_MAX = 26
+    ZZ_SPARE_READY = 27,
+    ZZ_TYPE_MAX = 27
 };
-/* 12..15 and 27..31 are unassigned; a decoder rejects them like any unknown type. */
+/* 12..15 and 28..31 are unassigned; a decoder rejects them like any unknown type. */
 #define ZZ_FILE_MAX_CHUNK 4194304u /* FILE-FETCH length and FILE-DATA data, at most */
 int zz_type_known(uint8_t type);
 
@@ -265,6 +266,14 @@ typedef struct {
     zz_bytes data;
 } zz_file_data;
 
+/* SPARE-READY (signed by the controld of the replica's host): a fresh sleeping replica
+ * stands under index `replica`; seq = the SHUTDOWN seq that convicted its previous
+ * incarnation, 0 for a first provisioning. */
+typedef struct {
+    uint32_t replica;
+    uint64_t seq;
+} zz_spare_ready;
+
 typedef struct {
     uint8_t type;
     uint8_t auth_kind;
@@ -298,6 +307,7 @@ typedef struct {
         zz_control control; /* CONTROL and CONTROL-REPLY */
         zz_file_fetch file_fetch;
         zz_file_data file_data;
+        zz_spare_ready spare_ready;
     } u;
 } zz_msg;
 
@@ -381,6 +391,9 @@ size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, ui
 size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq, const void *path,
                          uint32_t path_len, uint64_t offset, uint32_t length);
 size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_data *d);
+/* SPARE-READY (signed by the caller, a controld): u32 replica, u64 seq. */
+size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t replica,
+                          uint64_t seq);
 /* FAULT-STATEMENT, WAKEUP and SHUTDOWN have lists: zz_begin (auth ZZ_AUTH_SIG), the zz_put_*
  * helpers, zz_end_body. */
 /* VIEW-CHANGE and NEW-VIEW have variable lists: build them with zz_begin, the zz_put_*
