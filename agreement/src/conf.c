@@ -376,10 +376,44 @@ const zz_peer_key *zz_conf_key(const zz_conf *c, uint32_t id)
     return lo < c->nkeys && c->keys[lo].id == id ? &c->keys[lo] : NULL;
 }
 
+static void free_rack_keys(zz_conf *c)
+{
+    for (uint32_t h = 0; h < ZZ_MAX_HOSTS; h++) {
+        zz_pubkey_free(c->controld_pub[h]);
+        c->controld_pub[h] = NULL;
+    }
+}
+
 void zz_conf_free(zz_conf *c)
 {
-    if (c)
+    if (c) {
         free_keys(c);
+        free_rack_keys(c);
+    }
+}
+
+/* One line of the rack-level public file: controld keys are kept by host, the operators'
+ * (and anything else of service 0) are checked for shape and skipped. */
+static int rack_public_line(void *vctx, char **tok, int nt, const char *path, uint32_t lineno,
+                            char *err, size_t errcap)
+{
+    zz_conf *c = vctx;
+    uint64_t id;
+    uint8_t key[32];
+    if (nt != 2 || parse_u64(tok[0], UINT32_MAX, &id) < 0)
+        return line_err(err, errcap, "%s:%u: expected '<id> <hex public key>'", path, lineno);
+    if (parse_hex32(tok[1], key) < 0)
+        return line_err(err, errcap, "%s:%u: %s: expected 64 hex digits", path, lineno, tok[0]);
+    if (id < ZZ_PRINCIPAL_HOST || id >= (uint64_t)ZZ_PRINCIPAL_HOST + ZZ_MAX_HOSTS)
+        return 0;
+    uint32_t h = (uint32_t)(id - ZZ_PRINCIPAL_HOST);
+    if (c->controld_pub[h])
+        return line_err(err, errcap, "%s:%u: %s: duplicate", path, lineno, tok[0]);
+    c->controld_pub[h] = zz_pubkey_new(key);
+    if (!c->controld_pub[h])
+        return line_err(err, errcap, "%s:%u: %s: not a valid Ed25519 public key", path, lineno,
+                        tok[0]);
+    return 0;
 }
 
 /* ---- the replica file ---- */
@@ -389,7 +423,7 @@ enum {
     K_BATCH_MAX, K_MAX_INFLIGHT, K_VIEW_TIMEOUT, K_STATUS_INTERVAL, K_TIME_TOLERANCE,
     K_STATS_FILE, K_INJECT_DROP, K_INJECT_DUP, K_INJECT_DELAY, K_INJECT_SEED, K_BYZANTINE,
     K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_EXEC,
-    K_CONTROLD, K_COUNT
+    K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -397,7 +431,7 @@ static const char *const key_names[K_COUNT] = {
     "log_window", "batch_max", "max_inflight", "view_timeout_ms", "status_interval_ms",
     "time_tolerance_ms", "stats_file", "inject_drop", "inject_dup", "inject_delay_ms",
     "inject_seed", "byzantine", "execution", "f", "exec_log", "detect_k", "detect_floor_ms",
-    "detect_ceiling_ms", "exec", "controld",
+    "detect_ceiling_ms", "exec", "controld", "exec_view", "rack_public",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -410,7 +444,7 @@ typedef struct {
     uint64_t peer_over_id;
     uint32_t exec_line[ZZ_MAX_EXEC];  /* where `exec <i>` was, 0 = absent */
     uint32_t controld_line[ZZ_MAX_HOSTS];
-    char secret[512], public_path[512];
+    char secret[512], public_path[512], rack_public[512];
     char *err;
     size_t errcap;
 } parse_state;
@@ -565,6 +599,14 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
     case K_STATS_FILE:
         if (parse_path(tok[1], c->stats_file, sizeof c->stats_file) < 0)
             return bad(ps, line, name, "path longer than %zu", sizeof c->stats_file - 1);
+        return 0;
+    case K_EXEC_VIEW:
+        if (parse_path(tok[1], c->exec_view, sizeof c->exec_view) < 0)
+            return bad(ps, line, name, "path longer than %zu", sizeof c->exec_view - 1);
+        return 0;
+    case K_RACK_PUBLIC:
+        if (parse_path(tok[1], ps->rack_public, sizeof ps->rack_public) < 0)
+            return bad(ps, line, name, "path longer than %zu", sizeof ps->rack_public - 1);
         return 0;
     case K_INJECT_DROP:
         if (parse_prob(tok[1], &c->inject_drop) < 0)
@@ -728,7 +770,9 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
     c->f = 1;
     c->exec_log = 65536;
     c->detect_k = 4;
-    c->detect_floor_ms = 50;
+    /* 500, not 50: at 50 ms a correct replica merely slow under load was late often enough
+     * to be convicted (docs/fault-detection.md §6, bench-results/detection.json). */
+    c->detect_floor_ms = 500;
     c->detect_ceiling_ms = 5000;
 
     parse_state *ps = calloc(1, sizeof *ps);
@@ -795,11 +839,18 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
             goto out;
         }
     }
+    if (ps->rack_public[0] &&
+        for_each_line(ps->rack_public, rack_public_line, c, kerr, sizeof kerr) < 0) {
+        bad(ps, ps->line[K_RACK_PUBLIC], "rack_public", "%s", kerr);
+        goto out;
+    }
     rc = 0;
 out:
     fclose(f);
     free(ps);
-    if (rc < 0)
+    if (rc < 0) {
         free_keys(c);
+        free_rack_keys(c);
+    }
     return rc;
 }

@@ -56,6 +56,7 @@ typedef struct {
     uint32_t status_interval_ms;  /* retransmission (STATUS) period */
     uint32_t time_tolerance_ms;   /* allowed |nd_time - local clock| at a backup */
     char stats_file[256];         /* JSON counters, rewritten every second; "" = none */
+    char exec_view[256]; /* awake/sleeping/convicted view kept across restarts; "" = none */
     /* test-only fault injection on replica-to-replica sends */
     double inject_drop, inject_dup;
     uint32_t inject_delay_ms;
@@ -75,6 +76,9 @@ typedef struct {
     zz_signkey *sign;
     uint32_t nkeys;
     zz_peer_key keys[ZZ_MAX_PRINCIPALS]; /* sorted by id */
+    /* The controlds' Ed25519 keys from `rack_public` (keys/s0/public), by host index; NULL
+     * for a host without one. They verify SPARE-READY; without the line none is accepted. */
+    zz_pubkey *controld_pub[ZZ_MAX_HOSTS];
 } zz_conf;
 
 /* Load `path`; on error writes a message naming file:line and key to err and returns -1. */

@@ -250,7 +250,9 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.time_tolerance_ms == 2000 && c.inject_drop == 0 && c.inject_dup == 0);
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
     CHECK(t, c.external_exec == 0);
-    CHECK(t, c.stats_file[0] == '\0');
+    CHECK(t, c.stats_file[0] == '\0' && c.exec_view[0] == '\0');
+    CHECK(t, c.detect_k == 4 && c.detect_floor_ms == 500 && c.detect_ceiling_ms == 5000);
+    CHECK(t, c.controld_pub[0] == NULL && c.controld_pub[1] == NULL);
     zz_conf_free(&c);
     end_case(t);
 }
@@ -617,6 +619,74 @@ static void test_keys_direct(tctx *t, const fixture *fx)
     unlink(path);
 }
 
+/* rack_public: the controlds' keys are kept by host, operator keys skipped, a damaged line
+ * or a missing file names the file (and line). */
+static void test_rack_public(tctx *t, const fixture *fx)
+{
+    static zz_conf c;
+    char err[1024] = "", h2[65], h3[65], rack[160], text[512];
+    char lines[NBASE + 3][256];
+    snprintf(rack, sizeof rack, "%s/rack-public", fx->dir);
+    hex(fx->pub[2], h2);
+    hex(fx->pub[3], h3);
+    /* controld of host 1, an operator, controld of host 5 */
+    snprintf(text, sizeof text, "16777217 %s\n33554432 %s\n16777221 %s\n", h2, h3, h3);
+    write_file(rack, text);
+    write_keys(fx);
+    base_lines(fx, lines);
+    snprintf(lines[NBASE], 256, "rack_public %s", rack);
+    snprintf(lines[NBASE + 1], 256, "exec_view %s/view", fx->dir);
+    write_conf(fx, lines, NBASE + 2);
+    t_begin(t, "rack_public and exec_view");
+    int rc = zz_conf_load(fx->conf, &c, err, sizeof err);
+    if (!CHECK(t, rc == 0))
+        printf("  error: %s\n", err);
+    CHECK(t, c.controld_pub[1] != NULL && c.controld_pub[5] != NULL);
+    CHECK(t, c.controld_pub[0] == NULL && c.controld_pub[2] == NULL);
+    char want[512];
+    snprintf(want, sizeof want, "%s/view", fx->dir);
+    CHECK(t, strcmp(c.exec_view, want) == 0);
+    /* the kept key is the one in the file: host 1's verifies a message signed with seed 2 */
+    zz_signkey *sk = zz_signkey_new(fx->seed[2]);
+    zz_buf b;
+    zz_buf_init(&b);
+    size_t st = zz_enc_spare_ready(&b, 7, ZZ_PRINCIPAL_HOST + 1, 2, 0);
+    CHECK(t, zz_auth_sign(&b, st, sk) == 0);
+    zz_msg m;
+    CHECK(t, zz_decode(b.p + st, b.len - st, &m) == ZZ_OK);
+    CHECK(t, rc == 0 && zz_verify_sig(&m, c.controld_pub[1]) == 1);
+    CHECK(t, rc == 0 && zz_verify_sig(&m, c.controld_pub[5]) == 0);
+    zz_buf_free(&b);
+    zz_signkey_free(sk);
+    zz_conf_free(&c);
+    CHECK(t, c.controld_pub[1] == NULL);
+    end_case(t);
+
+    snprintf(text, sizeof text, "16777217 %s\n16777217 %s\n", h2, h3);
+    write_file(rack, text);
+    t_begin(t, "rack_public: duplicate controld key");
+    CHECK(t, zz_conf_load(fx->conf, &c, err, sizeof err) == -1);
+    snprintf(want, sizeof want, "%s:%d: rack_public: %s:2: 16777217: duplicate", fx->conf,
+             NBASE + 1, rack);
+    CHECK(t, contains(err, want));
+    CHECK(t, c.controld_pub[1] == NULL && c.nkeys == 0);
+    end_case(t);
+
+    write_file(rack, "16777217 00zz\n");
+    t_begin(t, "rack_public: bad hex");
+    CHECK(t, zz_conf_load(fx->conf, &c, err, sizeof err) == -1);
+    snprintf(want, sizeof want, "%s:1: 16777217: expected 64 hex digits", rack);
+    CHECK(t, contains(err, want));
+    end_case(t);
+
+    unlink(rack);
+    t_begin(t, "rack_public: missing file");
+    CHECK(t, zz_conf_load(fx->conf, &c, err, sizeof err) == -1);
+    snprintf(want, sizeof want, "%s: cannot open", rack);
+    CHECK(t, contains(err, want) && contains(err, "rack_public"));
+    end_case(t);
+}
+
 int main(void)
 {
     tctx t = {0};
@@ -627,6 +697,7 @@ int main(void)
     test_exec_lines(&t, &fx);
     test_key_errors(&t, &fx);
     test_keys_direct(&t, &fx);
+    test_rack_public(&t, &fx);
     unlink(fx.conf);
     unlink(fx.secret);
     unlink(fx.public_path);
