@@ -403,9 +403,13 @@ class Drill:
             self._kill_exec(self.service, self.replica)
         elif k == "corrupt-snapshot":
             self.victim = self._snapshot_victim()
-            self.corruptor = asyncio.create_task(self._corrupt_snapshots())
-            await asyncio.sleep(0.2)  # the existing snapshots first
+            # The runtime first: a runtime starting over a corrupted snapshot of its own
+            # refuses to start ("restored state does not match its manifest").
             await self._faulty_runtime(self.service, self.victim, "wrong-reply")
+            # create_task runs nothing until we yield, and the task's first pass has no
+            # await before it finishes: the existing snapshots are corrupt before any wake.
+            self.corruptor = asyncio.create_task(self._corrupt_snapshots())
+            await asyncio.sleep(0)
         elif k == "byzantine-host":
             await self._byzantine_host()
 
@@ -562,6 +566,8 @@ class Drill:
         files = 0
         first = True
         while True:
+            # The first pass runs before anything else in this loop can: the spare may be
+            # woken within milliseconds of the faulty runtime's first wrong report.
             for snap in root.rglob("snapshots/*"):
                 if snap in done or snap.name.startswith(".") or not snap.is_dir():
                     continue
