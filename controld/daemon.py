@@ -527,7 +527,7 @@ class Daemon:
                 kept = await asyncio.to_thread(actions.set_aside_state, self.ctx, svc, x, seq)
                 self.counters["convicted"] += 1
                 self._note(f"convicted {svc.name}/{x} destroyed; state kept as {kept}")
-            except (HypervisorError, inv.IllegalTransition, OSError) as e:
+            except (HypervisorError, inv.IllegalTransition, OSError, StorageError) as e:
                 self.counters["action_failed"] += 1
                 self._note(f"SHUTDOWN {svc.name}/{x} destroy failed: {e}")
                 continue
