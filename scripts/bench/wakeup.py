@@ -151,7 +151,7 @@ def measure_unpause(hv: Any, name: str, port: int, reps: int) -> list[dict[str, 
         hv.resume(name)
         t_resume = time.monotonic() - t0
         total, _ = wait_answer(port, t0)
-        out.append({"resume_call_s": t_resume, "answer_s": total})
+        out.append({"resume_call_s": t_resume, "answer_s": total, "loadavg1": os.getloadavg()[0]})
     return out
 
 
@@ -177,7 +177,7 @@ def measure_restores(
         hv.discard(save)
         plain.append(
             {"answer_s": total, "restore_call_s": t_restore, "file_bytes": res.file_bytes,
-             "save_s": res.save_s, "dirty_s": dirty_s}
+             "save_s": res.save_s, "dirty_s": dirty_s, "loadavg1": os.getloadavg()[0]}
         )  # fmt: skip
         print(
             f"  [{i + 1}/{args.reps}] plain: save {res.save_s:.2f} s"
@@ -205,7 +205,8 @@ def measure_restores(
             {"answer_s": total, "restore_and_grow_call_s": t_wake, "file_bytes": res.file_bytes,
              "save_s": res.save_s, "balloon_s": res.balloon_s, "sleep_s": res.sleep_s,
              "balloon_reached_kib": res.balloon_kib, "balloon_target_reached": res.reached,
-             "wake_mount_s": mount_s, "fully_grown_after_s": grown_s}
+             "wake_mount_s": mount_s, "fully_grown_after_s": grown_s,
+             "loadavg1": os.getloadavg()[0]}
         )  # fmt: skip
         print(
             f"  [{i + 1}/{args.reps}] paged-out: balloon {res.balloon_s:.2f} s to"
