@@ -35,7 +35,7 @@ from zz.keys import ControldKeys, controld_principal
 from . import actions
 from . import inventory as inv
 from .actions import HostContext
-from .hypervisor import Hypervisor, HypervisorError
+from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from .ledger import Ledger
 from .rpc import RACK_SERVICE, control_reply, decode_json
 
@@ -243,7 +243,7 @@ class Daemon:
         except (OpError, inv.IllegalTransition, KeyError, ValueError, StorageError) as e:
             self.counters["control_failed"] += 1
             body = {"ok": False, "error": str(e).strip('"')}
-        except HypervisorError as e:
+        except (HypervisorError, OSError) as e:
             self.counters["control_failed"] += 1
             body = {"ok": False, "error": str(e)}
         except Exception as e:  # a bug: the operator still gets a final answer
@@ -336,6 +336,15 @@ class Daemon:
                 # Destroyed already (controld stopped before forgetting it): only the
                 # record is left, and it must not block the slot.
                 self.inventory.remove(svc.name, index)
+        # A domain (or save file) of that name the inventory does not know: never adopt or
+        # overwrite it (the settle step of a failed create would take it for ours).
+        try:
+            await asyncio.to_thread(self.hv.state, domain)
+            raise OpError(f"a domain {domain} exists on this host outside the inventory")
+        except DomainNotFound:
+            pass
+        if actions.save_path(self.ctx, domain).exists():
+            raise OpError(f"{actions.save_path(self.ctx, domain)} exists outside the inventory")
         save = str(actions.save_path(self.ctx, domain)) if mode == "hibernated" else None
         role = role or ("active" if index < svc.active else "standby")
         out: dict[str, Any] = {}

@@ -928,3 +928,22 @@ def test_ledger_window(tmp_path: Path) -> None:
     for lg in (led, again):
         assert not lg.accept_request(OP, 98) and not lg.accept_request(OP, 1000)
     assert again.accept_request(OP, 1000 + WINDOW) and not again.accept_request(OP + 1, 100)
+
+
+async def test_libvirt_failures_leave_nothing_behind(tmp_path: Path) -> None:
+    """On test:///default: a domain of that name exists already (create fails), and the
+    save directory cannot be made (hibernate fails after the boot): each reply says what
+    failed, the inventory keeps no record and no domain of ours is left."""
+    rack = make_rack(tmp_path, sleep="hibernated")
+    async with nodes(rack, "libvirt", 0) as (n,):
+        spec = actions.replica_spec(n.daemon.ctx, rack.config.service("web"), 2)
+        n.hv.create(spec)  # someone else's domain with our name
+        r = await n.rpc("provision", service="web", index=2, mode="paused")
+        assert not r["ok"] and "outside the inventory" in r["error"], r
+        assert r["replica"] is None and n.hv.state(spec.name) == "running"  # left alone
+        n.hv.destroy(spec.name)
+        (n.daemon.ctx.home / "saves").write_text("not a directory")
+        r = await n.rpc("provision", service="web", index=2)
+        assert not r["ok"] and r["replica"] is None, r
+        assert spec.name not in n.hv.list() and n.daemon.inventory.replicas() == []
+        assert "internal_error" not in n.counters()
