@@ -278,6 +278,11 @@ static int authenticate(zz_replica *r, const zz_msg *m)
         const zz_pubkey *pk = zz_pub_for(r, m->sender);
         return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
     }
+    case ZZ_SPARE_READY:
+        /* wakeup.c checks host and signature itself, to count and log why it rejects */
+        if (m->sender < ZZ_PRINCIPAL_HOST || m->sender >= ZZ_PRINCIPAL_HOST + ZZ_MAX_HOSTS)
+            return ZZ_DROP_SENDER;
+        return 0;
     case ZZ_EXEC_REPORT:
     case ZZ_EXEC_CHECKPOINT: {
         if (m->sender < ZZ_PRINCIPAL_EXEC || m->sender >= ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
@@ -355,6 +360,9 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
         break;
     case ZZ_SHUTDOWN:
         zz_on_shutdown(r, &m);
+        break;
+    case ZZ_SPARE_READY:
+        zz_on_spare_ready(r, &m);
         break;
     default:
         break;

@@ -143,6 +143,8 @@ typedef struct {
     uint64_t shutdowns_sent, shutdowns_received, shutdowns_rejected;
     uint64_t controld_sends, reply_affirms_sent;
     uint64_t detect_latency_last_ms, detect_latency_max_ms; /* flag -> own WAKEUP sent */
+    uint64_t spares_ready_received, spares_ready_rejected, spares_ready_held;
+    uint64_t shutdowns_adopted_over_own; /* a certified outcome replaced our own resolution */
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -270,6 +272,7 @@ void zz_wake_on_report(zz_replica *r, zz_report_rec *k); /* a report for k->seq 
 void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
 void zz_on_wakeup(zz_replica *r, const zz_msg *m);
 void zz_on_shutdown(zz_replica *r, const zz_msg *m);
+void zz_on_spare_ready(zz_replica *r, const zz_msg *m); /* verifies the controld's signature */
 void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
 
 /* detect.c */

@@ -1,15 +1,20 @@
 /* wakeup.c - ZZ fault handling inside zz-agreed (§4.3, §4.7.3; docs/fault-detection.md "In
  * zz-agreed"): sign FAULT-STATEMENTs for seqs detect.c flags, collect the peers', send a
  * self-certifying WAKEUP once zz_fault_evaluate accepts them, adopt peers' WAKEUPs, and once
- * the woken replicas have reported, resolve the round into a signed SHUTDOWN.
+ * the woken replicas have reported, resolve the round into a signed SHUTDOWN; adopt a
+ * certified SHUTDOWN that differs from our own resolution; take SPARE-READY from controld
+ * (a convicted replica's fresh spare sleeps again); keep the view in conf->exec_view.
  *
  * Invariants: at most one round is open; while it is, no new statement is signed (its
  * rows would be about an awake set that is changing). r->exec_state is the awake set every
  * certificate, row and EXEC-COMMIT push uses. Everything received is verified here or in
  * replica.c before it changes any state; anything that fails is dropped and counted. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "faults.h"
 #include "replica.h"
@@ -47,6 +52,20 @@ struct zz_wake {
     int resolve_failed_logged;
     uint8_t **sd_body; /* per sender: body of its SHUTDOWN for the open round (owned) */
     uint32_t *sd_len;
+    /* The last round this replica closed with a decision (own or adopted): its SHUTDOWN
+     * bodies per sender (ours at r->id) and the body whose outcome we applied, so that a
+     * certificate for another outcome can still be adopted (docs/fault-detection.md). */
+    int done;
+    uint64_t done_seq;
+    uint32_t done_awake[ZZ_MAX_EXEC], n_done_awake;
+    uint8_t **dn_body; /* per sender (owned) */
+    uint32_t *dn_len;
+    uint8_t *applied; /* the body whose outcome r->exec_state holds (owned) */
+    uint32_t applied_len;
+    /* Per execution replica: the SHUTDOWN seq that convicted it (persisted), and a verified
+     * SPARE-READY's seq that arrived before that conviction was known here (0 = none). */
+    uint64_t convicted_seq[ZZ_MAX_EXEC];
+    uint64_t spare_pending[ZZ_MAX_EXEC];
 };
 
 /* ---- awake set ---- */
@@ -92,6 +111,137 @@ static void fmt_ids(char *s, size_t cap, const uint32_t *ids, uint32_t n)
         o += (size_t)snprintf(s + o, cap - o, "%s%u", i ? "," : "", ids[i]);
 }
 
+/* ---- the view on disk (conf->exec_view) ----
+ * One line per execution replica, `exec I awake|sleeping|convicted SEQ` (SEQ: the SHUTDOWN
+ * seq that convicted it, 0 otherwise). Only the view is kept: no statement, round or
+ * resolution, so a restarted replica never signs anything about a round it was in. */
+
+static const char *const state_names[] = {"unknown", "awake", "sleeping", "convicted"};
+
+static void save_view(zz_replica *r)
+{
+    const char *path = r->conf->exec_view;
+    if (!path[0])
+        return;
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, tmp,
+                strerror(errno));
+        return;
+    }
+    fprintf(f, "# zz-agreed replica %u: execution replicas' view; rewritten on every change\n",
+            r->id);
+    for (uint32_t i = 0; i < r->conf->n_exec; i++)
+        fprintf(f, "exec %u %s %llu\n", i, state_names[r->exec_state[i] & 3],
+                (unsigned long long)r->wake->convicted_seq[i]);
+    /* fsync before rename: after a crash the file is the old view or the new one. */
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0)
+        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, path,
+                strerror(errno));
+}
+
+static int parse_dec(const char *s, uint64_t max, uint64_t *out)
+{
+    if (!*s || strlen(s) > 20)
+        return -1;
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* A missing file means a first start; anything unreadable is an error naming the file, since
+ * starting from the replica file instead could wake or count a convicted replica again. */
+static int load_view(zz_replica *r, char *err, size_t errcap)
+{
+    const char *path = r->conf->exec_view;
+    if (!path[0])
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    uint8_t state[ZZ_MAX_EXEC] = {0};
+    uint64_t cseq[ZZ_MAX_EXEC] = {0};
+    char line[256];
+    uint32_t lineno = 0;
+    int rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errcap, "%s:%u: line too long", path, lineno);
+            rc = -1;
+            break;
+        }
+        char *tok[5], *save = NULL;
+        int nt = 0;
+        for (char *p = strtok_r(line, " \t\r\n", &save); p && nt < 5;
+             p = strtok_r(NULL, " \t\r\n", &save))
+            tok[nt++] = p;
+        if (nt == 0 || tok[0][0] == '#')
+            continue;
+        uint64_t id, seq;
+        int st = 0;
+        for (int k = 1; k < 4 && nt == 4; k++)
+            if (strcmp(tok[2], state_names[k]) == 0)
+                st = k;
+        if (nt != 4 || strcmp(tok[0], "exec") != 0 || !st ||
+            parse_dec(tok[1], ZZ_MAX_EXEC - 1, &id) != 0 || parse_dec(tok[3], UINT64_MAX, &seq)) {
+            snprintf(err, errcap, "%s:%u: expected 'exec I awake|sleeping|convicted SEQ'", path,
+                     lineno);
+            rc = -1;
+        } else if (id >= r->conf->n_exec) {
+            snprintf(err, errcap, "%s:%u: replica %llu is not in the replica file's 0..%u",
+                     path, lineno, (unsigned long long)id, r->conf->n_exec - 1);
+            rc = -1;
+        } else if (state[id]) {
+            snprintf(err, errcap, "%s:%u: replica %llu listed twice", path, lineno,
+                     (unsigned long long)id);
+            rc = -1;
+        } else {
+            state[id] = (uint8_t)st;
+            cseq[id] = seq;
+        }
+    }
+    if (rc == 0 && ferror(f)) {
+        snprintf(err, errcap, "%s: read error", path);
+        rc = -1;
+    }
+    fclose(f);
+    for (uint32_t i = 0; rc == 0 && i < r->conf->n_exec; i++)
+        if (!state[i]) {
+            snprintf(err, errcap, "%s: replica %u missing (the file must list 0..%u)", path, i,
+                     r->conf->n_exec - 1);
+            rc = -1;
+        }
+    if (rc != 0)
+        return -1;
+    memcpy(r->exec_state, state, r->conf->n_exec);
+    memcpy(r->wake->convicted_seq, cseq, r->conf->n_exec * sizeof *cseq);
+    char as[256], ss[256], cs[256];
+    uint32_t ids[ZZ_MAX_EXEC];
+    fmt_ids(as, sizeof as, ids, list_state(r, ZZ_EXEC_AWAKE, ids));
+    fmt_ids(ss, sizeof ss, ids, list_state(r, ZZ_EXEC_SLEEPING, ids));
+    fmt_ids(cs, sizeof cs, ids, list_state(r, ZZ_EXEC_CONVICTED, ids));
+    fprintf(stderr, "zz-agreed: replica %u: view from %s: awake [%s] sleeping [%s] convicted "
+                    "[%s]\n",
+            r->id, path, as, ss, cs);
+    return 0;
+}
+
 /* ---- set-up ---- */
 
 int zz_wake_init(zz_replica *r, char *err, size_t errcap)
@@ -108,7 +258,9 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
     w->ev = calloc(r->n, sizeof *w->ev);
     w->sd_body = calloc(r->n, sizeof *w->sd_body);
     w->sd_len = calloc(r->n, sizeof *w->sd_len);
-    if (!w->rows || !w->sub || !w->ev || !w->sd_body || !w->sd_len)
+    w->dn_body = calloc(r->n, sizeof *w->dn_body);
+    w->dn_len = calloc(r->n, sizeof *w->dn_len);
+    if (!w->rows || !w->sub || !w->ev || !w->sd_body || !w->sd_len || !w->dn_body || !w->dn_len)
         goto oom;
     for (int c = 0; c < WAKE_CANDIDATES; c++) {
         w->cand[c].raw = calloc(r->n, sizeof *w->cand[c].raw);
@@ -118,6 +270,8 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
     }
     for (uint32_t i = 0; i < r->conf->n_exec; i++)
         r->exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
+    if (load_view(r, err, errcap) != 0)
+        return -1;
     for (uint32_t h = 0; h < ZZ_MAX_HOSTS; h++) {
         w->links[h] = -1;
         if (!r->conf->has_controld[h])
@@ -167,11 +321,29 @@ static void round_clear(zz_replica *r)
     w->resolve_failed_logged = 0;
 }
 
+static void done_clear(zz_replica *r)
+{
+    struct zz_wake *w = r->wake;
+    for (uint32_t s = 0; s < r->n; s++) {
+        free(w->dn_body[s]);
+        w->dn_body[s] = NULL;
+        w->dn_len[s] = 0;
+    }
+    free(w->applied);
+    w->applied = NULL;
+    w->applied_len = 0;
+    w->done = 0;
+}
+
 void zz_wake_free(zz_replica *r)
 {
     struct zz_wake *w = r->wake;
     if (!w)
         return;
+    if (w->dn_body && w->dn_len)
+        done_clear(r);
+    free(w->dn_body);
+    free(w->dn_len);
     if (w->rows && w->ev && w->sd_body && w->sd_len) {
         round_clear(r);
         for (int c = 0; c < WAKE_CANDIDATES; c++)
@@ -531,21 +703,63 @@ static void open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint3
         r->exec_state[wake[j]] = ZZ_EXEC_AWAKE;
         serve_log(r, wake[j]);
     }
+    save_view(r);
     w->resend_timer = zz_net_timer(r->net, WAKE_RESEND_MS, on_round_tick, r);
     try_resolve(r);
 }
 
-static void apply_resolution(zz_replica *r, const uint32_t *convict, uint32_t nc,
+static void apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convict, uint32_t nc,
                              const uint32_t *sleep, uint32_t ns, const uint32_t *active,
                              uint32_t na)
 {
-    for (uint32_t i = 0; i < nc; i++)
-        r->exec_state[convict[i]] = ZZ_EXEC_CONVICTED;
+    struct zz_wake *w = r->wake;
+    for (uint32_t i = 0; i < nc; i++) {
+        uint32_t x = convict[i];
+        r->exec_state[x] = ZZ_EXEC_CONVICTED;
+        w->convicted_seq[x] = seq;
+        if (w->spare_pending[x] == seq) {
+            /* controld's SPARE-READY for this conviction came first (held, verified) */
+            r->exec_state[x] = ZZ_EXEC_SLEEPING;
+            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY for %u (SHUTDOWN seq %llu) "
+                            "held until now: sleeping again\n",
+                    r->id, x, (unsigned long long)seq);
+        }
+        w->spare_pending[x] = 0;
+    }
     for (uint32_t i = 0; i < ns; i++)
         r->exec_state[sleep[i]] = ZZ_EXEC_SLEEPING;
     for (uint32_t i = 0; i < na; i++)
         r->exec_state[active[i]] = ZZ_EXEC_AWAKE;
+    save_view(r);
 }
+
+/* Remember the round just decided (seq, awake, the SHUTDOWN bodies seen so far and the one
+ * applied); the open round's per-sender bodies move over, so none is lost. */
+static void set_done(zz_replica *r, const uint8_t *applied, uint32_t applied_len,
+                     const uint8_t *own, uint32_t own_len)
+{
+    struct zz_wake *w = r->wake;
+    done_clear(r);
+    uint8_t **tb = w->dn_body;
+    uint32_t *tl = w->dn_len;
+    w->dn_body = w->sd_body;
+    w->dn_len = w->sd_len;
+    w->sd_body = tb; /* all NULL after done_clear */
+    w->sd_len = tl;
+    if (own) {
+        free(w->dn_body[r->id]);
+        w->dn_body[r->id] = zz_memdup(own, own_len);
+        w->dn_len[r->id] = w->dn_body[r->id] ? own_len : 0;
+    }
+    w->applied = zz_memdup(applied, applied_len);
+    w->applied_len = w->applied ? applied_len : 0;
+    w->done = 1;
+    w->done_seq = w->seq;
+    w->n_done_awake = w->n_awake;
+    memcpy(w->done_awake, w->awake, w->n_awake * sizeof *w->awake);
+}
+
+static void check_done(zz_replica *r);
 
 static void send_shutdown(zz_replica *r, const zz_fresolution *res)
 {
@@ -580,9 +794,13 @@ static void send_shutdown(zz_replica *r, const zz_fresolution *res)
             "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s]%s\n",
             r->id, (unsigned long long)w->seq, cs, ss, as,
             res->shortfall ? " (fewer than f+1 active)" : "");
-    apply_resolution(r, res->convict, res->n_convict, res->sleep, res->n_sleep, res->stay,
-                     res->n_stay);
+    apply_resolution(r, w->seq, res->convict, res->n_convict, res->sleep, res->n_sleep,
+                     res->stay, res->n_stay);
+    zz_msg own;
+    if (zz_decode(msg, len, &own) == ZZ_OK)
+        set_done(r, own.body, own.body_len, own.body, own.body_len);
     round_clear(r);
+    check_done(r);
 }
 
 /* Once the woken replicas reported the round's seq (or after WAKE_RESOLVE_MS), decide from
@@ -735,6 +953,105 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     free(copy);
 }
 
+/* Big-endian u32 at p (the wire's byte order). */
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* The four lists of a stored SHUTDOWN body (`u64 seq` then awake, convict, sleep, active);
+ * bodies were checked on intake, this re-checks every length anyway. */
+static int body_lists(zz_replica *r, const uint8_t *p, uint32_t len,
+                      uint32_t out[4][ZZ_MAX_EXEC], uint32_t n[4])
+{
+    uint32_t o = 8;
+    if (len < o)
+        return -1;
+    for (int l = 0; l < 4; l++) {
+        if (len - o < 4)
+            return -1;
+        uint32_t c = be32(p + o);
+        o += 4;
+        if (c > ZZ_MAX_EXEC || (len - o) / 4 < c)
+            return -1;
+        for (uint32_t i = 0; i < c; i++) {
+            out[l][i] = be32(p + o + 4 * i);
+            if (out[l][i] >= r->conf->n_exec || (i > 0 && out[l][i] <= out[l][i - 1]))
+                return -1;
+        }
+        n[l] = c;
+        o += 4 * c;
+    }
+    return o == len ? 0 : -1;
+}
+
+static int body_cmp(const uint8_t *a, uint32_t la, const uint8_t *b, uint32_t lb)
+{
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    return memcmp(a, b, la);
+}
+
+static uint32_t count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens,
+                           const uint8_t *body, uint32_t len)
+{
+    uint32_t same = 0;
+    for (uint32_t j = 0; j < r->n; j++)
+        same += bodies[j] && body_cmp(bodies[j], lens[j], body, len) == 0;
+    return same;
+}
+
+/* After this replica decided a round, g+1 identical SHUTDOWN bodies from distinct agreement
+ * replicas for another outcome win over ours, unless ours is certified too; between two
+ * certified outcomes (correct replicas split) the smaller body wins, so every correct
+ * replica ends on the same one whatever order the bodies arrive in. */
+static void check_done(zz_replica *r)
+{
+    struct zz_wake *w = r->wake;
+    if (!w->done || w->open || !w->applied)
+        return;
+    const uint8_t *best = NULL;
+    uint32_t best_len = 0, best_n = 0;
+    for (uint32_t s = 0; s < r->n; s++) {
+        const uint8_t *b = w->dn_body[s];
+        uint32_t bl = w->dn_len[s];
+        if (!b || body_cmp(b, bl, w->applied, w->applied_len) == 0)
+            continue;
+        uint32_t c = count_body(r, w->dn_body, w->dn_len, b, bl);
+        if (c >= r->g + 1 && (!best || body_cmp(b, bl, best, best_len) < 0)) {
+            best = b;
+            best_len = bl;
+            best_n = c;
+        }
+    }
+    if (!best)
+        return;
+    uint32_t own = count_body(r, w->dn_body, w->dn_len, w->applied, w->applied_len);
+    if (own >= r->g + 1 && body_cmp(w->applied, w->applied_len, best, best_len) < 0)
+        return;
+    uint32_t l[4][ZZ_MAX_EXEC], n[4];
+    if (body_lists(r, best, best_len, l, n) != 0)
+        return;
+    uint8_t *copy = zz_memdup(best, best_len);
+    if (!copy)
+        return;
+    char cs[256], ss[256], as[256];
+    fmt_ids(cs, sizeof cs, l[1], n[1]);
+    fmt_ids(ss, sizeof ss, l[2], n[2]);
+    fmt_ids(as, sizeof as, l[3], n[3]);
+    fprintf(stderr,
+            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s] "
+            "adopted from a certificate of %u over our own outcome (certified by %u)\n",
+            r->id, (unsigned long long)w->done_seq, cs, ss, as, best_n, own);
+    r->st.shutdowns_adopted_over_own++;
+    /* Undo nothing: the certified lists name every replica of the round, so applying them
+     * sets each one's state afresh. */
+    apply_resolution(r, w->done_seq, l[1], n[1], l[2], n[2], l[3], n[3]);
+    free(w->applied);
+    w->applied = copy;
+    w->applied_len = best_len;
+}
+
 void zz_on_shutdown(zz_replica *r, const zz_msg *m)
 {
     struct zz_wake *w = r->wake;
@@ -746,18 +1063,31 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
         r->st.shutdowns_rejected++;
         return;
     }
+    for (uint32_t j = 0; j < nc + ns + nact; j++) {
+        uint32_t id = j < nc ? convict[j] : j < nc + ns ? sleep[j - nc] : active[j - nc - ns];
+        if (id >= r->conf->n_exec) {
+            r->st.shutdowns_rejected++;
+            return;
+        }
+    }
     r->st.shutdowns_received++;
-    if (!w->open || q->seq != w->seq || !same_ids(awake, na, w->awake, w->n_awake))
-        return; /* not our open round (already resolved here, or never adopted) */
-    /* A certificate is g+1 identical bodies from distinct replicas (docs/wire.md). */
     uint32_t s = m->sender;
+    if (!w->open || q->seq != w->seq || !same_ids(awake, na, w->awake, w->n_awake)) {
+        /* not our open round: the round we decided last, or nothing for us */
+        if (!w->done || q->seq != w->done_seq ||
+            !same_ids(awake, na, w->done_awake, w->n_done_awake))
+            return;
+        free(w->dn_body[s]);
+        w->dn_body[s] = zz_memdup(m->body, m->body_len);
+        w->dn_len[s] = w->dn_body[s] ? m->body_len : 0;
+        check_done(r);
+        return;
+    }
+    /* A certificate is g+1 identical bodies from distinct replicas (docs/wire.md). */
     free(w->sd_body[s]);
     w->sd_body[s] = zz_memdup(m->body, m->body_len);
     w->sd_len[s] = w->sd_body[s] ? m->body_len : 0;
-    uint32_t same = 0;
-    for (uint32_t j = 0; j < r->n; j++)
-        same += w->sd_body[j] && w->sd_len[j] == m->body_len &&
-                memcmp(w->sd_body[j], m->body, m->body_len) == 0;
+    uint32_t same = count_body(r, w->sd_body, w->sd_len, m->body, m->body_len);
     if (same < r->g + 1)
         return;
     char cs[256], as[256];
@@ -767,13 +1097,71 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
             "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
             "certificate of %u\n",
             r->id, (unsigned long long)q->seq, cs, as, same);
-    for (uint32_t j = 0; j < nc + ns + nact; j++) {
-        uint32_t id = j < nc ? convict[j] : j < nc + ns ? sleep[j - nc] : active[j - nc - ns];
-        if (id >= r->conf->n_exec)
-            return;
-    }
-    apply_resolution(r, convict, nc, sleep, ns, active, nact);
+    apply_resolution(r, q->seq, convict, nc, sleep, ns, active, nact);
+    set_done(r, m->body, m->body_len, NULL, 0);
     round_clear(r);
+    check_done(r);
+}
+
+/* ---- SPARE-READY from controld ---- */
+
+static const char *check_spare(zz_replica *r, const zz_msg *m)
+{
+    const zz_spare_ready *q = &m->u.spare_ready;
+    if (!r->wake)
+        return "no exec lines";
+    if (q->replica >= r->conf->n_exec)
+        return "unknown replica";
+    uint32_t h = r->conf->exec[q->replica].host;
+    if (m->sender != ZZ_PRINCIPAL_HOST + h)
+        return "sender is not the controld of the replica's host";
+    if (!r->conf->controld_pub[h])
+        return "no key for that controld (rack_public)";
+    if (!zz_verify_sig(m, r->conf->controld_pub[h]))
+        return "signature";
+    return NULL;
+}
+
+void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
+{
+    const zz_spare_ready *q = &m->u.spare_ready;
+    const char *why = check_spare(r, m);
+    uint32_t x = q->replica;
+    if (!why) {
+        struct zz_wake *w = r->wake;
+        uint8_t st = r->exec_state[x];
+        if (st == ZZ_EXEC_SLEEPING) {
+            r->st.spares_ready_received++;
+            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: already "
+                            "sleeping\n",
+                    r->id, x, (unsigned long long)q->seq, m->sender);
+            return;
+        }
+        if (st == ZZ_EXEC_CONVICTED && q->seq == w->convicted_seq[x]) {
+            r->st.spares_ready_received++;
+            r->exec_state[x] = ZZ_EXEC_SLEEPING;
+            w->spare_pending[x] = 0;
+            save_view(r);
+            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: convicted "
+                            "-> sleeping\n",
+                    r->id, x, (unsigned long long)q->seq, m->sender);
+            return;
+        }
+        /* controld acts on a SHUTDOWN certificate this replica may not have applied yet (a
+         * round still open here): hold the newest such announcement for that conviction. */
+        if (q->seq > w->convicted_seq[x] && q->seq > w->spare_pending[x]) {
+            r->st.spares_ready_held++;
+            w->spare_pending[x] = q->seq;
+            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u held: not "
+                            "convicted at that seq here (yet)\n",
+                    r->id, x, (unsigned long long)q->seq, m->sender);
+            return;
+        }
+        why = st == ZZ_EXEC_CONVICTED ? "seq is not the conviction's" : "replica is awake";
+    }
+    r->st.spares_ready_rejected++;
+    fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u rejected: %s\n",
+            r->id, x, (unsigned long long)q->seq, m->sender, why);
 }
 
 /* ---- stats ---- */
@@ -796,7 +1184,9 @@ void zz_wake_write_stats(zz_replica *r, void *file)
                "\"wakeups_relayed\": %llu, \"shutdowns_sent\": %llu, "
                "\"shutdowns_received\": %llu, \"shutdowns_rejected\": %llu, "
                "\"controld_sends\": %llu, \"reply_affirms_sent\": %llu, "
-               "\"detect_latency_last_ms\": %llu, \"detect_latency_max_ms\": %llu, ",
+               "\"detect_latency_last_ms\": %llu, \"detect_latency_max_ms\": %llu, "
+               "\"spares_ready_received\": %llu, \"spares_ready_rejected\": %llu, "
+               "\"spares_ready_held\": %llu, \"shutdowns_adopted_over_own\": %llu, ",
             (unsigned long long)s->fault_statements_sent,
             (unsigned long long)s->fault_statements_received,
             (unsigned long long)s->fault_statements_rejected,
@@ -806,7 +1196,10 @@ void zz_wake_write_stats(zz_replica *r, void *file)
             (unsigned long long)s->shutdowns_rejected, (unsigned long long)s->controld_sends,
             (unsigned long long)s->reply_affirms_sent,
             (unsigned long long)s->detect_latency_last_ms,
-            (unsigned long long)s->detect_latency_max_ms);
+            (unsigned long long)s->detect_latency_max_ms,
+            (unsigned long long)s->spares_ready_received,
+            (unsigned long long)s->spares_ready_rejected, (unsigned long long)s->spares_ready_held,
+            (unsigned long long)s->shutdowns_adopted_over_own);
     uint32_t ids[ZZ_MAX_EXEC], n;
     n = list_state(r, ZZ_EXEC_AWAKE, ids);
     write_ids(f, "exec_awake", ids, n);
