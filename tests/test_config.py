@@ -155,3 +155,39 @@ def test_control_port(write_rack: Callable[[str], Path]) -> None:
         load(write_rack(BASE.replace(h1, h1 + "control_port = 7000\n")))
     with pytest.raises(ConfigError, match=r"^services\[0\]\.base_port: port 7000 .* hosts\[0\]"):
         load(write_rack(BASE.replace("base_port = 17100", "base_port = 6999")))
+
+
+def test_detection_timers_per_service(write_rack: Callable[[str], Path]) -> None:
+    kv = BASE.replace("f = 1", 'f = 1\napp = "kv"', 1)
+    s = load(write_rack(kv)).service("web")
+    assert (s.detect_k, s.detect_floor_ms, s.detect_ceiling_ms) == (4, 500, 5000)
+    timers = "detect_k = 8\ndetect_floor_ms = 800\ndetect_ceiling_ms = 9000\n"
+    c = load(write_rack(kv.replace("base_port", timers + "base_port", 1)))
+    s = c.service("web")
+    assert (s.detect_k, s.detect_floor_ms, s.detect_ceiling_ms) == (8, 800, 9000)
+    # A floor above the default ceiling raises the ceiling with it unless one is given.
+    big = load(write_rack(kv.replace("base_port", "detect_floor_ms = 7000\nbase_port", 1)))
+    assert big.service("web").detect_ceiling_ms == 7000
+    text = render_service(c, s)[1].read_text().splitlines()
+    assert {"detect_k 8", "detect_floor_ms 800", "detect_ceiling_ms 9000"} <= set(text)
+    assert f"exec_view {c.rack.run_dir}/s1/agreed-1.exec-view" in text
+    assert f"rack_public {c.rack.key_dir}/s0/public" in text
+    # An explicit override still wins over the service's value.
+    text = render_service(c, s, {"detect_floor_ms": {1: 300}})[1].read_text().splitlines()
+    assert "detect_floor_ms 300" in text and "detect_floor_ms 800" not in text
+    for bad, message in [
+        ("detect_k = 0", "services[0].detect_k: must be an integer in 1..1000, got 0"),
+        ("detect_floor_ms = true", "services[0].detect_floor_ms: must be an integer"),
+        ("detect_ceiling_ms = 0", "services[0].detect_ceiling_ms: must be an integer in 1.."),
+        (
+            "detect_floor_ms = 900\ndetect_ceiling_ms = 800",
+            "services[0].detect_floor_ms: 900 is above detect_ceiling_ms 800",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load(write_rack(kv.replace("base_port", bad + "\nbase_port", 1)))
+        assert str(e.value).startswith(message), str(e.value)
+    # Echo services have no execution replicas: nothing about detection is rendered.
+    echo = load(write_rack(BASE))
+    text = render_service(echo, echo.service("web"))[0].read_text()
+    assert "exec_view" not in text and "detect_floor_ms" not in text

@@ -58,6 +58,12 @@ class Service:
     app: str
     clients: int
     base_port: int
+    # Fault detection timer K·t1 clamped to [floor, ceiling] (docs/fault-detection.md §6).
+    # The floor is 500 ms: at 50 ms a correct replica slowed by load was late often enough
+    # to be convicted (bench-results/detection.json).
+    detect_k: int = 4
+    detect_floor_ms: int = 500
+    detect_ceiling_ms: int = 5000
 
     @property
     def n(self) -> int:
@@ -280,8 +286,18 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         clients = t.get_int("clients", 64, lo=1)
         n = 3 * g + 1
         base_port = t.get_int("base_port", lo=1, hi=65535 - n + 1)
+        # Bounds as agreement/src/conf.c checks them in the replica file.
+        detect_k = t.get_int("detect_k", 4, lo=1, hi=1000)
+        floor = t.get_int("detect_floor_ms", 500, lo=1, hi=3600000)
+        ceiling = t.get_int("detect_ceiling_ms", max(5000, floor), lo=1, hi=3600000)
+        if floor > ceiling:
+            raise ConfigError(
+                f"services[{i}].detect_floor_ms: {floor} is above detect_ceiling_ms {ceiling}"
+            )
         t.finish()
-        svc = Service(i, name, sid, g, f, active, sleep, app, clients, base_port)
+        svc = Service(
+            i, name, sid, g, f, active, sleep, app, clients, base_port, detect_k, floor, ceiling
+        )
         # An agreement replica holds keys for its peers, execution replicas and clients.
         if n + svc.exec_replicas + clients > MAX_PRINCIPALS:
             raise ConfigError(

@@ -31,6 +31,8 @@ OVERRIDABLE = {
     "detect_floor_ms",
     "detect_ceiling_ms",
     "exec_log",
+    "exec_view",
+    "rack_public",
 }
 BYZANTINE = ("none", "equivocate", "drop-requests", "silent", "false-fault")
 
@@ -46,7 +48,7 @@ def _fmt(key: str, value: Any) -> str:
         if value not in BYZANTINE:
             raise ConfigError(f"override byzantine: must be one of {', '.join(BYZANTINE)}")
         return str(value)
-    if key in ("secret", "public", "stats_file"):
+    if key in ("secret", "public", "stats_file", "exec_view", "rack_public"):
         s = str(value)
         if not s or any(c.isspace() for c in s):
             raise ConfigError(f"override {key}: a path without whitespace is required")
@@ -75,6 +77,16 @@ def replica_conf(
         "time_tolerance_ms": rack.time_tolerance_ms,
         "stats_file": run / f"agreed-{r}.stats.json",
     }
+    if service.uses_execution_replicas:
+        values |= {
+            # The awake/sleeping/convicted view, kept across restarts; controlds' keys
+            # (keys/s0/public) verify SPARE-READY.
+            "exec_view": run / f"agreed-{r}.exec-view",
+            "rack_public": keys.public_path(rack.key_dir, keys.RACK_SERVICE),
+            "detect_k": service.detect_k,
+            "detect_floor_ms": service.detect_floor_ms,
+            "detect_ceiling_ms": service.detect_ceiling_ms,
+        }
     for key, v in (overrides or {}).items():
         if key not in OVERRIDABLE:
             raise ConfigError(f"override {key}: not a replica-file key that may be overridden")
