@@ -95,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--before", type=float, default=3.0, help="load before the fault (s)")
     p.add_argument("--after", type=float, default=12.0, help="watching after the fault (s)")
     p.add_argument("--out", type=Path, help="report directory (default run/drills/KIND-TIME)")
+    p.add_argument(
+        "--http",
+        metavar="URL",
+        help="HTTP load on the guestbook served at URL by zz proxy (with --service), instead"
+        " of KV clients",
+    )
 
 
 # ---- observation --------------------------------------------------------------------------
@@ -225,6 +231,115 @@ class Load:
     tally: Counter[str]
     stop: asyncio.Event
     tasks: list[asyncio.Task[None]]
+    # HTTP load (--http): (call, return or None, ok) in monotonic ns, and POST message ->
+    # the entry id it was acknowledged with.
+    http: list[tuple[int, int | None, bool]] = field(default_factory=list)
+    acked: dict[str, int] = field(default_factory=dict)
+
+
+# ---- HTTP load on a guestbook behind zz proxy (--http URL) --------------------------------
+async def _http(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    method: str,
+    target: str,
+    body: bytes | None = None,
+) -> tuple[int, bytes, bool]:
+    """One HTTP/1.1 request on a keep-alive connection: (status, body, server closes)."""
+    head = f"{method} {target} HTTP/1.1\r\nHost: zz\r\n"
+    if body is not None:
+        head += "Content-Type: application/x-www-form-urlencoded\r\n"
+        head += f"Content-Length: {len(body)}\r\n"
+    writer.write(head.encode() + b"\r\n" + (body or b""))
+    await writer.drain()
+    parts = (await reader.readline()).split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ConnectionError(f"bad status line {b' '.join(parts)[:80]!r}")
+    length, close = 0, False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"connection" and b"close" in value.lower():
+            close = True
+    return int(parts[1]), await reader.readexactly(length), close
+
+
+def _http_addr(url: str) -> tuple[str, int]:
+    m = re.fullmatch(r"http://([^/:]+):(\d+)/?", url)
+    if not m:
+        raise DrillError(f"--http {url!r}: expected http://HOST:PORT/")
+    return m.group(1), int(m.group(2))
+
+
+async def _http_worker(url: str, w: int, load: Load, stamp: str) -> None:
+    """POST / a new guestbook entry, every 10th request GET /entries.json; one request at
+    a time on one keep-alive connection, reconnecting after an error."""
+    from urllib.parse import quote
+
+    host, port = _http_addr(url)
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    k = 0
+    try:
+        while not load.stop.is_set():
+            is_get = k % 10 == 9
+            msg = f"drill {stamp} w{w} #{k}"
+            call = time.monotonic_ns()
+            try:
+                async with asyncio.timeout(8.0):
+                    if conn is None:
+                        conn = await asyncio.open_connection(host, port)
+                    if is_get:
+                        status, body, close = await _http(*conn, "GET", "/entries.json")
+                    else:
+                        form = f"name=drill&message={quote(msg)}".encode()
+                        status, body, close = await _http(*conn, "POST", "/", form)
+            except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+                load.http.append((call, None, False))
+                load.tally["http_errors"] += 1
+                if conn is not None:
+                    conn[1].close()
+                conn = None
+                await asyncio.sleep(0.1)
+                continue
+            m = re.match(rb"added entry (\d+)", body)
+            ok = status == 200 if is_get else (status == 303 and m is not None)
+            load.http.append((call, time.monotonic_ns(), ok))
+            load.tally["ok" if ok else f"http_{status}"] += 1
+            if ok and not is_get and m is not None:
+                load.acked[msg] = int(m.group(1))
+            if close and conn is not None:
+                conn[1].close()
+                conn = None
+            k += 1
+    finally:
+        if conn is not None:
+            conn[1].close()
+
+
+def _start_http_load(url: str, clients: int) -> Load:
+    load = Load({}, Counter(), asyncio.Event(), [])
+    stamp = f"{time.time_ns():x}"
+    load.tasks = [asyncio.create_task(_http_worker(url, w, load, stamp)) for w in range(clients)]
+    return load
+
+
+async def _entries(url: str) -> list[dict[str, Any]]:
+    host, port = _http_addr(url)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        async with asyncio.timeout(30.0):
+            status, body, _ = await _http(reader, writer, "GET", "/entries.json")
+    finally:
+        writer.close()
+    if status != 200:
+        raise DrillError(f"GET /entries.json: HTTP {status}")
+    data = json.loads(body)
+    return data if isinstance(data, list) else []
 
 
 async def _worker(
@@ -298,10 +413,18 @@ class Drill:
             )
         self.state = state
         kvs = [s for s in config.services if s.app == "kv"]
+        self.http: str | None = getattr(args, "http", None)
         if args.service:
             self.service = config.service(args.service)
-            if self.service.app != "kv":
-                raise DrillError(f"{self.service.name}: drills record a kv history (app 'kv')")
+            if self.http and not self.service.app.startswith("wsgi:"):
+                raise DrillError(f"--http: {self.service.name} is not a wsgi app")
+            if not self.http and self.service.app != "kv":
+                raise DrillError(
+                    f"{self.service.name}: drills record a kv history (app 'kv'), or HTTP"
+                    " load on a guestbook behind zz proxy with --http URL"
+                )
+        elif self.http:
+            raise DrillError("--http needs --service (the wsgi service behind that proxy)")
         elif kvs:
             self.service = kvs[0]
         else:
@@ -647,8 +770,12 @@ class Drill:
         self.phase = "building tools/lincheck"
         await asyncio.to_thread(zh.lincheck_binary)  # before the clock starts
         self.phase = "load before the fault"
-        load = _start_load(self.config, self.services, a.clients, a.first_client)
-        self.progress(f"load: {a.clients} kv clients on {', '.join(s.name for s in self.services)}"
+        if self.http:
+            load = _start_http_load(self.http, a.clients)
+        else:
+            load = _start_load(self.config, self.services, a.clients, a.first_client)
+        what = "HTTP connections" if self.http else "kv clients"
+        self.progress(f"load: {a.clients} {what} on {', '.join(s.name for s in self.services)}"
                       f"; fault '{self.kind}' in {a.before:.0f} s")  # fmt: skip
         try:
             t_end = time.monotonic() + a.before
@@ -720,6 +847,16 @@ class Drill:
                 verdicts.append((name, v))
             except zh.LincheckError as e:
                 self.reasons.append(f"linearizability check of {name} failed to run: {e}")
+        for c, ret_ns, ok in load.http:
+            call = (c - f_ns) / 1e9
+            ret = None if ret_ns is None else (ret_ns - f_ns) / 1e9
+            samples.append(rp.Sample(call, ret, ok))
+            if ok and ret is not None and call >= 0 and (first_ret is None or ret < first_ret):
+                first_ret = ret
+            r.operations += 1
+            r.pending += ret is None
+        if self.http:
+            self._check_acked(r, load)
         r.first_correct_reply_s = first_ret
         r.timeline = rp.buckets(samples)
         before = [x for x in samples if x.ret is not None and -self.args.before <= x.ret < 0]
@@ -791,6 +928,31 @@ class Drill:
         r.result = "FAIL" if self.reasons else "PASS"
         return r
 
+    def _check_acked(self, r: rp.DrillReport, load: Load) -> None:
+        """HTTP load: no Porcupine model for the guestbook; instead every acknowledged POST
+        (303 "added entry N") must be in /entries.json exactly once, as entry N."""
+        assert self.http
+        try:
+            final = asyncio.run(_entries(self.http))
+        except (OSError, ValueError, TimeoutError, DrillError) as e:
+            self.reasons.append(f"cannot read the final /entries.json: {e}")
+            return
+        by_msg: dict[str, list[int]] = {}
+        for e in final:
+            by_msg.setdefault(str(e.get("message")), []).append(int(e.get("id", -1)))
+        lost = [m for m in load.acked if m not in by_msg]
+        moved = [m for m, i in load.acked.items() if by_msg.get(m) not in (None, [i])]
+        r.linearizability = (
+            f"not checked (guestbook over HTTP): {len(load.acked)} acknowledged POSTs,"
+            f" {len(lost)} lost, {len(moved)} duplicated or moved; /entries.json holds"
+            f" {len(final)} entries"
+        )
+        r.details["http"] = dict(load.tally)
+        if lost or moved:
+            self.reasons.append(f"acknowledged writes lost {lost[:3]} or moved {moved[:3]}")
+        if not load.acked:
+            self.reasons.append("no POST was acknowledged")
+
     # ---- verdicts per kind ----------------------------------------------------------------
     def _need_progress(self, r: rp.DrillReport) -> None:
         if r.first_correct_reply_s is None:
@@ -856,6 +1018,17 @@ class Drill:
             self.reasons.append("controld accepted a WAKEUP but woke no replica")
         if not r.convicted:
             self.reasons.append("missing: SHUTDOWN — no faulty replica was convicted")
+        for name in self.faulted:
+            m = re.match(r"(.+)/exec-(\d+)", name)
+            if (
+                m
+                and r.convicted
+                and not any(f"convicted {m.group(1)}/{m.group(2)} " in c for c in r.convicted)
+            ):
+                self.reasons.append(f"{m.group(1)}/exec-{m.group(2)} was faulty but not convicted")
+        for svc in self.services:
+            if r.woken and not any(f"woke {svc.name}/" in w for w in r.woken):
+                self.reasons.append(f"no spare of {svc.name} was woken")
         if r.convicted and not r.spares_restored:
             self.reasons.append("no fresh spare provisioned after the conviction")
         self._need_progress(r)
@@ -876,7 +1049,7 @@ class Drill:
                 for b in st.get("recovery", {}).get("bad_sources", []):
                     rejected.append(f"exec-{i} rejected {b.get('path')} from {b.get('source')}:"
                                     f" {b.get('why')}")  # fmt: skip
-        self.details["rejected"] = rejected
+        self.details["rejected"] = r.details["rejected"] = rejected
         if not self.details.get("corrupted_files"):
             self.reasons.append(f"no snapshot file of {s.name}/exec-{self.victim} was corrupted")
         elif not any(f"from x{self.victim}" in x for x in rejected):
