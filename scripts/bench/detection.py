@@ -4,10 +4,11 @@
 """Fault detection benchmark (docs/fault-detection.md §6); `scripts/bench/detection` runs it.
 
 One service, f = g = 1: 4 zz-agreed (release build, execution external, the project's
-timer K = 4, floor 50 ms, ceiling 5 s), execution replicas 0 and 1 active and 2 a spare
-(a running process that zz-agreed feeds only once it adopts a WAKEUP). A stand-in
-controld on the host's control port verifies every WAKEUP with zz/certs.py and collects
-SHUTDOWN votes into certificates; it wakes and destroys nothing itself.
+timer: the service defaults of zz/config.py unless --k/--floor-ms/--ceiling-ms), execution
+replicas 0 and 1 active and 2 a spare (a running process that zz-agreed feeds only once
+it adopts a WAKEUP). A stand-in controld on the host's control port verifies every
+WAKEUP with zz/certs.py and collects SHUTDOWN votes into certificates; it wakes and
+destroys nothing itself.
 
 (a) False wake-ups. Every replica correct; closed-loop clients send microbench requests
     whose CPU time E is drawn per request from a lognormal distribution (the op carries
@@ -64,9 +65,13 @@ from zz import keys as zkeys  # noqa: E402
 from zz.client import Client, ClientParams, ClientTimeout  # noqa: E402
 from zz.procrack import DEFAULT_AGREED, ProcRack  # noqa: E402
 
-# The project's detection timer (docs/config.md defaults), passed explicitly so that the
-# bound below is computed with exactly what the replicas run.
-K, FLOOR_MS, CEILING_MS = 4, 50, 5000  # --floor-ms replaces the floor for a what-if run
+# The project's detection timer: the defaults of a service in the rack config (zz/config.py,
+# docs/config.md). The benchmark writes them into its rack explicitly, so the bound below
+# uses exactly what the replicas run; --k / --floor-ms / --ceiling-ms are what-ifs.
+_SERVICE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(zconfig.Service)}
+K = int(_SERVICE_DEFAULTS["detect_k"])
+FLOOR_MS = int(_SERVICE_DEFAULTS["detect_floor_ms"])
+CEILING_MS = int(_SERVICE_DEFAULTS["detect_ceiling_ms"])
 # Section (b)'s target: the timer plus this much for the event loop and the log write.
 SLACK_MS = 5.0
 STATS = ("exec_certificates", "exec_timeouts", "exec_mismatches")
@@ -82,15 +87,17 @@ class Timer:
     def ms(self, t1_ms: float) -> float:
         return min(max(self.k * t1_ms, self.floor_ms), self.ceiling_ms)
 
-    def overrides(self) -> dict[str, int]:
-        return {"detect_k": self.k, "detect_floor_ms": self.floor_ms,
-                "detect_ceiling_ms": self.ceiling_ms}  # fmt: skip
+    def toml(self) -> str:
+        return (
+            f"detect_k = {self.k}\ndetect_floor_ms = {self.floor_ms}\n"
+            f"detect_ceiling_ms = {self.ceiling_ms}\n"
+        )
 
 
 # ---- the rack --------------------------------------------------------------------------
 
 
-def write_rack(d: Path, clients: int) -> zconfig.Config:
+def write_rack(d: Path, clients: int, timer: Timer) -> zconfig.Config:
     # Agreement base..base+3, execution base+64..base+66, controld base+70.
     base = free_port_range(71)
     path = d / "rack.toml"
@@ -119,7 +126,7 @@ active = 2
 app = "microbench"
 clients = {clients}
 base_port = {base}
-"""
+{timer.toml()}"""
     )
     cfg = zconfig.load(path)
     zkeys.generate(cfg)
@@ -688,8 +695,14 @@ def run_phase(label: str, clients: int, timer: Timer, body: Any) -> Any:
     """A fresh rack in a temporary directory for one phase; every process is stopped on
     the way out, also on errors, and a survivor fails the run."""
     with tempfile.TemporaryDirectory(prefix=f"zz-bench-detect-{label}-") as tmp:
-        cfg = write_rack(Path(tmp), clients)
-        with ProcRack(cfg, overrides=timer.overrides()) as rack:
+        cfg = write_rack(Path(tmp), clients, timer)
+        svc = cfg.services[0]
+        assert (svc.detect_k, svc.detect_floor_ms, svc.detect_ceiling_ms) == (
+            timer.k,
+            timer.floor_ms,
+            timer.ceiling_ms,
+        ), "the rack config did not take the timer"
+        with ProcRack(cfg) as rack:
             rack.start(timeout=60)
             result = asyncio.run(body(cfg, rack))
             # Execution replica 1 is killed on purpose in the crash phase.
@@ -715,7 +728,16 @@ def main() -> int:
     ap.add_argument("--small-e-ms", type=float, default=2.0)
     ap.add_argument("--large-e-ms", type=float, default=40.0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--floor-ms", type=int, default=FLOOR_MS, help="what-if: another floor")
+    ap.add_argument("--k", type=int, default=K, help=f"what-if: another K (default {K})")
+    ap.add_argument(
+        "--floor-ms", type=int, default=FLOOR_MS, help=f"what-if: another floor ({FLOOR_MS})"
+    )
+    ap.add_argument(
+        "--ceiling-ms",
+        type=int,
+        default=CEILING_MS,
+        help=f"what-if: another ceiling ({CEILING_MS})",
+    )
     ap.add_argument(
         "--stall-seconds", type=float, default=30.0, help="(a) ends at a request this slow"
     )
@@ -724,7 +746,7 @@ def main() -> int:
     args.requests = args.requests or (3000 if args.quick else 100_000)
     args.max_seconds = args.max_seconds or (90.0 if args.quick else 450.0)
     args.samples = args.samples or (8 if args.quick else 20)
-    args.timer = Timer(floor_ms=args.floor_ms)
+    args.timer = Timer(args.k, args.floor_ms, max(args.ceiling_ms, args.floor_ms))
     if not DEFAULT_AGREED.exists():
         print(f"missing {DEFAULT_AGREED}: run make -C agreement", file=sys.stderr)
         return 1
