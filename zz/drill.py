@@ -1033,13 +1033,29 @@ class Drill:
             self.reasons.append("no fresh spare provisioned after the conviction")
         self._need_progress(r)
 
-    _judge_wrong_reply = _judge_exec_fault
+    def _judge_wrong_reply(self, r: rp.DrillReport, obs: Observer) -> None:
+        """Also: the wrong replies must have been seen (EXEC-REPORT mismatches), not only
+        timeouts while the runtime was being replaced by the faulty one."""
+        self._judge_exec_fault(r, obs)
+        mism = {
+            n: d.get("exec_mismatches", 0) - obs.agreed_base.get(n, {}).get("exec_mismatches", 0)
+            for n, d in obs.agreed.items()
+            if any(n.startswith(f"{s.name}/agreed-") for s in self.services)
+        }
+        r.details["exec_mismatches_after_fault"] = mism
+        if mism and not any(v > 0 for v in mism.values()):
+            self.reasons.append(
+                "no agreement replica saw a mismatching EXEC-REPORT: the replica was convicted"
+                f" for timeouts during its {self.details.get('replace_s', '?')} s replacement,"
+                " not for wrong replies (zz rack up --set detect_floor_ms above that time)"
+            )
+
     _judge_crash = _judge_exec_fault
     _judge_slow = _judge_exec_fault
-    _judge_byzantine_host = _judge_exec_fault
+    _judge_byzantine_host = _judge_wrong_reply
 
     def _judge_corrupt_snapshot(self, r: rp.DrillReport, obs: Observer) -> None:
-        self._judge_exec_fault(r, obs)
+        self._judge_wrong_reply(r, obs)
         s = self.service
         rejected = []
         for i in range(s.n_exec):

@@ -187,8 +187,13 @@ def _list(xs: list[str]) -> str:
 def format_text(report: DrillReport) -> str:
     """The short report a drill prints."""
     r = report
-    lines = [
-        f"==== drill {r.kind}: service {r.service} of rack {r.rack} ====",
+    lines = [f"==== drill {r.kind}: service {r.service} of rack {r.rack} ===="]
+    if "replace_s" in r.details:
+        lines.append(
+            f"(the faulty runtime replaced the replica in {r.details['replace_s']:.1f} s;"
+            " times below count from when it answered)"
+        )
+    lines += [
         f"detection time            {_s(r.detection_s)}",
         f"wake-up time              {_s(r.wakeup_s)}",
         f"first correct reply       {_s(r.first_correct_reply_s)}",
