@@ -72,7 +72,9 @@ def test_build_is_cached(image) -> None:  # type: ignore[no-untyped-def]
     t0 = time.monotonic()
     again = build.build()
     assert again.key == first.key and not again.built
-    assert time.monotonic() - t0 < 5
+    # ~0.9 s on an idle machine (apt-cache + hashing); a rebuild takes 4 s and more, but
+    # with other jobs on both cores a cache hit has taken 9 s: `built` is the real check.
+    assert time.monotonic() - t0 < 30
     assert image.kernel.stat().st_size > 1 << 20
     assert image.initrd.read_bytes()[:2] == b"\x1f\x8b"
 
