@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from .. import wire
 from ..crypto import NULL_DIGEST, SigningKey
-from ..snapshots.fetch import Source, SourceError
+from ..snapshots.fetch import Source, SourceError, SourceRanking
 from ..snapshots.fileserve import MAX_CHUNK
 from ..snapshots.manifest import Manifest, ManifestError
 
@@ -77,7 +77,7 @@ class PeerSource(Source):
         service: int,
         me: int,
         sign_key: SigningKey,
-        timeout: float = 5.0,
+        timeout: float = 2.0,
     ) -> None:
         self.name = name
         self.addr = addr
@@ -113,7 +113,8 @@ class PeerSource(Source):
         req = wire.FileFetch(self.service, self.me, seq, path.encode(), offset, MAX_CHUNK)
         raw = wire.frame(req.signed(self.sign_key).encode())
         with self._lock:
-            for attempt in (0, 1):  # a kept connection may have died since: one reconnect
+            while True:
+                kept = self._sock is not None
                 try:
                     if self._sock is None:
                         self._sock = socket.create_connection(self.addr, timeout=self.timeout)
@@ -123,7 +124,9 @@ class PeerSource(Source):
                     break
                 except (OSError, wire.FrameError) as e:
                     self._drop()
-                    if attempt:
+                    # A kept connection may have died since its last use: one fresh try.
+                    # Not after a timeout: a paused peer would cost the timeout twice.
+                    if not kept or isinstance(e, TimeoutError):
                         raise SourceError(f"{self.addr[0]}:{self.addr[1]}: {e}") from e
         if m.status != 0:
             raise SourceError(_STATUS_TEXT.get(m.status, f"status {m.status}"))
@@ -164,21 +167,26 @@ def fetch_manifest(
     digest: bytes,
     *,
     on_bad_source: Callable[[str, str, str], None] | None = None,
+    ranking: SourceRanking | None = None,
 ) -> Manifest:
     """The manifest of checkpoint `seq` from the first source whose copy hashes to the
     certified `digest`."""
     reasons = []
-    for src in sources:
+    ranking = ranking or SourceRanking()
+    for src in ranking.order(sources):
         try:
             enc = src.fetch(seq, "", 0)
         except SourceError as e:
             reasons.append(f"{src.name}: {e}")
+            ranking.failed(src.name)
             continue
         if hashlib.sha256(enc).digest() != digest:
+            ranking.lied(src.name)
             reasons.append(f"{src.name}: manifest does not hash to the certified digest")
             if on_bad_source is not None:
                 on_bad_source(src.name, "<manifest>", "does not hash to the certified digest")
             continue
+        ranking.served(src.name)
         try:
             return Manifest.decode(enc)
         except ManifestError as e:  # hashes right yet does not decode: C itself is bad

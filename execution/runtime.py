@@ -23,7 +23,7 @@ from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
 from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
-from ..snapshots.fetch import FetchError, StateFetcher
+from ..snapshots.fetch import FetchError, SourceRanking, StateFetcher
 from ..snapshots.fileserve import SnapshotFiles
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
@@ -192,6 +192,7 @@ class Runtime:
         self._bg_stop = threading.Event()
         self._bg_thread: threading.Thread | None = None
         self._sources: list[PeerSource] = []
+        self._ranking = SourceRanking()
         # Set in start():
         self.store: CheckpointStore
         self.state: StateDir
@@ -871,11 +872,19 @@ class Runtime:
     def _install_checkpoint(self, seq: int, digest: bytes) -> None:
         """Worker thread, store lock held, executor idle (it is the caller)."""
         sources = self._peer_sources()
-        manifest = fetch_manifest(sources, seq, digest, on_bad_source=self._bad_source)
+        manifest = fetch_manifest(
+            sources, seq, digest, on_bad_source=self._bad_source, ranking=self._ranking
+        )
         self.state.sync()
         live = self.store.path
         fetcher = StateFetcher(
-            live, manifest, seq, sources, on_bad_source=self._bad_source, patience=_FETCH_PATIENCE
+            live,
+            manifest,
+            seq,
+            sources,
+            on_bad_source=self._bad_source,
+            patience=_FETCH_PATIENCE,
+            ranking=self._ranking,
         )
         # What this replica's own last checkpoint says, plus what changed since: enough to
         # tell which files match without re-hashing the whole state (docs/recovery.md).

@@ -64,6 +64,28 @@ class Source(Protocol):
 BadSourceHook = Callable[[str, str, str], None]  # (source name, path, reason)
 
 
+class SourceRanking:
+    """Which source to ask first. A peer that just failed (a paused VM accepts the
+    connection and never answers, so every ask costs a timeout) goes to the back until
+    it serves again; one that served wrong bytes stays at the back for good."""
+
+    def __init__(self) -> None:
+        self._strikes: Counter[str] = Counter()
+        self._liars: set[str] = set()
+
+    def order(self, sources: Sequence[Source]) -> list[Source]:
+        return sorted(sources, key=lambda s: (s.name in self._liars, self._strikes[s.name]))
+
+    def failed(self, name: str) -> None:
+        self._strikes[name] += 1
+
+    def lied(self, name: str) -> None:
+        self._liars.add(name)
+
+    def served(self, name: str) -> None:
+        self._strikes[name] = 0
+
+
 class StateFetcher:
     def __init__(
         self,
@@ -74,9 +96,11 @@ class StateFetcher:
         *,
         on_bad_source: BadSourceHook | None = None,
         patience: float = 0.0,
+        ranking: SourceRanking | None = None,
     ) -> None:
         self.root = Path(root)
         self.patience = patience
+        self.ranking = ranking or SourceRanking()
         self.manifest = manifest
         self.seq = seq
         self.sources = list(sources)
@@ -270,18 +294,26 @@ class StateFetcher:
     def _fetch_from_sources(self, rel: str) -> None:
         want = self.manifest.files[rel]
         reasons = []
-        for src in self.sources:
+        with self._lock:
+            order = self.ranking.order(self.sources)
+        for src in order:
             try:
                 data = src.fetch(self.seq, rel, want.size)
             except SourceError as e:
                 reasons.append(f"{src.name}: {e}")
                 self.counters["source_errors"] += 1
+                with self._lock:
+                    self.ranking.failed(src.name)
                 continue
             if len(data) != want.size or hashlib.sha256(data).digest() != want.sha256:
                 why = f"content does not match the manifest ({len(data)} bytes)"
                 reasons.append(f"{src.name}: {why}")
+                with self._lock:
+                    self.ranking.lied(src.name)
                 self._report_bad(src.name, rel, why)
                 continue
+            with self._lock:
+                self.ranking.served(src.name)
             self._install(rel, data)
             self.counters["bytes_fetched"] += len(data)
             return

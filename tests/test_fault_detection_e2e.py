@@ -137,23 +137,26 @@ def _start(
     overrides: dict[str, Any],
     per_replica: dict[int, dict[str, Any]] | None = None,
     controld_up: bool = True,
+    cp: int = CP,
+    f: int = 1,
 ) -> Iterator[FaultRig]:
     for attempt in range(20):
         cluster = Cluster(
             tmp_path / f"try{attempt}",
-            checkpoint_interval=CP,
-            log_window=2 * CP,
+            checkpoint_interval=cp,
+            log_window=2 * cp,
             app="kv",
-            f=1,
+            f=f,
             overrides=overrides,
             overrides_per_replica=per_replica,
         )
         ports = [a[1] for a in cluster.service.exec_addresses(cluster.config)]
         if all(_port_free(p) for p in [*ports, cluster.control_port]):
             break
-    assert cluster.service.active == 2 and cluster.service.n_exec == 3
+    svc = cluster.service
+    assert svc.active == f + 1 and svc.n_exec == 2 * f + 1
     conf = cluster.conf_path(0).read_text()
-    assert f"exec {SPARE} 0 sleeping" in conf and "controld 0 127.0.0.1" in conf
+    assert f"exec {svc.active} 0 sleeping" in conf and "controld 0 127.0.0.1" in conf
     execs = ExecReplicas(cluster, args)
     rig = FaultRig(cluster, execs)
     trust = certs.ServiceTrust.load(cluster.dir / "keys", cluster.service)
@@ -163,12 +166,13 @@ def _start(
         if controld_up:
             rig.controld.start(cluster.control_port)
         cluster.start()
-        for i in range(3):
+        for i in range(svc.n_exec):
             execs.start(i)
-        for i in range(3):
+        for i in range(svc.n_exec):
             rig.wait_linked(i)
-        # The spare registered (FETCH kind 3) and now sleeps: no CPU, no EXEC-COMMITs.
-        signal_group(execs.procs[SPARE].pid, signal.SIGSTOP)
+        # The spares registered (FETCH kind 3) and now sleep: no CPU, no EXEC-COMMITs.
+        for i in range(svc.active, svc.n_exec):
+            signal_group(execs.procs[i].pid, signal.SIGSTOP)
         yield rig
         ok = True
     finally:

@@ -234,3 +234,21 @@ def test_foreground_fetch_waits_for_a_source_to_come_back(tmp_path, certified):
     g.prepare()
     with pytest.raises(FetchError):
         g.ensure("db/a")
+
+
+def test_a_failing_source_is_asked_last_until_it_serves(tmp_path, certified):
+    src, manifest = certified
+
+    class Counting(DeadSource):
+        asked = 0
+
+        def fetch(self, seq, path, size):
+            self.asked += 1
+            return super().fetch(seq, path, size)
+
+    dead = Counting()
+    good = DirSource("good", src, 7, corrupt=set())
+    f, _ = make(tmp_path, certified, [dead, good])
+    f.fetch_all()
+    assert dead.asked == 1  # a paused peer costs one timeout, not one per file
+    assert f.done

@@ -1,0 +1,170 @@
+# tests/test_recovery_drill.py - the whole fault path with recovery (ZZ §4.3-4.5): concurrent KV
+# clients recording a history, an active execution replica fails after the state has grown past
+# several stable checkpoints, the agreement cluster wakes the paused spare (via a certificate-
+# checking controld stand-in, tests/test_fault_detection_e2e.py), the spare recovers from the
+# certified checkpoint by fetching state from its peers, the client gets correct replies, the
+# faulty replica is convicted, and Porcupine finds the whole history linearizable.
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_fault_detection_e2e import FaultRig, _start
+from tests.test_kv_linearizable import needs_go
+from zz import history as zh
+from zz.client import ClientTimeout
+from zz.history import HistoryRecorder
+from zz.procrack import signal_group
+
+CP = 8
+TIMERS = {"detect_k": 4, "detect_floor_ms": 300, "detect_ceiling_ms": 1000}
+KEYS = [b"a", b"b", b"c", b"d"]
+
+
+def _settled(rig: FaultRig, i: int) -> int:
+    """Replica i's last executed seq once two status writes (1 s apart) agree."""
+    prev = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        n = rig.execs.status(i).get("last_executed")
+        if n is not None and n == prev:
+            return n
+        prev = n
+        time.sleep(1.05)
+    raise TimeoutError(f"replica {i} does not settle\n{rig.diag()}")
+
+
+async def _workload(rig: FaultRig, rec: HistoryRecorder, seconds: float, first: int) -> int:
+    """3 clients doing get/put/cas on a few keys for `seconds`; returns acknowledged ops."""
+    loop = asyncio.get_running_loop()
+    stop = loop.time() + seconds
+    done = 0
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        rng = random.Random(first * 100 + w)
+        client = rig.cluster.client(first + w)
+        kc = rec.client(client, timeout=20.0)
+        n = 0
+        try:
+            while loop.time() < stop:
+                n += 1
+                key = rng.choice(KEYS)
+                value = b"w%d-%d-%d" % (first, w, n)
+                try:
+                    r = rng.random()
+                    if r < 0.45:
+                        await kc.get(key)
+                    elif r < 0.9:
+                        await kc.put(key, value)
+                    else:
+                        await kc.cas(key, None, value)
+                    done += 1
+                except ClientTimeout:
+                    pass
+        finally:
+            await client.close()
+
+    await asyncio.gather(*(worker(w) for w in range(3)))
+    return done
+
+
+async def _sequential_puts(rig: FaultRig, rec: HistoryRecorder, k: int, client_index: int) -> None:
+    client = rig.cluster.client(client_index)
+    kc = rec.client(client, timeout=20.0)
+    try:
+        for j in range(k):
+            await kc.put(b"pad", b"pad-%d-%d" % (client_index, j))
+    finally:
+        await client.close()
+
+
+def _drill(rig: FaultRig, faulty: int, spare: int, fault: str, phase: int) -> dict[str, Any]:
+    """Load, then bring the service to seq = m*CP + phase with nothing in flight, inject
+    the fault, and load again through detection, wake-up and recovery."""
+    zh.lincheck_binary()
+    rec = HistoryRecorder()
+    before = asyncio.run(_workload(rig, rec, 3.0, first=0))
+    n = _settled(rig, 0)
+    k = (phase - n) % CP
+    if n + k < 2 * CP:
+        k += 2 * CP  # at least two checkpoints, so the spare cannot just replay the log
+    asyncio.run(_sequential_puts(rig, rec, k, client_index=10))
+    at = _settled(rig, 0)
+    assert at % CP == phase % CP, (at, phase)
+    execs = rig.execs
+    if fault == "crash":
+        signal_group(execs.procs[faulty].pid, signal.SIGKILL)
+        execs.procs[faulty].wait(timeout=10)
+    else:
+        # A replica that turns Byzantine now: restarted with wrong replies, it restores
+        # its own checkpoint and catches up first, then lies about every new request.
+        assert execs.stop(faulty) == 0
+        execs.args[faulty] = ["--inject-fault", "wrong-reply"]
+        execs.start(faulty)
+        rig.wait_linked(faulty)
+    t0 = time.monotonic()
+    after = asyncio.run(_workload(rig, rec, 5.0, first=20))
+    c = rig.controld
+    rig.wait(lambda: bool(c.shutdowns), "a SHUTDOWN certificate", timeout=60)
+    # Once resolved, the service runs on the survivors and the recovered spare.
+    after += asyncio.run(_workload(rig, rec, 2.0, first=40))
+    h = rec.history()
+    verdict = zh.check(h, timeout=60)
+    assert verdict.linearizable, f"{verdict}\n{rig.diag()}"
+    assert c.wakeups and spare in c.wakeups[0].wake, (c.wakeups, c.rejected)
+    assert not c.rejected, c.rejected
+    assert c.shutdowns[0].convict == (faulty,), c.shutdowns
+    st = execs.status(spare)
+    rec_info = st.get("recovery", {})
+    # It slept since seq 0 and the cluster's log starts at a stable checkpoint above it:
+    # the spare must have jumped to that checkpoint and fetched state from its peers.
+    assert st["counters"].get("recoveries", 0) >= 1, f"{c.wakeups}\n{c.shutdowns}\n{rig.diag()}"
+    assert rec_info.get("checkpoint", 0) >= CP, rec_info
+    assert before > 20 and after > 20, f"{(before, after)}\n{rig.diag()}"
+
+    return {
+        "fault_at_seq": at,
+        "recovered_checkpoint": rec_info["checkpoint"],
+        "files_pending_at_wake": rec_info.get("files_pending"),
+        "ops_before": before,
+        "ops_after": after,
+        "ops_in_history": len(h.operations),
+        "first_wakeup_s": c.woken_at and min(c.woken_at.values()) - t0,
+    }
+
+
+@pytest.fixture
+def f1_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {}, TIMERS, cp=CP)
+
+
+@pytest.fixture
+def f2_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {}, TIMERS, cp=CP, f=2)
+
+
+@pytest.mark.slow
+@needs_go
+def test_crash_right_after_a_checkpoint(f1_rig: FaultRig) -> None:
+    print(_drill(f1_rig, faulty=1, spare=2, fault="crash", phase=0))
+
+
+@pytest.mark.slow
+@needs_go
+def test_wrong_reply_right_before_the_next_checkpoint(f1_rig: FaultRig) -> None:
+    print(_drill(f1_rig, faulty=1, spare=2, fault="wrong-reply", phase=CP - 2))
+
+
+@pytest.mark.slow
+@needs_go
+def test_f2_crash_wakes_one_of_two_spares(f2_rig: FaultRig) -> None:
+    out = _drill(f2_rig, faulty=2, spare=3, fault="crash", phase=1)
+    print(out)
