@@ -270,13 +270,23 @@ class LibvirtHypervisor:
         balloon stops moving; a guest that does not get there is saved anyway, with a
         bigger file: HibernateResult.reached), save to `path`. balloon_mib=None: plain save. On a
         failure after the guest went to sleep, its memory is grown back and its share
-        mounted again (best effort) before the error goes up: the domain keeps running."""
+        mounted again (best effort) before the error goes up: the domain keeps running.
+        A paused domain (paused -> hibernated) is resumed first, since a paused guest
+        cannot unmount its share, and paused again if the hibernation fails."""
         dom = self._dom(name, "hibernate")
         full_kib = self._call(name, "hibernate", lambda: int(dom.maxMemory()))
         port = self.agent_port(name)
+        was_paused = self.state(name) == PAUSED
         t0 = time.monotonic()
-        if port is not None:
-            self.guest_call(name, "sleep", timeout=30.0)
+        if was_paused:
+            self._call(name, "hibernate", dom.resume)
+        try:
+            if port is not None:
+                self.guest_call(name, "sleep", timeout=30.0)
+        except HypervisorError:
+            if was_paused:
+                self._call(name, "hibernate", dom.suspend)
+            raise
         t1 = time.monotonic()
         balloon_kib: int | None = None
         reached = True
@@ -292,7 +302,7 @@ class LibvirtHypervisor:
             t2 = time.monotonic()
             self._call(name, "save", lambda: dom.save(str(path)))
         except HypervisorError:
-            self._undo_sleep(name, full_kib, port)
+            self._undo_sleep(name, full_kib, port, was_paused)
             raise
         t3 = time.monotonic()
         return HibernateResult(
@@ -301,7 +311,7 @@ class LibvirtHypervisor:
             file_bytes=Path(path).stat().st_size,
         )  # fmt: skip
 
-    def _undo_sleep(self, name: str, full_kib: int, port: int | None) -> None:
+    def _undo_sleep(self, name: str, full_kib: int, port: int | None, pause: bool) -> None:
         try:
             dom = self.conn.lookupByName(name)
             dom.setMemory(full_kib)
@@ -311,6 +321,11 @@ class LibvirtHypervisor:
             try:
                 self.guest_call(name, "mount")
             except HypervisorError:
+                pass
+        if pause:
+            try:
+                dom.suspend()
+            except libvirt.libvirtError:
                 pass
 
     def wake_hibernated(self, path: Path, full_mib: int) -> str:

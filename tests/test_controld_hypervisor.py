@@ -147,6 +147,15 @@ def test_libvirt_hibernate_and_wake_on_test_driver(test_hv: Hypervisor, tmp_path
     with pytest.raises(HypervisorError) as ei:
         hv.wake_hibernated(tmp_path / "missing.save", 512)
     assert ei.value.action == "restore"
+    # paused -> hibernated: resumed first (a paused guest cannot unmount its share), and
+    # paused again when the hibernation fails.
+    hv.suspend(name)
+    with pytest.raises(HypervisorError, match="balloon 1024 MiB"):
+        hv.hibernate(name, save, balloon_mib=1024)
+    assert hv.state(name) == PAUSED and not save.exists()
+    hv.hibernate(name, save, balloon_mib=192)
+    assert hv.wake_hibernated(save, 512) == name and hv.state(name) == RUNNING
+    hv.discard(save)
     # Restored, but the grow fails (above the maximum): said so, the domain keeps running.
     hv.hibernate(name, save, balloon_mib=128)
     with pytest.raises(HypervisorError, match="restored, but growing") as ei:

@@ -201,7 +201,8 @@ def test_hibernate_refused_with_share_mounted_is_reported(
     hv: Hypervisor, cleanup: Cleanup, pool: str, tmp_path: Path, image
 ) -> None:  # type: ignore[no-untyped-def]
     """A plain save() of a guest that has its share mounted fails (QEMU's 9p migration
-    blocker): the error names the domain, and the domain keeps running and answering."""
+    blocker): the error names the domain, and the domain keeps running and answering.
+    hibernate() of the same guest, paused, works (paused -> hibernated)."""
     spec = _replica(pool, tmp_path, image, cleanup, "blocked")
     save = tmp_path / f"{spec.name}.save"
     cleanup.saves.append(save)
@@ -211,6 +212,13 @@ def test_hibernate_refused_with_share_mounted_is_reported(
             hv.save(spec.name, save)
         assert ei.value.name == spec.name and ei.value.action == "save"
         assert hv.state(spec.name) == RUNNING and _answers(spec.ports[0][0], 5.0)
+        # paused -> hibernated: hibernate() resumes it so the agent can unmount the share.
+        hv.suspend(spec.name)
+        hv.hibernate(spec.name, save, balloon_mib=192)
+        assert spec.name not in _all_domains() and save.exists()
+        assert hv.wake_hibernated(save, MEMORY_MIB) == spec.name
+        _wait_ok(spec.ports[0][0], time.monotonic() + 60)
+        hv.discard(save)
     except BaseException:
         print(f"--- console of {spec.name} ---\n{_console(spec)}")
         raise
