@@ -10,6 +10,11 @@ domain XML is a minimal <domain type='test'>, so the whole lifecycle runs in
 milliseconds. Known limit of that driver: it rejects VIR_DOMAIN_SAVE_BYPASS_CACHE and
 jobInfo, so neither is used here.
 
+Sleeping replicas: hibernate() = guest agent "sleep" + balloon + save, wake_hibernated()
+= restore + grow (the paged-out restore), guest_call() = one request to the guest agent
+(images/zz_guest.py) on the domain's forward of guest port 7000. docs/controld.md
+"Sleeping replicas".
+
 The calls block (a save of a big guest takes seconds); controld runs them in
 asyncio.to_thread. One connection per backend object; libvirt connections are
 thread-safe, so concurrent calls on different domains are fine.
