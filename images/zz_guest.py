@@ -256,8 +256,11 @@ class Agent:
                     reply = {"ok": False, "error": str(e)}
                 writer.write(json.dumps(reply).encode() + b"\n")
                 await writer.drain()
-        except (ConnectionError, asyncio.LimitOverrunError, ValueError):
+        except (asyncio.LimitOverrunError, ValueError):
+            # readline() raises ValueError for a line over the stream limit.
             self.count("line_too_long")
+        except ConnectionError:
+            pass  # the host went away mid-request: nothing to answer
         finally:
             writer.close()
 
