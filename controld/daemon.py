@@ -35,6 +35,7 @@ from zz.keys import ControldKeys, controld_principal
 from . import actions
 from . import inventory as inv
 from .actions import HostContext
+from .announce import Announcer
 from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from .ledger import Ledger
 from .rpc import RACK_SERVICE, control_reply, decode_json
@@ -90,6 +91,8 @@ class Daemon:
         self._server: asyncio.base_events.Server | None = None
         self._worker: asyncio.Task[None] | None = None
         self.started = time.time()
+        assert keys.secret.sign is not None  # load_controld refuses a key without one
+        self.announcer = Announcer(config, host, keys.secret.sign, self.counters, self._note)
 
     # ---- start, restart, stop ---------------------------------------------------------------
     def recover(self) -> None:
@@ -134,6 +137,7 @@ class Daemon:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        await self.announcer.close()
         for t in [*self._tasks, *([self._worker] if self._worker else [])]:
             t.cancel()
         for t in [*self._tasks, *([self._worker] if self._worker else [])]:
@@ -375,7 +379,10 @@ class Daemon:
         await reply(
             {"ok": True, "final": False, "progress": f"booting {svc.name}/{index}, then {mode}"}
         )
-        return await self._provision(svc, index, mode, inject_fault=fault)
+        out = await self._provision(svc, index, mode, inject_fault=fault)
+        if mode != "active":  # a standby: the agreement replicas may count it as a spare
+            self.announcer.announce(svc, index, 0)
+        return out
 
     async def _op_destroy(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
         svc = self._service(req)
@@ -544,6 +551,7 @@ class Daemon:
                 self._placement_check(svc, x)
                 await self._provision(svc, x, svc.sleep, role="standby")
                 self.counters["reprovisioned"] += 1
+                self.announcer.announce(svc, x, seq)
             except OpError as e:
                 self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
             except (HypervisorError, inv.IllegalTransition, OSError) as e:

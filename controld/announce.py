@@ -1,0 +1,112 @@
+# controld/announce.py - tell a service's agreement replicas that a fresh sleeping replica
+# stands under an index (SPARE-READY, docs/wire.md), so that their sleeping set is refilled.
+"""SPARE-READY sender.
+
+controld signs one SPARE-READY per provisioned standby and sends it to every agreement
+replica of the service on its own short connection. zz-agreed accepts it only from the
+controld of the host the replica is placed on, and only for a replica it holds convicted
+by the SHUTDOWN at `seq` (0: a first provisioning) or already sleeping; a correct replica
+that has not applied that SHUTDOWN yet holds it until it does. There is no reply: a send
+counts as delivered once the frame is written to a connected socket. An agreement replica
+that is down for the whole retry period misses the announcement (docs/controld.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from zz import wire
+from zz.config import Config, Host, Service
+from zz.crypto import SigningKey
+from zz.keys import controld_principal
+
+log = logging.getLogger("zz.controld.announce")
+
+RETRY_FOR_S = 120.0  # an agreement replica restarting within this still gets the announcement
+BACKOFF_S = (0.2, 5.0)  # first retry delay, cap (doubling)
+CONNECT_TIMEOUT_S = 2.0
+
+
+def spare_ready(host: Host, key: SigningKey, svc: Service, index: int, seq: int) -> bytes:
+    """The signed SPARE-READY of `host`'s controld for `svc`/`index`."""
+    msg = wire.SpareReady(svc.id, controld_principal(host.index), index, seq)
+    return msg.signed(key).encode()
+
+
+class Announcer:
+    """Sends SPARE-READY in the background; `close()` cancels what is still retrying."""
+
+    def __init__(
+        self,
+        config: Config,
+        host: Host,
+        key: SigningKey,
+        counters: Counter[str],
+        note: Callable[[str], None],
+        *,
+        retry_for: float = RETRY_FOR_S,
+    ) -> None:
+        self.config = config
+        self.host = host
+        self.key = key
+        self.counters = counters
+        self.note = note
+        self.retry_for = retry_for
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def announce(self, svc: Service, index: int, seq: int) -> None:
+        """SPARE-READY{index, seq} to every agreement replica of `svc` (needs a running loop)."""
+        raw = spare_ready(self.host, self.key, svc, index, seq)
+        self.note(f"SPARE-READY {svc.name}/{index} seq {seq} to {svc.n} agreement replicas")
+        for r in range(svc.n):
+            addr = self.config.replica_address(svc, r)
+            t = asyncio.create_task(self._deliver(svc, r, addr, raw))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, svc: Service, r: int, addr: tuple[str, int], raw: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_for
+        delay = BACKOFF_S[0]
+        while True:
+            try:
+                await self._send_once(addr, raw)
+            except (OSError, TimeoutError) as e:
+                if loop.time() + delay > deadline:
+                    self.counters["spare_ready_failed"] += 1
+                    self.note(f"SPARE-READY {svc.name} to agreement replica {r} failed: {e}")
+                    return
+                self.counters["spare_ready_retries"] += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_S[1])
+                continue
+            self.counters["spare_ready_sent"] += 1
+            return
+
+    async def _send_once(self, addr: tuple[str, int], raw: bytes) -> None:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(addr[0], addr[1]), CONNECT_TIMEOUT_S
+        )
+        try:
+            writer.write(wire.frame(raw))
+            await asyncio.wait_for(writer.drain(), CONNECT_TIMEOUT_S)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def idle(self) -> None:
+        """Wait until every announcement is delivered or given up (tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await t

@@ -1,0 +1,175 @@
+# tests/test_spare_refill.py - closing the fault-handling loop end to end (docs/fault-detection.md
+# "In zz-agreed"): a wrong reply wakes the spare and convicts the faulty replica; the agreement
+# replicas adopt a certified outcome over their own; a restarted zz-agreed keeps its view; the
+# re-provisioned replica is announced with a real SPARE-READY (controld/announce.py), sleeps
+# again in every agreement replica's view, and a second fault wakes it.
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controld.announce import Announcer, spare_ready
+from tests.cluster import SERVICE_ID
+from tests.test_execution_runtime import KV_GET, _kv, _kv_ok
+from tests.test_fault_detection_e2e import (
+    FAST,
+    SPARE,
+    FaultRig,
+    _check_wakeup,
+    _puts,
+    _start,
+    _wait_resolved,
+)
+from zz import keys, wire
+from zz.crypto import SigningKey
+from zz.procrack import signal_group
+
+
+@pytest.fixture
+def refill_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {1: ["--inject-fault", "wrong-reply"]}, FAST)
+
+
+def _send(port: int, *msgs: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for m in msgs:
+            s.sendall(wire.frame(m))
+
+
+def _replica_key(rig: FaultRig, r: int) -> SigningKey:
+    sec = keys.load_secret(keys.secret_path(rig.cluster.dir / "keys", SERVICE_ID, r))
+    assert sec.sign is not None
+    return sec.sign
+
+
+def _log(rig: FaultRig, r: int) -> str:
+    return rig.cluster.log_path(r).read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_spare_is_refilled_and_woken_again(refill_rig: FaultRig) -> None:
+    rig = refill_rig
+    c = rig.cluster
+    svc = c.service
+    # 1. wrong reply -> WAKEUP -> SHUTDOWN convicts replica 1
+    assert _puts(rig, 1, "w") == [_kv_ok()]
+    _check_wakeup(rig)
+    cert = _wait_resolved(rig, convicted=1)
+    seq = cert.seq
+
+    # 2. Replica 3's own outcome is outvoted: SHUTDOWNs for another outcome of the same
+    # round, signed by 0, 1 and 2, are a certificate its own body does not have; it adopts
+    # it. The true outcome from the same three then wins back (it is certified, ours is not).
+    def shutdowns(convict: list[int], active: list[int]) -> list[bytes]:
+        return [
+            wire.Shutdown(SERVICE_ID, r, seq, list(cert.awake), convict, [], active)
+            .signed(_replica_key(rig, r))
+            .encode()
+            for r in (0, 1, 2)
+        ]
+
+    _send(c.port(3), *shutdowns([0], [1, SPARE]))
+    rig.wait(
+        lambda: c.stats(3)["exec_convicted"] == [0] and c.stats(3)["exec_awake"] == [1, SPARE],
+        "replica 3 adopted the certified outcome over its own",
+    )
+    assert c.stats(3)["shutdowns_adopted_over_own"] == 1
+    assert "over our own outcome" in _log(rig, 3)
+    _send(c.port(3), *shutdowns(list(cert.convict), list(cert.active)))
+    rig.wait(
+        lambda: (
+            c.stats(3)["exec_convicted"] == [1] and c.stats(3)["shutdowns_adopted_over_own"] == 2
+        ),
+        "replica 3 back on the certificate the others hold",
+    )
+    for r in (0, 1, 2):
+        assert c.stats(r)["shutdowns_adopted_over_own"] == 0
+
+    # 3. A restarted zz-agreed starts from its exec_view file, not from its replica file.
+    view = c.run_dir / "agreed-3.exec-view"
+    assert f"exec 1 convicted {seq}" in view.read_text()
+    c.kill(3)
+    c.start(3)
+    rig.wait(
+        lambda: (
+            c.stats(3).get("exec_convicted") == [1]
+            and c.stats(3).get("exec_awake") == [0, SPARE]
+            and c.stats(3).get("exec_sleeping") == []
+        ),
+        "restarted replica 3 shows the post-SHUTDOWN view",
+    )
+    assert f"view from {view}" in _log(rig, 3)
+
+    # 4. controld re-provisions 1: a fresh state, no injected fault, registered, then asleep.
+    rig.execs.procs[1].wait(timeout=10)  # SIGKILLed by the test's controld at the SHUTDOWN
+    shutil.rmtree(svc.exec_state_dir(c.config, 1), ignore_errors=True)
+    rig.execs.args[1] = []
+    rig.execs.start(1)
+    rig.wait_linked(1)
+    signal_group(rig.execs.procs[1].pid, signal.SIGSTOP)
+
+    # Bad announcements change nothing: a forged signature, a controld of another host, and
+    # a seq that is not the conviction's (an old SPARE-READY replayed).
+    host0 = c.config.hosts[0]
+    ctl_key = keys.load_secret(
+        keys.secret_path(c.dir / "keys", keys.RACK_SERVICE, keys.controld_principal(0))
+    ).sign
+    assert ctl_key is not None
+    forged = spare_ready(host0, SigningKey(bytes(32)), svc, 1, seq)
+    other_host = wire.SpareReady(SERVICE_ID, keys.controld_principal(5), 1, seq)
+    old = spare_ready(host0, ctl_key, svc, 1, 0)
+    for r in range(c.n):
+        _send(c.port(r), forged, other_host.signed(ctl_key).encode(), old)
+    rig.wait(
+        lambda: all(s["spares_ready_rejected"] == 3 for s in rig.agreement()),
+        "bad SPARE-READYs rejected and counted",
+    )
+    assert all(s["exec_convicted"] == [1] for s in rig.agreement())
+    log0 = _log(rig, 0)
+    for why in ("signature", "not the controld of the replica's host", "not the conviction's"):
+        assert why in log0, why
+
+    # The real one, sent the way controld sends it after re-provisioning.
+    counters: Counter[str] = Counter()
+    notes: list[str] = []
+
+    async def announce() -> None:
+        a = Announcer(c.config, host0, ctl_key, counters, notes.append)
+        a.announce(svc, 1, seq)
+        await asyncio.wait_for(a.idle(), 30)
+
+    asyncio.run(announce())
+    assert counters["spare_ready_sent"] == c.n, (counters, notes)
+    rig.wait(
+        lambda: all(
+            s["exec_sleeping"] == [1] and s["exec_convicted"] == [] and s["spares_ready_received"]
+            for s in rig.agreement()
+        ),
+        "every agreement replica counts replica 1 as a sleeping spare again",
+    )
+    assert f"exec 1 sleeping {seq}" in view.read_text()
+
+    # 5. A second fault (the former spare crashes) wakes the refilled spare.
+    signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
+    rig.execs.procs[SPARE].wait(timeout=10)
+    assert _puts(rig, 1, "second") == [_kv_ok()]
+    rig.wait(lambda: len(rig.controld.shutdowns) >= 2, "a second SHUTDOWN certificate", 60)
+    cert2 = rig.controld.shutdowns[1]
+    assert cert2.convict == (SPARE,) and cert2.active == (0, 1), cert2
+    assert 1 in rig.controld.woken_at
+    rig.wait(
+        lambda: all(
+            s["exec_awake"] == [0, 1] and s["exec_convicted"] == [SPARE] for s in rig.agreement()
+        ),
+        "every agreement replica has 0 and the refilled spare awake",
+    )
+    # The woken spare replayed the log since seq 0 and serves reads of the first round's data.
+    assert rig.invoke_all([_kv(KV_GET, b"w0")]) == [_kv_ok(b"v0")]
+    assert _puts(rig, 2, "third") == [_kv_ok()] * 2
