@@ -173,3 +173,61 @@ def test_spare_is_refilled_and_woken_again(refill_rig: FaultRig) -> None:
     # The woken spare replayed the log since seq 0 and serves reads of the first round's data.
     assert rig.invoke_all([_kv(KV_GET, b"w0")]) == [_kv_ok(b"v0")]
     assert _puts(rig, 2, "third") == [_kv_ok()] * 2
+
+
+def test_announcer_retries_until_a_replica_listens(tmp_path: Path) -> None:
+    """An agreement replica that is not listening yet gets the SPARE-READY once it is; each
+    replica gets one signed frame that verifies with the controld's public key."""
+    from tests.cluster import free_port_range
+
+    base = free_port_range(4)
+    (tmp_path / "rack.toml").write_text(
+        f"""[rack]
+name = "t"
+[[hosts]]
+name = "h0"
+address = "127.0.0.1"
+[[services]]
+name = "kv"
+id = 3
+g = 1
+f = 1
+app = "kv"
+base_port = {base}
+"""
+    )
+    from zz import config as zconfig
+
+    cfg = zconfig.load(tmp_path / "rack.toml")
+    svc = cfg.services[0]
+    key = SigningKey(bytes(range(32)))
+    got: dict[int, list[bytes]] = {r: [] for r in range(svc.n)}
+
+    async def main() -> Counter[str]:
+        async def serve(r: int) -> asyncio.base_events.Server:
+            async def on_conn(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+                got[r].append(await wire.read_frame(reader))
+                w.close()
+
+            return await asyncio.start_server(on_conn, "127.0.0.1", base + r)
+
+        servers = [await serve(r) for r in range(svc.n - 1)]  # the last one comes up late
+        counters: Counter[str] = Counter()
+        a = Announcer(cfg, cfg.hosts[0], key, counters, lambda _: None, retry_for=10)
+        a.announce(svc, 2, 41)
+        await asyncio.sleep(1.0)
+        servers.append(await serve(svc.n - 1))
+        await asyncio.wait_for(a.idle(), 15)
+        for s in servers:
+            s.close()
+        return counters
+
+    counters = asyncio.run(main())
+    assert counters["spare_ready_sent"] == svc.n and counters["spare_ready_retries"] >= 1
+    assert not counters["spare_ready_failed"]
+    for frames in got.values():
+        assert len(frames) == 1
+        m = wire.decode(frames[0])
+        assert isinstance(m, wire.SpareReady)
+        assert (m.service, m.sender, m.replica, m.seq) == (3, keys.controld_principal(0), 2, 41)
+        assert m.verify_sig(key.public)
