@@ -146,6 +146,12 @@ def plot_timeline(report: DrillReport, path: Path) -> Path:
             label = f"{name.replace('_', ' ')} ({t * 1000:.0f} ms)" if t else name
             top.axvline(t, color=MARKS[name], linestyle="--", linewidth=1, label=label)
             bottom.axvline(t, color=MARKS[name], linestyle="--", linewidth=1)
+        rep = report.details.get("replace_s")
+        if isinstance(rep, int | float) and rep > 0:
+            # The replica was down while a faulty runtime replaced it: not the fault itself.
+            for ax in (top, bottom):
+                ax.axvspan(-rep, 0, color="grey", alpha=0.15, linewidth=0)
+            top.plot([], [], color="grey", alpha=0.3, linewidth=6, label="replacing the runtime")
         top.legend(loc="upper right", fontsize=7, framealpha=0.9)
         top.set_title(f"zz drill {report.kind}: {report.rack}/{report.service} — {report.result}")
         fig.tight_layout()
