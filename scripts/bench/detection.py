@@ -329,7 +329,9 @@ class TimedClient(Client):
 
 
 _EVENT = re.compile(rb"replica (\d+): execution (timeout|mismatch) at seq (\d+):(.*)$")
-_WAKE_SENT = re.compile(rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\], evidence")
+_WAKE_SENT = re.compile(
+    rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\], evidence.*?(\d+) ms after the fault"
+)
 _WAKE_ADOPTED = re.compile(rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\] adopted")
 _SHUTDOWN = re.compile(rb"replica (\d+): SHUTDOWN seq (\d+)(.*)$")
 
@@ -339,9 +341,10 @@ def _classify(line: bytes) -> tuple[int, str, int, str] | None:
         return int(m[1]), m[2].decode(), int(m[3]), m[4].decode().strip()
     if m := _SHUTDOWN.search(line):
         return int(m[1]), "shutdown", int(m[2]), m[3].decode()
-    for kind, rx in (("wakeup", _WAKE_SENT), ("wakeup-adopted", _WAKE_ADOPTED)):
-        if m := rx.search(line):
-            return int(m[1]), kind, int(m[2]), ""
+    if m := _WAKE_SENT.search(line):  # row: zz-agreed's own flag -> WAKEUP time in ms
+        return int(m[1]), "wakeup", int(m[2]), m[3].decode()
+    if m := _WAKE_ADOPTED.search(line):
+        return int(m[1]), "wakeup-adopted", int(m[2]), ""
     return None
 
 
@@ -388,6 +391,15 @@ class LogWatch:
                             with self._lock:
                                 self.events.append((now, *ev))
                 time.sleep(self.interval)
+
+    def rows_since(self, t: float, kind: str) -> dict[int, str]:
+        """The logged detail of the first `kind` line per agreement replica after t."""
+        out: dict[int, str] = {}
+        with self._lock:
+            for when, r, k, _, row in self.events:
+                if k == kind and when >= t and r not in out:
+                    out[r] = row
+        return out
 
     def since(self, t: float, kind: str) -> dict[int, tuple[float, int]]:
         """First event of `kind` per agreement replica after time t: replica -> (time, seq)."""
@@ -571,15 +583,16 @@ async def wrong_reply(
     await controld.start()
     c = TimedClient(_params(cfg, 0))
     rows: list[dict[str, Any]] = []
-    first_fault = None
+    first: tuple[float, float] | None = None  # the first faulty request: sent, flagged
     try:
         with LogWatch(logs) as watch:
             for k in range(args.samples + 1):
                 t0, rep, flags = await _one(c, watch, op, {0, 1}, "mismatch", 5.0)
+                if flags and first is None:
+                    first = (t0, min(t for t, _ in flags.values()))
                 if 1 not in rep or 0 not in rep:
                     continue
                 t_wrong, t_last = rep[1], max(rep[0], rep[1])
-                first_fault = first_fault or t_wrong
                 if k == 0:
                     continue  # it also opened the client's connections: not a sample
                 rows.append({
@@ -588,7 +601,7 @@ async def wrong_reply(
                     "flagged_by": sorted(flags),
                 })  # fmt: skip
             await asyncio.sleep(1.5)
-            wake = _wakeup_latency(watch, controld, first_fault)
+            wake = _wakeup_latency(watch, controld, first)
     finally:
         await c.close()
         await controld.close()
@@ -605,7 +618,7 @@ async def crash(
     await controld.start()
     c = TimedClient(_params(cfg, 0))
     out: dict[str, Any] = {}
-    first_fault = None
+    first: tuple[float, float] | None = None
     try:
         for _ in range(3):  # both replicas answer: connections open, t1 of a healthy run
             await c.invoke(mb.encode_op(iterations=round(args.small_e_ms * iters_per_ms)))
@@ -622,7 +635,8 @@ async def crash(
                     if 0 not in rep:
                         continue
                     t_first = rep[0]
-                    first_fault = first_fault or t_first
+                    if flags and first is None:
+                        first = (t0, min(t for t, _ in flags.values()))
                     t1 = 1000 * (t_first - t0)
                     rows.append({
                         "t1_upper_ms": t1,
@@ -632,29 +646,35 @@ async def crash(
                     })  # fmt: skip
                 out[name] = _summary(rows, "report_to_flag_ms") | {"e_ms": e_ms}
             await asyncio.sleep(1.5)
-            # The crash shows at the first request after it, when replica 0's report opens
-            # the timer: that is the fault time here.
-            out |= _wakeup_latency(watch, controld, first_fault)
+            out |= _wakeup_latency(watch, controld, first)
     finally:
         await c.close()
         await controld.close()
     return out | {"agreement_counters": counters(agreed_stats(cfg))}
 
 
-def _wakeup_latency(watch: LogWatch, controld: Controld, fault: float | None) -> dict[str, Any]:
-    """The first WAKEUP: when each agreement replica logged sending or adopting it, and
-    when the stand-in controld had a verified one, in ms after the fault."""
-    if fault is None:
+def _wakeup_latency(
+    watch: LogWatch, controld: Controld, first: tuple[float, float] | None
+) -> dict[str, Any]:
+    """The first WAKEUP, after the first request whose fault was flagged (`first` = its
+    send time and the earliest flag): when each agreement replica logged sending it, in ms
+    after that flag (poller clock) and by zz-agreed's own count in the line, and when the
+    stand-in controld had a verified one. Fault -> WAKEUP = fault -> flag (the samples) +
+    flag -> WAKEUP."""
+    if first is None:
         return {"wakeup": None}
-    sent = watch.since(fault, "wakeup")
-    adopted = watch.since(fault, "wakeup-adopted")
-    at_controld = [t for t, *_ in controld.wakeups if t >= fault]
+    start, flag = first
+    sent = watch.since(start, "wakeup")
+    own = watch.rows_since(start, "wakeup")
+    at_controld = [t for t, *_ in controld.wakeups if t >= start]
     return {
         "wakeup": {
-            "sent_ms": {str(r): 1000 * (t - fault) for r, (t, _) in sorted(sent.items())},
-            "adopted_ms": {str(r): 1000 * (t - fault) for r, (t, _) in sorted(adopted.items())},
-            "verified_at_controld_ms": 1000 * (at_controld[0] - fault) if at_controld else None,
-            "controld": controld.summary(fault),
+            "flag_to_sent_ms": {str(r): 1000 * (t - flag) for r, (t, _) in sorted(sent.items())},
+            "flag_to_sent_ms_by_zz_agreed": {str(r): int(v) for r, v in sorted(own.items())},
+            "flag_to_verified_at_controld_ms": (
+                1000 * (at_controld[0] - flag) if at_controld else None
+            ),
+            "controld": controld.summary(start),
         }
     }
 
@@ -859,13 +879,14 @@ def print_table(doc: dict[str, Any]) -> None:
 
 
 def _print_wake(name: str, w: dict[str, Any] | None) -> None:
-    if not w or not w["sent_ms"]:
-        print(f"{name}: no WAKEUP sent")
+    if not w or not w["flag_to_sent_ms"]:
+        print(f"{name}: no WAKEUP line seen")
         return
-    sent = ", ".join(f"{r}: {v:.1f}" for r, v in w["sent_ms"].items())
+    sent = ", ".join(f"{r}: {v:.1f}" for r, v in w["flag_to_sent_ms"].items())
+    own = ", ".join(f"{r}: {v}" for r, v in w["flag_to_sent_ms_by_zz_agreed"].items())
     print(
-        f"{name}: fault->WAKEUP sent (replica: ms) {sent}; verified at controld"
-        f" {_f(w['verified_at_controld_ms'])} ms"
+        f"{name}: flag->WAKEUP sent (replica: ms) {sent}; zz-agreed's own count {own};"
+        f" verified at controld {_f(w['flag_to_verified_at_controld_ms'])} ms after the flag"
     )
 
 
