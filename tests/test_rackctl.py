@@ -170,3 +170,27 @@ def test_start_ticks_tells_a_recycled_pid_apart() -> None:
     rec = rackctl.ProcRecord("x", "x", os.getpid(), me + 1, "/dev/null")
     assert not rec.alive(), "same pid, another start time: not our process"
     assert rackctl.ProcRecord("x", "x", os.getpid(), me, "/dev/null").alive()
+
+
+@needs_agreed
+def test_zfs_store_pools_are_created_and_destroyed(rack: Config) -> None:
+    """--store zfs: a file-backed pool per host, each replica's dataset on its host's pool;
+    down destroys the pools and removes their vdev files."""
+    from zz.snapshots.zfs import ZfsMissingError, pool_exists, run_zfs
+
+    try:
+        state = rackctl.up(rack, store="zfs", overrides={"detect_floor_ms": 1000})
+    except ZfsMissingError as e:
+        pytest.fail(f"ZFS is required for this test (CI installs it): {e}")
+    names = [p["name"] for p in state.pools]
+    assert names == [rackctl.pool_name(rack, h) for h in rack.hosts]
+    assert all(pool_exists(n) for n in names)
+    datasets = run_zfs(
+        ["zfs", "list", "-H", "-o", "name", "-r", rackctl.pool_name(rack, rack.hosts[1])]
+    )
+    assert "s1-exec-0" in datasets, datasets  # exec-0 of kv0 is placed on h1
+    report = rackctl.down(rack)
+    assert sorted(report.pools) == sorted(names)
+    assert not any(pool_exists(n) for n in names)
+    assert not any(Path(p["vdev"]).exists() for p in state.pools)
+    assert_nothing_left(rack)
