@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import signal
 import socket
@@ -231,3 +232,35 @@ base_port = {base}
         assert isinstance(m, wire.SpareReady)
         assert (m.service, m.sender, m.replica, m.seq) == (3, keys.controld_principal(0), 2, 41)
         assert m.verify_sig(key.public)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("exec 0 awake 0\nexec 1 awake 0\nexec 2 dozing 0\n", ":3: expected 'exec I awake"),
+        ("exec 0 awake 0\nexec 1 awake 0\n", ": replica 2 missing"),
+        ("exec 0 awake 0\nexec 0 awake 0\nexec 2 sleeping 0\n", ":2: replica 0 listed twice"),
+        ("exec 0 awake 0\nexec 1 awake 0\nexec 9 sleeping 0\n", ":3: replica 9 is not in"),
+        ("exec 0 awake 0\nexec 1 awake -1\nexec 2 sleeping 0\n", ":2: expected"),
+        ("\x00garbage", ":1: NUL byte"),
+        ("exec 0 awake 0\n" + "#" * 300 + "\n", ":2: line too long"),
+    ],
+)
+def test_corrupt_view_file_stops_the_replica(tmp_path: Path, text: str, why: str) -> None:
+    from tests.cluster import Cluster
+
+    with Cluster(tmp_path, app="kv", f=1) as c:
+        view = c.run_dir / "agreed-0.exec-view"
+        assert f"exec_view {view}" in c.conf_path(0).read_text()
+        view.write_text(text)
+        # It may listen for a moment before it reads the view, so wait for the exit.
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            c.start(0)
+        assert c.procs[0].wait(timeout=10) != 0
+        log = c.log_path(0).read_text(errors="replace")
+        assert f"zz-agreed: {view}{why}" in log, log
+        # A well-formed one is taken: replica 1 convicted at seq 12, 2 awake.
+        view.write_text("# kept\nexec 0 awake 0\nexec 1 convicted 12\nexec 2 awake 0\n")
+        c.start(0)
+        c.wait_for(lambda: c.stats(0).get("exec_convicted") == [1], 10, "view loaded")
+        assert c.stats(0)["exec_awake"] == [0, 2]

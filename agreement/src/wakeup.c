@@ -176,13 +176,16 @@ static int load_view(zz_replica *r, char *err, size_t errcap)
     }
     uint8_t state[ZZ_MAX_EXEC] = {0};
     uint64_t cseq[ZZ_MAX_EXEC] = {0};
-    char line[256];
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
     uint32_t lineno = 0;
     int rc = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
+    while (rc == 0 && (got = getline(&line, &cap, f)) >= 0) {
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            snprintf(err, errcap, "%s:%u: line too long", path, lineno);
+        if (got > 255 || strlen(line) != (size_t)got) {
+            snprintf(err, errcap, "%s:%u: %s", path, lineno,
+                     got > 255 ? "line too long" : "NUL byte (not a view file)");
             rc = -1;
             break;
         }
@@ -220,6 +223,7 @@ static int load_view(zz_replica *r, char *err, size_t errcap)
         snprintf(err, errcap, "%s: read error", path);
         rc = -1;
     }
+    free(line);
     fclose(f);
     for (uint32_t i = 0; rc == 0 && i < r->conf->n_exec; i++)
         if (!state[i]) {
