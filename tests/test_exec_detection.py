@@ -33,8 +33,10 @@ def wrong_rig(tmp_path: Path) -> Iterator[Rig]:
 
 @pytest.fixture
 def slow_rig(tmp_path: Path) -> Iterator[Rig]:
-    # Replies go out at once, only the EXEC-REPORTs of replica 1 are late.
-    yield from start_rig(tmp_path, [0, 1], {1: ["--inject-fault", "slow-report"]})
+    # Replies go out at once, only the EXEC-REPORTs of replica 1 are late: 0.5 s, beyond
+    # K·t1 clamped to 100..300 ms (the default floor of 500 ms would make it a near tie).
+    timers = {"detect_k": 4, "detect_floor_ms": 100, "detect_ceiling_ms": 300}
+    yield from start_rig(tmp_path, [0, 1], {1: ["--inject-fault", "slow-report"]}, timers)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from zz.snapshots.manifest import Manifest
@@ -27,12 +28,20 @@ FAULTY = 2
 DIVERGE_PATH = "zz-fault-diverge"  # execution/runtime.py DIVERGE_PATH
 
 
-def start_rig(tmp_path: Path, replicas: list[int], args: dict[int, list[str]]) -> Iterator[Rig]:
+def start_rig(
+    tmp_path: Path,
+    replicas: list[int],
+    args: dict[int, list[str]],
+    overrides: dict[str, Any] | None = None,
+) -> Iterator[Rig]:
     """zz-agreed (g = f = 1, kv app) + the given execution replica processes, all of them
     active (agreement replicas push batches only to active ones); everything is torn down
-    also on failure, and every replica must exit 0 on SIGTERM."""
+    also on failure, and every replica must exit 0 on SIGTERM. `overrides`: replica-file
+    keys for every zz-agreed (e.g. detection timers)."""
     for attempt in range(20):
-        cluster = _kv_cluster(tmp_path / f"try{attempt}", CP, active=max(2, len(replicas)))
+        cluster = _kv_cluster(
+            tmp_path / f"try{attempt}", CP, active=max(2, len(replicas)), overrides=overrides
+        )
         if all(_port_free(a[1]) for a in cluster.service.exec_addresses(cluster.config)):
             break
     execs = ExecReplicas(cluster, args)

@@ -239,10 +239,20 @@ class ExecReplicas:
         return "\n".join(out)
 
 
-def _kv_cluster(tmp_path: Path, cp: int, active: int = 2) -> Cluster:
+def _kv_cluster(
+    tmp_path: Path, cp: int, active: int = 2, overrides: dict[str, Any] | None = None
+) -> Cluster:
     """A g = f = 1 cluster whose service runs the kv app on `active` (default f+1 = 2)
     execution replicas; only those get committed batches (the others are spares)."""
-    c = Cluster(tmp_path, checkpoint_interval=cp, log_window=2 * cp, app="kv", f=1, active=active)
+    c = Cluster(
+        tmp_path,
+        checkpoint_interval=cp,
+        log_window=2 * cp,
+        app="kv",
+        f=1,
+        active=active,
+        overrides=overrides,
+    )
     assert c.service.active == active
     assert "execution external" in c.conf_path(0).read_text()
     return c
