@@ -242,6 +242,7 @@ def _provision_all(
     """Every execution replica through its host's controld, hosts in parallel (one host
     provisions its replicas one after the other: controld's own order)."""
     from .controld import actions
+    from .controld.rpc import RpcError
 
     jobs: dict[int, list[tuple[Service, int, str]]] = {}
     for s in config.services:
@@ -255,9 +256,15 @@ def _provision_all(
         done = []
         for s, i, mode in todo:
             t0 = time.monotonic()
-            reply = await operator_call(
-                config, h, {"op": "provision", "service": s.name, "index": i, "mode": mode}, timeout
-            )
+            try:
+                reply = await operator_call(
+                    config,
+                    h,
+                    {"op": "provision", "service": s.name, "index": i, "mode": mode},
+                    timeout,
+                )
+            except RpcError as e:
+                raise RackError(f"controld {h.name}: provision {s.name}/{i} {mode}: {e}") from e
             if not reply.get("ok"):
                 raise RackError(f"controld {h.name}: provision {s.name}/{i} {mode}: "
                                 f"{reply.get('error', reply)}")  # fmt: skip
@@ -407,6 +414,9 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
     for h in config.hosts:
         cmd = [sys.executable, "-m", "zz.controld", "--config", str(config.path)]
         cmd += ["--host", h.name, "--backend", state.backend]
+        if state.backend == "libvirt":
+            # A guest boots under TCG here (DESIGN.md §7): tens of seconds on a busy host.
+            cmd += ["--ready-timeout", "300"]
         if state.store == "zfs":
             cmd += ["--store", "zfs", "--zfs-pool", pools[h.name]]
         log = run / "controld" / f"{h.name}.log"
@@ -431,7 +441,8 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
     progress(f"{n} agreement replicas listening ({time.monotonic() - t0:.1f} s)")
     if any(s.uses_execution_replicas for s in config.services):
         progress("execution replicas through controld (active running, spares asleep):")
-        _provision_all(config, state, progress, timeout)
+        # A guest boots in ~10 s under TCG alone, minutes on a busy 2-core host.
+        _provision_all(config, state, progress, timeout if state.backend == "process" else 900)
         _wait_linked(config, progress, timeout)
 
 
@@ -476,6 +487,8 @@ def rack_domains(config: Config) -> list[tuple[str, str]]:
         import libvirt  # type: ignore[import-not-found, import-untyped]
     except ImportError:
         return []
+    # libvirt prints every error to stderr by default; ours are expected (gone already).
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     prefix = f"zz-{config.rack.name}-"
     found = []
     for uri in sorted({h.libvirt_uri for h in config.hosts}):
@@ -512,6 +525,25 @@ def _destroy_domains(config: Config, report: DownReport) -> None:
             conn.close()
 
 
+# What a rack runs: only these are swept by command line, never e.g. a `timeout` or a
+# shell that merely names the config.
+_RACK_PROGRAMS = (b"zz-agreed", b"zz.execution", b"zz.controld", b"qemu-system")
+
+
+def rack_leftovers(config: Config) -> list[int]:
+    """Live rack processes (zz-agreed, runtimes, controlds, QEMU) naming this rack's
+    config or run directory."""
+    out = []
+    for pid in leftover_pids([str(config.path), f"{config.rack.run_dir}/"]):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(m in cmd for m in _RACK_PROGRAMS):
+            out.append(pid)
+    return out
+
+
 def _remove_exec_state(config: Config) -> None:
     """Execution replicas' state directories (and convicted ones' forensic copies): the
     agreement replicas keep nothing across a restart, so a new rack starts from seq 0 and
@@ -542,12 +574,14 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
         _stop_procs(ctl, timeout + 15, report)
         _stop_procs(rest, timeout, report)
     run = config.rack.run_dir
-    pids = leftover_pids([str(config.path), f"{run}/"])
+    # Domains before the sweep: a guest's QEMU names the run dir (its console socket), and
+    # libvirt should destroy it rather than find it killed under its feet.
+    _destroy_domains(config, report)
+    pids = rack_leftovers(config)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     report.leftovers = pids
-    _destroy_domains(config, report)
     pools = list(state.pools) if state else []
     if pools:
         from .snapshots.zfs import destroy_pool, pool_exists
