@@ -276,6 +276,7 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
         r->exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
     if (load_view(r, err, errcap) != 0)
         return -1;
+    save_view(r); /* from the first start on, the file shows the view */
     for (uint32_t h = 0; h < ZZ_MAX_HOSTS; h++) {
         w->links[h] = -1;
         if (!r->conf->has_controld[h])
@@ -719,6 +720,8 @@ static void apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convic
     struct zz_wake *w = r->wake;
     for (uint32_t i = 0; i < nc; i++) {
         uint32_t x = convict[i];
+        if (r->exec_state[x] == ZZ_EXEC_SLEEPING && w->convicted_seq[x] == seq)
+            continue; /* re-applied (an adopted certificate): its fresh spare stays asleep */
         r->exec_state[x] = ZZ_EXEC_CONVICTED;
         w->convicted_seq[x] = seq;
         if (w->spare_pending[x] == seq) {
