@@ -39,6 +39,7 @@ SAMPLES: list[wire.Message] = [
     wire.ReplyAffirm(5, 3, 2**64 - 1, 65537, D),
     wire.Control(0, wire.operator_principal(0), 1, b"{}"),
     wire.ControlReply(0, wire.host_principal(2), 1, b""),
+    wire.SpareReady(5, wire.host_principal(2), 2**32 - 1, 2**64 - 1),
 ]
 
 
@@ -96,6 +97,10 @@ def test_encoder_rejects_out_of_range_values() -> None:
         wire.Checkpoint(1, 0, 0, D).with_macs(K)
     with pytest.raises(ValueError):
         wire.Status(1, 0, 0, 0, 0).signed(SK)
+    with pytest.raises(ValueError):
+        wire.SpareReady(1, wire.host_principal(0), 2**32, 0).signed(SK)
+    with pytest.raises(ValueError):
+        wire.SpareReady(1, wire.host_principal(0), 0, 0).with_macs(K)
 
 
 def test_principals() -> None:
