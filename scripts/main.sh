@@ -138,9 +138,9 @@ echo "==== ZZ main job: a BFT guestbook, a lying execution replica, a woken spar
 echo "\$ zz rack plan $RACK"
 "$PY" -m zz rack plan "$RACK"
 echo
-# detect_floor_ms, the floor of the execution-report timer (docs/operations.md): with the
-# default 50 ms a correct replica merely descheduled on a busy 2-core machine gets
-# convicted; 4 s also covers the drill's 1-3 s replacement of a runtime by a faulty one.
+# detect_floor_ms, the floor of the execution-report timer (docs/operations.md): above the
+# drill's 1-3 s replacement of a runtime by a faulty one here, so that the replica is
+# convicted for its wrong replies, not for being down while it is replaced.
 echo "\$ zz rack up $RACK --set detect_floor_ms=4000"
 "$PY" -m zz rack up "$RACK" --set detect_floor_ms=4000
 echo

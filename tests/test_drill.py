@@ -22,10 +22,9 @@ needs_go = pytest.mark.skipif(
     shutil.which("go") is None and "ZZ_LINCHECK" not in os.environ,
     reason="no Go toolchain for tools/lincheck: run scripts/setup-go.sh",
 )
-# This machine runs other jobs on 2 cores: with zz-agreed's default 50 ms floor on the
-# execution-report timer, a correct replica that is merely descheduled is convicted. 4 s
-# also covers the 1-3 s a drill takes here to replace a runtime by a faulty one, so that a
-# wrong-reply drill is detected by the wrong replies, not by the replacement's downtime.
+# The execution-report timer's floor must exceed the 1-3 s a drill takes here (2 busy
+# cores) to replace a runtime by a faulty one, so that a wrong-reply drill is detected by
+# the wrong replies, not by the replacement's downtime.
 OVERRIDES = {"detect_floor_ms": 4000}
 
 
@@ -190,3 +189,17 @@ def test_byzantine_host_drill(tmp_path: Path) -> None:
         rackctl.down(config)
         for pid in leftovers(config):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
+def test_two_faults_in_a_row(up_rack: Config, tmp_path: Path) -> None:
+    """After a conviction controld re-provisions the index as a fresh spare and announces
+    it: a second fault, on another replica, wakes that fresh spare."""
+    first = _run(up_rack, "crash", tmp_path, after=14.0)
+    assert first.result == "PASS", first.reasons
+    second = _run(up_rack, "wrong-reply", tmp_path, after=14.0)
+    assert second.result == "PASS", second.reasons
+    assert any("convicted kv0/1 " in c for c in second.convicted), second.convicted
+    assert any("woke kv0/0" in w for w in second.woken), second.woken
