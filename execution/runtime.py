@@ -234,6 +234,11 @@ class Runtime:
                 self._peer_links.append(link)
         if not self.asleep:
             self._start_links()
+        if self.fetcher is not None:  # restored a checkpoint taken mid-recovery
+            self._bg_thread = threading.Thread(
+                target=self._background_fetch, args=(self.fetcher,), name="zz-fetch", daemon=True
+            )
+            self._bg_thread.start()
         self._tasks = [
             asyncio.create_task(self._executor(), name="zz-exec-executor"),
             asyncio.create_task(self._status_loop(), name="zz-exec-status"),
@@ -287,6 +292,7 @@ class Runtime:
         # Anything in the live directory past the last checkpoint may be half a batch:
         # only a checkpoint is a state every correct replica also had.
         previous: Manifest | None = None
+        fetcher: StateFetcher | None = None
         if not ckpts:
             for child in list(live.iterdir()):
                 if child.is_dir() and not child.is_symlink():
@@ -303,7 +309,28 @@ class Runtime:
                 # cannot know; its digest is the C this replica signed.
                 recorded = Manifest.decode(saved.read_bytes())
                 if recorded.files != previous.files:
-                    raise RuntimeError(f"{name}: restored state does not match its manifest")
+                    wrong = [p for p, e in previous.files.items() if recorded.files.get(p) != e]
+                    if wrong:
+                        raise RuntimeError(
+                            f"{name}: restored state does not match its manifest: {wrong[:3]}"
+                        )
+                    # Taken while this replica was still fetching a recovered state
+                    # (docs/recovery.md): what it had not fetched yet is missing from the
+                    # snapshot. Fetch it again, on first touch and in the background.
+                    fetcher = StateFetcher(
+                        live,
+                        recorded,
+                        seq,
+                        self._peer_sources(),
+                        on_bad_source=self._bad_source,
+                        patience=_FETCH_PATIENCE,
+                        ranking=self._ranking,
+                    )
+                    fetcher.prepare(previous.files, ())
+                    self.recovery.update(
+                        {"restored_incomplete": name, "files_pending": len(fetcher.pending())}
+                    )
+                    log.info("%s lacks %d files: fetching them", name, len(fetcher.pending()))
                 previous = recorded
             replies = live / REPLIES_PATH
             if replies.exists():
@@ -313,7 +340,10 @@ class Runtime:
             self.my_checkpoints[seq] = previous.digest()
             self._my_digests[seq] = previous.digest()
             log.info("restored checkpoint %s", name)
-        self.state = StateDir(live)
+        self.state = StateDir(live, lazy=fetcher)
+        if fetcher is not None:
+            self.fetcher = fetcher
+            self._complete_from = 1 << 64
         self.app.open(self.state)
         memory = live / MEMORY_PATH
         if memory.exists():

@@ -130,3 +130,23 @@ def test_spare_asleep_until_the_wake_notice(rig: Rig) -> None:
     assert execs.stop(0) == 0  # now the client needs the woken spare
     got = rig.invoke_all([_kv(KV_GET, f"k{k}".encode()) for k in range(KEYS)], client_index=1)
     assert got == [_kv_ok(b"v%d" % k) for k in range(KEYS)]
+
+
+@pytest.mark.slow
+@needs_agreed
+def test_restart_from_a_snapshot_that_lacks_files_fetches_them(rig: Rig) -> None:
+    """A checkpoint taken while the replica was still fetching a recovered state lacks
+    the files it had not fetched yet; restarted from it, the replica fetches them again
+    instead of refusing to start."""
+    execs = rig.execs
+    _fill(rig)
+    assert execs.stop(1) == 0
+    seq = execs.status(1)["last_checkpoint"]
+    victim = _snapshot_dir(rig, 1, seq) / key_path(b"k3")
+    victim.unlink()
+    execs.start(1)
+    rig.wait_linked(1)
+    st = execs.status(1)
+    assert st["recovery"].get("restored_incomplete") == f"ckpt-{seq}", st
+    got = rig.invoke_all([_kv(KV_GET, b"k3"), _kv(KV_PUT, b"z", b"1")], client_index=4)
+    assert got == [_kv_ok(b"v3"), _kv_ok()]
