@@ -232,6 +232,16 @@ class ZfsStore(CheckpointStore):
         if mountpoint is not None and Path(mp) != Path(mountpoint).absolute():
             raise StorageError(f"dataset {self.name} exists with mountpoint {mp}, not {mountpoint}")
         self._path = Path(mp)
+        self._drop_stale_read_clones()
+
+    def _drop_stale_read_clones(self) -> None:
+        # Read clones (open_snapshot) of a process that was killed outlive it, and a
+        # snapshot with a clone can be neither destroyed nor rolled back past: they go.
+        prefix = f"{self.name}--read-"
+        out = run_zfs(["zfs", "list", "-H", "-o", "name", "-t", "filesystem"])
+        for line in out.splitlines():
+            if line.startswith(prefix):
+                run_zfs(["zfs", "destroy", line], retry_busy=True)
 
     @property
     def path(self) -> Path:

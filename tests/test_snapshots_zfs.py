@@ -169,3 +169,15 @@ def test_restore_live_drops_what_came_after(kind: str, pool: str, tmp_path: Path
     s.restore_live(checkpoint_name(4))
     assert scan(s.path).files == before
     assert not (s.path / "new").exists()
+
+
+def test_stale_read_clones_are_dropped_on_open(pool: str, tmp_path: Path) -> None:
+    s = open_store("zfs", pool=pool, dataset="sc", mountpoint=tmp_path / "live")
+    (s.path / "a").write_bytes(b"a")
+    s.snapshot(checkpoint_name(1))
+    # What a runtime killed while serving a peer leaves behind.
+    stale = f"{pool}/sc--read-ckpt-1-dead"
+    run_zfs(["zfs", "clone", "-o", "mountpoint=none", f"{pool}/sc@ckpt-1", stale])
+    s2 = open_store("zfs", pool=pool, dataset="sc", mountpoint=tmp_path / "live")
+    assert stale not in run_zfs(["zfs", "list", "-H", "-o", "name"]).split()
+    s2.destroy_snapshot(checkpoint_name(1))  # possible again: no clone depends on it
