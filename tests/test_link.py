@@ -229,3 +229,26 @@ async def test_close_cancels_while_connected_and_while_dialling() -> None:
     await nowhere.close()
     assert nowhere.task is not None and nowhere.task.cancelled()
     assert nowhere.connects == 0
+
+
+async def test_close_does_not_hang_on_a_peer_that_stopped_reading() -> None:
+    """A paused replica accepts but never reads: bytes pile up in our send buffer, and
+    a plain close() would wait for them to drain for ever (zz drill hung on this)."""
+    held: list[socket.socket] = []
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    link = Recorder(lsock.getsockname())
+    link.start()
+    try:
+        await until(lambda: link.up)
+        conn, _ = lsock.accept()  # accepted, never read from
+        held.append(conn)
+        big = M(b"x" * 65536)
+        for _ in range(200):  # ~13 MB: far beyond the kernel's socket buffers
+            link.send(big)
+        await asyncio.wait_for(link.close(), 3)
+    finally:
+        for s in held:
+            s.close()
+        lsock.close()

@@ -129,7 +129,13 @@ class Link:
                 pass
             finally:
                 self.writer = None
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
+                # A peer that stopped reading (a paused replica) never lets buffered bytes
+                # drain, and close() waits for them: abort instead, and bound the wait, or
+                # a cancelled link hangs its owner for good.
+                if writer.transport.get_write_buffer_size():
+                    writer.transport.abort()
+                else:
+                    writer.close()
+                with contextlib.suppress(OSError, TimeoutError):
+                    await asyncio.wait_for(writer.wait_closed(), 1.0)
             await asyncio.sleep(backoff)
