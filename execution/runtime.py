@@ -193,6 +193,7 @@ class Runtime:
         self._bg_thread: threading.Thread | None = None
         self._sources: list[PeerSource] = []
         self._ranking = SourceRanking()
+        self._stopping = threading.Event()
         # Set in start():
         self.store: CheckpointStore
         self.state: StateDir
@@ -325,6 +326,7 @@ class Runtime:
                         on_bad_source=self._bad_source,
                         patience=_FETCH_PATIENCE,
                         ranking=self._ranking,
+                        stop=self._stopping,
                     )
                     fetcher.prepare(previous.files, ())
                     self.recovery.update(
@@ -360,6 +362,7 @@ class Runtime:
         await self._stopped.wait()
 
     async def shutdown(self) -> None:
+        self._stopping.set()
         self._bg_stop.set()
         for t in self._tasks:
             t.cancel()
@@ -915,6 +918,7 @@ class Runtime:
             on_bad_source=self._bad_source,
             patience=_FETCH_PATIENCE,
             ranking=self._ranking,
+            stop=self._stopping,
         )
         # What this replica's own last checkpoint says, plus what changed since: enough to
         # tell which files match without re-hashing the whole state (docs/recovery.md).

@@ -97,8 +97,11 @@ class StateFetcher:
         on_bad_source: BadSourceHook | None = None,
         patience: float = 0.0,
         ranking: SourceRanking | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.root = Path(root)
+        # Set when the owner shuts down: a fetch waiting for a peer gives up at once.
+        self.stop = stop or threading.Event()
         self.patience = patience
         self.ranking = ranking or SourceRanking()
         self.manifest = manifest
@@ -285,10 +288,10 @@ class StateFetcher:
                 self._fetch_from_sources(rel)
                 return
             except FetchError:
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > deadline or self.stop.is_set():
                     raise
                 self.counters["fetch_retries"] += 1
-                time.sleep(delay)
+                self.stop.wait(delay)
                 delay = min(delay * 2, 2.0)
 
     def _fetch_from_sources(self, rel: str) -> None:
