@@ -318,16 +318,7 @@ class Runtime:
                     # Taken while this replica was still fetching a recovered state
                     # (docs/recovery.md): what it had not fetched yet is missing from the
                     # snapshot. Fetch it again, on first touch and in the background.
-                    fetcher = StateFetcher(
-                        live,
-                        recorded,
-                        seq,
-                        self._peer_sources(),
-                        on_bad_source=self._bad_source,
-                        patience=_FETCH_PATIENCE,
-                        ranking=self._ranking,
-                        stop=self._stopping,
-                    )
+                    fetcher = self._fetcher(recorded, seq)
                     fetcher.prepare(previous.files, ())
                     self.recovery.update(
                         {"restored_incomplete": name, "files_pending": len(fetcher.pending())}
@@ -858,6 +849,19 @@ class Runtime:
                 )
         return self._sources
 
+    def _fetcher(self, manifest: Manifest, seq: int) -> StateFetcher:
+        """A fetcher of checkpoint `seq`'s files into the live directory, from the peers."""
+        return StateFetcher(
+            self.store.path,
+            manifest,
+            seq,
+            self._peer_sources(),
+            on_bad_source=self._bad_source,
+            patience=_FETCH_PATIENCE,
+            ranking=self._ranking,
+            stop=self._stopping,
+        )
+
     def _bad_source(self, source: str, path: str, why: str) -> None:
         self.counters["bad_source_reports"] += 1
         bad = self.recovery.setdefault("bad_sources", [])
@@ -910,16 +914,7 @@ class Runtime:
         )
         self.state.sync()
         live = self.store.path
-        fetcher = StateFetcher(
-            live,
-            manifest,
-            seq,
-            sources,
-            on_bad_source=self._bad_source,
-            patience=_FETCH_PATIENCE,
-            ranking=self._ranking,
-            stop=self._stopping,
-        )
+        fetcher = self._fetcher(manifest, seq)
         # What this replica's own last checkpoint says, plus what changed since: enough to
         # tell which files match without re-hashing the whole state (docs/recovery.md).
         own = self.builder.previous
