@@ -73,6 +73,7 @@ async def _run(args: argparse.Namespace) -> int:
         store=args.store,
         zfs_pool=args.zfs_pool,
         ready_timeout=args.ready_timeout,
+        drill_faults=args.drill_faults,
     )
     try:
         port = await d.start(args.port)
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--zfs-pool", help="ZFS pool of the replicas' datasets (--store zfs)")
         p.add_argument("--ready-timeout", type=float, default=60.0,
                        help="seconds a booting replica has to answer")  # fmt: skip
+        p.add_argument("--drill-faults", action="store_true",
+                       help="let `zz drill` switch a runtime's injected fault through"
+                       " <state>/zz-fault.json (one-machine racks only)")  # fmt: skip
         p.add_argument("--log-level", default="INFO")
         args = p.parse_args(argv)
         logging.basicConfig(

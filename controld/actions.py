@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zz.config import EXEC_PORT_OFFSET, Config, Host, Service
+from zz.config import EXEC_PORT_OFFSET, GUEST_STATUS, Config, Host, Service
+from zz.keys import public_path, secret_path
+from zz.wire import exec_principal
 
 from .hypervisor import (
     GUEST_AGENT_PORT,
@@ -44,6 +46,12 @@ from .hypervisor import (
 # DESIGN.md §7: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
 NOTICE_NAME = "controld-wakeup.json"  # execution/runtime.py WAKE_NOTICE reads it
+# A guest's view (images/zz_guest.py, images/init): the share is mounted at /state, the
+# agent reads zz-guest.json there, and 10.0.2.2 is the host's 127.0.0.1 (QEMU user net).
+GUEST_SHARE = "/state"
+GUEST_CONFIG = "zz-guest.json"
+GUEST_DIR = "guest"  # rack.toml and keys/ for the runtime, under the share
+SLIRP_HOST = "10.0.2.2"
 
 
 @dataclass
@@ -59,6 +67,8 @@ class HostContext:
     store: str = "dir"  # the runtime's checkpoint store: dir or zfs
     zfs_pool: str | None = None
     ready_timeout: float = 60.0
+    # Runtimes honour <state>/zz-fault.json (zz drill): one-machine racks only.
+    drill_faults: bool = False
 
     @property
     def fake_guests(self) -> bool:
@@ -103,6 +113,8 @@ def runtime_command(
     if inject_fault is not None:
         # Drills only (zz drill wrong-reply/slow): the runtime misbehaves on purpose.
         cmd += ["--inject-fault", inject_fault]
+    if ctx.drill_faults:
+        cmd.append("--drill-faults")
     if ctx.store == "zfs":
         if not ctx.zfs_pool:
             raise ValueError("--store zfs needs a ZFS pool")
@@ -131,13 +143,13 @@ def replica_spec(
     if ctx.hv.kind == "process":
         command: tuple[str, ...] | None = runtime_command(ctx, service, index, inject_fault, asleep)
     else:
-        if inject_fault is not None:
-            raise ValueError("inject_fault: only the process backend can start a faulty runtime")
-        # The guest runs the image's agent (images/zz_guest.py), idle until woken; the
-        # rack config's host paths mean nothing inside it. Its forward lets controld ask
-        # it (ping, wake); libvirt reads the port back from the domain XML after a restart.
+        # The guest runs the image's agent (images/zz_guest.py), which starts the runtime
+        # the share's zz-guest.json names. Its forward lets controld ask it (ping, wake);
+        # libvirt reads the port back from the domain XML after a restart.
         command = None
         ports = ((_free_port(), GUEST_AGENT_PORT), *ports)
+        if not ctx.fake_guests:
+            write_guest_files(ctx, service, index, state, inject_fault, asleep)
     return ReplicaSpec(
         name=domain,
         run_dir=rd,
@@ -147,6 +159,63 @@ def replica_spec(
         ports=ports,
         state_dir=state,
     )
+
+
+def guest_runtime_command(
+    ctx: HostContext, service: Service, index: int, inject_fault: str | None, asleep: bool
+) -> list[str]:
+    """The runtime's command line inside a guest: everything it reads is on the share
+    (/state), it listens on the guest's interface (the host forwards the execution port to
+    it) and reaches the host's loopback as 10.0.2.2 (QEMU user networking)."""
+    cmd = ["python3", "-m", "zz.execution", "--rack", f"{GUEST_SHARE}/{GUEST_DIR}/rack.toml"]
+    cmd += ["--service", service.name, "--index", str(index)]
+    # No zfs inside a guest: its checkpoints are directory snapshots on the share.
+    cmd += ["--store", "dir", "--state-dir", GUEST_SHARE]
+    cmd += ["--key-dir", f"{GUEST_SHARE}/{GUEST_DIR}/keys"]
+    cmd += ["--status-file", f"{GUEST_SHARE}/{GUEST_STATUS}"]
+    cmd += ["--listen", "0.0.0.0", "--loopback-alias", SLIRP_HOST]
+    if asleep:
+        cmd.append("--start-asleep")
+    if inject_fault is not None:
+        cmd += ["--inject-fault", inject_fault]
+    if ctx.drill_faults:
+        cmd.append("--drill-faults")
+    return cmd
+
+
+def write_guest_files(
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    state: Path,
+    inject_fault: str | None,
+    asleep: bool,
+) -> None:
+    """Put on the share what the guest's runtime needs: the rack config, this replica's
+    own key file and the service's public keys (nothing of any other principal), and the
+    agent's zz-guest.json. A paused spare boots its runtime asleep (it wakes in
+    milliseconds); a hibernated one starts it only at the wake-up, because the agent stops
+    it to unmount the share before the save (docs/images.md)."""
+    guest = state / GUEST_DIR
+    if guest.exists():
+        shutil.rmtree(guest)
+    key_dir = ctx.config.rack.key_dir
+    me = exec_principal(index)
+    for src in (secret_path(key_dir, service.id, me), public_path(key_dir, service.id)):
+        dest = guest / "keys" / src.relative_to(key_dir)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        os.chmod(dest, 0o600)
+    shutil.copyfile(ctx.config.path, guest / "rack.toml")
+    hibernated = asleep and service.sleep == "hibernated"
+    cmd = guest_runtime_command(ctx, service, index, inject_fault, asleep and not hibernated)
+    body = {"command": cmd, "start": "wake" if hibernated else "boot"}
+    (state / GUEST_CONFIG).write_text(json.dumps(body, indent=1) + "\n")
+    (state / GUEST_STATUS).unlink(missing_ok=True)
+    if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
+        # QEMU reads the share as libvirt-qemu: the key file must be its own.
+        for p in [guest, *guest.rglob("*"), state / GUEST_CONFIG]:
+            shutil.chown(p, "libvirt-qemu", "libvirt-qemu")
 
 
 def _share_with_qemu(ctx: HostContext, state: Path) -> None:
@@ -168,16 +237,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _answers(ctx: HostContext, domain: str, addr: tuple[str, int]) -> str | None:
+def _answers(ctx: HostContext, domain: str, addr: tuple[str, int], state_dir: Path) -> str | None:
     """None if the replica answers, else why not. A guest: its agent answers "ping" (a
     TCP connect proves nothing, slirp accepts on a forward before the guest listens). A
     process: the runtime accepts a connection on its execution port."""
     if ctx.hv.kind != "process":
         try:
-            ctx.hv.guest_call(domain, "ping", timeout=2.0)
-            return None
+            reply = ctx.hv.guest_call(domain, "ping", timeout=2.0)
         except HypervisorError as e:
             return str(e)
+        if reply.get("mode") == "exited":
+            raise HypervisorError(domain, "provision", f"its runtime exited: {reply}")
+        if reply.get("mode") == "running" and not (state_dir / GUEST_STATUS).exists():
+            # The runtime writes its status once it listens: a spare paused before that
+            # would wake up still importing (seconds under TCG).
+            return "the agent answers, its runtime is not up yet"
+        return None
     try:
         with socket.create_connection(addr, timeout=1.0):
             return None
@@ -191,7 +266,7 @@ def wait_answering(ctx: HostContext, service: Service, index: int, timeout: floa
     addr = (service.exec_host(ctx.config, index).address, exec_port(service, index))
     domain = domain_name(ctx.config, service, index)
     while True:
-        last = _answers(ctx, domain, addr)
+        last = _answers(ctx, domain, addr, service.exec_state_dir(ctx.config, index))
         if last is None:
             return time.monotonic() - t0
         try:

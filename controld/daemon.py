@@ -66,6 +66,7 @@ class Daemon:
         store: str = "dir",
         zfs_pool: str | None = None,
         ready_timeout: float = 60.0,
+        drill_faults: bool = False,
     ) -> None:
         self.config = config
         self.host = host
@@ -74,7 +75,7 @@ class Daemon:
         self.me = controld_principal(host.index)
         home.mkdir(parents=True, exist_ok=True)
         self.ctx = HostContext(
-            config, host, hv, home, memory_mib, image, store, zfs_pool, ready_timeout
+            config, host, hv, home, memory_mib, image, store, zfs_pool, ready_timeout, drill_faults
         )
         self.inventory = inv.Inventory(home / "inventory.json", hv)
         self.ledger = Ledger(home / "ledger.json")

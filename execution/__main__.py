@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 from ..config import ConfigError, load
 from ..keys import KeyFileError
@@ -37,6 +38,20 @@ def main(argv: list[str] | None = None) -> int:
         help="a spare: open the state and listen, but do not register with the agreement"
         " replicas (nor execute) until controld writes its wake notice",
     )
+    g = p.add_argument_group(
+        "in a guest",
+        "a runtime inside a VM sees the rack through QEMU user networking and its 9p share"
+        " (controld/actions.py writes these options into the share's zz-guest.json)",
+    )
+    g.add_argument("--state-dir", help="the replica's directory (default: from the rack config)")
+    g.add_argument("--key-dir", help="where the keys are (default: the rack config's key_dir)")
+    g.add_argument("--status-file", help="status JSON (default: <state-dir>.status.json)")
+    g.add_argument("--listen", help="bind address (default: the replica's address in the config)")
+    g.add_argument(
+        "--loopback-alias",
+        help="connect here wherever the config names a loopback address (10.0.2.2: the"
+        " host's 127.0.0.1 seen from a QEMU user-network guest)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--inject-fault",
@@ -45,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         " before every checkpoint, so its checkpoint digest differs; wrong-reply: a wrong"
         " result for every request; slow-report: every EXEC-REPORT held back 0.5 s)",
     )
+    p.add_argument(
+        "--drill-faults",
+        action="store_true",
+        help='DRILLS ONLY: <state-dir>/zz-fault.json {"fault": NAME|null} switches the'
+        " injected fault while running (zz drill on a rack of VMs)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -52,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        config = load(args.rack)
+        config = load(args.rack).viewed_from(
+            args.loopback_alias, Path(args.key_dir) if args.key_dir else None
+        )
         service = config.service(args.service)
         if not service.uses_execution_replicas:
             raise ConfigError(
@@ -70,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                 inject_fault=args.inject_fault,
                 recovery_mode=args.recovery,
                 asleep=args.start_asleep,
+                state_dir=Path(args.state_dir) if args.state_dir else None,
+                status_path=Path(args.status_file) if args.status_file else None,
+                listen=args.listen,
+                drill_faults=args.drill_faults,
             )
         )
     except (ConfigError, KeyFileError, AppRegistryError, StorageError, ValueError) as e:

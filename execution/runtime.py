@@ -54,6 +54,7 @@ SLOW_REPORT_SECONDS = 0.5
 DIVERGE_PATH = "zz-fault-diverge"
 # controld writes this into the state directory when it wakes the replica (controld/actions.py).
 WAKE_NOTICE = "controld-wakeup.json"
+FAULT_FILE = "zz-fault.json"  # read only with drill_faults (python -m zz.execution --drill-faults)
 _WAKE_POLL = 0.02
 # How long a request waiting for a file keeps asking the peers before the replica gives up.
 _FETCH_PATIENCE = 60.0
@@ -132,6 +133,10 @@ class Runtime:
         inject_fault: str | None = None,
         recovery_mode: str = "on-demand",
         asleep: bool = False,
+        state_dir: Path | None = None,
+        listen: str | None = None,
+        status_path: Path | None = None,
+        drill_faults: bool = False,
     ) -> None:
         if not 0 <= index < service.n_exec:
             raise ValueError(f"{service.name}: no execution replica {index}")
@@ -143,8 +148,15 @@ class Runtime:
         self.index = index
         self.me = wire.exec_principal(index)
         self.cp = config.rack.checkpoint_interval
-        self.state_dir = service.exec_state_dir(config, index)
-        self.status_path = self.state_dir.with_name(f"{self.state_dir.name}.status.json")
+        # In a guest the state dir is the 9p share (/state) and the status goes into it:
+        # the host's paths mean nothing there (controld/actions.py guest_runtime_command).
+        self.state_dir = state_dir or service.exec_state_dir(config, index)
+        self.status_path = status_path or self.state_dir.with_name(
+            f"{self.state_dir.name}.status.json"
+        )
+        self.listen = listen
+        # Drills only: <state dir>/zz-fault.json switches inject_fault while running.
+        self.drill_faults = drill_faults
         self.manifest_dir = self.state_dir / "manifests"
         self.store_kind = store_kind
         self.zfs_pool = zfs_pool
@@ -183,6 +195,7 @@ class Runtime:
         # Provisioned as a spare: state open, listening, but not registered with the
         # agreement replicas (so not executing) until controld's wake notice.
         self.asleep = asleep
+        self._wake_poked = False
         self.stable_votes = StableVotes(service.g)
         self._recover_target: tuple[int, bytes] | None = None
         self.fetcher: StateFetcher | None = None
@@ -224,6 +237,7 @@ class Runtime:
         await asyncio.to_thread(self._open_state)
 
         host, port = self.svc.exec_address(self.config, self.index)
+        host = self.listen or host
         self._server = await self._listen(host, port)
         for r in range(self.svc.n):
             link = _Link(self, f"r{r}", self.config.replica_address(self.svc, r), r)
@@ -808,10 +822,20 @@ class Runtime:
         cluster's stable checkpoint now, not when the stall check next fires."""
         path = self.state_dir / WAKE_NOTICE
         seen = _mtime(path)
+        fault_path = self.state_dir / FAULT_FILE
+        fault_seen = _mtime(fault_path)
+        if self.drill_faults and fault_seen is not None:
+            self._read_fault_file(fault_path)
         while True:
             await asyncio.sleep(_WAKE_POLL)
+            if self.drill_faults:
+                now = _mtime(fault_path)
+                if now != fault_seen:
+                    fault_seen = now
+                    self._read_fault_file(fault_path)
             now = _mtime(path)
-            if now is None or now == seen:
+            poked, self._wake_poked = self._wake_poked, False
+            if (now is None or now == seen) and not poked:
                 continue
             seen = now
             try:
@@ -830,6 +854,33 @@ class Runtime:
                 continue
             for link in self._links:
                 link.send(self._fetch_msg(link.peer))
+
+    def poke_wake(self) -> None:
+        """SIGUSR1 (the guest agent's "wake"): look at the wake notice now, whatever its
+        mtime says. A spare paused right after boot missed a notice that controld wrote
+        over 9p just after the resume (observed; the cause is not known)."""
+        self._wake_poked = True
+        self.counters["wake_pokes"] += 1
+
+    def _read_fault_file(self, path: Path) -> None:
+        """A drill turns this replica faulty (or correct again) without restarting it: a
+        guest's runtime cannot be restarted with --inject-fault in less than seconds."""
+        try:
+            fault = json.loads(path.read_text()).get("fault")
+        except FileNotFoundError:
+            fault = None
+        except (OSError, ValueError, AttributeError) as e:
+            self.counters["bad_fault_file"] += 1
+            log.warning("%s: %s", path, e)
+            return
+        if fault is not None and fault not in FAULTS:
+            self.counters["bad_fault_file"] += 1
+            log.warning("%s: unknown fault %r", path, fault)
+            return
+        if fault != self.inject_fault:
+            log.warning("drill: injected fault now %s", fault)
+            self.counters["fault_switches"] += 1
+            self.inject_fault = fault
 
     # ---- recovery (execution/recovery.py, docs/recovery.md) -------------------------
 
@@ -988,6 +1039,7 @@ class Runtime:
             "index": self.index,
             "principal": self.me,
             "pid": os.getpid(),
+            "inject_fault": self.inject_fault,
             "last_executed": self.last_executed,
             "last_checkpoint": self.last_checkpoint,
             "stable_checkpoint": self.stable_checkpoint,
@@ -1024,8 +1076,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, rt.stop)
+    loop.add_signal_handler(signal.SIGUSR1, rt.poke_wake)
     try:
         await rt.serve()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)

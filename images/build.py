@@ -454,6 +454,12 @@ def _build(cache: Path, key: str, desc: dict, kver: str, t0: float) -> Image:
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             )
 
+        # cryptography 38 loads OpenSSL's legacy provider at its first use and fails
+        # (InternalError, "could not load the shared library") when it is missing.
+        legacy = "usr/lib/x86_64-linux-gnu/ossl-modules/legacy.so"
+        (stage / legacy).parent.mkdir(parents=True)
+        shutil.copyfile(trees["libssl3"] / legacy, stage / legacy)
+
         # shared libraries: DT_NEEDED closure; drop extension modules we cannot satisfy
         libs: dict[str, Path] = {}
         dropped: list[str] = []

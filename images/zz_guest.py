@@ -217,7 +217,10 @@ class Agent:
                 tmp = self.state_dir / (WAKE_FILE + ".tmp")
                 tmp.write_text(json.dumps(wake) + "\n")
                 os.replace(tmp, self.state_dir / WAKE_FILE)
-            self.start_runtime(self.config())
+            if not self.start_runtime(self.config()) and self.running():
+                # A runtime that slept through the pause: have it read the notice now.
+                assert self.child is not None
+                os.kill(self.child.pid, signal.SIGUSR1)
         elif op == "meminfo":
             return {"ok": True, "meminfo_kib": meminfo()}
         elif op == "ballast":

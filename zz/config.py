@@ -2,9 +2,10 @@
 # Validation happens once, here, so every other tool can trust the values it gets.
 from __future__ import annotations
 
+import ipaddress
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ MAX_PRINCIPALS = 4096
 # Execution replica i listens on base_port + EXEC_PORT_OFFSET + i. Agreement replicas use
 # base_port .. base_port + n - 1 and n <= MAX_REPLICAS, so the two ranges never overlap.
 EXEC_PORT_OFFSET = MAX_REPLICAS
+# Where a runtime in a guest writes its status, in its state dir (Service.exec_status_path).
+GUEST_STATUS = "status.json"
 
 
 class ConfigError(Exception):
@@ -104,6 +107,14 @@ class Service:
         self._check_exec(i)
         return config.rack.run_dir / f"s{self.id}" / f"exec-{i}"
 
+    def exec_status_path(self, config: Config, i: int) -> Path:
+        """Execution replica i's status JSON: next to its state dir (run/s<id>/exec-<i>
+        .status.json), or inside it (GUEST_STATUS) when the replica runs in a guest, whose
+        only writable host directory is its share."""
+        state = self.exec_state_dir(config, i)
+        inside = state / GUEST_STATUS
+        return inside if inside.exists() else state.with_name(f"{state.name}.status.json")
+
     def _check_exec(self, i: int) -> None:
         if not 0 <= i < self.n_exec:
             raise ValueError(f"{self.name}: no execution replica {i} (0..{self.n_exec - 1})")
@@ -134,6 +145,25 @@ class Config:
 
     def replica_host(self, service: Service, r: int) -> Host:
         return self.hosts[(r + service.index) % len(self.hosts)]
+
+    def viewed_from(self, loopback_alias: str | None = None, key_dir: Path | None = None) -> Config:
+        """The rack as a process elsewhere sees it: inside a guest on QEMU user networking
+        the host's 127.0.0.1 is `loopback_alias` (10.0.2.2), and the keys sit where the
+        guest's share puts them. Non-loopback addresses are reachable as they are."""
+        hosts = self.hosts
+        if loopback_alias is not None:
+            hosts = [
+                replace(h, address=loopback_alias) if is_loopback(h.address) else h for h in hosts
+            ]
+        rack = self.rack if key_dir is None else replace(self.rack, key_dir=key_dir)
+        return replace(self, rack=rack, hosts=hosts)
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 class _Table:

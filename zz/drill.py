@@ -41,7 +41,9 @@ from . import report as rp
 from . import wire
 from .client import Client, ClientParams, ClientTimeout
 from .config import Config, Service, load
+from .controld.actions import domain_name
 from .execution.apps import kv
+from .execution.runtime import FAULT_FILE
 from .procrack import DEFAULT_AGREED, leftover_pids, signal_group
 from .rackctl import (
     ProcRecord,
@@ -94,6 +96,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-client", type=int, help="first client index (default: clients-16)")
     p.add_argument("--before", type=float, default=3.0, help="load before the fault (s)")
     p.add_argument("--after", type=float, default=12.0, help="watching after the fault (s)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=180.0,
+        help="after --after, up to this long until a convicted replica's fresh spare is up (s)",
+    )
     p.add_argument("--out", type=Path, help="report directory (default run/drills/KIND-TIME)")
     p.add_argument(
         "--http",
@@ -438,11 +446,6 @@ class Drill:
         self.services = [self.service]
         self.kvs = kvs
         self.replica = 0
-        if self.kind in ("wrong-reply", "slow", "byzantine-host") and state.backend != "process":
-            raise DrillError(
-                f"{self.kind}: a faulty runtime can only be started by the process backend"
-                f" (rack is {state.backend}): controld cannot pass --inject-fault into a guest"
-            )
         if (
             self.kind not in ("primary", "client-flood")
             and self.service.n_exec <= self.service.active
@@ -607,6 +610,9 @@ class Drill:
         )
 
     def _kill_exec(self, s: Service, i: int) -> None:
+        if self.state.backend == "libvirt":
+            self._crash_domain(s, i)
+            return
         pids = self._exec_pids(s, i)
         if not pids:
             raise DrillError(f"{s.name}/exec-{i}: no running process found")
@@ -616,9 +622,42 @@ class Drill:
         self.faulted.append(f"{s.name}/exec-{i}")
         self.details.setdefault("killed_pids", []).extend(pids)
 
+    def _crash_domain(self, s: Service, i: int) -> None:
+        """A VM crash: libvirt destroys the domain under controld's feet (controld finds it
+        gone, as after a QEMU crash)."""
+        import libvirt  # type: ignore[import-not-found, import-untyped]
+
+        name = domain_name(self.config, s, i)
+        uri = s.exec_host(self.config, i).libvirt_uri
+        try:
+            conn = libvirt.open(uri)
+            try:
+                conn.lookupByName(name).destroy()
+            finally:
+                conn.close()
+        except libvirt.libvirtError as e:
+            raise DrillError(f"{s.name}/exec-{i}: cannot destroy domain {name}: {e}") from e
+        self.faulted.append(f"{s.name}/exec-{i}")
+        self.details.setdefault("destroyed_domains", []).append(name)
+
+    def _set_fault(self, s: Service, i: int, fault: str | None) -> None:
+        """Switch a running runtime's injected fault through its share (runtimes of a
+        `zz rack up` rack run with --drill-faults): a VM cannot be re-provisioned with
+        --inject-fault in less than the tens of seconds a boot takes under TCG."""
+        path = s.exec_state_dir(self.config, i) / FAULT_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"fault": fault}) + "\n")
+        os.replace(tmp, path)
+
     async def _faulty_runtime(self, s: Service, i: int, fault: str) -> None:
-        """Ask the replica's controld to replace it with a runtime started with
-        --inject-fault: controld keeps owning it, so a SHUTDOWN certificate finds it."""
+        """Make replica i faulty. A VM: its runtime switches to the fault within 20 ms
+        (_set_fault). A process: controld replaces it with a runtime started with
+        --inject-fault; controld keeps owning it, so a SHUTDOWN certificate finds it."""
+        if self.state.backend == "libvirt":
+            self._set_fault(s, i, fault)
+            self.faulted.append(f"{s.name}/exec-{i} ({fault})")
+            self.fault_at_ns = time.monotonic_ns()
+            return
         host = s.exec_host(self.config, i)
         r = await operator_call(self.config, host, {"op": "destroy", "service": s.name,
                                                      "index": i})  # fmt: skip
@@ -736,6 +775,10 @@ class Drill:
             s, i = self.config.service(m.group(1)), int(m.group(2))
             if any(f"{s.name}/{i}" in c for c in report.convicted):
                 continue
+            if self.state.backend == "libvirt" and "(" in name:
+                self._set_fault(s, i, None)
+                self.notes.append(f"not convicted: {s.name}/exec-{i} told to behave again")
+                continue
             host = s.exec_host(self.config, i)
             with contextlib.suppress(Exception):
                 await operator_call(self.config, host, {"op": "destroy", "service": s.name,
@@ -796,6 +839,20 @@ class Drill:
                           f" watching {a.after:.0f} s")  # fmt: skip
             t_end = time.monotonic() + a.after
             while time.monotonic() < t_end:
+                obs.read_agreed()
+                await obs.read_controlds()
+                await asyncio.sleep(POLL_S)
+            # A convicted replica's successor boots as a fresh spare: a VM takes tens of
+            # seconds under TCG. Keep watching (load running) until it is there.
+            t_end = time.monotonic() + a.settle
+            while (
+                obs.lines(r"^convicted ")
+                and not obs.lines(r"^provisioned .* (paused|hibernated)")
+                and time.monotonic() < t_end
+            ):
+                if self.phase != "waiting for the fresh spare":
+                    self.phase = "waiting for the fresh spare"
+                    self.progress(f"waiting up to {a.settle:.0f} s for the fresh spare")
                 obs.read_agreed()
                 await obs.read_controlds()
                 await asyncio.sleep(POLL_S)
@@ -1059,7 +1116,7 @@ class Drill:
         s = self.service
         rejected = []
         for i in range(s.n_exec):
-            path = s.exec_state_dir(self.config, i).with_name(f"exec-{i}.status.json")
+            path = s.exec_status_path(self.config, i)
             with contextlib.suppress(OSError, ValueError):
                 st = json.loads(path.read_text())
                 for b in st.get("recovery", {}).get("bad_sources", []):
@@ -1090,7 +1147,7 @@ def run(
     config: Config, args: argparse.Namespace, progress: Progress
 ) -> tuple[rp.DrillReport, Path]:
     d = Drill(config, args, progress)
-    limit = args.before + args.after + 600
+    limit = args.before + args.after + args.settle + 600
 
     async def bounded() -> rp.DrillReport:
         # Every step has its own timeout; this is the backstop that names the stuck one.

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import keys, placement, render
-from .config import Config, Host, Service
+from .config import Config, Host, Service, is_loopback
 from .procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
 
 STATE_NAME = "rack.json"
@@ -327,8 +327,8 @@ def _wait_linked(config: Config, progress: Progress, timeout: float) -> None:
         if not s.uses_execution_replicas:
             continue
         for i in range(s.active):
-            status = s.exec_state_dir(config, i).with_name(f"exec-{i}.status.json")
             while True:
+                status = s.exec_status_path(config, i)  # a guest's appears in its share
                 with contextlib.suppress(OSError, ValueError):
                     if json.loads(status.read_text()).get("agreement_links_up") == s.n:
                         break
@@ -372,6 +372,14 @@ def up(
         placement.plan(config)
     except placement.PlacementError as e:
         raise RackError("placement: " + "; ".join(e.reasons)) from e
+    if backend == "libvirt":
+        for h in config.hosts:
+            if is_loopback(h.address) and h.address != "127.0.0.1":
+                raise RackError(
+                    f"hosts.{h.name}.address = {h.address}: a guest reaches only the host's"
+                    " 127.0.0.1 (as 10.0.2.2, QEMU user networking); give every simulated"
+                    " host 127.0.0.1 and its own ports"
+                )
     busy = [f"{who} ({a[0]}:{a[1]})" for who, a in _listeners(config) if _port_busy(a)]
     if busy:
         raise RackError("ports in use: " + ", ".join(busy))
@@ -413,7 +421,8 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
     t0 = time.monotonic()
     for h in config.hosts:
         cmd = [sys.executable, "-m", "zz.controld", "--config", str(config.path)]
-        cmd += ["--host", h.name, "--backend", state.backend]
+        # A rack on one machine is a drill ground: zz drill switches runtimes' faults.
+        cmd += ["--host", h.name, "--backend", state.backend, "--drill-faults"]
         if state.backend == "libvirt":
             # A guest boots under TCG here (DESIGN.md §7): tens of seconds on a busy host.
             cmd += ["--ready-timeout", "300"]
@@ -545,11 +554,15 @@ def rack_leftovers(config: Config) -> list[int]:
 
 
 def _remove_exec_state(config: Config) -> None:
-    """Execution replicas' state directories (and convicted ones' forensic copies): the
-    agreement replicas keep nothing across a restart, so a new rack starts from seq 0 and
-    must not meet a replica that remembers a later one. Logs and status files stay."""
+    """Execution replicas' state directories (and convicted ones' forensic copies), and
+    the agreement replicas' view of them (awake, sleeping, convicted: agreed-<r>.exec-view):
+    the agreement replicas keep no log across a restart, so a new rack starts from seq 0
+    with its planned roles and must not meet a replica that remembers a later state. Logs
+    and status files stay."""
     for s in config.services:
         base = config.rack.run_dir / f"s{s.id}"
+        for r in range(s.n):
+            (base / f"agreed-{r}.exec-view").unlink(missing_ok=True)
         for i in range(s.n_exec):
             for d in base.glob(f"exec-{i}") if base.exists() else []:
                 shutil.rmtree(d, ignore_errors=True)

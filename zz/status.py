@@ -84,7 +84,7 @@ def _execution_rows(config: Config, svc: Service, stale_after: float) -> list[Ro
     for i in range(svc.n_exec):
         role = "active" if i < svc.active else "sleeping"
         host = svc.exec_host(config, i).name
-        st = _read(svc.exec_state_dir(config, i).with_name(f"exec-{i}.status.json"), stale_after)
+        st = _read(svc.exec_status_path(config, i), stale_after)
         if st is None:
             state = "down" if role == "active" else svc.sleep
             rows.append(Row(svc.name, f"E{i}", role, host, state, "-", ""))
