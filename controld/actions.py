@@ -224,6 +224,13 @@ def _share_with_qemu(ctx: HostContext, state: Path) -> None:
     as root and needs nothing."""
     if getattr(ctx.hv, "state_accessmode", "squash") != "squash" or os.geteuid() != 0:
         return
+    for d in state.resolve().parents:
+        if not os.stat(d).st_mode & 0o001:
+            why = (
+                f"QEMU (user libvirt-qemu) cannot reach {state}: {d} is not searchable by"
+                f" others (chmod o+x {d}, or keep the rack's run_dir elsewhere)"
+            )
+            raise HypervisorError(state.name, "provision", why)
     try:
         shutil.chown(state, "libvirt-qemu", "libvirt-qemu")
     except (LookupError, OSError) as e:

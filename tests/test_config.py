@@ -191,3 +191,31 @@ def test_detection_timers_per_service(write_rack: Callable[[str], Path]) -> None
     echo = load(write_rack(BASE))
     text = render_service(echo, echo.service("web"))[0].read_text()
     assert "exec_view" not in text and "detect_floor_ms" not in text
+
+
+def test_viewed_from_a_guest(write_rack: Callable[[str], Path]) -> None:
+    """Inside a QEMU user-network guest the host's loopback is 10.0.2.2; a real address is
+    reached as it is; the keys are where the share puts them."""
+    text = RACK_TOML.format(base_port=17100).replace(
+        'name = "h1"\naddress = "127.0.0.1"', 'name = "h1"\naddress = "192.0.2.7"'
+    )
+    config = load(write_rack(text))
+    seen = config.viewed_from("10.0.2.2", Path("/state/guest/keys"))
+    assert [h.address for h in seen.hosts] == ["10.0.2.2", "192.0.2.7"]
+    assert seen.rack.key_dir == Path("/state/guest/keys")
+    svc = seen.services[0]
+    assert seen.replica_address(svc, 0) == ("10.0.2.2", 17100)
+    assert seen.replica_address(svc, 1) == ("192.0.2.7", 17101)
+    # The original is untouched, and no alias means no change.
+    assert config.hosts[0].address == "127.0.0.1" and config.rack.key_dir != seen.rack.key_dir
+    assert config.viewed_from() == config
+
+
+def test_exec_status_path_follows_a_guest(rack_config: Path) -> None:
+    config = load(rack_config)
+    svc = config.services[0]
+    state = svc.exec_state_dir(config, 0)
+    assert svc.exec_status_path(config, 0) == state.with_name("exec-0.status.json")
+    state.mkdir(parents=True)
+    (state / "status.json").write_text("{}")
+    assert svc.exec_status_path(config, 0) == state / "status.json"

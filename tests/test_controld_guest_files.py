@@ -1,0 +1,95 @@
+# tests/test_controld_guest_files.py - what controld puts on a guest's share for the runtime
+# inside it (controld/actions.py write_guest_files), and the runtime's drill fault switch.
+# Without VMs: the files are checked here, their use in real guests in tests/test_vm_drills.py.
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from conftest import RACK_TOML
+from zz.controld import actions
+from zz.execution.runtime import FAULT_FILE, Runtime
+
+from zz import keys
+from zz.config import load
+
+
+def _ctx(tmp_path: Path, **kw: Any) -> actions.HostContext:
+    path = tmp_path / "rack.toml"
+    path.write_text(RACK_TOML.format(base_port=17100).replace('sleep = "paused"', ""))
+    config = load(path)
+    keys.generate(config)
+    hv = SimpleNamespace(kind="libvirt", state_accessmode="passthrough")
+    return actions.HostContext(config, config.hosts[1], hv, tmp_path / "home", **kw)  # type: ignore[arg-type]
+
+
+def test_guest_gets_its_own_keys_config_and_command(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path, drill_faults=True)
+    svc = ctx.config.services[0]
+    state = svc.exec_state_dir(ctx.config, 1)
+    state.mkdir(parents=True)
+    (state / "status.json").write_text("{}")  # an earlier incarnation's
+    actions.write_guest_files(ctx, svc, 1, state, None, asleep=True)
+
+    files = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
+    me = keys.secret_path(Path("keys"), svc.id, 256 + 1)
+    assert files == sorted(
+        ["guest/rack.toml", f"guest/{me}", f"guest/keys/s{svc.id}/public", "zz-guest.json"]
+    ), "only this replica's secret travels, and the stale status is gone"
+    assert (state / "guest" / me).read_bytes() == (
+        ctx.config.rack.key_dir / me.relative_to("keys")
+    ).read_bytes()
+    assert (state / "guest" / me).stat().st_mode & 0o077 == 0
+
+    cfg = json.loads((state / "zz-guest.json").read_text())
+    assert cfg["start"] == "boot"
+    cmd = cfg["command"]
+    assert cmd[:3] == ["python3", "-m", "zz.execution"]
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert args["--rack"] == "/state/guest/rack.toml" and args["--state-dir"] == "/state"
+    assert args["--loopback-alias"] == "10.0.2.2" and args["--listen"] == "0.0.0.0"
+    assert "--start-asleep" in cmd and "--drill-faults" in cmd and "--inject-fault" not in cmd
+
+    # The guest's view of that config: the agreement replicas at the host's loopback alias.
+    seen = load(state / "guest" / "rack.toml").viewed_from("10.0.2.2", state / "guest" / "keys")
+    assert seen.replica_address(svc, 0)[0] == "10.0.2.2"
+    assert keys.load_secret(keys.secret_path(seen.rack.key_dir, svc.id, 257)).sign is not None
+
+
+def test_hibernated_spare_starts_its_runtime_at_the_wake(tmp_path: Path) -> None:
+    """The agent stops the runtime to unmount the share before the save: a hibernated
+    spare's runtime starts at the wake, awake (no --start-asleep, no notice to wait for)."""
+    ctx = _ctx(tmp_path)
+    svc = ctx.config.services[0]
+    svc = type(svc)(**{**svc.__dict__, "sleep": "hibernated"})
+    state = svc.exec_state_dir(ctx.config, 2)
+    state.mkdir(parents=True)
+    actions.write_guest_files(ctx, svc, 2, state, "wrong-reply", asleep=True)
+    cfg = json.loads((state / "zz-guest.json").read_text())
+    assert cfg["start"] == "wake"
+    assert "--start-asleep" not in cfg["command"] and "--drill-faults" not in cfg["command"]
+    assert cfg["command"][-2:] == ["--inject-fault", "wrong-reply"]
+
+
+def test_runtime_switches_its_fault_from_the_fault_file(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    svc = ctx.config.services[0]
+    rt = Runtime(ctx.config, svc, 0, state_dir=tmp_path / "st", drill_faults=True)
+    path = tmp_path / FAULT_FILE
+    path.write_text('{"fault": "wrong-reply"}')
+    rt._read_fault_file(path)
+    assert rt.inject_fault == "wrong-reply" and rt.counters["fault_switches"] == 1
+    for bad in ("{", '{"fault": "eat-cpu"}', "[1]"):
+        path.write_text(bad)
+        rt._read_fault_file(path)
+    assert rt.inject_fault == "wrong-reply" and rt.counters["bad_fault_file"] == 3
+    path.write_text('{"fault": null}')
+    rt._read_fault_file(path)
+    assert rt.inject_fault is None
+    path.write_text('{"fault": "slow-report"}')
+    rt._read_fault_file(path)
+    path.unlink()
+    rt._read_fault_file(path)  # gone: behave again
+    assert rt.inject_fault is None and rt.counters["fault_switches"] == 4
