@@ -43,6 +43,8 @@ from .hypervisor import (
     ReplicaSpec,
 )
 
+# A spare boots at this nice level: under TCG a boot takes a core for ~30 s.
+SPARE_BOOT_NICE = 10
 # DESIGN.md §7: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
 NOTICE_NAME = "controld-wakeup.json"  # execution/runtime.py WAKE_NOTICE reads it
@@ -312,10 +314,16 @@ def provision(
     t0 = time.monotonic()
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)
+    renice = getattr(ctx.hv, "set_nice", None)
     try:
+        if mode != "active" and renice is not None:
+            # Booting a spare must not starve the replicas that serve (docs/controld.md).
+            out["low_priority_boot"] = renice(spec.name, SPARE_BOOT_NICE)
         if not ctx.fake_guests:
             out["answering_s"] = round(wait_answering(ctx, service, index, ctx.ready_timeout), 3)
         if mode != "active":
+            if renice is not None:
+                renice(spec.name, 0)  # it must run at full speed once woken
             put_to_sleep(ctx, spec.name, mode)
     except BaseException:
         _destroy_quietly(ctx, spec.name, save_path(ctx, spec.name))
