@@ -5,7 +5,8 @@
 Agreement replicas write ``run/s<id>/agreed-<r>.stats.json`` (zz-agreed, docs/agreement.md),
 execution replicas ``run/s<id>/exec-<i>.status.json`` (docs/execution.md). A file older
 than `stale_after` seconds means the process is not running (or hung): shown as ``down``.
-Sleeping replicas (index >= active) are shown as such until controld reports on them.
+Execution roles (active, sleeping, convicted) come from the agreement replicas' view of them
+(``exec_awake``/``exec_sleeping``/``exec_convicted`` in their stats), else from the plan.
 """
 
 from __future__ import annotations
@@ -79,15 +80,35 @@ def _agreement_rows(config: Config, svc: Service, stale_after: float) -> list[Ro
     return rows
 
 
+def _exec_view(config: Config, svc: Service, stale_after: float) -> dict[str, list[int]]:
+    """Who is awake, sleeping, convicted now, as the agreement replicas (zz-agreed's stats,
+    the most advanced one) see it: after a fault the woken spare is active and the
+    convicted index a fresh spare. Empty when no replica says."""
+    run = config.rack.run_dir / f"s{svc.id}"
+    stats = [_read(_stats_path(run, r), stale_after) for r in range(svc.n)]
+    best = max((s for s in stats if s and "exec_awake" in s), default=None,
+               key=lambda s: s.get("last_exec", 0))  # fmt: skip
+    if best is None:
+        return {}
+    return {k: list(best.get(f"exec_{k}", [])) for k in ("awake", "sleeping", "convicted")}
+
+
 def _execution_rows(config: Config, svc: Service, stale_after: float) -> list[Row]:
     rows = []
+    view = _exec_view(config, svc, stale_after)
     for i in range(svc.n_exec):
         role = "active" if i < svc.active else "sleeping"
+        if view:
+            role = next((k for k in ("convicted", "awake", "sleeping") if i in view[k]), role)
+            role = {"awake": "active"}.get(role, role)
         host = svc.exec_host(config, i).name
         st = _read(svc.exec_status_path(config, i), stale_after)
         if st is None:
             state = "down" if role == "active" else svc.sleep
             rows.append(Row(svc.name, f"E{i}", role, host, state, "-", ""))
+            continue
+        if st.get("asleep"):
+            rows.append(Row(svc.name, f"E{i}", role, host, svc.sleep, "-", ""))
             continue
         mism = st.get("checkpoint_mismatches", [])
         detail = f"last_exec {st['last_executed']}"
@@ -95,7 +116,8 @@ def _execution_rows(config: Config, svc: Service, stale_after: float) -> list[Ro
             peers = sorted({m["peer"] for m in mism})
             detail += f" checkpoint mismatch with E{', E'.join(map(str, peers))}"
         ckpt = f"{st['stable_checkpoint']}/{st['last_checkpoint']}"
-        rows.append(Row(svc.name, f"E{i}", role, host, "up", ckpt, detail))
+        state = "recovering" if st.get("recovering") else "up"
+        rows.append(Row(svc.name, f"E{i}", role, host, state, ckpt, detail))
     return rows
 
 
