@@ -39,6 +39,7 @@ from .announce import Announcer
 from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from .ledger import Ledger
 from .rpc import RACK_SERVICE, control_reply, decode_json
+from .snapshots import HostSnapshots
 
 log = logging.getLogger("zz.controld")
 
@@ -78,6 +79,7 @@ class Daemon:
             config, host, hv, home, memory_mib, image, store, zfs_pool, ready_timeout, drill_faults
         )
         self.inventory = inv.Inventory(home / "inventory.json", hv)
+        self.snapshots = HostSnapshots(config, host, store)
         self.ledger = Ledger(home / "ledger.json")
         self.freshness_path = home / "freshness.json"
         self.freshness = certs.Freshness.load(self.freshness_path)
@@ -196,8 +198,33 @@ class Daemon:
             self._on_wakeup(m, raw)
         elif isinstance(m, wire.Shutdown):
             self._on_shutdown(m, raw)
+        elif isinstance(m, wire.FileFetch):
+            await self._on_file_fetch(m, send)
         else:
             self.counters["unexpected_type"] += 1
+
+    # ---- FILE-FETCH: checkpoint files of this host's replicas -------------------------------
+    async def _on_file_fetch(
+        self, m: wire.FileFetch, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        svc = self._service_by_id(m.service)
+        kind, idx = wire.principal_kind(m.sender)
+        pub = self.keys.services.get(m.service, {}).get(m.sender)
+        # Only replicas of the service may read its state (docs/wire.md FILE-FETCH).
+        if svc is None or kind != "exec" or idx >= svc.n_exec or pub is None:
+            self.counters["file_fetch_wrong_sender"] += 1
+            return
+        if not m.verify_sig(pub):
+            self.counters["file_fetch_bad_sig"] += 1
+            return
+        try:
+            path = m.path.decode("utf-8")
+        except UnicodeDecodeError:
+            path = "\x00"  # refused by the reader like any other non-canonical path
+        r = await asyncio.to_thread(self.snapshots.read, svc, idx, m.seq, path, m.offset, m.length)
+        self.counters["file_chunks_served" if r.status == 0 else "file_fetch_misses"] += 1
+        out = wire.FileData(svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
+        await send(wire.frame(out.encode()))
 
     # ---- CONTROL ----------------------------------------------------------------------------
     async def _on_control(self, m: wire.Control, send: Callable[[bytes], Awaitable[None]]) -> None:

@@ -885,20 +885,21 @@ class Runtime:
     # ---- recovery (execution/recovery.py, docs/recovery.md) -------------------------
 
     def _peer_sources(self) -> list[PeerSource]:
+        """The peers themselves, then the controlds of their hosts (which serve the peers'
+        snapshots from the host even while a peer is paused, crashed or convicted)."""
         if not self._sources:
             n = self.svc.n_exec
-            for k in range(1, n):
-                j = (self.index + k) % n  # start at different peers to spread the load
-                self._sources.append(
-                    PeerSource(
-                        f"x{j}",
-                        self.svc.exec_address(self.config, j),
-                        service=self.svc.id,
-                        me=self.me,
-                        sign_key=self.sign_key,
-                    )
-                )
+            order = [(self.index + k) % n for k in range(1, n)]  # spread the load
+            for j in order:
+                self._sources.append(self._source(f"x{j}", self.svc.exec_address(self.config, j)))
+            for j in order:
+                h = self.svc.exec_host(self.config, j)
+                addr = (h.address, h.control_port)
+                self._sources.append(self._source(f"controld-{h.name}", addr))
         return self._sources
+
+    def _source(self, name: str, addr: tuple[str, int]) -> PeerSource:
+        return PeerSource(name, addr, service=self.svc.id, me=self.me, sign_key=self.sign_key)
 
     def _fetcher(self, manifest: Manifest, seq: int) -> StateFetcher:
         """A fetcher of checkpoint `seq`'s files into the live directory, from the peers."""

@@ -1,0 +1,103 @@
+# tests/test_controld_fileserve.py - controld serves its replicas' checkpoint snapshots to
+# recovering replicas of the same service (FILE-FETCH / FILE-DATA, controld/snapshots.py),
+# over a real socket to an in-process daemon, with the runtime's own fetch client.
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from test_controld_daemon import SVC, Node, Rack, make_rack
+from zz.execution.recovery import PeerSource, SourceError
+from zz.snapshots.dirstore import DirStore
+from zz.snapshots.manifest import scan
+from zz.snapshots.store import checkpoint_name
+
+from zz import keys, wire
+from zz.crypto import SigningKey
+
+SEQ = 8
+FILES = {"a.txt": b"alpha\n", "dir/b.bin": bytes(range(256)) * 40}
+
+
+def _exec_key(rack: Rack, i: int) -> SigningKey:
+    sk = keys.load_secret(keys.secret_path(rack.config.rack.key_dir, SVC, 256 + i)).sign
+    assert sk is not None
+    return sk
+
+
+def _checkpoint(rack: Rack, i: int) -> bytes:
+    """Replica i's directory store with checkpoint SEQ and its manifest, as the runtime
+    leaves them in its state dir; returns the manifest encoding."""
+    svc = rack.config.services[0]
+    state = svc.exec_state_dir(rack.config, i)
+    store = DirStore(state / "store")
+    for rel, data in FILES.items():
+        (store.path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (store.path / rel).write_bytes(data)
+    m = scan(store.path)
+    store.snapshot(checkpoint_name(SEQ))
+    (state / "manifests").mkdir(exist_ok=True)
+    enc = m.encode()
+    (state / "manifests" / f"{checkpoint_name(SEQ)}.manifest").write_bytes(enc)
+    (store.path / "a.txt").write_bytes(b"changed after the checkpoint\n")
+    return enc
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[tuple[Rack, Node]]:
+    rack = make_rack(tmp_path)
+    # Execution replica 0 sits on hosts[(0 + service index 0 + 1) % 3] = h1.
+    n = Node(rack, 1, "libvirt")
+    await n.start()
+    try:
+        yield rack, n
+    finally:
+        await n.daemon.stop()
+        n.hv.close()
+
+
+def _fetch(port: int, me: int, key: SigningKey, path: str, size: int = 0) -> bytes:
+    src = PeerSource(
+        "controld-h1", ("127.0.0.1", port), service=SVC, me=me, sign_key=key, timeout=1.0
+    )
+    try:
+        return src.fetch(SEQ, path, size)
+    finally:
+        src.close()
+
+
+async def test_controld_serves_its_replicas_checkpoint_files(node: tuple[Rack, Node]) -> None:
+    rack, n = node
+    enc = _checkpoint(rack, 0)
+    me, key = wire.exec_principal(2), _exec_key(rack, 2)
+    got = await asyncio.to_thread(_fetch, n.port, me, key, "")
+    assert hashlib.sha256(got).digest() == hashlib.sha256(enc).digest()
+    for rel, data in FILES.items():
+        # The checkpoint's bytes, not the live directory's later ones.
+        assert await asyncio.to_thread(_fetch, n.port, me, key, rel, len(data)) == data
+    with pytest.raises(SourceError, match="no such file"):
+        await asyncio.to_thread(_fetch, n.port, me, key, "missing.txt")
+    with pytest.raises(SourceError):
+        await asyncio.to_thread(_fetch, n.port, me, key, "../rack.toml")
+    assert n.daemon.counters["file_chunks_served"] >= 3
+
+
+async def test_controld_refuses_strangers_and_never_serves_a_replica_its_own_state(
+    node: tuple[Rack, Node],
+) -> None:
+    rack, n = node
+    _checkpoint(rack, 0)
+    # Replica 0 asking for its own checkpoint: this host has no other replica of the service.
+    with pytest.raises(SourceError):
+        await asyncio.to_thread(_fetch, n.port, wire.exec_principal(0), _exec_key(rack, 0), "a.txt")
+    # A forged signature, and a client principal: dropped and counted, no answer at all.
+    with pytest.raises(SourceError):
+        await asyncio.to_thread(_fetch, n.port, wire.exec_principal(2), _exec_key(rack, 1), "a.txt")
+    with pytest.raises(SourceError):
+        await asyncio.to_thread(_fetch, n.port, 1000, _exec_key(rack, 2), "a.txt")
+    assert n.daemon.counters["file_fetch_bad_sig"] == 1
+    assert n.daemon.counters["file_fetch_wrong_sender"] == 1
+    assert n.daemon.counters["file_chunks_served"] == 0
