@@ -411,6 +411,22 @@ def _start_load(config: Config, services: list[Service], clients: int, first: in
     return Load(recorders, tally, stop, tasks)
 
 
+def _awaiting_spares(obs: Observer) -> set[str]:
+    """ "svc/i" convicted by a SHUTDOWN some controld acted on whose fresh spare is not
+    provisioned yet (a host re-provisions its convicted replicas one after the other)."""
+    convicted = set()
+    for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict \["):
+        m = re.search(r"SHUTDOWN (\S+) seq \d+ convict \[([\d, ]*)\]", line)
+        if m:
+            convicted |= {f"{m.group(1)}/{x.strip()}" for x in m.group(2).split(",") if x.strip()}
+    restored = {
+        m.group(1)
+        for _, line in obs.lines(r"^provisioned \S+ (paused|hibernated)")
+        if (m := re.search(r"provisioned (\S+) ", line))
+    }
+    return convicted - restored
+
+
 # ---- the drill ----------------------------------------------------------------------------
 class Drill:
     def __init__(self, config: Config, args: argparse.Namespace, progress: Progress) -> None:
@@ -853,11 +869,7 @@ class Drill:
             # A convicted replica's successor boots as a fresh spare: a VM takes tens of
             # seconds under TCG. Keep watching (load running) until it is there.
             t_end = time.monotonic() + a.settle
-            while (
-                obs.lines(r"^convicted ")
-                and not obs.lines(r"^provisioned .* (paused|hibernated)")
-                and time.monotonic() < t_end
-            ):
+            while _awaiting_spares(obs) and time.monotonic() < t_end:
                 if self.phase != "waiting for the fresh spare":
                     self.phase = "waiting for the fresh spare"
                     self.progress(f"waiting up to {a.settle:.0f} s for the fresh spare")
