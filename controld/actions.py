@@ -160,6 +160,8 @@ def replica_spec(
         memory_mib=ctx.memory_mib,
         ports=ports,
         state_dir=state,
+        public_address=service.exec_host(ctx.config, index).address,
+        public_ports=(port,),
     )
 
 

@@ -132,6 +132,10 @@ class ReplicaSpec:
     vcpus: int = 1
     ports: tuple[tuple[int, int], ...] = ()
     state_dir: Path | None = None
+    # Guest ports forwarded from `public_address` (the host's address in the rack config)
+    # rather than 127.0.0.1: the execution port, which clients and other hosts reach.
+    public_address: str = "127.0.0.1"
+    public_ports: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):

@@ -39,19 +39,26 @@ def render_domain(
     current_memory_mib: int | None = None,
     vcpus: int = 1,
     hostfwds: list[tuple[int, int]] | None = None,
+    public_address: str = "127.0.0.1",
+    public_ports: tuple[int, ...] = (),
     state_dir: Path | str | None = None,
     state_accessmode: str = "squash",
     cmd: str | None = None,
     extra_cmdline: str = "",
     domain_type: str = "qemu",
 ) -> str:
-    """Domain XML. hostfwds: (host port on 127.0.0.1, guest port) pairs. state_dir: a host
+    """Domain XML. hostfwds: (host port on 127.0.0.1, guest port) pairs; a guest port in
+    public_ports is forwarded from public_address instead (the host's rack address: other
+    hosts reach the execution replica there, while the agent stays local). state_dir: a host
     directory shared as 9p tag "state" (the guest mounts it at /state); accessmode 'squash'
     needs it owned by libvirt-qemu, 'passthrough' adds a static DAC seclabel +0:+0 so QEMU
     runs as root (DESIGN.md §7)."""
     if domain_type not in ("qemu", "kvm"):
         raise ValueError(f"domain type {domain_type!r}")
-    fwd = "".join(f",hostfwd=tcp:127.0.0.1:{int(h)}-:{int(g)}" for h, g in hostfwds or [])
+    fwd = "".join(
+        f",hostfwd=tcp:{public_address if g in public_ports else '127.0.0.1'}:{int(h)}-:{int(g)}"
+        for h, g in hostfwds or []
+    )
     filesystems = ""
     seclabel = ""
     if state_dir is not None:

@@ -128,6 +128,13 @@ def test_render_domain_xml(tmp_path: Path) -> None:
     cmdline = root.findtext("os/cmdline") or ""
     enc = [p for p in cmdline.split() if p.startswith("zz.cmd64=")][0].split("=", 1)[1]
     assert base64.b64decode(enc).decode() == 'echo "hi" > /x'
+    # On a real host the execution port is forwarded from the host's rack address, the
+    # agent's stays local.
+    public = domain.render_domain(
+        "zz-z", "/k", "/i", console_socket="/s", hostfwds=[(17001, 7000), (17002, 7100)],
+        public_address="10.0.0.11", public_ports=(7100,),
+    )  # fmt: skip
+    assert "hostfwd=tcp:127.0.0.1:17001-:7000,hostfwd=tcp:10.0.0.11:17002-:7100" in public
     plain = ET.fromstring(domain.render_domain("zz-y", "/k", "/i", console_socket="/s"))
     assert plain.find("devices/filesystem") is None and plain.find("seclabel") is None
 
