@@ -14,4 +14,4 @@ make -C agreement test
 echo "[test] make -C agreement fuzz-run FUZZ_SECONDS=${FUZZ_SECONDS:-30}"
 make -C agreement fuzz-run FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 echo "[test] pytest"
-exec $PY -m pytest -q
+exec $PY -m pytest -q --durations=25

@@ -411,6 +411,9 @@ def _start_load(config: Config, services: list[Service], clients: int, first: in
     return Load(recorders, tally, stop, tasks)
 
 
+_EXEC_NAME = re.compile(r"(.+)/exec-(\d+)")
+
+
 def _awaiting_spares(obs: Observer) -> set[str]:
     """ "svc/i" convicted by a SHUTDOWN some controld acted on whose fresh spare is not
     provisioned yet (a host re-provisions its convicted replicas one after the other)."""
@@ -1103,6 +1106,14 @@ class Drill:
                 and not any(f"convicted {m.group(1)}/{m.group(2)} " in c for c in r.convicted)
             ):
                 self.reasons.append(f"{m.group(1)}/exec-{m.group(2)} was faulty but not convicted")
+        faulted = {f"{m.group(1)}/{m.group(2)}" for n in self.faulted if (m := _EXEC_NAME.match(n))}
+        for line in r.convicted:
+            m = re.search(r"convicted (\S+/\d+) ", line)
+            if m and m.group(1) not in faulted:
+                # Not a safety failure (a replica too slow for the timer counts as faulty),
+                # but a spare spent: the report says so.
+                self.notes.append(f"also convicted, not faulted by the drill: {m.group(1)}"
+                                  " (too slow for the execution-report timer?)")  # fmt: skip
         for svc in self.services:
             if r.woken and not any(f"woke {svc.name}/" in w for w in r.woken):
                 self.reasons.append(f"no spare of {svc.name} was woken")
