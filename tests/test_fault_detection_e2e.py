@@ -295,6 +295,12 @@ def crash_rig(tmp_path: Path) -> Iterator[FaultRig]:
 def test_crashed_replica_times_out_and_wakes_the_spare(crash_rig: FaultRig) -> None:
     rig = crash_rig
     assert _puts(rig, 3, "pre") == [_kv_ok()] * 3
+    # The client has its replies before replica 1's EXEC-REPORT for seq 3 need have left:
+    # killed before that, seq 3 itself times out (seen in CI). Crash it after seq 3.
+    rig.wait(
+        lambda: all(s.get("exec_certificates", 0) >= 3 for s in rig.agreement()),
+        "seqs 1-3 certified by every agreement replica",
+    )
     assert not rig.controld.wakeups
     signal_group(rig.execs.procs[1].pid, signal.SIGKILL)
     rig.execs.procs[1].wait(timeout=10)
