@@ -859,7 +859,8 @@ class Drill:
             self.fault_at_ns = 0
             await self.inject(obs)
             if self.fault_at_ns:
-                self.details["replace_s"] = round((self.fault_at_ns - obs.fault_ns) / 1e9, 3)
+                if self.state.backend == "process":  # a guest switches in place
+                    self.details["replace_s"] = round((self.fault_at_ns - obs.fault_ns) / 1e9, 3)
                 obs.fault_ns = self.fault_at_ns
             self.phase = "watching after the fault"
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
