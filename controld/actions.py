@@ -108,20 +108,27 @@ def runtime_command(
 ) -> tuple[str, ...]:
     cmd = [sys.executable, "-m", "zz.execution", "--rack", str(ctx.config.path)]
     cmd += ["--service", service.name, "--index", str(index), "--store", ctx.store]
-    if asleep:
-        # A spare: up and listening, but it registers with the agreement replicas only
-        # once controld's wake notice appears (execution/runtime.py _wake_watch).
-        cmd.append("--start-asleep")
-    if inject_fault is not None:
-        # Drills only (zz drill wrong-reply/slow): the runtime misbehaves on purpose.
-        cmd += ["--inject-fault", inject_fault]
-    if ctx.drill_faults:
-        cmd.append("--drill-faults")
+    cmd += _runtime_flags(ctx, inject_fault, asleep)
     if ctx.store == "zfs":
         if not ctx.zfs_pool:
             raise ValueError("--store zfs needs a ZFS pool")
         cmd += ["--zfs-pool", ctx.zfs_pool]
     return tuple(cmd)
+
+
+def _runtime_flags(ctx: HostContext, inject_fault: str | None, asleep: bool) -> list[str]:
+    """What a runtime is told about its role, on the host and in a guest alike."""
+    flags = []
+    if asleep:
+        # A spare: up and listening, but it registers with the agreement replicas only
+        # once controld's wake notice appears (execution/runtime.py _wake_watch).
+        flags.append("--start-asleep")
+    if inject_fault is not None:
+        # Drills only (zz drill wrong-reply/slow): the runtime misbehaves on purpose.
+        flags += ["--inject-fault", inject_fault]
+    if ctx.drill_faults:
+        flags.append("--drill-faults")
+    return flags
 
 
 def replica_spec(
@@ -178,13 +185,7 @@ def guest_runtime_command(
     cmd += ["--key-dir", f"{GUEST_SHARE}/{GUEST_DIR}/keys"]
     cmd += ["--status-file", f"{GUEST_SHARE}/{GUEST_STATUS}"]
     cmd += ["--listen", "0.0.0.0", "--loopback-alias", SLIRP_HOST]
-    if asleep:
-        cmd.append("--start-asleep")
-    if inject_fault is not None:
-        cmd += ["--inject-fault", inject_fault]
-    if ctx.drill_faults:
-        cmd.append("--drill-faults")
-    return cmd
+    return cmd + _runtime_flags(ctx, inject_fault, asleep)
 
 
 def write_guest_files(

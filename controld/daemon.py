@@ -208,20 +208,17 @@ class Daemon:
         self, m: wire.FileFetch, send: Callable[[bytes], Awaitable[None]]
     ) -> None:
         svc = self._service_by_id(m.service)
-        kind, idx = wire.principal_kind(m.sender)
-        pub = self.keys.services.get(m.service, {}).get(m.sender)
-        # Only replicas of the service may read its state (docs/wire.md FILE-FETCH).
-        if svc is None or kind != "exec" or idx >= svc.n_exec or pub is None:
+        if svc is None:
             self.counters["file_fetch_wrong_sender"] += 1
             return
-        if not m.verify_sig(pub):
-            self.counters["file_fetch_bad_sig"] += 1
+        refused = m.refusal(self.keys.services.get(svc.id, {}), svc.n_exec)
+        if refused is not None:
+            self.counters[refused] += 1
             return
-        try:
-            path = m.path.decode("utf-8")
-        except UnicodeDecodeError:
-            path = "\x00"  # refused by the reader like any other non-canonical path
-        r = await asyncio.to_thread(self.snapshots.read, svc, idx, m.seq, path, m.offset, m.length)
+        _, idx = wire.principal_kind(m.sender)
+        r = await asyncio.to_thread(
+            self.snapshots.read, svc, idx, m.seq, m.path_text(), m.offset, m.length
+        )
         self.counters["file_chunks_served" if r.status == 0 else "file_fetch_misses"] += 1
         out = wire.FileData(svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         await send(wire.frame(out.encode()))

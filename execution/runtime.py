@@ -1013,21 +1013,12 @@ class Runtime:
             log.info("background fetch done: %d files in %.2f s", n, time.monotonic() - t0)
 
     async def _serve_file(self, m: wire.FileFetch, writer: asyncio.StreamWriter) -> None:
-        kind, idx = wire.principal_kind(m.sender)
-        pub = self.publics.get(m.sender)
-        # Only replicas of this service may read its state (docs/wire.md FILE-FETCH).
-        if kind != "exec" or idx >= self.svc.n_exec or m.sender == self.me or pub is None:
-            self.counters["file_fetch_wrong_sender"] += 1
+        refused = m.refusal(self.publics, self.svc.n_exec, server=self.me)
+        if refused is not None:
+            self.counters[refused] += 1
             return
-        if not m.verify_sig(pub):
-            self.counters["file_fetch_bad_sig"] += 1
-            return
-        try:
-            path = m.path.decode("utf-8")
-        except UnicodeDecodeError:
-            path = "\x00"  # refused by the reader like any other non-canonical path
         async with self._store_lock:
-            r = await asyncio.to_thread(self.files.read, m.seq, path, m.offset, m.length)
+            r = await asyncio.to_thread(self.files.read, m.seq, m.path_text(), m.offset, m.length)
         out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         self.counters["file_chunks_served"] += 1
         self.counters["file_bytes_served"] += len(r.data)

@@ -1067,6 +1067,27 @@ class FileFetch(Message):
             f"length={self.length}",
         ]
 
+    def refusal(
+        self, publics: Mapping[int, bytes], n_exec: int, server: int | None = None
+    ) -> str | None:
+        """None if a server may answer: only replicas of the service read its state, so
+        the sender must be execution replica 0..n_exec-1 (not the server itself) with a
+        valid signature. Else the counter to count the drop under."""
+        kind, idx = principal_kind(self.sender)
+        pub = publics.get(self.sender)
+        if kind != "exec" or idx >= n_exec or self.sender == server or pub is None:
+            return "file_fetch_wrong_sender"
+        if not self.verify_sig(pub):
+            return "file_fetch_bad_sig"
+        return None
+
+    def path_text(self) -> str:
+        """The path as text; not UTF-8 gives one every reader refuses as non-canonical."""
+        try:
+            return self.path.decode("utf-8")
+        except UnicodeDecodeError:
+            return "\x00"
+
 
 @dataclass
 class FileData(Message):
