@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,19 +20,29 @@ from zz.procrack import leftover_pids
 HOSTS = 4
 
 
-def write_rack(tmp_path: Path, name: str = "rt", services: int = 1, sleep: str = "paused") -> Path:
-    """A rack of HOSTS simulated hosts 127.0.0.1..4 and `services` kv services (f = g = 1,
-    one spare each), on free ports."""
-    ctl = free_port_range(HOSTS)
+def write_rack(
+    tmp_path: Path,
+    name: str = "rt",
+    services: int = 1,
+    sleep: str = "paused",
+    *,
+    hosts: int = HOSTS,
+    one_address: bool = False,
+    f: Sequence[int] = (),
+) -> Path:
+    """A rack of `hosts` simulated hosts 127.0.0.1..N (all 127.0.0.1 with one_address, as
+    a rack of guests needs) and `services` kv services kv0, kv1, ... (g = 1, f from `f`,
+    else 1), on free ports."""
+    ctl = free_port_range(hosts)
     lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\n']
-    for h in range(HOSTS):
-        lines.append(
-            f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{h + 1}"\ncontrol_port = {ctl + h}\n'
-        )
+    for h in range(hosts):
+        addr = "127.0.0.1" if one_address else f"127.0.0.{h + 1}"
+        lines.append(f'[[hosts]]\nname = "h{h}"\naddress = "{addr}"\ncontrol_port = {ctl + h}\n')
     for s in range(services):
         base = free_port_range(70)
+        fs = f[s] if s < len(f) else 1
         lines.append(
-            f'[[services]]\nname = "kv{s}"\nid = {s + 1}\ng = 1\nf = 1\napp = "kv"\n'
+            f'[[services]]\nname = "kv{s}"\nid = {s + 1}\ng = 1\nf = {fs}\napp = "kv"\n'
             f'sleep = "{sleep}"\nbase_port = {base}\n'
         )
     path = tmp_path / "rack.toml"

@@ -3,7 +3,6 @@
 # Slow (TCG guests boot in ~25 s on a busy 2-core host); skipped without libvirt and an image.
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -15,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import free_port_range
-from tests.test_drill import needs_go
+from tests.test_drill import _args, needs_go
 from tests.test_execution_runtime import needs_agreed
-from tests.test_rackctl import leftovers
+from tests.test_rackctl import leftovers, write_rack
 from zz import drill, rackctl
 from zz import report as rp
 from zz.config import Config, load
@@ -40,24 +38,6 @@ needs_vms = pytest.mark.skipif(
 OVERRIDES = {"detect_floor_ms": 2000}
 
 
-def write_vm_rack(tmp_path: Path, name: str, hosts: int, services: list[tuple[str, int]]) -> Path:
-    """Simulated hosts all at 127.0.0.1 (a guest reaches only the host's 127.0.0.1, as
-    10.0.2.2), each with its control port; services (name, f) of app kv, g = 1, paused."""
-    ctl = free_port_range(hosts)
-    lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\n']
-    for h in range(hosts):
-        lines.append(f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.1"\ncontrol_port = {ctl + h}\n')
-    for k, (svc, f) in enumerate(services):
-        base = free_port_range(70)
-        lines.append(
-            f'[[services]]\nname = "{svc}"\nid = {k + 1}\ng = 1\nf = {f}\napp = "kv"\n'
-            f'sleep = "paused"\nbase_port = {base}\n'
-        )
-    path = tmp_path / "rack.toml"
-    path.write_text("\n".join(lines))
-    return path
-
-
 def _down(config: Config) -> None:
     report = rackctl.down(config)
     for pid in leftovers(config):
@@ -66,14 +46,15 @@ def _down(config: Config) -> None:
 
 
 @contextlib.contextmanager
-def vm_rack_up(name: str, hosts: int, services: list[tuple[str, int]]) -> Iterator[Config]:
-    """A rack of guests, torn down (and its directory removed) also on failure. Not under
-    pytest's tmp_path: QEMU runs as libvirt-qemu and must reach the shares, and
-    /tmp/pytest-of-root is private."""
+def vm_rack_up(name: str, hosts: int, f: list[int]) -> Iterator[Config]:
+    """A rack of guests with kv services kv0, kv1, ... of the given f, torn down (and its
+    directory removed) also on failure. Every simulated host is 127.0.0.1: a guest reaches
+    only the host's 127.0.0.1 (as 10.0.2.2). Not under pytest's tmp_path: QEMU runs as
+    libvirt-qemu and must reach the shares, and /tmp/pytest-of-root is private."""
     tmp = Path(tempfile.mkdtemp(prefix=f"zz-{name}-"))
     os.chmod(tmp, 0o755)
     try:
-        config = load(write_vm_rack(tmp, name, hosts, services))
+        config = load(write_rack(tmp, name, len(f), hosts=hosts, one_address=True, f=f))
         try:
             rackctl.up(config, backend="libvirt", overrides=OVERRIDES, progress=print)
             yield config
@@ -86,21 +67,12 @@ def vm_rack_up(name: str, hosts: int, services: list[tuple[str, int]]) -> Iterat
 @pytest.fixture(scope="module")
 def vm_rack() -> Iterator[Config]:
     """One f = 1 kv service on 4 simulated hosts: 2 active guests and a paused one."""
-    with vm_rack_up("vm", 4, [("kv0", 1)]) as config:
+    with vm_rack_up("vm", 4, [1]) as config:
         yield config
 
 
-def _args(kind: str, config: Config, out: Path, **kw: object) -> argparse.Namespace:
-    ns = argparse.ArgumentParser()
-    drill.add_arguments(ns)
-    a = ns.parse_args([kind, str(config.path), "--before", "3", "--after", "10", "--out", str(out)])
-    for k, v in kw.items():
-        setattr(a, k, v)
-    return a
-
-
 def _run(config: Config, kind: str, out: Path, **kw: object) -> rp.DrillReport:
-    report, where = drill.run(config, _args(kind, config, out, **kw), print)
+    report, where = drill.run(config, _args(kind, config, out, **{"after": 10.0, **kw}), print)
     print(rp.format_text(report))
     assert where == out and (out / "report.json").exists()
     assert (out / "timeline.png").read_bytes().startswith(rp.PNG_MAGIC)
@@ -165,7 +137,7 @@ def test_vm_execution_fault_drill(vm_rack: Config, tmp_path: Path, kind: str) ->
 def test_vm_wrong_reply_drill_f2(tmp_path: Path) -> None:
     """f = 2: three active guests, two paused; one lies: a spare is woken (f+1 = 3
     matching replies again), the liar convicted, a fresh spare provisioned."""
-    with vm_rack_up("vmf2", 5, [("kv0", 2)]) as config:
+    with vm_rack_up("vmf2", 5, [2]) as config:
         r = _run(config, "wrong-reply", tmp_path / "drill")
         assert any("convicted kv0/0 " in c for c in r.convicted), r.convicted
         assert any("woke kv0/3" in w or "woke kv0/4" in w for w in r.woken), r.woken
@@ -183,7 +155,7 @@ def test_vm_byzantine_host_drill(tmp_path: Path) -> None:
     histories stay linearizable. (Two services with f = 2 on this 2-core machine make 8
     TCG guests: correct ones then grow too slow for the timer and are convicted too.)"""
     # h2 carries kv0/exec-1, kv1/exec-0, kv0/agreed-2 and kv1/agreed-1 (zz rack plan).
-    with vm_rack_up("vmbh", 4, [("kv0", 1), ("kv1", 1)]) as config:
+    with vm_rack_up("vmbh", 4, [1, 1]) as config:
         r = _run(config, "byzantine-host", tmp_path / "drill", host="h2")
         assert set(r.service.split(",")) == {"kv0", "kv1"}
         assert any("convicted kv0/1 " in c for c in r.convicted), r.convicted
