@@ -31,7 +31,10 @@ class Row:
     detail: str  # view, last executed, faults seen
 
 
-def _read(path: Path, stale_after: float) -> dict[str, Any] | None:
+Stats = dict[str, Any] | None  # one replica's stats file; None: missing or stale
+
+
+def _read(path: Path, stale_after: float) -> Stats:
     try:
         if time.time() - path.stat().st_mtime > stale_after:
             return None
@@ -54,9 +57,12 @@ def _stats_path(run: Path, r: int) -> Path:
     return run / f"agreed-{r}.stats.json"
 
 
-def _agreement_rows(config: Config, svc: Service, stale_after: float) -> list[Row]:
+def _agreement_stats(config: Config, svc: Service, stale_after: float) -> list[Stats]:
     run = config.rack.run_dir / f"s{svc.id}"
-    stats = [_read(_stats_path(run, r), stale_after) for r in range(svc.n)]
+    return [_read(_stats_path(run, r), stale_after) for r in range(svc.n)]
+
+
+def _agreement_rows(config: Config, svc: Service, stats: list[Stats]) -> list[Row]:
     views = [s["view"] for s in stats if s]
     view = max(views) if views else 0
     rows = []
@@ -80,12 +86,10 @@ def _agreement_rows(config: Config, svc: Service, stale_after: float) -> list[Ro
     return rows
 
 
-def _exec_view(config: Config, svc: Service, stale_after: float) -> dict[str, list[int]]:
+def _exec_view(stats: list[Stats]) -> dict[str, list[int]]:
     """Who is awake, sleeping, convicted now, as the agreement replicas (zz-agreed's stats,
     the most advanced one) see it: after a fault the woken spare is active and the
     convicted index a fresh spare. Empty when no replica says."""
-    run = config.rack.run_dir / f"s{svc.id}"
-    stats = [_read(_stats_path(run, r), stale_after) for r in range(svc.n)]
     best = max((s for s in stats if s and "exec_awake" in s), default=None,
                key=lambda s: s.get("last_exec", 0))  # fmt: skip
     if best is None:
@@ -93,9 +97,11 @@ def _exec_view(config: Config, svc: Service, stale_after: float) -> dict[str, li
     return {k: list(best.get(f"exec_{k}", [])) for k in ("awake", "sleeping", "convicted")}
 
 
-def _execution_rows(config: Config, svc: Service, stale_after: float) -> list[Row]:
+def _execution_rows(
+    config: Config, svc: Service, stale_after: float, stats: list[Stats]
+) -> list[Row]:
     rows = []
-    view = _exec_view(config, svc, stale_after)
+    view = _exec_view(stats)
     for i in range(svc.n_exec):
         role = "active" if i < svc.active else "sleeping"
         if view:
@@ -124,9 +130,10 @@ def _execution_rows(config: Config, svc: Service, stale_after: float) -> list[Ro
 def rack_status(config: Config, stale_after: float = 5.0) -> list[Row]:
     rows: list[Row] = []
     for svc in config.services:
-        rows += _agreement_rows(config, svc, stale_after)
+        stats = _agreement_stats(config, svc, stale_after)
+        rows += _agreement_rows(config, svc, stats)
         if svc.uses_execution_replicas:
-            rows += _execution_rows(config, svc, stale_after)
+            rows += _execution_rows(config, svc, stale_after, stats)
     return rows
 
 
