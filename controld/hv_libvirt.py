@@ -36,6 +36,8 @@ from xml.sax.saxutils import escape
 
 import libvirt  # type: ignore[import-not-found]
 
+from zz.procrack import leftover_pids
+
 from .hypervisor import (
     DEFAULT_BALLOON_MIB,
     GUEST_AGENT_PORT,
@@ -219,13 +221,10 @@ class LibvirtHypervisor:
         right after a conviction. False if the process was not found or not reniced."""
         if self.is_test or not self.uri.endswith(":///system"):
             return False
-        needle = b"guest=" + name.encode() + b","
         done = False
-        for proc in Path("/proc").glob("[0-9]*"):
+        for pid in leftover_pids([f"guest={name},"]):
             try:
-                if needle not in (proc / "cmdline").read_bytes():
-                    continue
-                for task in (proc / "task").iterdir():
+                for task in Path(f"/proc/{pid}/task").iterdir():
                     os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
                     done = True
             except (OSError, ValueError):
