@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         " (full; the benchmark's baseline)",
     )
     p.add_argument(
+        "--replay-all",
+        action="store_true",
+        help="run read-only requests also in replayed batches that already hold an"
+        " execution certificate (by default they are skipped, ZZ §4.7.2; the benchmark's"
+        " baseline)",
+    )
+    p.add_argument(
         "--start-asleep",
         action="store_true",
         help="a spare: open the state and listen, but do not register with the agreement"
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 zfs_dataset=args.zfs_dataset,
                 inject_fault=args.inject_fault,
                 recovery_mode=args.recovery,
+                replay_skips_reads=not args.replay_all,
                 asleep=args.start_asleep,
                 state_dir=Path(args.state_dir) if args.state_dir else None,
                 status_path=Path(args.status_file) if args.status_file else None,

@@ -21,7 +21,7 @@ import logging
 import socket
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .. import wire
 from ..crypto import NULL_DIGEST, SigningKey
@@ -64,6 +64,41 @@ class StableVotes:
             counts[claim] = counts.get(claim, 0) + 1
         best = [c for c, k in counts.items() if k >= self.g + 1]
         return max(best) if best else None
+
+
+class CertifiedVouches:
+    """Which batches of a replayed log hold execution certificates (ZZ §4.7.2)?
+
+    A FETCH-REPLY's certified_through is one agreement replica's word for the batches it
+    lists; g+1 distinct replicas vouching for a seq include a correct one, which holds f+1
+    matching EXEC-REPORTs for it. Such a batch's clients already hold their replies and
+    nobody waits for this replica's report, so its read-only requests need not run again."""
+
+    def __init__(self, g: int) -> None:
+        self.g = g
+        self._by_seq: dict[int, set[int]] = {}
+
+    def offer(self, replica: int, certified_through: int, seqs: Iterable[int], above: int) -> None:
+        """`replica` vouches for the listed `seqs` up to certified_through; those at or
+        below `above` (executed already) are of no use."""
+        for seq in seqs:
+            if above < seq <= certified_through:
+                self._by_seq.setdefault(seq, set()).add(replica)
+
+    def certified(self, seq: int) -> bool:
+        return len(self._by_seq.get(seq, ())) >= self.g + 1
+
+    def take(self, seq: int) -> bool:
+        """certified(seq), forgetting seq (it is being executed)."""
+        return len(self._by_seq.pop(seq, ())) >= self.g + 1
+
+    def forget_through(self, seq: int) -> None:
+        """Drop the vouches a jump to checkpoint `seq` made useless."""
+        for s in [s for s in self._by_seq if s <= seq]:
+            del self._by_seq[s]
+
+    def __len__(self) -> int:
+        return len(self._by_seq)
 
 
 class PeerSource(Source):

@@ -1,5 +1,7 @@
 """execution/replycache.py - per-client last reply, for exactly-once execution (DESIGN §3.1).
-Checkpointed as `.zz/replies` with one canonical encoding, so correct replicas hash it alike."""
+Checkpointed as `.zz/replies` with one canonical encoding, so correct replicas hash it alike.
+A read's result is not checkpointed (only its timestamp): a replica replaying a certified log
+skips reads (ZZ §4.7.2) and could not write it, so no replica does."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 MAGIC = b"ZZRC"
-VERSION = 1
+VERSION = 2  # 2: reads' results are not kept
 PATH = ".zz/replies"  # reserved runtime path in the state directory (docs/checkpoints.md)
 MAX_ENTRIES = 1 << 24
 
 _HEAD = struct.Struct(">4sBBHI")
 _ENTRY = struct.Struct(">IQBI")
+_READ_ONLY, _READ = 1, 2  # entry flags
 
 
 class ReplyCacheError(ValueError):
@@ -23,8 +26,9 @@ class ReplyCacheError(ValueError):
 @dataclass(frozen=True)
 class CachedReply:
     timestamp: int
-    read_only: bool
-    result: bytes
+    read_only: bool  # the REPLY's read-only flag (the request was an unordered read)
+    result: bytes | None  # None: a read whose result this replica does not hold
+    read: bool = False  # it ran without write access: checkpoints keep no result
 
 
 class ReplyCache:
@@ -56,17 +60,33 @@ class ReplyCache:
         cur = self._entries.get(client)
         return cur if cur is not None and cur.timestamp == timestamp else None
 
-    def record(self, client: int, timestamp: int, result: bytes, read_only: bool = False) -> None:
+    def record(
+        self,
+        client: int,
+        timestamp: int,
+        result: bytes | None,
+        read_only: bool = False,
+        read: bool = False,
+    ) -> None:
+        """`read`: the request ran without write access (an ordered read; an unordered
+        one, `read_only`, is a read too)."""
         if not self.is_new(client, timestamp):
             raise ValueError(f"client {client}: timestamp {timestamp} is not new")
-        self._entries[client] = CachedReply(timestamp, read_only, bytes(result))
+        read = read or read_only
+        if result is None and not read:
+            raise ValueError(f"client {client}: a write's result must be kept")
+        self._entries[client] = CachedReply(
+            timestamp, read_only, None if result is None else bytes(result), read
+        )
 
     def encode(self) -> bytes:
         """Canonical: sorted by client id, so equal caches encode to equal bytes."""
         out = [_HEAD.pack(MAGIC, VERSION, 0, 0, len(self._entries))]
         for client, e in sorted(self._entries.items()):
-            out.append(_ENTRY.pack(client, e.timestamp, int(e.read_only), len(e.result)))
-            out.append(e.result)
+            result = b"" if e.read or e.result is None else e.result
+            flags = (_READ_ONLY if e.read_only else 0) | (_READ if e.read else 0)
+            out.append(_ENTRY.pack(client, e.timestamp, flags, len(result)))
+            out.append(result)
         return b"".join(out)
 
     @classmethod
@@ -89,11 +109,14 @@ class ReplyCache:
             pos += _ENTRY.size
             if client <= last:
                 raise ReplyCacheError(f"reply cache: entry {i} not sorted by client")
-            if flags > 1:
+            if flags not in (0, _READ, _READ_ONLY | _READ):
                 raise ReplyCacheError(f"reply cache: entry {i} has flags {flags}")
+            if flags and n:
+                raise ReplyCacheError(f"reply cache: entry {i} keeps a read's result")
             if len(data) - pos < n:
                 raise ReplyCacheError(f"reply cache: entry {i} result truncated")
-            rc._entries[client] = CachedReply(ts, bool(flags), bytes(data[pos : pos + n]))
+            result = None if flags else bytes(data[pos : pos + n])
+            rc._entries[client] = CachedReply(ts, bool(flags & _READ_ONLY), result, bool(flags))
             pos += n
             last = client
         if pos != len(data):

@@ -28,7 +28,7 @@ from ..snapshots.fileserve import SnapshotFiles
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
 from .certificates import DEFAULT_WINDOW, Certificate, CommitCollector
-from .recovery import PeerSource, RecoveryError, StableVotes, fetch_manifest
+from .recovery import CertifiedVouches, PeerSource, RecoveryError, StableVotes, fetch_manifest
 from .registry import create_app
 from .replycache import PATH as REPLIES_PATH
 from .replycache import ReplyCache
@@ -132,6 +132,7 @@ class Runtime:
         window: int = DEFAULT_WINDOW,
         inject_fault: str | None = None,
         recovery_mode: str = "on-demand",
+        replay_skips_reads: bool = True,
         asleep: bool = False,
         state_dir: Path | None = None,
         listen: str | None = None,
@@ -192,11 +193,13 @@ class Runtime:
         if recovery_mode not in ("on-demand", "full"):
             raise ValueError(f"unknown recovery mode {recovery_mode!r}")
         self.recovery_mode = recovery_mode
+        self.replay_skips_reads = replay_skips_reads
         # Provisioned as a spare: state open, listening, but not registered with the
         # agreement replicas (so not executing) until controld's wake notice.
         self.asleep = asleep
         self._wake_poked = False
         self.stable_votes = StableVotes(service.g)
+        self.vouches = CertifiedVouches(service.g)
         self._recover_target: tuple[int, bytes] | None = None
         self.fetcher: StateFetcher | None = None
         self.recovery: dict[str, Any] = {}
@@ -447,11 +450,14 @@ class Runtime:
             self.counters["unexpected"] += 1
             return
         try:
-            entries = wire.log_entries(m.data)
+            certified_through, entries = wire.log_reply(m.data)
         except wire.WireError:
             self.counters["bad_log"] += 1
             return
         self.counters["fetch_replies"] += 1
+        self.vouches.offer(
+            m.sender, certified_through, (e.seq for e in entries), above=self.last_executed
+        )
         for e in entries:
             self.collector.add(m.sender, e.seq, e.digest, e.batch, 0)
         if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
@@ -542,7 +548,11 @@ class Runtime:
         # Only the agreement cluster orders requests; here a retransmission is answered
         # from the reply cache when it is the one the cache holds.
         hit = self.replies.cached(m.sender, m.timestamp)
-        if hit is not None:
+        if hit is not None and hit.result is None:
+            # A read skipped in replay or restored from a checkpoint: other replicas (and
+            # the agreement's REPLY-AFFIRM) answer it; its client may also ask anew.
+            self.counters["cache_result_not_kept"] += 1
+        elif hit is not None:
             self.counters["cache_resends"] += 1
             self._send_reply(Outgoing(m.sender, m.timestamp, hit.read_only, hit.result), None)
         return m.sender
@@ -583,7 +593,10 @@ class Runtime:
                     await self._recover(*target)
                 while (cert := self.collector.next_ready()) is not None:
                     self._batch_counts = Counter()
-                    outs, refs = await asyncio.to_thread(self._run_batch, cert)
+                    # A batch already certified without us (a replayed log): its clients
+                    # hold their replies and nobody waits for our report (ZZ §4.7.2).
+                    replay = self.vouches.take(cert.seq) and self.replay_skips_reads
+                    outs, refs = await asyncio.to_thread(self._run_batch, cert, replay)
                     self.counters.update(self._batch_counts)
                     self.collector.executed(cert.seq)
                     self._view = max(self._view, cert.view)
@@ -591,8 +604,11 @@ class Runtime:
                         self._send_reply(out, cert.view)
                     if self.inject_fault == "slow-report":
                         await asyncio.sleep(SLOW_REPORT_SECONDS)
-                    rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
-                    self._send_agreement(rep.with_macs(self.agree_keys).encode())
+                    if replay:
+                        self.counters["replayed_certified"] += 1
+                    else:
+                        rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
+                        self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
                     if cert.seq % self.cp == 0:
                         async with self._store_lock:
@@ -605,10 +621,14 @@ class Runtime:
             self.fatal = e
             self._stopped.set()
 
-    def _run_batch(self, cert: Certificate) -> tuple[list[Outgoing], list[wire.ReplyRef]]:
-        """Execute one certified batch (in a worker thread; nothing else touches the app,
+    def _run_batch(
+        self, cert: Certificate, replay: bool = False
+    ) -> tuple[list[Outgoing], list[wire.ReplyRef]]:
+        """Execute one committed batch (in a worker thread; nothing else touches the app,
         the state or the reply cache's writes meanwhile). Returns the replies to send and
-        the EXEC-REPORT's reply list (fresh executions only, in batch order)."""
+        the EXEC-REPORT's reply list (fresh executions only, in batch order). With `replay`
+        (the batch holds an execution certificate already) read-only requests only advance
+        their client's timestamp: they change no state, and their clients hold the reply."""
         outs: list[Outgoing] = []
         fresh: list[wire.ReplyRef] = []
         # The status writer iterates self.counters on the loop thread: count locally.
@@ -638,9 +658,15 @@ class Runtime:
                 continue
             if not self.replies.is_new(req.sender, req.timestamp):
                 hit = self.replies.cached(req.sender, req.timestamp)
-                if hit is not None:  # re-proposed retransmission: the client may wait
+                if hit is not None and hit.result is not None:
+                    # A re-proposed retransmission: the client may be waiting.
                     outs.append(Outgoing(req.sender, req.timestamp, hit.read_only, hit.result))
                 counts["duplicates"] += 1
+                continue
+            read = req.read_only or req.ordered_read
+            if replay and read:
+                self.replies.record(req.sender, req.timestamp, None, req.read_only, read)
+                counts["reads_skipped"] += 1
                 continue
             ctx = ExecContext(
                 seq=cert.seq,
@@ -648,10 +674,10 @@ class Runtime:
                 timestamp=req.timestamp,
                 time_ms=nd_time,
                 seed=nd_seed,
-                read_only=req.read_only,
+                read_only=read,
             )
             try:
-                if req.read_only:
+                if read:
                     with self.state.read_only():
                         result = self.app.execute(req.op, ctx)
                 else:
@@ -661,7 +687,7 @@ class Runtime:
             result = bytes(result)
             if self.inject_fault == "wrong-reply":
                 result += b" (wrong)"  # a deterministic wrong answer to every request
-            self.replies.record(req.sender, req.timestamp, result, req.read_only)
+            self.replies.record(req.sender, req.timestamp, result, req.read_only, read)
             outs.append(Outgoing(req.sender, req.timestamp, req.read_only, result))
             fresh.append(wire.reply_ref(req.sender, req.timestamp, result))
             counts["requests_executed"] += 1
@@ -938,6 +964,7 @@ class Runtime:
             self._wake.set()
             return
         self._recover_target = None
+        self.vouches.forget_through(seq)
         fetcher = self.fetcher
         assert fetcher is not None
         self.recovery.update(

@@ -360,7 +360,8 @@ async def test_exec_read_only_is_ordered(exec_rig: ExecRig) -> None:
     async with Client(exec_rig.params) as c:
         assert await c.invoke(b"get", read_only=True, timeout=5) == b"exec:get"
         assert c.stats["read_only_ordered"] == 1 and c.stats["read_only_fallbacks"] == 0
-    assert not exec_rig.replicas[0].received[-1].read_only
+    last = exec_rig.replicas[0].received[-1]
+    assert not last.read_only and last.ordered_read  # ordered, run without write access
     # Ordered, so only the primary and the not yet introduced replicas were asked once.
     assert [len(r.received) for r in exec_rig.replicas] == [1, 1, 1, 1]
 

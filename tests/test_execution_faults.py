@@ -60,7 +60,7 @@ def start_rig(
             print(rig.diag(), file=sys.stderr)
         codes = execs.close()
         cluster.__exit__(None if ok else RuntimeError, None, None)
-    assert all(c == 0 for c in codes.values()), codes
+    assert all(c == 0 for c in codes.values()), f"exit codes {codes}\n{execs.tails()}"
 
 
 @pytest.fixture

@@ -159,14 +159,36 @@ def test_reply_cache_encoding_canonical_and_strict() -> None:
     back = ReplyCache.decode(enc)
     assert back.encode() == enc and len(back) == 2
     assert ReplyCache.decode(ReplyCache().encode()).encode() == ReplyCache().encode()
-    for bad in (enc[:-1], enc + b"\0", b"XXRC" + enc[4:], enc[:4] + b"\x02" + enc[5:]):
+    for bad in (enc[:-1], enc + b"\0", b"XXRC" + enc[4:], enc[:4] + b"\x01" + enc[5:]):
         with pytest.raises(ReplyCacheError):
             ReplyCache.decode(bad)
     # Entries out of order are not the canonical encoding.
     e1 = struct.pack(">IQBI", 65540, 1, 0, 0)
     e0 = struct.pack(">IQBI", 65536, 1, 0, 0)
     with pytest.raises(ReplyCacheError):
-        ReplyCache.decode(struct.pack(">4sBBHI", b"ZZRC", 1, 0, 0, 2) + e1 + e0)
+        ReplyCache.decode(struct.pack(">4sBBHI", b"ZZRC", 2, 0, 0, 2) + e1 + e0)
+
+
+def test_reply_cache_keeps_no_read_results_in_checkpoints() -> None:
+    """A replica that skipped a certified read in replay (ZZ §4.7.2) and one that ran it
+    encode alike: a read's timestamp is state, its result is not."""
+    ran, skipped = ReplyCache(), ReplyCache()
+    ran.record(65536, 3, b"the value", read=True)
+    skipped.record(65536, 3, None, read=True)
+    ran.record(65537, 9, b"unordered", read_only=True)
+    skipped.record(65537, 9, None, read_only=True)
+    assert ran.encode() == skipped.encode()
+    assert ReplyCache.decode(ran.encode()).encode() == ran.encode()
+    back = ReplyCache.decode(ran.encode())
+    hit = back.cached(65536, 3)
+    assert hit is not None and hit.read and not hit.read_only and hit.result is None
+    assert not back.is_new(65536, 3)  # exactly-once survives the lost result
+    with pytest.raises(ValueError):
+        skipped.record(65536, 4, None)  # a write's result is always kept
+    # A stored read result is not the canonical encoding.
+    e = struct.pack(">IQBI", 65536, 3, 1, 1) + b"v"
+    with pytest.raises(ReplyCacheError):
+        ReplyCache.decode(struct.pack(">4sBBHI", b"ZZRC", 2, 0, 0, 1) + e)
 
 
 # ---- end to end: zz-agreed + two execution replicas + kv ------------------------------

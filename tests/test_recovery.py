@@ -5,6 +5,7 @@
 # reported and the file is taken from another peer. Real zz-agreed, real runtime processes.
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -150,3 +151,60 @@ def test_restart_from_a_snapshot_that_lacks_files_fetches_them(rig: Rig) -> None
     assert st["recovery"].get("restored_incomplete") == f"ckpt-{seq}", st
     got = rig.invoke_all([_kv(KV_GET, b"k3"), _kv(KV_PUT, b"z", b"1")], client_index=4)
     assert got == [_kv_ok(b"v3"), _kv_ok()]
+
+
+@pytest.mark.slow
+@needs_agreed
+@pytest.mark.parametrize("replay_all", [False, True], ids=["skip-reads", "replay-all"])
+def test_replay_skips_certified_reads(rig: Rig, replay_all: bool) -> None:
+    """ZZ §4.7.2: a recovering replica replays the log above the certified checkpoint; the
+    batches g+1 agreement replicas vouch are certified need no report, and their ordered
+    reads are not run again. Its state, reply cache included, still matches the others'."""
+    execs, cluster = rig.execs, rig.cluster
+    _fill(rig)
+    last = execs.status(0)["last_executed"]
+    reads = (CP - 1 - last % CP) % CP or CP  # so that reads sit above the last checkpoint
+    got = _invoke_reads(rig, [f"k{k % KEYS}".encode() for k in range(reads)])
+    assert got == [_kv_ok(b"v%d" % (k % KEYS)) for k in range(reads)]
+    last += reads
+    above = last % CP  # batches the spare replays above the stable checkpoint
+    skippable = min(reads, above)  # the reads among them (the last ones)
+    assert skippable > 0
+    rig.wait(
+        lambda: all(cluster.stats(r)["exec_certificates"] >= last for r in range(cluster.n)),
+        "every batch certified at every agreement replica",
+    )
+    if replay_all:
+        execs.args[SPARE] = ["--replay-all"]
+    execs.start(SPARE)
+    rig.wait(lambda: execs.status(SPARE).get("last_executed") == last, "the spare caught up")
+    st = execs.status(SPARE)
+    assert st["recovery"]["checkpoint"] == last - above
+    counters = st["counters"]
+    assert counters.get("reads_skipped", 0) == (0 if replay_all else skippable)
+    assert counters.get("replayed_certified", 0) == (0 if replay_all else above)
+    # Only the spare can complete a certificate now: its values must be the certified ones,
+    # and its next checkpoint (reply cache included) must match replica 0's.
+    assert execs.stop(1) == 0
+    keys = [f"k{k}".encode() for k in range(CP)]
+    assert _invoke_reads(rig, keys, client_index=1) == [_kv_ok(b"v%d" % k) for k in range(CP)]
+    n = execs.status(SPARE)["last_executed"]
+    rig.wait(
+        lambda: execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
+        and not execs.status(SPARE)["checkpoint_mismatches"],
+        "the spare's own checkpoint stable",
+    )
+    assert not execs.status(SPARE)["checkpoint_mismatches"]
+
+
+def _invoke_reads(rig: Rig, keys: list[bytes], client_index: int = 0) -> list[bytes]:
+    """GETs as ordered reads (the client's read_only with execution replicas)."""
+
+    async def drive() -> list[bytes]:
+        client = rig.cluster.client(client_index)
+        try:
+            return [await client.invoke(_kv(KV_GET, k), read_only=True, timeout=30) for k in keys]
+        finally:
+            await client.close()
+
+    return asyncio.run(drive())

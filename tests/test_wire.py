@@ -226,9 +226,10 @@ def _log() -> list[tuple[int, bytes, bytes]]:
 
 def test_log_entries_round_trip_and_truncation() -> None:
     entries = _log()
-    data = wire.log_encoding(entries)
+    data = wire.log_encoding(entries, certified_through=entries[0][0])
+    assert wire.log_reply(data) == (entries[0][0], entries)
     assert wire.log_entries(data) == entries
-    assert wire.log_entries(wire.log_encoding([])) == []
+    assert wire.log_reply(wire.log_encoding([])) == (0, [])
     for cut in range(len(data)):
         with pytest.raises(wire.WireError) as ei:
             wire.log_entries(data[:cut])
@@ -237,7 +238,7 @@ def test_log_entries_round_trip_and_truncation() -> None:
         wire.log_entries(data + b"\x00")
     assert ei.value.name == "length"
     with pytest.raises(wire.WireError) as ei:
-        wire.log_entries((65537).to_bytes(4, "big"))
+        wire.log_entries(bytes(8) + (65537).to_bytes(4, "big"))
     assert ei.value.name == "length"
 
 

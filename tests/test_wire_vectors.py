@@ -134,9 +134,9 @@ def test_execution_vectors_agree_with_the_agreement_vectors() -> None:
     assert null.digest == wire.NULL_DIGEST and null.batch == b""
     # FETCH-REPLY kind 3 lists exactly what the EXEC-COMMITs pushed.
     assert log.kind == wire.FETCH_LOG
-    assert wire.log_entries(log.data) == [(1, ec.digest, ec.batch), (2, null.digest, b"")]
+    assert wire.log_reply(log.data) == (1, [(1, ec.digest, ec.batch), (2, null.digest, b"")])
     empty = by_name["fetch-reply-log-empty"]
-    assert isinstance(empty, wire.FetchReply) and wire.log_entries(empty.data) == []
+    assert isinstance(empty, wire.FetchReply) and wire.log_reply(empty.data) == (0, [])
     rep = by_name["exec-report"]
     assert isinstance(rep, wire.ExecReport)
     # The first request of the batch echoes its op; recompute the digest from the requests.

@@ -229,10 +229,12 @@ class Client:
             p = self.params
             if p.uses_execution_replicas:
                 # Only f+1 execution replicas are active, so the 2f+1 matching unordered
-                # replies a read-only certificate needs cannot be had: order it instead.
+                # replies a read-only certificate needs cannot be had: order it instead,
+                # marked so that it runs without write access and a replica replaying a
+                # certified log may skip it (ZZ §4.7.2).
                 if read_only:
                     self.stats["read_only_ordered"] += 1
-                return await self._attempt(op, False, p.f + 1, deadline)
+                return await self._attempt(op, False, p.f + 1, deadline, ordered_read=read_only)
             if read_only:
                 try:
                     return await self._attempt(op, True, 2 * p.g + 1, deadline)
@@ -240,11 +242,13 @@ class Client:
                     self.stats["read_only_fallbacks"] += 1
             return await self._attempt(op, False, p.g + 1, deadline)
 
-    async def _attempt(self, op: bytes, read_only: bool, quorum: int, deadline: float) -> bytes:
+    async def _attempt(
+        self, op: bytes, read_only: bool, quorum: int, deadline: float, ordered_read: bool = False
+    ) -> bytes:
         p = self.params
         loop = asyncio.get_running_loop()
         ts = self._next_timestamp()
-        flags = wire.FLAG_READONLY if read_only else 0
+        flags = wire.FLAG_READONLY if read_only else wire.FLAG_ORDERED_READ if ordered_read else 0
         req = wire.Request(p.service, p.principal, ts, flags, op)
         macs = {r: p.keys[r] for r in range(p.n)}
         macs |= {wire.exec_principal(i): k for i, k in sorted(p.exec_keys.items())}

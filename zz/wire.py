@@ -33,7 +33,8 @@ AUTH_NONE = 0
 AUTH_MAC = 1
 AUTH_SIG = 2
 
-FLAG_READONLY = 1
+FLAG_READONLY = 1  # REQUEST/REPLY: unordered read at the agreement replicas (PBFT)
+FLAG_ORDERED_READ = 2  # REQUEST: ordered, run without write access (ZZ §4.7.2)
 
 FETCH_BATCH = 1
 FETCH_STATE = 2
@@ -429,6 +430,10 @@ class Request(Message):
     def read_only(self) -> bool:
         return bool(self.flags & FLAG_READONLY)
 
+    @property
+    def ordered_read(self) -> bool:
+        return bool(self.flags & FLAG_ORDERED_READ)
+
     def body(self) -> bytes:
         return _u64(self.timestamp) + _u8(self.flags) + _bytes(self.op)
 
@@ -436,8 +441,8 @@ class Request(Message):
     def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
         ts = r.u64("timestamp")
         flags = r.u8("flags")
-        if flags & ~FLAG_READONLY:
-            raise WireError("field", f"flags: unknown bits {flags:#x}")
+        if flags not in (0, FLAG_READONLY, FLAG_ORDERED_READ):
+            raise WireError("field", f"flags: {flags:#x} is not 0, 1 or 2")
         return cls(service, sender, ts, flags, r.bytes_("op"))
 
     def _dump_fields(self) -> list[str]:
@@ -1186,21 +1191,33 @@ class LogEntry(NamedTuple):
     batch: bytes
 
 
-def log_encoding(entries: Sequence[tuple[int, bytes, bytes]]) -> bytes:
-    """FETCH-REPLY kind 3 data: list<log_entry>."""
+def log_encoding(entries: Sequence[tuple[int, bytes, bytes]], certified_through: int = 0) -> bytes:
+    """FETCH-REPLY kind 3 data: u64 certified_through, list<log_entry>."""
     if len(entries) > MAX_LIST:
         raise ValueError("list longer than ZZ_MAX_LIST")
-    return _u32(len(entries)) + b"".join(
-        _u64(seq) + _digest(d) + _bytes(b) for seq, d, b in entries
+    return (
+        _u64(certified_through)
+        + _u32(len(entries))
+        + b"".join(_u64(seq) + _digest(d) + _bytes(b) for seq, d, b in entries)
     )
 
 
-def log_entries(data: bytes) -> list[LogEntry]:
+class LogReply(NamedTuple):
+    """FETCH-REPLY kind 3 data, decoded. The replier vouches that every listed batch with
+    seq <= certified_through has an execution certificate (0: none); one replier's word is
+    not proof, g+1 of them are (docs/recovery.md, ZZ §4.7.2)."""
+
+    certified_through: int
+    entries: list[LogEntry]
+
+
+def log_reply(data: bytes) -> LogReply:
     """Decode FETCH-REPLY kind 3 data. Beyond the shape (exact fill, count limit) it
     rejects what no correct replica sends, so a caller can count entries toward commit
     certificates without re-checking them: seqs strictly increasing, a null digest only
     with an empty batch, and every other batch hashing to its digest."""
     r = _Reader(data, 0, len(data))
+    certified = r.u64("log.certified_through")
     out: list[LogEntry] = []
     for i in range(r.count("log")):
         seq = r.u64(f"log[{i}].seq")
@@ -1215,7 +1232,12 @@ def log_entries(data: bytes) -> list[LogEntry]:
             raise WireError("field", f"log[{i}]: batch does not hash to its digest")
         out.append(LogEntry(seq, d, batch))
     r.done("log")
-    return out
+    return LogReply(certified, out)
+
+
+def log_entries(data: bytes) -> list[LogEntry]:
+    """The batches of FETCH-REPLY kind 3 data (log_reply without the vouch)."""
+    return log_reply(data).entries
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
@@ -1375,6 +1397,7 @@ __all__ = [
     "FetchReply",
     "FrameError",
     "LogEntry",
+    "LogReply",
     "MESSAGE_TYPES",
     "Message",
     "NULL_DIGEST",
@@ -1403,6 +1426,7 @@ __all__ = [
     "host_principal",
     "log_encoding",
     "log_entries",
+    "log_reply",
     "operator_principal",
     "principal_kind",
     "read_frame",

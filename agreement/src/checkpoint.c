@@ -266,15 +266,21 @@ int zz_verify_ckpt_proof(zz_replica *r, const zz_blist *proof, uint64_t seq,
     return good >= 2 * r->g + 1;
 }
 
-/* The committed log above max(from, stable) as list<log_entry> (docs/wire.md), capped so
- * one reply stays far below ZZ_MAX_MSG; the requester asks again from where it ends. */
+/* The committed log above max(from, stable) as u64 certified_through, list<log_entry>
+ * (docs/wire.md), capped so one reply stays far below ZZ_MAX_MSG; the requester asks again
+ * from where it ends. certified_through vouches that the listed batches up to it hold
+ * execution certificates here, so a replaying replica may skip their read-only requests
+ * (ZZ §4.7.2); 0 vouches for none. */
 static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
 {
     static const uint8_t null_digest[ZZ_DIGEST_LEN];
     static const size_t cap = 4u << 20;
     zz_buf_reset(b);
+    zz_put_u64(b, 0);
     zz_put_u32(b, 0);
     uint32_t count = 0;
+    uint64_t certified = 0;
+    int gap = 0;
     if (r->xlog) {
         /* External execution: the execution log, from the last stable execution checkpoint. */
         for (uint64_t seq = (from > r->xlog_low ? from : r->xlog_low) + 1; seq <= r->last_exec;
@@ -282,6 +288,10 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
             const zz_xlog_entry *e = zz_xlog_get(r, seq);
             if (!e || b->len > cap)
                 break;
+            const zz_report_rec *k = zz_detect_record(r, seq);
+            gap |= !k || !k->certified;
+            if (!gap)
+                certified = seq;
             zz_put_u64(b, seq);
             zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
             zz_put_bytes(b, e->batch, e->batch_len);
@@ -298,9 +308,12 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
         zz_put_bytes(b, s->batch, s->is_null ? 0 : s->batch_len);
         count++;
     }
-    if (!b->oom)
+    if (!b->oom) {
+        for (int i = 0; i < 8; i++)
+            b->p[i] = (uint8_t)(certified >> (56 - 8 * i));
         for (int i = 0; i < 4; i++)
-            b->p[i] = (uint8_t)(count >> (24 - 8 * i));
+            b->p[8 + i] = (uint8_t)(count >> (24 - 8 * i));
+    }
 }
 
 void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)

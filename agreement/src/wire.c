@@ -257,7 +257,7 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         zz_request *q = &m->u.request;
         TRY(rd_u64(r, &q->timestamp));
         TRY(rd_u8(r, &q->flags));
-        if (q->flags & ~ZZ_REQ_READONLY)
+        if (q->flags != 0 && q->flags != ZZ_REQ_READONLY && q->flags != ZZ_REQ_ORDERED_READ)
             return ZZ_ERR_FIELD;
         TRY(rd_bytes(r, &q->op));
         break;

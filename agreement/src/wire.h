@@ -63,7 +63,9 @@ enum zz_err {
 const char *zz_err_name(enum zz_err e);
 
 enum { ZZ_FETCH_BATCH = 1, ZZ_FETCH_STATE = 2, ZZ_FETCH_LOG = 3 };
-enum { ZZ_REQ_READONLY = 1 };
+/* REQUEST flags: READONLY runs unordered at the agreement replicas (PBFT); ORDERED_READ is
+ * ordered like any request, and execution replicas run it without write access (ZZ §4.7.2). */
+enum { ZZ_REQ_READONLY = 1, ZZ_REQ_ORDERED_READ = 2 };
 
 #define ZZ_PRINCIPAL_EXEC 256u
 #define ZZ_PRINCIPAL_CLIENT 65536u

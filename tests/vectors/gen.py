@@ -109,6 +109,7 @@ def generate() -> str:
     req_b = wire.Request(SVC, c3, 1700000000000000777, 0, b"put k v").with_macs(macs(c3, replicas))
     add(valid("request", wire.Request(SVC, c0, 1700000000000000001, 0, b"hello"), replicas))
     add(valid("request-read-only", wire.Request(SVC, c3, 42, 1, b"get k"), replicas))
+    add(valid("request-ordered-read", wire.Request(SVC, c3, 43, 2, b"get k"), replicas))
     add(valid("request-empty-op", wire.Request(SVC, c0, 7, 0, b""), [0]))
     add(
         valid(
@@ -167,7 +168,8 @@ def generate() -> str:
 
     # -- execution messages: agreement replica 2 pushes batch 1 (and a null request at
     # 2) to execution replica 1, which reports the echo replies and signs a checkpoint.
-    log = wire.log_encoding([(1, d1, pp.batch()), (2, NULL_DIGEST, b"")])
+    # It vouches for batch 1's execution certificate, not for 2 (docs/wire.md).
+    log = wire.log_encoding([(1, d1, pp.batch()), (2, NULL_DIGEST, b"")], certified_through=1)
     add(valid("fetch-reply-log", wire.FetchReply(SVC, 2, 3, 128, sd, log), [e1]))
     add(
         valid(
@@ -503,7 +505,14 @@ def generate() -> str:
     add(
         invalid(
             "field-request-flags",
-            with_raw_macs(1, c0, struct.pack(">QBI", 5, 2, 0), [0]),
+            with_raw_macs(1, c0, struct.pack(">QBI", 5, 4, 0), [0]),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "field-request-flags-both-reads",
+            with_raw_macs(1, c0, struct.pack(">QBI", 5, 3, 0), [0]),
             "field",
         )
     )
