@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         " injected fault while running (zz drill on a rack of VMs)",
     )
     args = p.parse_args(argv)
+    # A replica that will not stop can be asked where it is stuck: SIGUSR2 writes every
+    # thread's stack to its log.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s exec-{args.index} %(levelname)s %(message)s",

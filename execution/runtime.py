@@ -200,6 +200,8 @@ class Runtime:
         self._wake_poked = False
         self.stable_votes = StableVotes(service.g)
         self.vouches = CertifiedVouches(service.g)
+        self.replay: dict[str, Any] = {}
+        self._replay_t0: float | None = None
         self._recover_target: tuple[int, bytes] | None = None
         self.fetcher: StateFetcher | None = None
         self.recovery: dict[str, Any] = {}
@@ -595,8 +597,12 @@ class Runtime:
                     self._batch_counts = Counter()
                     # A batch already certified without us (a replayed log): its clients
                     # hold their replies and nobody waits for our report (ZZ §4.7.2).
-                    replay = self.vouches.take(cert.seq) and self.replay_skips_reads
+                    vouched = self.vouches.take(cert.seq)
+                    replay = vouched and self.replay_skips_reads
+                    t_batch = time.monotonic()
                     outs, refs = await asyncio.to_thread(self._run_batch, cert, replay)
+                    if vouched:
+                        self._time_replay(t_batch)
                     self.counters.update(self._batch_counts)
                     self.collector.executed(cert.seq)
                     self._view = max(self._view, cert.view)
@@ -620,6 +626,14 @@ class Runtime:
             log.exception("execution stopped")
             self.fatal = e
             self._stopped.set()
+
+    def _time_replay(self, started: float) -> None:
+        """Status `replay`: the certified batches run since the last recovery, and the
+        seconds from the start of the first to the end of the last (scripts/bench/replay)."""
+        r = self.replay
+        r["certified_batches"] = r.get("certified_batches", 0) + 1
+        self._replay_t0 = started if self._replay_t0 is None else self._replay_t0
+        r["seconds"] = round(time.monotonic() - self._replay_t0, 4)
 
     def _run_batch(
         self, cert: Certificate, replay: bool = False
@@ -965,6 +979,7 @@ class Runtime:
             return
         self._recover_target = None
         self.vouches.forget_through(seq)
+        self.replay, self._replay_t0 = {}, None
         fetcher = self.fetcher
         assert fetcher is not None
         self.recovery.update(
@@ -1070,6 +1085,7 @@ class Runtime:
             "counters": dict(sorted(self.counters.items())),
             "certificates": dict(sorted(self.collector.dropped.items())),
             "recovery": dict(self.recovery),
+            "replay": dict(self.replay),
             "asleep": self.asleep,
             "recovering": self.fetcher is not None,
             "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,

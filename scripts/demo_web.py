@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -36,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from zz import config as zconfig  # noqa: E402
 from zz import keys as zkeys  # noqa: E402
+from zz import ports  # noqa: E402
 from zz.procrack import DEFAULT_AGREED, Proc, ProcRack, repo_env, spawn, terminate  # noqa: E402
 
 HOSTS = [f"127.0.0.{h}" for h in range(1, 5)]
@@ -50,26 +50,10 @@ def say(msg: str = "") -> None:
 
 
 # ---- rack --------------------------------------------------------------------------------
-def _free(addr: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((addr, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_base() -> int:
-    """A base port whose agreement (base+0..3) and execution (base+64..66) ports are free
-    on every simulated host (placement puts them on different hosts; check all)."""
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(20000, 60000)
-        ports = [*range(base, base + 4), *range(base + 64, base + 67)]
-        if all(_free(a, p) for a in HOSTS for p in ports):
-            return base
-    raise RuntimeError("no free port range on 127.0.0.1..4")
+    """A base port whose agreement and execution ports are free on every simulated host
+    (placement puts them on different hosts; check all)."""
+    return ports.free_base(addresses=HOSTS, high=60000)
 
 
 def free_port() -> int:

@@ -243,11 +243,19 @@ class ExecReplicas:
         return terminate(self.procs[i], timeout=10)
 
     def close(self) -> dict[int, int | None]:
-        """Stop every replica (all SIGTERMed at once): exit status per replica."""
+        """Stop every replica (all SIGTERMed at once): exit status per replica. One still
+        running after 10 s writes its threads' stacks to its log (SIGUSR2) and gets 20 s
+        more (a loaded CI machine) before it is killed and reported as None."""
         for p in self.procs.values():
             if p.poll() is None:
                 signal_group(p.pid, signal.SIGTERM)
-        return {i: reap(p, timeout=10) for i, p in self.procs.items()}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+            time.sleep(0.05)
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGUSR2)
+        return {i: reap(p, timeout=20) for i, p in self.procs.items()}
 
     def tails(self) -> str:
         out = []

@@ -190,8 +190,10 @@ def test_replay_skips_certified_reads(rig: Rig, replay_all: bool) -> None:
     assert _invoke_reads(rig, keys, client_index=1) == [_kv_ok(b"v%d" % k) for k in range(CP)]
     n = execs.status(SPARE)["last_executed"]
     rig.wait(
-        lambda: execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
-        and not execs.status(SPARE)["checkpoint_mismatches"],
+        lambda: (
+            execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
+            and not execs.status(SPARE)["checkpoint_mismatches"]
+        ),
         "the spare's own checkpoint stable",
     )
     assert not execs.status(SPARE)["checkpoint_mismatches"]

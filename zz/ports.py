@@ -1,0 +1,48 @@
+"""zz/ports.py - free loopback ports for racks that scripts and benchmarks start on the fly.
+
+A service uses base+0..n-1 (agreement replicas) and base+64.. (execution replicas,
+docs/config.md); a rack of several services strides them. A port counts as free when it
+binds with SO_REUSEADDR (a TIME_WAIT leftover of an earlier run does not block it)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from collections.abc import Iterable
+
+EXEC_OFFSET = 64  # Service.exec_address: base_port + 64 + i
+
+
+def is_free(address: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def service_ports(base: int, n: int = 4, n_exec: int = 3) -> list[int]:
+    return [*range(base, base + n), *range(base + EXEC_OFFSET, base + EXEC_OFFSET + n_exec)]
+
+
+def free_base(
+    offsets: Iterable[int] | None = None,
+    addresses: Iterable[str] = ("127.0.0.1",),
+    low: int = 20000,
+    high: int = 59000,
+    tries: int = 200,
+) -> int:
+    """A random base port such that base + every offset is free on every address (default
+    offsets: one g = 1, f = 1 service, service_ports(0))."""
+    offs = list(offsets) if offsets is not None else service_ports(0)
+    addrs = list(addresses)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(tries):
+        base = rng.randrange(low, high - max(offs))
+        if all(is_free(a, base + o) for a in addrs for o in offs):
+            return base
+    raise RuntimeError(f"no free port range on {', '.join(addrs)}")
