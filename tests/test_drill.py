@@ -114,9 +114,11 @@ def up_rack(tmp_path: Path) -> Iterator[Config]:
             os.kill(pid, signal.SIGKILL)
 
 
-def _run(config: Config, kind: str, tmp_path: Path, after: float = 8.0) -> rp.DrillReport:
+def _run(
+    config: Config, kind: str, tmp_path: Path, after: float = 8.0, **kw: object
+) -> rp.DrillReport:
     out = tmp_path / f"drill-{kind}"
-    report, where = drill.run(config, _args(kind, config, out, after=after), print)
+    report, where = drill.run(config, _args(kind, config, out, after=after, **kw), print)
     print(rp.format_text(report))
     assert where == out
     assert (out / "report.json").exists()
@@ -147,12 +149,21 @@ def test_client_flood_then_primary_drill(up_rack: Config, tmp_path: Path) -> Non
 @pytest.mark.slow
 @needs_agreed
 @needs_go
-@pytest.mark.parametrize("kind", ["wrong-reply", "crash", "slow", "corrupt-snapshot"])
-def test_execution_fault_drill(up_rack: Config, tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "cp_phase"),
+    # A crash right after a checkpoint, a liar right before the next one (CP = 32).
+    [("wrong-reply", 31), ("crash", 0), ("slow", None), ("corrupt-snapshot", None)],
+)
+def test_execution_fault_drill(
+    up_rack: Config, tmp_path: Path, kind: str, cp_phase: int | None
+) -> None:
     """The faulty execution replica is detected, the paused spare woken, the faulty one
     convicted and shut down, a fresh spare provisioned; the history stays linearizable."""
-    r = _run(up_rack, kind, tmp_path, after=14.0)  # a crash is seen after the 4 s floor
+    # A crash is seen after the 4 s floor.
+    r = _run(up_rack, kind, tmp_path, after=14.0, cp_phase=cp_phase)
     assert r.result == "PASS", r.reasons
+    if cp_phase is not None:
+        assert r.details["fault_at_seq"] % up_rack.rack.checkpoint_interval == cp_phase
     assert r.detection_s is not None and r.wakeup_s is not None
     assert r.first_correct_reply_s is not None
     assert any("convicted kv0/0" in c for c in r.convicted), r.convicted

@@ -114,12 +114,20 @@ def _cmdline(pid: int) -> bytes:
 @needs_vms
 @needs_agreed
 @needs_go
-@pytest.mark.parametrize("kind", ["wrong-reply", "crash", "corrupt-snapshot"])
-def test_vm_execution_fault_drill(vm_rack: Config, tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "cp_phase"),
+    # A liar right before a checkpoint, a crash right after one (CP = 32).
+    [("wrong-reply", 31), ("crash", 0), ("corrupt-snapshot", None)],
+)
+def test_vm_execution_fault_drill(
+    vm_rack: Config, tmp_path: Path, kind: str, cp_phase: int | None
+) -> None:
     """A faulty guest (lying through its runtime, destroyed, or with corrupted snapshots
     on its share) is detected, the paused guest is resumed and recovers, the faulty one
     is convicted and destroyed, a fresh paused guest takes the index; linearizable."""
-    r = _run(vm_rack, kind, tmp_path / kind)
+    r = _run(vm_rack, kind, tmp_path / kind, cp_phase=cp_phase)
+    if cp_phase is not None:
+        assert r.details["fault_at_seq"] % vm_rack.rack.checkpoint_interval == cp_phase
     assert r.detection_s is not None and r.wakeup_s is not None
     assert r.first_correct_reply_s is not None
     assert r.convicted and r.woken and r.spares_restored

@@ -102,6 +102,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=180.0,
         help="after --after, up to this long until a convicted replica's fresh spare is up (s)",
     )
+    p.add_argument(
+        "--cp-phase",
+        type=int,
+        metavar="K",
+        help="kv load only: before the fault, pause the load and bring the service to a seq"
+        " = K mod checkpoint_interval with nothing in flight (0: right after a checkpoint,"
+        " checkpoint_interval-1: right before the next one)",
+    )
     p.add_argument("--out", type=Path, help="report directory (default run/drills/KIND-TIME)")
     p.add_argument(
         "--http",
@@ -148,13 +156,9 @@ class Observer:
     def read_agreed(self) -> None:
         for s in self.services:
             for r in range(s.n):
-                path = self.config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.stats.json"
                 name = f"{s.name}/agreed-{r}"
-                try:
-                    d = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if not isinstance(d, dict):
+                d = _agreed_stats(self.config, s, r)
+                if d is None:
                     continue
                 old = self.agreed.get(name)
                 self.agreed[name] = d
@@ -228,6 +232,15 @@ class Observer:
         ]
 
 
+def _agreed_stats(config: Config, s: Service, r: int) -> dict[str, Any] | None:
+    path = config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.stats.json"
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def _is_fault_counter(key: str) -> bool:
     return any(w in key for w in ("mismatch", "timeout", "fault", "wakeup", "shutdown", "convict"))
 
@@ -243,6 +256,9 @@ class Load:
     # the entry id it was acknowledged with.
     http: list[tuple[int, int | None, bool]] = field(default_factory=list)
     acked: dict[str, int] = field(default_factory=dict)
+    # kv load: workers start an op only while `gate` is set; `inflight` counts started ops.
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    inflight: Counter[str] = field(default_factory=Counter)
 
 
 # ---- HTTP load on a guestbook behind zz proxy (--http URL) --------------------------------
@@ -359,23 +375,23 @@ async def _entries(url: str) -> list[dict[str, Any]]:
 
 
 async def _worker(
-    client: Client,
-    rec: zh.HistoryRecorder,
-    seed: int,
-    stop: asyncio.Event,
-    tally: Counter[str],
-    keys: list[bytes],
+    client: Client, rec: zh.HistoryRecorder, seed: int, load: Load, keys: list[bytes]
 ) -> None:
     rng = random.Random(seed)
     kc = rec.client(client, timeout=8.0)
     seen: dict[bytes, bytes | None] = {}
     n = 0
+    stop, tally = load.stop, load.tally
     try:
         while not stop.is_set():
+            if not load.gate.is_set():
+                await load.gate.wait()
+                continue
             key = rng.choice(keys)
             n += 1
             value = b"s%d-%d" % (seed, n)
             r = rng.random()
+            load.inflight["kv"] += 1
             try:
                 if r < 0.4:
                     reply = await kc.get(key)
@@ -387,6 +403,8 @@ async def _worker(
                 tally["ok"] += 1
             except ClientTimeout:
                 tally["timeouts"] += 1
+            finally:
+                load.inflight["kv"] -= 1
     finally:
         await client.close()
 
@@ -396,19 +414,17 @@ def _start_load(config: Config, services: list[Service], clients: int, first: in
     keeps earlier drills' keys, and the checker assumes every key starts absent)."""
     stamp = b"%x" % time.time_ns()
     keys = [b"d%s-k%d" % (stamp, k) for k in range(KEYS_PER_DRILL)]
-    stop = asyncio.Event()
-    tally: Counter[str] = Counter()
-    recorders: dict[str, zh.HistoryRecorder] = {}
-    tasks = []
+    load = Load({}, Counter(), asyncio.Event(), [])
+    load.gate.set()
     for s in services:
         base = first if first is not None else max(0, s.clients - 16)
         if base + clients > s.clients:
             raise DrillError(f"{s.name}: clients {base}..{base + clients - 1} exceed {s.clients}")
-        rec = recorders[s.name] = zh.HistoryRecorder()
+        rec = load.recorders[s.name] = zh.HistoryRecorder()
         for i in range(clients):
             c = Client(ClientParams.from_config(config, s.name, base + i))
-            tasks.append(asyncio.create_task(_worker(c, rec, s.id * 1000 + i, stop, tally, keys)))
-    return Load(recorders, tally, stop, tasks)
+            load.tasks.append(asyncio.create_task(_worker(c, rec, s.id * 1000 + i, load, keys)))
+    return load
 
 
 _EXEC_NAME = re.compile(r"(.+)/exec-(\d+)")
@@ -464,6 +480,8 @@ class Drill:
             self.service = kvs[0]
         else:
             raise DrillError("no service with app = 'kv': drills load and check a kv service")
+        if args.cp_phase is not None and (self.http or args.cp_phase < 0):
+            raise DrillError("--cp-phase K: K >= 0, and only with kv load (not --http)")
         self.notes: list[str] = []
         self.phase = "starting"
         self.details: dict[str, Any] = {}
@@ -565,6 +583,53 @@ class Drill:
             await asyncio.sleep(0)
         elif k == "byzantine-host":
             await self._byzantine_host()
+
+    async def _align_cp_phase(self, load: Load) -> None:
+        """Pause the load and PUT one request at a time until the service's last executed
+        seq is cp_phase mod checkpoint_interval with nothing in flight: the fault follows at
+        once, right after a checkpoint or right before the next one (docs/operations.md)."""
+        s, a = self.service, self.args
+        cp = self.config.rack.checkpoint_interval
+        want = a.cp_phase % cp
+        load.gate.clear()
+        t_end = time.monotonic() + 30
+        while load.inflight["kv"] and time.monotonic() < t_end:
+            await asyncio.sleep(0.02)
+        if load.inflight["kv"]:
+            raise DrillError("--cp-phase: the kv load did not pause within 30 s")
+        base = a.first_client if a.first_client is not None else max(0, s.clients - 16)
+        index = base + a.clients if base + a.clients < s.clients else base - 1
+        if index < 0:
+            raise DrillError(f"--cp-phase: no client of {s.name} left for the aligning PUTs")
+        client = Client(ClientParams.from_config(self.config, s.name, index))
+        kc = load.recorders[s.name].client(client, timeout=20.0)
+        key = b"pad-%x" % time.time_ns()
+        try:
+            for attempt in range(4):
+                n = await self._settled_seq(s)
+                if n % cp == want:
+                    break
+                if attempt == 3:
+                    raise DrillError(f"--cp-phase: seq {n}, not {want} mod {cp} (null batches?)")
+                for j in range((want - n) % cp):
+                    await kc.put(key, b"%d" % j)
+        finally:
+            await client.close()
+        self.details["fault_at_seq"] = n
+        self.details["cp_phase"] = want
+        self.progress(f"service at seq {n} = {want} mod {cp}, nothing in flight")
+
+    async def _settled_seq(self, s: Service) -> int:
+        """The service's last executed seq once two stats writes (1 s apart) agree."""
+        prev = None
+        for _ in range(30):
+            stats = [_agreed_stats(self.config, s, r) or {} for r in range(s.n)]
+            n = max(int(d.get("last_exec", 0)) for d in stats)
+            if n == prev:
+                return n
+            prev = n
+            await asyncio.sleep(1.1)
+        raise DrillError(f"{s.name}: the agreement replicas did not settle in 33 s")
 
     def _agreed_proc(self, s: Service, r: int) -> ProcRecord:
         return self.state.proc(f"{s.name}/agreed-{r}")
@@ -853,11 +918,15 @@ class Drill:
                 obs.read_agreed()
                 await obs.read_controlds()
                 await asyncio.sleep(POLL_S)
+            if a.cp_phase is not None:
+                self.phase = "bringing the service to the checkpoint phase"
+                await self._align_cp_phase(load)
             self.phase = "injecting the fault"
             obs.mark_fault()
             wall = time.time()
             self.fault_at_ns = 0
             await self.inject(obs)
+            load.gate.set()
             if self.fault_at_ns:
                 if self.state.backend == "process":  # a guest switches in place
                     self.details["replace_s"] = round((self.fault_at_ns - obs.fault_ns) / 1e9, 3)
@@ -883,6 +952,7 @@ class Drill:
             await obs.read_controlds()
         finally:
             load.stop.set()
+            load.gate.set()
             for name in ("flood", "corruptor"):
                 task = getattr(self, name, None)
                 if task is not None:
