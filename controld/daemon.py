@@ -79,7 +79,7 @@ class Daemon:
             config, host, hv, home, memory_mib, image, store, zfs_pool, ready_timeout, drill_faults
         )
         self.inventory = inv.Inventory(home / "inventory.json", hv)
-        self.snapshots = HostSnapshots(config, host, store)
+        self.snapshots = HostSnapshots(config, host, store, zfs_pool)
         self.ledger = Ledger(home / "ledger.json")
         self.freshness_path = home / "freshness.json"
         self.freshness = certs.Freshness.load(self.freshness_path)
@@ -146,6 +146,10 @@ class Daemon:
         for t in [*self._tasks, *([self._worker] if self._worker else [])]:
             with contextlib.suppress(BaseException):
                 await t
+        # Read clones of the runtimes' ZFS snapshots go with us (a stale one would be
+        # destroyed by the next controld that opens the dataset anyway).
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.snapshots.release)
 
     async def idle(self) -> None:
         """Wait until every queued certificate action is done (tests, bench)."""
@@ -565,6 +569,9 @@ class Daemon:
                 continue
             try:
                 await self._destroy(rec)
+                # Our read clones of its snapshots would follow the dataset into forensics
+                # and block purging it later.
+                await asyncio.to_thread(self.snapshots.forget, svc, x)
                 kept = await asyncio.to_thread(actions.set_aside_state, self.ctx, svc, x, seq)
                 self.counters["convicted"] += 1
                 self._note(f"convicted {svc.name}/{x} destroyed; state kept as {kept}")

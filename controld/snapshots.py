@@ -4,14 +4,14 @@
 """Checkpoint files of this host's execution replicas, for FILE-FETCH (docs/controld.md).
 
 The daemon authenticates the request (a signature of an execution replica of the service)
-and frames the answer; this module finds the bytes. Each replica's directory store
-(``run/s<id>/exec-<i>/store``, on the host for a process, on the guest's 9p share for a VM)
-is read through snapshots/fileserve.py, which serves only what a checkpoint manifest lists;
-the requester verifies every file against the certified manifest, so a stale or corrupted
-snapshot costs it one more source, never a wrong state.
-
-ZFS stores are not served from here: a clone controld made of a snapshot would make the
-runtime's own `zfs destroy` of that snapshot fail. Their replicas serve themselves.
+and frames the answer; this module finds the bytes. Each replica's store is read through
+snapshots/fileserve.py, which serves only what a checkpoint manifest lists; the requester
+verifies every file against the certified manifest, so a stale or corrupted snapshot costs
+it one more source, never a wrong state. A directory store is ``run/s<id>/exec-<i>/store``
+(on the host for a process, on the guest's 9p share for a VM); a ZFS store is the
+runtime's dataset ``<pool>/s<id>-exec-<i>``, whose snapshots controld reads through clones
+of its own (``--ctl-``). The runtime destroys a collected snapshot's clones with it
+(ZfsStore.destroy_snapshot), so a clone held here never blocks its garbage collection.
 """
 
 from __future__ import annotations
@@ -23,15 +23,22 @@ from pathlib import Path
 from zz.snapshots import StorageError
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import NO_CHECKPOINT, OK, FileRead, SnapshotFiles
+from zz.snapshots.store import CheckpointStore
+from zz.snapshots.zfs import ZfsStore
 
 from zz.config import Config, Host, Service
 
+from .actions import zfs_dataset
+
 
 class HostSnapshots:
-    def __init__(self, config: Config, host: Host, store: str) -> None:
+    def __init__(
+        self, config: Config, host: Host, store: str, zfs_pool: str | None = None
+    ) -> None:
         self.config = config
         self.host = host
         self.store = store
+        self.zfs_pool = zfs_pool
         self._lock = threading.Lock()
         # (service id, index) -> (inode of the state dir, its files): a convicted replica's
         # directory is renamed aside and its successor starts a new one at the same path.
@@ -46,8 +53,6 @@ class HostSnapshots:
     ) -> FileRead:
         """The range from the first replica here that has it (never the requester's own)."""
         best = FileRead(NO_CHECKPOINT)
-        if self.store != "dir":
-            return best
         for i in self.replicas(svc):
             if i == requester:
                 continue
@@ -62,20 +67,44 @@ class HostSnapshots:
 
     def _open(self, svc: Service, i: int) -> SnapshotFiles | None:
         state = svc.exec_state_dir(self.config, i)
-        root = state / "store"
         try:
             ino = os.stat(state).st_ino
-            if not root.is_dir():
-                return None
         except OSError:
             return None
         with self._lock:
             hit = self._files.get((svc.id, i))
             if hit is not None and hit[0] == ino:
                 return hit[1]
-            try:
-                files = SnapshotFiles(DirStore(root), Path(state) / "manifests")
-            except StorageError:
+            store = self._store(svc, i, Path(state))
+            if store is None:
                 return None
+            if hit is not None:  # a successor's state dir: let go of the predecessor's
+                hit[1].release()
+            files = SnapshotFiles(store, Path(state) / "manifests")
             self._files[(svc.id, i)] = (ino, files)
             return files
+
+    def _store(self, svc: Service, i: int, state: Path) -> CheckpointStore | None:
+        """A guest's (or a process's) directory store, else the runtime's ZFS dataset."""
+        try:
+            if (state / "store").is_dir():
+                return DirStore(state / "store")
+            if self.store == "zfs" and self.zfs_pool:
+                return ZfsStore(self.zfs_pool, zfs_dataset(svc, i), create=False, reader="ctl")
+        except StorageError:
+            return None
+        return None
+
+    def forget(self, svc: Service, i: int) -> None:
+        """Close the clones held of replica i's snapshots (its state is being set aside)."""
+        with self._lock:
+            hit = self._files.pop((svc.id, i), None)
+            if hit is not None:
+                hit[1].release()
+
+    def release(self) -> None:
+        """Close every clone held (controld stopping)."""
+        with self._lock:
+            for _, files in self._files.values():
+                files.release()
+            self._files.clear()

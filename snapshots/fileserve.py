@@ -103,31 +103,45 @@ class SnapshotFiles:
                     return FileRead(NO_CHECKPOINT)
                 enc = m.encode()
                 return FileRead(OK, len(enc), enc[offset : offset + length])
-            if m is None:
-                # Checkpoint `seq` was collected since the requester began recovering from
-                # it. A file it has not fetched yet is one it has not touched since `seq`,
-                # so (executing the same requests) it is unchanged in our next checkpoint:
-                # serve that one. The requester checks the bytes against its manifest.
-                later = self._next_after(seq)
-                if later is None:
-                    return FileRead(NO_CHECKPOINT)
-                seq, m = later
             try:
                 if normalize_path(path) != path:
                     return FileRead(REFUSED)
             except ManifestError:
                 return FileRead(REFUSED)
-            entry = m.files.get(path)
-            if entry is None:
-                return FileRead(NO_FILE)
-            try:
-                root = self._root(checkpoint_name(seq))
-                data = _read_range(root / path, offset, length)
-            except FileNotFoundError:
+            r = self._read_from(seq, m, path, offset, length) if m is not None else None
+            if r is not None and r.status != NO_CHECKPOINT:
+                return r
+            # Checkpoint `seq` was collected since the requester began recovering from it.
+            # A file it has not fetched yet is one it has not touched since `seq`, so
+            # (executing the same requests) it is unchanged in our next checkpoint: serve
+            # that one. The requester checks the bytes against its manifest.
+            later = self._next_after(seq)
+            if later is None:
                 return FileRead(NO_CHECKPOINT)
-            except (OSError, StorageError):
-                return FileRead(ERROR)
-            return FileRead(OK, entry.size, data)
+            return self._read_from(*later, path, offset, length)
+
+    def _read_from(self, seq: int, m: Manifest, path: str, offset: int, length: int) -> FileRead:
+        entry = m.files.get(path)
+        if entry is None:
+            return FileRead(NO_FILE)
+        name = checkpoint_name(seq)
+        try:
+            data = _read_range(self._root(name) / path, offset, length)
+        except FileNotFoundError:
+            # Gone under an open clone: its owner collected the snapshot (and destroyed
+            # other readers' clones with it). Forget it; a later one may serve.
+            self._drop(name, seq)
+            return FileRead(NO_CHECKPOINT)
+        except (OSError, StorageError):
+            return FileRead(ERROR)
+        return FileRead(OK, entry.size, data)
+
+    def _drop(self, name: str, seq: int) -> None:
+        hit = self._open.pop(name, None)
+        if hit is not None:
+            with contextlib.suppress(OSError, StorageError):
+                hit[0].close()
+        self._manifests.pop(seq, None)
 
     def _root(self, name: str) -> Path:
         hit = self._open.get(name)

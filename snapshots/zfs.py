@@ -215,13 +215,30 @@ def dataset_exists(full_name: str) -> bool:
 
 
 class ZfsStore(CheckpointStore):
-    """Dataset ``pool/dataset``; created (with ``mountpoint``) if it does not exist yet."""
+    """Dataset ``pool/dataset``; created (with ``mountpoint``) if it does not exist yet.
 
-    def __init__(self, pool: str, dataset: str, mountpoint: Path | str | None = None) -> None:
+    `reader` names this user's read clones (``<dataset>--<reader>-...``): the owning
+    runtime's are "read"; controld, which serves another process's snapshots, opens the
+    store with ``create=False, reader="ctl"`` and never touches the owner's clones."""
+
+    def __init__(
+        self,
+        pool: str,
+        dataset: str,
+        mountpoint: Path | str | None = None,
+        *,
+        create: bool = True,
+        reader: str = "read",
+    ) -> None:
         self.pool = check_pool_name(pool)
         self.dataset = check_dataset_name(dataset)
         self.name = f"{pool}/{dataset}"
+        if not reader.isalnum():
+            raise StorageError(f"reader tag {reader!r}: letters and digits only")
+        self.reader = reader
         if not dataset_exists(self.name):
+            if not create:
+                raise StorageError(f"no dataset {self.name}")
             argv = ["zfs", "create", "-p"]
             if mountpoint is not None:
                 argv += ["-o", f"mountpoint={Path(mountpoint).absolute()}"]
@@ -237,7 +254,7 @@ class ZfsStore(CheckpointStore):
     def _drop_stale_read_clones(self) -> None:
         # Read clones (open_snapshot) of a process that was killed outlive it, and a
         # snapshot with a clone can be neither destroyed nor rolled back past: they go.
-        prefix = f"{self.name}--read-"
+        prefix = f"{self.name}--{self.reader}-"
         out = run_zfs(["zfs", "list", "-H", "-o", "name", "-t", "filesystem"])
         for line in out.splitlines():
             if line.startswith(prefix):
@@ -264,7 +281,24 @@ class ZfsStore(CheckpointStore):
         return [line[len(prefix) :] for line in out.splitlines() if line.startswith(prefix)]
 
     def destroy_snapshot(self, name: str) -> None:
-        run_zfs(["zfs", "destroy", self._snap(name)], retry_busy=True)
+        snap = self._snap(name)
+        try:
+            run_zfs(["zfs", "destroy", snap], retry_busy=True)
+            return
+        except StorageError:
+            clones = self._clones_of(snap)
+            if not clones:
+                raise
+        # Read clones others hold of it (controld serving it to a recovering peer) go with
+        # it; their next read finds it gone and falls back to a later checkpoint.
+        for clone in clones:
+            run_zfs(["zfs", "destroy", clone], retry_busy=True)
+        run_zfs(["zfs", "destroy", snap], retry_busy=True)
+
+    def _clones_of(self, snap: str) -> list[str]:
+        argv = ["zfs", "list", "-H", "-o", "name,origin", "-t", "filesystem", "-r", self.pool]
+        out = run_zfs(argv)
+        return [n for n, _, o in (line.partition("\t") for line in out.splitlines()) if o == snap]
 
     def open_snapshot(self, name: str) -> AbstractContextManager[Path]:
         return self._open(name)
@@ -278,14 +312,19 @@ class ZfsStore(CheckpointStore):
     def _open(self, name: str) -> Iterator[Path]:
         snap = self._snap(name)
         # A unique clone name so concurrent readers of one snapshot do not collide.
-        clone = f"{self.name}--read-{name}-{uuid.uuid4().hex[:8]}"
+        clone = f"{self.name}--{self.reader}-{name}-{uuid.uuid4().hex[:8]}"
         mnt = Path(tempfile.mkdtemp(prefix=f"zz-snap-{name}-"))
         try:
             run_zfs(["zfs", "clone", "-o", "readonly=on", "-o", f"mountpoint={mnt}", snap, clone])
             try:
                 yield mnt
             finally:
-                run_zfs(["zfs", "destroy", clone], retry_busy=True)
+                try:
+                    run_zfs(["zfs", "destroy", clone], retry_busy=True)
+                except StorageError:
+                    # Unless the snapshot's owner destroyed it, clone included.
+                    if dataset_exists(clone):
+                        raise
         finally:
             try:
                 mnt.rmdir()

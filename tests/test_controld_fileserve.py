@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 from test_controld_daemon import SVC, Node, Rack, make_rack
+from zz.controld.actions import zfs_dataset
 from zz.execution.recovery import PeerSource, SourceError
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.manifest import scan
 from zz.snapshots.store import checkpoint_name
+from zz.snapshots.zfs import ZfsStore, run_zfs
 
+from tests import zfs_pool
 from zz import keys, wire
 from zz.crypto import SigningKey
 
@@ -101,3 +104,53 @@ async def test_controld_refuses_strangers_and_never_serves_a_replica_its_own_sta
     assert n.daemon.counters["file_fetch_bad_sig"] == 1
     assert n.daemon.counters["file_fetch_wrong_sender"] == 1
     assert n.daemon.counters["file_chunks_served"] == 0
+
+
+zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
+
+
+async def test_controld_serves_a_zfs_replica_and_never_blocks_its_gc(
+    tmp_path: Path, pool: str
+) -> None:
+    """A replica on ZFS (the runtime's dataset <pool>/s<id>-exec-<i>): controld reads its
+    snapshot through a clone of its own, and the runtime's garbage collection destroys
+    the snapshot anyway (and controld's clone with it); controld's next read falls back to the later
+    checkpoint; nothing of controld's is left on the pool once it stops."""
+    rack = make_rack(tmp_path)
+    svc = rack.config.services[0]
+    state = svc.exec_state_dir(rack.config, 0)
+    store = ZfsStore(pool, zfs_dataset(svc, 0), mountpoint=state / "live")
+    (state / "manifests").mkdir(parents=True)
+    encs = {}
+    for seq, value in ((SEQ, b"at 8\n"), (2 * SEQ, b"at 16\n")):
+        for rel, data in FILES.items():
+            (store.path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (store.path / rel).write_bytes(value if rel == "a.txt" else data)
+        encs[seq] = scan(store.path).encode()
+        store.snapshot(checkpoint_name(seq))
+        (state / "manifests" / f"{checkpoint_name(seq)}.manifest").write_bytes(encs[seq])
+    n = Node(rack, 1, "libvirt", store="zfs", zfs_pool=pool)
+    await n.start()
+    try:
+        me, key = wire.exec_principal(2), _exec_key(rack, 2)
+        assert await asyncio.to_thread(_fetch, n.port, me, key, "a.txt", 5) == b"at 8\n"
+        clones = [d for d in _datasets(pool) if "--ctl-" in d]
+        assert clones, _datasets(pool)  # controld holds a clone of ckpt-8
+        # The runtime collects ckpt-8 (checkpoint 16 became stable): not blocked by it.
+        store.destroy_snapshot(checkpoint_name(SEQ))
+        (state / "manifests" / f"{checkpoint_name(SEQ)}.manifest").unlink()
+        assert checkpoint_name(SEQ) not in store.list_snapshots()
+        assert not [d for d in _datasets(pool) if d in clones]
+        # dir/b.bin did not change: checkpoint 16's copy serves a request for 8's.
+        data = FILES["dir/b.bin"]
+        got = await asyncio.to_thread(_fetch, n.port, me, key, "dir/b.bin", len(data))
+        assert got == data
+    finally:
+        await n.daemon.stop()
+        n.hv.close()
+    assert not [d for d in _datasets(pool) if "--ctl-" in d], _datasets(pool)
+    store.destroy()
+
+
+def _datasets(pool: str) -> list[str]:
+    return run_zfs(["zfs", "list", "-H", "-o", "name", "-r", pool]).split()

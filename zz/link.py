@@ -97,7 +97,13 @@ class Link:
 
     async def close(self) -> None:
         if self.task is not None:
-            self.task.cancel()
+            # Cancel until the task is really done: asyncio.wait_for before Python 3.12
+            # swallows a cancellation that races its inner future's completion, and a
+            # link whose peer hung up at that moment went on reconnecting for good (a
+            # runtime that never exited on SIGTERM: seen in CI).
+            while not self.task.done():
+                self.task.cancel()
+                await asyncio.wait({self.task}, timeout=0.5)
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
         if self.writer is not None:
@@ -137,5 +143,6 @@ class Link:
                 else:
                     writer.close()
                 with contextlib.suppress(OSError, TimeoutError):
-                    await asyncio.wait_for(writer.wait_closed(), 1.0)
+                    async with asyncio.timeout(1.0):  # not wait_for: see close()
+                        await writer.wait_closed()
             await asyncio.sleep(backoff)
