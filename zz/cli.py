@@ -273,7 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     be.add_argument(
         "name",
-        choices=("wakeup", "recovery", "execution", "agreement", "detection", "checkpoint"),
+        choices=(
+            "wakeup",
+            "recovery",
+            "replay",
+            "execution",
+            "agreement",
+            "detection",
+            "checkpoint",
+        ),
     )
     be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     be.set_defaults(func=_cmd_bench)
