@@ -85,22 +85,9 @@ BACKEND=${ZZ_BACKEND:-libvirt}
 # (base+64..66) ports, a control port per simulated host and the proxy's HTTP port
 # (base+80..84).
 PORTS=$("$PY" -c '
-import random, socket
-def free(port):
-    for a in ("127.0.0.1",):
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((a, port))
-            except OSError:
-                return False
-    return True
-while True:
-    base = random.randrange(20000, 50000, 100)
-    want = [*range(base, base + 4), *range(base + 64, base + 67), *range(base + 80, base + 85)]
-    if all(free(p) for p in want):
-        print(base, *range(base + 80, base + 85))
-        break
+from zz import ports
+base = ports.free_base([*ports.service_ports(0), *range(80, 85)])
+print(base, *range(base + 80, base + 85))
 ')
 read -r BASE C0 C1 C2 C3 HTTP_PORT <<<"$PORTS"
 
