@@ -734,6 +734,9 @@ class Runtime:
             log.info("recovery complete: checkpoint %d holds the whole state", seq)
         _write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
         self.store.snapshot(name)
+        # A recovering peer's first request is this manifest: spare the decode of an entry
+        # per file (~20 ms at 10,000 files) on its critical path.
+        self.files.remember(seq, manifest)
         return manifest.digest()
 
     def _after_checkpoint(self, seq: int, c: bytes) -> None:

@@ -66,6 +66,14 @@ class SnapshotFiles:
         with self._lock:
             return self._manifest(seq)
 
+    def remember(self, seq: int, manifest: Manifest) -> None:
+        """The owner's in-memory copy of checkpoint `seq`'s manifest (the one it saved
+        under manifest_dir), so that serving it needs no decode."""
+        with self._lock:
+            self._manifests[seq] = manifest
+            while len(self._manifests) > 4:
+                self._manifests.popitem(last=False)
+
     def _manifest(self, seq: int) -> Manifest | None:
         m = self._manifests.get(seq)
         if m is not None:

@@ -101,3 +101,19 @@ def test_bad_paths_never_raise(tmp_path: Path, bad: str) -> None:
     files = SnapshotFiles(store, tmp_path / "m")
     r = files.read(1, bad, 0, 10)
     assert r.status in (OK, REFUSED)  # "" is the manifest itself
+
+
+def test_remembered_manifest_is_served_without_reading_its_file(tmp_path: Path) -> None:
+    """The runtime hands over the manifest it just built (SnapshotFiles.remember): the
+    first request of a recovering peer needs no decode of the saved file."""
+    store = open_store("dir", root=tmp_path / "store")
+    manifests = tmp_path / "manifests"
+    (store.path / "a").write_bytes(b"a")
+    m = checkpoint(store, manifests, 4)
+    files = SnapshotFiles(store, manifests)
+    files.remember(4, m)
+    (manifests / f"{checkpoint_name(4)}.manifest").write_bytes(b"not read")
+    assert files.read(4, "", 0, 1 << 20).data == m.encode()
+    assert files.read(4, "a", 0, 10).data == b"a"
+    files.release(checkpoint_name(4))  # forgets the remembered copy too
+    assert files.read(4, "", 0, 1 << 20).status == NO_CHECKPOINT
