@@ -53,7 +53,7 @@ def say(msg: str = "") -> None:
 def free_base() -> int:
     """A base port whose agreement and execution ports are free on every simulated host
     (placement puts them on different hosts; check all)."""
-    return ports.free_base(addresses=HOSTS, high=60000)
+    return ports.free_base(addresses=HOSTS)
 
 
 def free_port() -> int:

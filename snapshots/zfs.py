@@ -177,6 +177,25 @@ def pool_exists(name: str) -> bool:
     return True
 
 
+def pool_vdevs(name: str) -> list[str]:
+    """The file/device paths of pool ``name``'s vdevs, from ``zpool status`` (zfs-fuse's
+    ``zpool list`` has no -v)."""
+    out = run_zfs(["zpool", "status", check_pool_name(name)])
+    vdevs = []
+    in_config = False
+    for line in out.splitlines():
+        if line.strip().startswith("NAME") and "STATE" in line:
+            in_config = True
+            continue
+        if in_config:
+            if not line.strip() or line.startswith("errors:"):
+                break
+            first = line.split()[0]
+            if first.startswith("/"):
+                vdevs.append(first)
+    return vdevs
+
+
 def create_file_pool(name: str, file: Path | str, size: int) -> None:
     """Create pool ``name`` on a sparse file vdev of ``size`` bytes (zfs-fuse wants >= 64 MiB).
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -15,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from zz.ports import free_base, is_free
 from zz.procrack import leftover_pids, signal_group, spawn, terminate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,23 +37,12 @@ def default_binary(release: bool = False) -> Path:
 
 
 def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return is_free("127.0.0.1", port)
 
 
 def free_port_range(n: int) -> int:
     """A base port with base .. base+n-1 all free (base_port + r per replica)."""
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
-        if all(_port_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free loopback port range")
+    return free_base(range(n))
 
 
 class Cluster:

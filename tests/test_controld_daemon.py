@@ -32,6 +32,7 @@ from zz.controld.rpc import RpcError, call, control_request
 from zz import keys, wire
 from zz.config import Config, load
 from zz.crypto import SigningKey
+from zz.ports import free_base
 from zz.procrack import REPO, repo_env
 
 A, B = bytes([0xA]) * 32, bytes([0xB]) * 32
@@ -41,16 +42,7 @@ SVC = 1
 
 def _free_base() -> int:
     """A base port whose execution ports (base+64 .. base+66) are free now."""
-    for _ in range(200):
-        base = 20000 + secrets.randbelow(30000)
-        try:
-            for i in range(3):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + 64 + i))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
+    return free_base(range(64, 67))
 
 
 RACK = """\

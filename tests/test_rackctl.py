@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -182,16 +183,41 @@ def test_start_ticks_tells_a_recycled_pid_apart() -> None:
     assert rackctl.ProcRecord("x", "x", os.getpid(), me, "/dev/null").alive()
 
 
-@needs_agreed
-def test_zfs_store_pools_are_created_and_destroyed(rack: Config) -> None:
-    """--store zfs: a file-backed pool per host, each replica's dataset on its host's pool;
-    down destroys the pools and removes their vdev files."""
-    from zz.snapshots.zfs import ZfsMissingError, pool_exists, run_zfs
+@pytest.fixture
+def zfs_rack(tmp_path: Path) -> Iterator[Config]:
+    """A rack whose name (so its pool names) no other run shares: a run killed before its
+    teardown leaves pools behind that zfs-fuse imports again on its next start."""
+    from zz.snapshots.zfs import ZfsMissingError, ensure_zfs_daemon
 
     try:
-        state = rackctl.up(rack, store="zfs", overrides={"detect_floor_ms": 1000})
+        ensure_zfs_daemon()
     except ZfsMissingError as e:
         pytest.fail(f"ZFS is required for this test (CI installs it): {e}")
+    config = load(write_rack(tmp_path, name=f"rz{uuid.uuid4().hex[:6]}"))
+    try:
+        yield config
+    finally:
+        rackctl.down(config)
+        for pid in leftovers(config):
+            os.kill(pid, signal.SIGKILL)
+
+
+@needs_agreed
+def test_zfs_store_pools_are_created_and_destroyed(zfs_rack: Config) -> None:
+    """--store zfs: a file-backed pool per host, each replica's dataset on its host's pool;
+    a pool that a died bring-up of this rack left on its vdev is replaced; down destroys
+    the pools and removes their vdev files."""
+    from zz.snapshots.zfs import create_file_pool, pool_exists, run_zfs
+
+    rack = zfs_rack
+    stale = rack.rack.run_dir / "zfs" / "h0.img"
+    stale.parent.mkdir(parents=True)
+    create_file_pool(rackctl.pool_name(rack, rack.hosts[0]), stale, rackctl.ZFS_POOL_SIZE)
+    lines: list[str] = []
+    state = rackctl.up(
+        rack, store="zfs", overrides={"detect_floor_ms": 1000}, progress=lines.append
+    )
+    assert any("left by an earlier bring-up" in x for x in lines), lines
     names = [p["name"] for p in state.pools]
     assert names == [rackctl.pool_name(rack, h) for h in rack.hosts]
     assert all(pool_exists(n) for n in names)
@@ -204,3 +230,23 @@ def test_zfs_store_pools_are_created_and_destroyed(rack: Config) -> None:
     assert not any(pool_exists(n) for n in names)
     assert not any(Path(p["vdev"]).exists() for p in state.pools)
     assert_nothing_left(rack)
+
+
+@needs_agreed
+def test_zfs_store_refuses_a_pool_it_did_not_create(zfs_rack: Config, tmp_path: Path) -> None:
+    """A pool of the rack's pool name on another file is someone else's: up refuses, names
+    it, leaves it alone and leaves nothing of the rack behind."""
+    from zz.snapshots.zfs import create_file_pool, destroy_pool, pool_exists
+
+    rack = zfs_rack
+    name = rackctl.pool_name(rack, rack.hosts[2])
+    other = tmp_path / "other.img"
+    create_file_pool(name, other, rackctl.ZFS_POOL_SIZE)
+    try:
+        with pytest.raises(rackctl.RackError, match=f"pool {name} exists on {other}"):
+            rackctl.up(rack, store="zfs")
+        assert pool_exists(name)
+        assert not any(pool_exists(rackctl.pool_name(rack, h)) for h in rack.hosts[:2])
+        assert_nothing_left(rack)
+    finally:
+        destroy_pool(name, other)

@@ -13,7 +13,9 @@ from zz.snapshots.zfs import (
     ZfsStore,
     create_file_pool,
     dataset_exists,
+    destroy_pool,
     pool_exists,
+    pool_vdevs,
     run_zfs,
 )
 
@@ -181,3 +183,27 @@ def test_stale_read_clones_are_dropped_on_open(pool: str, tmp_path: Path) -> Non
     s2 = open_store("zfs", pool=pool, dataset="sc", mountpoint=tmp_path / "live")
     assert stale not in run_zfs(["zfs", "list", "-H", "-o", "name"]).split()
     s2.destroy_snapshot(checkpoint_name(1))  # possible again: no clone depends on it
+
+
+def test_pools_of_killed_test_runs_are_swept(zfs_daemon: None, tmp_path: Path) -> None:
+    """A pool named for a test process that is gone is destroyed with its vdev; one of a
+    live process (ours) and pool_vdevs report the vdev file."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = f"zztest{dead.pid}x{uuid.uuid4().hex[:6]}"
+    mine = f"zztest{os.getpid()}x{uuid.uuid4().hex[:6]}"
+    gone_vdev, mine_vdev = tmp_path / "gone.img", tmp_path / "mine.img"
+    create_file_pool(gone, gone_vdev, POOL_SIZE)
+    create_file_pool(mine, mine_vdev, POOL_SIZE)
+    try:
+        assert pool_vdevs(gone) == [str(gone_vdev)]
+        swept = zfs_pool.sweep_dead_runs_pools()
+        assert gone in swept and mine not in swept
+        assert not pool_exists(gone) and not gone_vdev.exists()
+        assert pool_exists(mine)
+    finally:
+        for name, vdev in ((gone, gone_vdev), (mine, mine_vdev)):
+            if pool_exists(name):
+                destroy_pool(name, vdev)

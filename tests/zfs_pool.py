@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from zz.snapshots.zfs import (
     destroy_pool,
     ensure_zfs_daemon,
     pool_exists,
+    pool_vdevs,
     run_zfs,
     stop_zfs_daemon,
 )
@@ -33,10 +35,28 @@ def zfs_daemon() -> Iterator[None]:
         started = ensure_zfs_daemon()
     except ZfsMissingError as e:
         pytest.fail(f"ZFS is required for these tests (CI installs it): {e}")
+    sweep_dead_runs_pools()
     yield
     # Stop only a daemon we started, and only if nobody else put a pool on it meanwhile.
     if started is not None and not run_zfs(["zpool", "list", "-H", "-o", "name"]).strip():
         stop_zfs_daemon(started)
+
+
+_TEST_POOL = re.compile(r"zztest(\d+)x[0-9a-f]{6}")
+
+
+def sweep_dead_runs_pools() -> list[str]:
+    """Destroy the pools of test runs that were killed before their teardown (the pid in
+    the name is gone): zfs-fuse imports them again on every start."""
+    swept = []
+    for name in run_zfs(["zpool", "list", "-H", "-o", "name"]).split():
+        m = _TEST_POOL.fullmatch(name)
+        if m is None or Path(f"/proc/{m.group(1)}").exists():
+            continue
+        vdevs = pool_vdevs(name)
+        destroy_pool(name, vdevs[0] if len(vdevs) == 1 else None)
+        swept.append(name)
+    return swept
 
 
 @pytest.fixture

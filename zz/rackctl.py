@@ -402,6 +402,25 @@ def up(
     return state
 
 
+def _clear_stale_pool(name: str, vdev: Path, progress: Progress) -> None:
+    """A pool of this rack's name on this rack's vdev file outlived a bring-up that died
+    (the rack is not up: `up` checked): destroy it. One on another file is not ours."""
+    from .snapshots.zfs import destroy_pool, pool_exists, pool_vdevs
+
+    if not pool_exists(name):
+        vdev.unlink(missing_ok=True)  # a vdev without its pool holds nothing
+        return
+    theirs = pool_vdevs(name)
+    if theirs != [str(vdev)]:
+        raise RackError(
+            f"ZFS pool {name} exists on {', '.join(theirs) or '?'}, not on this rack's {vdev}:"
+            f" another rack of this name on this machine? Rename the rack, or `zpool destroy"
+            f" {name}` if nothing uses it"
+        )
+    progress(f"ZFS pool {name} left by an earlier bring-up that died: destroying it")
+    destroy_pool(name, vdev)
+
+
 def _up(config: Config, state: RackState, agreed: Path, progress: Progress, timeout: float) -> None:
     run = config.rack.run_dir
     pools: dict[str, str] = {}
@@ -413,6 +432,7 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
             name = pool_name(config, h)
             vdev = run / "zfs" / f"{h.name}.img"
             vdev.parent.mkdir(parents=True, exist_ok=True)
+            _clear_stale_pool(name, vdev.absolute(), progress)
             create_file_pool(name, vdev, ZFS_POOL_SIZE)
             state.pools.append({"name": name, "vdev": str(vdev)})
             _save_state(config, state)
