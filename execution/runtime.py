@@ -1004,11 +1004,23 @@ class Runtime:
         self._bg_thread.start()
 
     def _install_checkpoint(self, seq: int, digest: bytes) -> None:
-        """Worker thread, store lock held, executor idle (it is the caller)."""
+        """Worker thread, store lock held, executor idle (it is the caller). Each phase's
+        time goes to the status file (recovery.install_phases_ms): what of a best-case
+        recovery grows with the number of files is visible there."""
+        phases: dict[str, float] = {}
+        t = time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal t
+            now = time.monotonic()
+            phases[name] = round((now - t) * 1000, 3)
+            t = now
+
         sources = self._peer_sources()
         manifest = fetch_manifest(
             sources, seq, digest, on_bad_source=self._bad_source, ranking=self._ranking
         )
+        lap("manifest")
         self.state.sync()
         live = self.store.path
         fetcher = self._fetcher(manifest, seq)
@@ -1020,6 +1032,7 @@ class Runtime:
             self._bg_stop.set()
             suspect |= set(self.fetcher.pending())
         fetcher.prepare(own.files if own is not None else {}, suspect)
+        lap("reconcile")
         if self.recovery_mode == "full":
             fetcher.fetch_all()  # the baseline: nothing executes before every file is here
             if not fetcher.done:
@@ -1028,6 +1041,7 @@ class Runtime:
         for path in (MEMORY_PATH, REPLIES_PATH):
             if path in manifest.files:
                 fetcher.ensure(path)
+        lap("fetch")
         replies = live / REPLIES_PATH
         self.replies = ReplyCache.decode(replies.read_bytes()) if replies.exists() else ReplyCache()
         self.app = create_app(self.svc.app)
@@ -1037,13 +1051,16 @@ class Runtime:
         if memory.exists():
             self.app.load_memory(memory.read_bytes())
         self.builder = ManifestBuilder(live, manifest)
+        lap("open")
         _write_atomic(self.manifest_dir / f"{checkpoint_name(seq)}.manifest", manifest.encode())
+        lap("record")
         self.collector.executed(seq)
         self.last_checkpoint = seq
         self.my_checkpoints[seq] = digest
         self._my_digests[seq] = digest
         self._complete_from = 1 << 64  # until the fetch completes and a checkpoint follows
         self.fetcher = fetcher
+        self.recovery["install_phases_ms"] = phases
 
     def _background_fetch(self, fetcher: StateFetcher) -> None:
         t0 = time.monotonic()

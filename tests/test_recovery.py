@@ -59,6 +59,9 @@ def test_spare_recovers_on_demand_and_serves_clients(rig: Rig) -> None:
     rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint"), "recovery")
     rec = execs.status(SPARE)["recovery"]
     assert rec["checkpoint"] >= 2 * CP and rec["checkpoint"] % CP == 0
+    phases = rec["install_phases_ms"]
+    assert list(phases) == ["manifest", "reconcile", "fetch", "open", "record"], phases
+    assert sum(phases.values()) <= rec["install_ms"] + 1, rec
     # Replica 1 leaves: f+1 = 2 matching replies now need the recovered replica. Reading
     # old keys makes it fetch their files on first touch (or finds them fetched already
     # by the background loop): either way the values must be the certified ones.
