@@ -179,8 +179,10 @@ def test_execution_fault_drill(
 @needs_go
 def test_byzantine_host_drill(tmp_path: Path) -> None:
     """Two kv services; on the host carrying an active replica of each, every replica
-    misbehaves at once: both services wake a spare and convict their replica there."""
-    config = load(write_rack(tmp_path, services=2))
+    misbehaves at once: both services wake a spare and convict their replica there.
+    (The "rotate" placement puts an active replica of both on h2; "spread" would give
+    each host one active replica of one service.)"""
+    config = load(write_rack(tmp_path, services=2, placement="rotate"))
     host = "h2"  # kv0/exec-1, kv1/exec-0, kv0/agreed-2, kv1/agreed-1 (zz rack plan)
     try:
         rackctl.up(config, overrides=OVERRIDES)

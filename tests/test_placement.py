@@ -18,8 +18,8 @@ from zz.placement import AGREEMENT, EXECUTION, PlacementError, check, hosts_need
 REPO = Path(__file__).resolve().parent.parent
 
 
-def rack_toml(hosts: int, services: list[dict[str, object]]) -> str:
-    out = ['[rack]\nname = "t"\n']
+def rack_toml(hosts: int, services: list[dict[str, object]], placement: str = "") -> str:
+    out = ['[rack]\nname = "t"\n' + (f'placement = "{placement}"\n' if placement else "")]
     for h in range(hosts):
         out.append(f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{h + 1}"\n')
     for k, s in enumerate(services):
@@ -44,8 +44,8 @@ def table2_services() -> list[dict[str, object]]:
     ]
 
 
-def config_of(hosts: int, services: list[dict[str, object]]) -> Config:
-    return parse(tomllib.loads(rack_toml(hosts, services)), Path("/tmp/rack.toml"))
+def config_of(hosts: int, services: list[dict[str, object]], placement: str = "") -> Config:
+    return parse(tomllib.loads(rack_toml(hosts, services, placement)), Path("/tmp/rack.toml"))
 
 
 def test_table2_four_services_on_four_hosts() -> None:
@@ -94,7 +94,7 @@ def random_config(seed: int) -> Config:
                 "app": rnd.choice(["kv", "kv", "echo"]),
             }
         )
-    return config_of(hosts, services)
+    return config_of(hosts, services, rnd.choice(["", "spread", "rotate"]))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -217,13 +217,45 @@ def test_cli_refuses_impossible_rack_with_exit_2(tmp_path: Path) -> None:
     ]
 
 
-def test_fewer_services_than_hosts_is_reported_uneven() -> None:
-    # The config.py rule shifts each service by one host, so 4 services on 8 hosts crowd
-    # h1..h6: still one replica of each kind per service per host, but not balanced.
+def test_rotate_crowds_the_first_hosts_and_says_so() -> None:
+    # "rotate" shifts each service by one host, so 4 services on 8 hosts crowd h1..h6:
+    # still one replica of each kind per service per host, but not balanced.
     from zz.placement import format_plan
 
-    p = plan(config_of(8, table2_services()))
+    p = plan(config_of(8, table2_services(), "rotate"))
     assert [x.agreement for x in p.loads()] == [1, 2, 3, 4, 3, 2, 1, 0]
     out = format_plan(p)
     assert "agreement replicas: 16 over 8 hosts, 0..4 per host (uneven, best 2..2)" in out
     assert "sleeping execution replicas: 4 over 8 hosts, 0..1 per host (even)" in out
+
+
+def test_spread_is_even_for_fewer_services_than_hosts() -> None:
+    # The default spreads S < H services of one shape over the ring: every host within one
+    # replica of the mean for each kind, on every rack of 4..12 hosts.
+    from zz.placement import format_plan
+
+    for hosts in range(4, 13):
+        for n in range(1, hosts + 1):
+            for f in (1, 2) if hosts >= 5 else (1,):
+                p = plan(config_of(hosts, [{"g": 1, "f": f, "app": "kv"}] * n))
+                out = format_plan(p)
+                assert "uneven" not in out, (hosts, n, f, out)
+    p = plan(config_of(8, table2_services()))
+    assert [x.agreement for x in p.loads()] == [2] * 8
+    assert [x.active for x in p.loads()] == [1] * 8
+    assert "agreement replicas: 16 over 8 hosts, 2..2 per host (even)" in format_plan(p)
+
+
+def test_spread_keeps_table2_when_services_fill_the_hosts() -> None:
+    # With as many services as hosts (or more) "spread" is the rotation of ZZ Table 2.
+    for hosts, n in ((4, 4), (4, 6), (5, 5), (4, 9)):
+        services = [{"g": 1, "f": 1, "app": "kv"}] * n
+        spread, rotate = config_of(hosts, services), config_of(hosts, services, "rotate")
+        assert [s.host.name for s in plan(spread).slots] == [
+            s.host.name for s in plan(rotate).slots
+        ]
+
+
+def test_unknown_placement_is_refused_naming_the_field() -> None:
+    with pytest.raises(zz.config.ConfigError, match=r"^rack\.placement: must be one of"):
+        config_of(4, table2_services(), "random")

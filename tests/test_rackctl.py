@@ -30,12 +30,13 @@ def write_rack(
     hosts: int = HOSTS,
     one_address: bool = False,
     f: Sequence[int] = (),
+    placement: str = "spread",
 ) -> Path:
     """A rack of `hosts` simulated hosts 127.0.0.1..N (all 127.0.0.1 with one_address, as
     a rack of guests needs) and `services` kv services kv0, kv1, ... (g = 1, f from `f`,
-    else 1), on free ports."""
+    else 1), on free ports, laid out by `placement` (docs/placement.md)."""
     ctl = free_port_range(hosts)
-    lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\n']
+    lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\nplacement = "{placement}"\n']
     for h in range(hosts):
         addr = "127.0.0.1" if one_address else f"127.0.0.{h + 1}"
         lines.append(f'[[hosts]]\nname = "h{h}"\naddress = "{addr}"\ncontrol_port = {ctl + h}\n')

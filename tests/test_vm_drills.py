@@ -46,7 +46,7 @@ def _down(config: Config) -> None:
 
 
 @contextlib.contextmanager
-def vm_rack_up(name: str, hosts: int, f: list[int]) -> Iterator[Config]:
+def vm_rack_up(name: str, hosts: int, f: list[int], placement: str = "spread") -> Iterator[Config]:
     """A rack of guests with kv services kv0, kv1, ... of the given f, torn down (and its
     directory removed) also on failure. Every simulated host is 127.0.0.1: a guest reaches
     only the host's 127.0.0.1 (as 10.0.2.2). Not under pytest's tmp_path: QEMU runs as
@@ -54,7 +54,9 @@ def vm_rack_up(name: str, hosts: int, f: list[int]) -> Iterator[Config]:
     tmp = Path(tempfile.mkdtemp(prefix=f"zz-{name}-"))
     os.chmod(tmp, 0o755)
     try:
-        config = load(write_rack(tmp, name, len(f), hosts=hosts, one_address=True, f=f))
+        config = load(
+            write_rack(tmp, name, len(f), hosts=hosts, one_address=True, f=f, placement=placement)
+        )
         try:
             rackctl.up(config, backend="libvirt", overrides=OVERRIDES, progress=print)
             yield config
@@ -162,8 +164,9 @@ def test_vm_byzantine_host_drill(tmp_path: Path) -> None:
     h2 and gets a fresh paused spare for it (h2 boots them one after the other); both
     histories stay linearizable. (Two services with f = 2 on this 2-core machine make 8
     TCG guests: correct ones then grow too slow for the timer and are convicted too.)"""
-    # h2 carries kv0/exec-1, kv1/exec-0, kv0/agreed-2 and kv1/agreed-1 (zz rack plan).
-    with vm_rack_up("vmbh", 4, [1, 1]) as config:
+    # h2 carries kv0/exec-1, kv1/exec-0, kv0/agreed-2 and kv1/agreed-1 (zz rack plan of
+    # the "rotate" placement; "spread" gives no host active replicas of both services).
+    with vm_rack_up("vmbh", 4, [1, 1], placement="rotate") as config:
         r = _run(config, "byzantine-host", tmp_path / "drill", host="h2")
         assert set(r.service.split(",")) == {"kv0", "kv1"}
         assert any("convicted kv0/1 " in c for c in r.convicted), r.convicted

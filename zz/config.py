@@ -37,6 +37,21 @@ class Rack:
     max_inflight: int = 4
     status_interval_ms: int = 200
     time_tolerance_ms: int = 10000
+    # How services are laid over the hosts (docs/placement.md): "spread" or "rotate".
+    placement: str = "spread"
+
+
+PLACEMENTS = ("spread", "rotate")
+
+
+def placement_shift(placement: str, index: int, services: int, hosts: int) -> int:
+    """How many hosts service `index` of `services` is rotated by. "rotate" shifts each
+    service by one host (ZZ Table 2: even when the services are a multiple of the hosts,
+    crowding the first hosts otherwise); "spread" gives each of fewer services than
+    hosts an equal share of the ring, so the load stays within one replica of even."""
+    if placement == "rotate" or services >= hosts:
+        return index % hosts
+    return index * hosts // services
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,9 @@ class Service:
     detect_k: int = 4
     detect_floor_ms: int = 500
     detect_ceiling_ms: int = 5000
+    # Hosts this service's replicas are rotated by (placement_shift); agreement replica r
+    # is on host (r + shift) % H, execution replica i on (i + shift + 1) % H.
+    shift: int = 0
 
     @property
     def n(self) -> int:
@@ -121,7 +139,7 @@ class Service:
 
 
 def _exec_host(hosts: list[Host], service: Service, i: int) -> Host:
-    return hosts[(i + service.index + 1) % len(hosts)]
+    return hosts[(i + service.shift + 1) % len(hosts)]
 
 
 @dataclass(frozen=True)
@@ -140,11 +158,10 @@ class Config:
 
     def replica_address(self, service: Service, r: int) -> tuple[str, int]:
         """Where agreement replica r listens: spread over hosts, shifted per service."""
-        host = self.hosts[(r + service.index) % len(self.hosts)]
-        return host.address, service.base_port + r
+        return self.replica_host(service, r).address, service.base_port + r
 
     def replica_host(self, service: Service, r: int) -> Host:
-        return self.hosts[(r + service.index) % len(self.hosts)]
+        return self.hosts[(r + service.shift) % len(self.hosts)]
 
     def viewed_from(self, loopback_alias: str | None = None, key_dir: Path | None = None) -> Config:
         """The rack as a process elsewhere sees it: inside a guest on QEMU user networking
@@ -253,7 +270,12 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         max_inflight=rt.get_int("max_inflight", 4, lo=1),
         status_interval_ms=rt.get_int("status_interval_ms", 200, lo=1),
         time_tolerance_ms=rt.get_int("time_tolerance_ms", 10000, lo=1),
+        placement=rt.get_str("placement", "spread"),
     )
+    if rack.placement not in PLACEMENTS:
+        raise ConfigError(
+            f"rack.placement: must be one of {', '.join(PLACEMENTS)}, got {rack.placement!r}"
+        )
     if rack.log_window % cp:
         raise ConfigError(
             f"rack.log_window: must be a multiple of checkpoint_interval ({cp}),"
@@ -328,6 +350,8 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         svc = Service(
             i, name, sid, g, f, active, sleep, app, clients, base_port, detect_k, floor, ceiling
         )
+        svc = replace(svc, shift=placement_shift(rack.placement, i, len(raw_services), len(hosts)))
+        shift = svc.shift
         # An agreement replica holds keys for its peers, execution replicas and clients.
         if n + svc.exec_replicas + clients > MAX_PRINCIPALS:
             raise ConfigError(
@@ -335,7 +359,8 @@ def parse(data: dict[str, Any], path: Path) -> Config:
                 f" + {clients} clients exceed {MAX_PRINCIPALS} principals"
             )
         listeners = [
-            ((hosts[(r + i) % len(hosts)].address, base_port + r), f"replica {r}") for r in range(n)
+            ((hosts[(r + shift) % len(hosts)].address, base_port + r), f"replica {r}")
+            for r in range(n)
         ]
         # Echo services start no execution replicas, so their exec ports stay free for
         # other services; their keys still exist, for when the app changes.
