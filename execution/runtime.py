@@ -48,8 +48,9 @@ _DIGEST_HISTORY = 16
 _MISMATCH_LIST = 64
 # Test-only fault switches (tests/test_execution_faults.py); see docs/execution.md.
 FAULTS = ("diverge-state", "wrong-reply", "slow-report")
-# slow-report: how long the faulty replica holds each EXEC-REPORT back (beyond any sane
-# K·t1 on this machine, so the agreement replicas time it out).
+# slow-report: how long the faulty replica holds each EXEC-REPORT back by default (beyond
+# the K·t1 of the tests' timers, so the agreement replicas time it out). A drill sets the
+# delay above its rack's detection ceiling through the fault file ("slow_report_ms").
 SLOW_REPORT_SECONDS = 0.5
 DIVERGE_PATH = "zz-fault-diverge"
 # controld writes this into the state directory when it wakes the replica (controld/actions.py).
@@ -158,6 +159,7 @@ class Runtime:
         self.listen = listen
         # Drills only: <state dir>/zz-fault.json switches inject_fault while running.
         self.drill_faults = drill_faults
+        self.slow_report_s = SLOW_REPORT_SECONDS
         self.manifest_dir = self.state_dir / "manifests"
         self.store_kind = store_kind
         self.zfs_pool = zfs_pool
@@ -609,7 +611,7 @@ class Runtime:
                     for out in outs:
                         self._send_reply(out, cert.view)
                     if self.inject_fault == "slow-report":
-                        await asyncio.sleep(SLOW_REPORT_SECONDS)
+                        await asyncio.sleep(self.slow_report_s)
                     if replay:
                         self.counters["replayed_certified"] += 1
                     else:
@@ -909,9 +911,11 @@ class Runtime:
         """A drill turns this replica faulty (or correct again) without restarting it: a
         guest's runtime cannot be restarted with --inject-fault in less than seconds."""
         try:
-            fault = json.loads(path.read_text()).get("fault")
+            body = json.loads(path.read_text())
+            fault = body.get("fault")
+            slow_ms = body.get("slow_report_ms", SLOW_REPORT_SECONDS * 1000)
         except FileNotFoundError:
-            fault = None
+            fault, slow_ms = None, SLOW_REPORT_SECONDS * 1000
         except (OSError, ValueError, AttributeError) as e:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: %s", path, e)
@@ -920,6 +924,13 @@ class Runtime:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: unknown fault %r", path, fault)
             return
+        if isinstance(slow_ms, bool) or not isinstance(slow_ms, int | float) or not (
+            0 <= slow_ms <= 600_000
+        ):
+            self.counters["bad_fault_file"] += 1
+            log.warning("%s: slow_report_ms must be a number of ms in 0..600000", path)
+            return
+        self.slow_report_s = slow_ms / 1000
         if fault != self.inject_fault:
             log.warning("drill: injected fault now %s", fault)
             self.counters["fault_switches"] += 1

@@ -10,7 +10,7 @@ from typing import Any
 
 from conftest import RACK_TOML
 from zz.controld import actions
-from zz.execution.runtime import FAULT_FILE, Runtime
+from zz.execution.runtime import FAULT_FILE, SLOW_REPORT_SECONDS, Runtime
 
 from zz import keys
 from zz.config import load
@@ -93,3 +93,22 @@ def test_runtime_switches_its_fault_from_the_fault_file(tmp_path: Path) -> None:
     path.unlink()
     rt._read_fault_file(path)  # gone: behave again
     assert rt.inject_fault is None and rt.counters["fault_switches"] == 4
+
+
+def test_fault_file_sets_how_slow_a_slow_replica_is(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    rt = Runtime(ctx.config, ctx.config.services[0], 0, state_dir=tmp_path / "st")
+    path = tmp_path / FAULT_FILE
+    assert rt.slow_report_s == SLOW_REPORT_SECONDS
+    path.write_text('{"fault": "slow-report", "slow_report_ms": 6000}')
+    rt._read_fault_file(path)
+    assert rt.inject_fault == "slow-report" and rt.slow_report_s == 6.0
+    for bad in ('"6000"', "-1", "600001", "true", "null"):
+        path.write_text(f'{{"fault": "wrong-reply", "slow_report_ms": {bad}}}')
+        rt._read_fault_file(path)
+    # Refused whole: neither the fault nor the delay changed.
+    assert rt.counters["bad_fault_file"] == 5
+    assert rt.inject_fault == "slow-report" and rt.slow_report_s == 6.0
+    path.write_text('{"fault": null}')
+    rt._read_fault_file(path)
+    assert rt.inject_fault is None and rt.slow_report_s == SLOW_REPORT_SECONDS

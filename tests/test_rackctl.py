@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -156,6 +157,12 @@ def test_dead_rack_record_is_cleaned_by_the_next_up(rack: Config) -> None:
         os.killpg(p.pid, signal.SIGKILL)
     for pid in leftovers(rack):
         os.kill(pid, signal.SIGKILL)
+    # SIGKILL is not instant: an exiting process (an ASan zz-agreed freeing its memory)
+    # still counts as running for a moment, and `up` rightly refuses a running rack.
+    deadline = time.monotonic() + 30
+    while state.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not state.alive(), state.alive()
     lines: list[str] = []
     state2 = rackctl.up(rack, progress=lines.append)
     assert any("dead rack" in line for line in lines)

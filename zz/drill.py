@@ -733,47 +733,31 @@ class Drill:
         self.details.setdefault("destroyed_domains", []).append(name)
 
     def _set_fault(self, s: Service, i: int, fault: str | None) -> None:
-        """Switch a running runtime's injected fault through its share (runtimes of a
-        `zz rack up` rack run with --drill-faults): a VM cannot be re-provisioned with
-        --inject-fault in less than the tens of seconds a boot takes under TCG."""
+        """Switch a running runtime's injected fault through its state directory (a
+        guest's share): runtimes of a `zz rack up` rack run with --drill-faults and look
+        at the file every 20 ms. In place, so the replica is never down for a restart
+        (which the timers would see as a crash, not as the fault), and a guest needs no
+        reboot."""
+        body: dict[str, object] = {"fault": fault}
+        if fault == "slow-report":
+            body["slow_report_ms"] = self._slow_report_ms(s)
         path = s.exec_state_dir(self.config, i) / FAULT_FILE
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"fault": fault}) + "\n")
+        tmp.write_text(json.dumps(body) + "\n")
         os.replace(tmp, path)
 
+    def _slow_report_ms(self, s: Service) -> int:
+        """Slow means later than the agreement replicas wait: one second beyond the
+        K·t1 timer's ceiling as the rack runs it (its --set values win)."""
+        floor = int(self.state.overrides.get("detect_floor_ms", s.detect_floor_ms))
+        ceiling = int(self.state.overrides.get("detect_ceiling_ms", s.detect_ceiling_ms))
+        return max(floor, ceiling) + 1000
+
     async def _faulty_runtime(self, s: Service, i: int, fault: str) -> None:
-        """Make replica i faulty. A VM: its runtime switches to the fault within 20 ms
-        (_set_fault). A process: controld replaces it with a runtime started with
-        --inject-fault; controld keeps owning it, so a SHUTDOWN certificate finds it."""
-        if self.state.backend == "libvirt":
-            self._set_fault(s, i, fault)
-            self.faulted.append(f"{s.name}/exec-{i} ({fault})")
-            self.fault_at_ns = time.monotonic_ns()
-            return
-        host = s.exec_host(self.config, i)
-        r = await operator_call(self.config, host, {"op": "destroy", "service": s.name,
-                                                     "index": i})  # fmt: skip
-        if not r.get("ok"):
-            raise DrillError(f"controld {host.name}: destroy {s.name}/{i}: {r.get('error', r)}")
-        r = await operator_call(
-            self.config,
-            host,
-            {
-                "op": "provision",
-                "service": s.name,
-                "index": i,
-                "mode": "active",
-                "inject_fault": fault,
-            },  # fmt: skip
-        )
-        if not r.get("ok"):
-            raise DrillError(
-                f"controld {host.name}: provision {s.name}/{i} with inject_fault={fault}:"
-                f" {r.get('error', r)} (controld without inject_fault support?)"
-            )
+        """Make replica i faulty; controld keeps owning it, so a SHUTDOWN certificate
+        finds it. The fault starts within 20 ms (_set_fault)."""
+        self._set_fault(s, i, fault)
         self.faulted.append(f"{s.name}/exec-{i} ({fault})")
-        # The fault starts when the faulty runtime answers; before that the replica was
-        # merely down while being replaced (a crash, recorded separately).
         self.fault_at_ns = time.monotonic_ns()
 
     async def _byzantine_host(self) -> None:
@@ -848,7 +832,7 @@ class Drill:
     async def restore(self, report: rp.DrillReport) -> None:
         """Leave the rack usable for the next drill: a killed agreement replica is started
         again (same replica file); a faulty execution replica that was not convicted is
-        replaced by a clean one (a convicted one controld already replaced)."""
+        told to behave again (a convicted one controld already replaced)."""
         for p in list(self.state.procs):
             if p.kind == "agreed" and not p.alive():
                 s = next(x for x in self.config.services if p.name.startswith(x.name + "/"))
@@ -867,20 +851,9 @@ class Drill:
             s, i = self.config.service(m.group(1)), int(m.group(2))
             if any(f"{s.name}/{i}" in c for c in report.convicted):
                 continue
-            if self.state.backend == "libvirt" and "(" in name:
+            if "(" in name:
                 self._set_fault(s, i, None)
                 self.notes.append(f"not convicted: {s.name}/exec-{i} told to behave again")
-                continue
-            host = s.exec_host(self.config, i)
-            with contextlib.suppress(Exception):
-                await operator_call(self.config, host, {"op": "destroy", "service": s.name,
-                                                        "index": i})  # fmt: skip
-            r = await operator_call(self.config, host, {"op": "provision", "service": s.name,
-                                                        "index": i, "mode": "active"})  # fmt: skip
-            self.notes.append(
-                f"not convicted: {s.name}/exec-{i} replaced by a clean runtime after the drill"
-                + ("" if r.get("ok") else f" (failed: {r.get('error')})")
-            )
 
     # ---- run ------------------------------------------------------------------------------
     async def run(self) -> rp.DrillReport:
@@ -928,8 +901,6 @@ class Drill:
             await self.inject(obs)
             load.gate.set()
             if self.fault_at_ns:
-                if self.state.backend == "process":  # a guest switches in place
-                    self.details["replace_s"] = round((self.fault_at_ns - obs.fault_ns) / 1e9, 3)
                 obs.fault_ns = self.fault_at_ns
             self.phase = "watching after the fault"
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
@@ -1192,25 +1163,38 @@ class Drill:
             self.reasons.append("no fresh spare provisioned after the conviction")
         self._need_progress(r)
 
-    def _judge_wrong_reply(self, r: rp.DrillReport, obs: Observer) -> None:
-        """Also: the wrong replies must have been seen (EXEC-REPORT mismatches), not only
-        timeouts while the runtime was being replaced by the faulty one."""
-        self._judge_exec_fault(r, obs)
-        mism = {
-            n: d.get("exec_mismatches", 0) - obs.agreed_base.get(n, {}).get("exec_mismatches", 0)
+    def _counter_deltas(self, obs: Observer, key: str) -> dict[str, int]:
+        """How much `key` grew in each agreement replica of the drilled services."""
+        return {
+            n: d.get(key, 0) - obs.agreed_base.get(n, {}).get(key, 0)
             for n, d in obs.agreed.items()
             if any(n.startswith(f"{s.name}/agreed-") for s in self.services)
         }
+
+    def _judge_wrong_reply(self, r: rp.DrillReport, obs: Observer) -> None:
+        """Also: the wrong replies must have been seen (EXEC-REPORT mismatches), not only
+        timeouts of a replica too slow for the timer."""
+        self._judge_exec_fault(r, obs)
+        mism = self._counter_deltas(obs, "exec_mismatches")
         r.details["exec_mismatches_after_fault"] = mism
         if mism and not any(v > 0 for v in mism.values()):
             self.reasons.append(
                 "no agreement replica saw a mismatching EXEC-REPORT: the replica was convicted"
-                f" for timeouts during its {self.details.get('replace_s', '?')} s replacement,"
-                " not for wrong replies (zz rack up --set detect_floor_ms above that time)"
+                " for late reports, not for wrong replies (zz rack up --set detect_floor_ms"
+                " above the replicas' hiccups)"
             )
 
+    def _judge_slow(self, r: rp.DrillReport, obs: Observer) -> None:
+        """Also: the slow replica must have been timed out (K·t1), which is what a
+        replica that answers correctly but too late looks like."""
+        self._judge_exec_fault(r, obs)
+        late = self._counter_deltas(obs, "exec_timeouts")
+        r.details["exec_timeouts_after_fault"] = late
+        r.details["slow_report_ms"] = self._slow_report_ms(self.service)
+        if late and not any(v > 0 for v in late.values()):
+            self.reasons.append("no agreement replica timed out an EXEC-REPORT of the slow replica")
+
     _judge_crash = _judge_exec_fault
-    _judge_slow = _judge_exec_fault
     _judge_byzantine_host = _judge_wrong_reply
 
     def _judge_corrupt_snapshot(self, r: rp.DrillReport, obs: Observer) -> None:
