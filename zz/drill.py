@@ -432,7 +432,9 @@ _EXEC_NAME = re.compile(r"(.+)/exec-(\d+)")
 
 def _awaiting_spares(obs: Observer) -> set[str]:
     """ "svc/i" convicted by a SHUTDOWN some controld acted on whose fresh spare is not
-    provisioned yet (a host re-provisions its convicted replicas one after the other)."""
+    provisioned yet (a host re-provisions its convicted replicas one after the other), or
+    not yet back in the agreement replicas' sleeping set (its SPARE-READY is sent once the
+    guest is paused; until they have it, a next fault could not wake it)."""
     convicted = set()
     for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict \["):
         m = re.search(r"SHUTDOWN (\S+) seq \d+ convict \[([\d, ]*)\]", line)
@@ -443,7 +445,18 @@ def _awaiting_spares(obs: Observer) -> set[str]:
         for _, line in obs.lines(r"^provisioned \S+ (paused|hibernated)")
         if (m := re.search(r"provisioned (\S+) ", line))
     }
-    return convicted - restored
+    # Services whose zz-agreed reports its sleeping set (fault detection on), and it.
+    watched, sleeping = set(), set()
+    for name, d in obs.agreed.items():
+        if "exec_sleeping" in d:
+            svc = name.split("/agreed-", 1)[0]
+            watched.add(svc)
+            sleeping |= {f"{svc}/{i}" for i in d.get("exec_sleeping") or []}
+    return {
+        c
+        for c in convicted
+        if c not in restored or (c.split("/", 1)[0] in watched and c not in sleeping)
+    }
 
 
 # ---- the drill ----------------------------------------------------------------------------
@@ -1161,6 +1174,14 @@ class Drill:
                 self.reasons.append(f"no spare of {svc.name} was woken")
         if r.convicted and not r.spares_restored:
             self.reasons.append("no fresh spare provisioned after the conviction")
+        else:
+            for who in sorted(_awaiting_spares(obs)):
+                self.reasons.append(
+                    f"no fresh spare of {who} back asleep within --settle"
+                    f" {self.args.settle:.0f} s (provisioned and announced with SPARE-READY)"
+                )
+        for _, line in obs.lines(r"fresh spare|destroy failed|sleep failed"):
+            self.reasons.append(f"controld {line}")
         self._need_progress(r)
 
     def _counter_deltas(self, obs: Observer, key: str) -> dict[str, int]:
