@@ -203,9 +203,11 @@ def fetch_manifest(
     *,
     on_bad_source: Callable[[str, str, str], None] | None = None,
     ranking: SourceRanking | None = None,
+    like: Manifest | None = None,
 ) -> Manifest:
     """The manifest of checkpoint `seq` from the first source whose copy hashes to the
-    certified `digest`."""
+    certified `digest`. `like` (the replica's own last manifest) makes decoding cost
+    what changed since, not an entry per file (Manifest.decode)."""
     reasons = []
     ranking = ranking or SourceRanking()
     for src in ranking.order(sources):
@@ -223,7 +225,7 @@ def fetch_manifest(
             continue
         ranking.served(src.name)
         try:
-            return Manifest.decode(enc)
+            return Manifest.decode(enc, like=like)
         except ManifestError as e:  # hashes right yet does not decode: C itself is bad
             raise RecoveryError(f"certified manifest of {seq} does not decode: {e}") from e
     raise RecoveryError(f"no peer has the manifest of checkpoint {seq}: " + "; ".join(reasons))

@@ -1029,7 +1029,12 @@ class Runtime:
 
         sources = self._peer_sources()
         manifest = fetch_manifest(
-            sources, seq, digest, on_bad_source=self._bad_source, ranking=self._ranking
+            sources,
+            seq,
+            digest,
+            on_bad_source=self._bad_source,
+            ranking=self._ranking,
+            like=self.builder.previous,
         )
         lap("manifest")
         self.state.sync()
