@@ -420,58 +420,48 @@ def test_decode_like_refuses_what_the_plain_decode_refuses(seed: int) -> None:
                 assert got == plain and list(got.files) == list(plain.files)  # type: ignore[union-attr]
 
 
-def test_decode_like_parses_only_what_changed() -> None:
-    # 10,000 files, two changed: the entries around them are parsed, the rest is taken.
-    files = {f"objects/{i:05d}": FileEntry(100, _h(i)) for i in range(10_000)}
-    old = Manifest(files)
-    files2 = {
-        **files,
-        "objects/00010": FileEntry(7, _h("x")),
-        "objects/00020": FileEntry(7, _h("y")),
-    }
-    new = Manifest(files2)
-    parsed: list[int] = []
+def _decode_counting(
+    monkeypatch: pytest.MonkeyPatch, new: Manifest, like: Manifest
+) -> tuple[Manifest, list[int]]:
+    """Manifest.decode(new's encoding, like=like), and the entry counts it parsed."""
     import zz.snapshots.manifest as mf
 
+    parsed: list[int] = []
     real = mf._parse_entries
 
     def counting(data: bytes, off: int, count: int, *rest: object) -> int:
         parsed.append(count)
         return real(data, off, count, *rest)  # type: ignore[arg-type]
 
-    mf._parse_entries = counting  # type: ignore[assignment]
-    try:
-        got = Manifest.decode(new.encode(), like=old)
-    finally:
-        mf._parse_entries = real
-    assert got == new
-    assert parsed and sum(parsed) <= 11, parsed  # objects/00010 .. objects/00020
+    monkeypatch.setattr(mf, "_parse_entries", counting)
+    got = Manifest.decode(new.encode(), like=like)
+    monkeypatch.undo()
+    assert got == new and list(got.files) == list(Manifest.decode(new.encode()).files)
+    return got, parsed
 
 
-def test_decode_like_parses_only_entries_rewritten_in_place() -> None:
+def test_decode_like_parses_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 10,000 files, one rewritten and one added (the length changes): the entries between
+    # them are parsed, the leading and trailing ones are taken.
+    files = {f"objects/{i:05d}": FileEntry(100, _h(i)) for i in range(10_000)}
+    new = Manifest(
+        {**files, "objects/00010": FileEntry(7, _h("x")), "objects/00020x": FileEntry(7, _h("y"))}
+    )
+    _, parsed = _decode_counting(monkeypatch, new, Manifest(files))
+    assert parsed and sum(parsed) <= 12, parsed  # objects/00010 .. objects/00020x
+
+
+def test_decode_like_parses_only_entries_rewritten_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Files rewritten in place (same paths, same encoded length) far apart, as a best-case
     # recovery sees them (.zz/replies at the start, one object in the middle).
     files = {f"objects/{i:05d}": FileEntry(100, _h(i)) for i in range(10_000)}
     files[".zz/replies"] = FileEntry(5, _h("r"))
-    old = Manifest(files)
     new = Manifest(
         {**files, ".zz/replies": FileEntry(6, _h("r2")), "objects/05000": FileEntry(1, _h(0))}
     )
-    parsed: list[int] = []
-    import zz.snapshots.manifest as mf
-
-    real = mf._parse_entries
-
-    def counting(data: bytes, off: int, count: int, *rest: object) -> int:
-        parsed.append(count)
-        return real(data, off, count, *rest)  # type: ignore[arg-type]
-
-    mf._parse_entries = counting  # type: ignore[assignment]
-    try:
-        got = Manifest.decode(new.encode(), like=old)
-    finally:
-        mf._parse_entries = real
-    assert got == new and list(got.files) == list(Manifest.decode(new.encode()).files)
+    _, parsed = _decode_counting(monkeypatch, new, Manifest(files))
     # Differences are located to 64-byte spans: a neighbour of a changed entry may be
     # parsed too, never more than a few per change.
     assert set(parsed) == {1} and len(parsed) <= 6, parsed
