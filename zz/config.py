@@ -347,11 +347,11 @@ def parse(data: dict[str, Any], path: Path) -> Config:
                 f"services[{i}].detect_floor_ms: {floor} is above detect_ceiling_ms {ceiling}"
             )
         t.finish()
+        shift = placement_shift(rack.placement, i, len(raw_services), len(hosts))
         svc = Service(
-            i, name, sid, g, f, active, sleep, app, clients, base_port, detect_k, floor, ceiling
-        )
-        svc = replace(svc, shift=placement_shift(rack.placement, i, len(raw_services), len(hosts)))
-        shift = svc.shift
+            i, name, sid, g, f, active, sleep, app, clients, base_port, detect_k, floor, ceiling,
+            shift,
+        )  # fmt: skip
         # An agreement replica holds keys for its peers, execution replicas and clients.
         if n + svc.exec_replicas + clients > MAX_PRINCIPALS:
             raise ConfigError(
