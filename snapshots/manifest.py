@@ -169,11 +169,7 @@ class Manifest:
         if end != len(data):
             raise ManifestError(f"{len(data) - end} trailing bytes after the manifest")
         lay.offsets.append(end)
-        m = cls(files, frozenset(deleted))
-        # Only a canonical encoding decodes, so it is this manifest's encoding.
-        object.__setattr__(m, "_encoded", data)
-        object.__setattr__(m, "_layout", lay)
-        return m
+        return _decoded(cls(files, frozenset(deleted)), data, lay)
 
 
 class _Layout(NamedTuple):
@@ -186,6 +182,14 @@ class _Layout(NamedTuple):
 
 
 _HEADER = 12
+
+
+def _decoded(m: Manifest, data: bytes, lay: _Layout) -> Manifest:
+    """`m` with the encoding it was decoded from and that encoding's layout cached: only a
+    canonical encoding decodes, so it is this manifest's encoding."""
+    object.__setattr__(m, "_encoded", data)
+    object.__setattr__(m, "_layout", lay)
+    return m
 
 
 def _header(data: bytes) -> int:
@@ -327,10 +331,7 @@ def _decode_like(cls: type[Manifest], data: bytes, count: int, like: Manifest) -
     head = {p: e for p in paths[:k] if (e := theirs.get(p)) is not None}
     rest = {p: e for p in paths[j:] if (e := theirs.get(p)) is not None}
     dead = (like.deleted - set(paths[k:j])) | deleted
-    m = cls({**head, **files, **rest}, frozenset(dead))
-    object.__setattr__(m, "_encoded", data)
-    object.__setattr__(m, "_layout", new)
-    return m
+    return _decoded(cls({**head, **files, **rest}, frozenset(dead)), data, new)
 
 
 HashFile = Callable[[Path], FileEntry]
@@ -593,7 +594,4 @@ def _decode_aligned(
         if (e := files.get(p) if p in files or p in replaced else theirs.get(p)) is not None
     }
     dead = (like.deleted - replaced) | deleted
-    m = cls(merged, frozenset(dead))
-    object.__setattr__(m, "_encoded", data)
-    object.__setattr__(m, "_layout", _Layout(list(offs), new_raws, new_paths))
-    return m
+    return _decoded(cls(merged, frozenset(dead)), data, _Layout(list(offs), new_raws, new_paths))
