@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from zz.snapshots import StorageError
+from zz.snapshots import StorageError, fileserve
 
 from zz import certs, wire
 from zz.config import Config, ConfigError, Host, Service
@@ -223,7 +223,8 @@ class Daemon:
         r = await asyncio.to_thread(
             self.snapshots.read, svc, idx, m.seq, m.path_text(), m.offset, m.length
         )
-        self.counters["file_chunks_served" if r.status == 0 else "file_fetch_misses"] += 1
+        served = r.status in (fileserve.OK, fileserve.LATER)
+        self.counters["file_chunks_served" if served else "file_fetch_misses"] += 1
         out = wire.FileData(svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         await send(wire.frame(out.encode()))
 

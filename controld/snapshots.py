@@ -32,9 +32,7 @@ from .actions import zfs_dataset
 
 
 class HostSnapshots:
-    def __init__(
-        self, config: Config, host: Host, store: str, zfs_pool: str | None = None
-    ) -> None:
+    def __init__(self, config: Config, host: Host, store: str, zfs_pool: str | None = None) -> None:
         self.config = config
         self.host = host
         self.store = store

@@ -42,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         " baseline)",
     )
     p.add_argument(
+        "--background-pause",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="while recovering: the background fetch sleeps this long between files, which"
+        " bounds what it takes from request execution (default 0.001)",
+    )
+    p.add_argument(
         "--start-asleep",
         action="store_true",
         help="a spare: open the state and listen, but do not register with the agreement"
@@ -105,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 inject_fault=args.inject_fault,
                 recovery_mode=args.recovery,
                 replay_skips_reads=not args.replay_all,
+                background_pause=args.background_pause,
                 asleep=args.start_asleep,
                 state_dir=Path(args.state_dir) if args.state_dir else None,
                 status_path=Path(args.status_file) if args.status_file else None,

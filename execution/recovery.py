@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .. import wire
 from ..crypto import NULL_DIGEST, SigningKey
-from ..snapshots.fetch import Source, SourceError, SourceRanking
-from ..snapshots.fileserve import MAX_CHUNK
+from ..snapshots.fetch import LaterBytes, Source, SourceError, SourceRanking
+from ..snapshots.fileserve import LATER, MAX_CHUNK, OK
 from ..snapshots.manifest import Manifest, ManifestError
 
 log = logging.getLogger("zz.execution.recovery")
@@ -134,17 +134,19 @@ class PeerSource(Source):
 
     def fetch(self, seq: int, path: str, size: int) -> bytes:
         out = bytearray()
+        later = False
         while True:
-            data, total = self._chunk(seq, path, len(out))
+            data, total, status = self._chunk(seq, path, len(out))
+            later = later or status == LATER
             out += data
             if len(out) >= total:
-                return bytes(out)
+                return LaterBytes(out) if later else bytes(out)
             if not data:
                 raise SourceError(f"{path}: empty chunk at {len(out)} of {total}")
             if len(out) > size + MAX_CHUNK:
                 raise SourceError(f"{path}: more than the {size} bytes expected")
 
-    def _chunk(self, seq: int, path: str, offset: int) -> tuple[bytes, int]:
+    def _chunk(self, seq: int, path: str, offset: int) -> tuple[bytes, int, int]:
         req = wire.FileFetch(self.service, self.me, seq, path.encode(), offset, MAX_CHUNK)
         raw = wire.frame(req.signed(self.sign_key).encode())
         with self._lock:
@@ -163,9 +165,9 @@ class PeerSource(Source):
                     # Not after a timeout: a paused peer would cost the timeout twice.
                     if not kept or isinstance(e, TimeoutError):
                         raise SourceError(f"{self.addr[0]}:{self.addr[1]}: {e}") from e
-        if m.status != 0:
+        if m.status not in (OK, LATER):
             raise SourceError(_STATUS_TEXT.get(m.status, f"status {m.status}"))
-        return m.data, m.size
+        return m.data, m.size, m.status
 
     def _read_answer(self, seq: int, path: bytes, offset: int) -> wire.FileData:
         assert self._sock is not None

@@ -23,7 +23,7 @@ from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
 from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
-from ..snapshots.fetch import FetchError, SourceRanking, StateFetcher
+from ..snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
 from ..snapshots.fileserve import SnapshotFiles
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
@@ -134,6 +134,7 @@ class Runtime:
         inject_fault: str | None = None,
         recovery_mode: str = "on-demand",
         replay_skips_reads: bool = True,
+        background_pause: float | None = None,
         asleep: bool = False,
         state_dir: Path | None = None,
         listen: str | None = None,
@@ -196,6 +197,9 @@ class Runtime:
             raise ValueError(f"unknown recovery mode {recovery_mode!r}")
         self.recovery_mode = recovery_mode
         self.replay_skips_reads = replay_skips_reads
+        if background_pause is not None and not 0 <= background_pause <= 3600:
+            raise ValueError(f"background pause {background_pause} s: not in 0..3600")
+        self.background_pause = _BACKGROUND_PAUSE if background_pause is None else background_pause
         # Provisioned as a spare: state open, listening, but not registered with the
         # agreement replicas (so not executing) until controld's wake notice.
         self.asleep = asleep
@@ -205,6 +209,12 @@ class Runtime:
         self.replay: dict[str, Any] = {}
         self._replay_t0: float | None = None
         self._recover_target: tuple[int, bytes] | None = None
+        # The seq of a batch abandoned half-run because the checkpoint being recovered was
+        # collected (StaleCheckpoint): nothing executes until a newer one is installed.
+        self._stranded_at: int | None = None
+        # An install failed after reconciling the live directory: what is in it is known
+        # to no manifest any more, so the next install hashes it all (prepare's walk).
+        self._half_installed = False
         self.fetcher: StateFetcher | None = None
         self.recovery: dict[str, Any] = {}
         # Own checkpoints below this miss files still being fetched: not served to peers.
@@ -257,10 +267,7 @@ class Runtime:
         if not self.asleep:
             self._start_links()
         if self.fetcher is not None:  # restored a checkpoint taken mid-recovery
-            self._bg_thread = threading.Thread(
-                target=self._background_fetch, args=(self.fetcher,), name="zz-fetch", daemon=True
-            )
-            self._bg_thread.start()
+            self._start_background(self.fetcher)
         self._tasks = [
             asyncio.create_task(self._executor(), name="zz-exec-executor"),
             asyncio.create_task(self._status_loop(), name="zz-exec-status"),
@@ -595,14 +602,18 @@ class Runtime:
                 target = self._recover_target
                 if target is not None and target[0] > self.last_executed:
                     await self._recover(*target)
-                while (cert := self.collector.next_ready()) is not None:
+                while self._stranded_at is None and (cert := self.collector.next_ready()):
                     self._batch_counts = Counter()
                     # A batch already certified without us (a replayed log): its clients
                     # hold their replies and nobody waits for our report (ZZ §4.7.2).
                     vouched = self.vouches.take(cert.seq)
                     replay = vouched and self.replay_skips_reads
                     t_batch = time.monotonic()
-                    outs, refs = await asyncio.to_thread(self._run_batch, cert, replay)
+                    try:
+                        outs, refs = await asyncio.to_thread(self._run_batch, cert, replay)
+                    except StaleCheckpoint as e:
+                        self._strand(cert.seq, e)
+                        break
                     if vouched:
                         self._time_replay(t_batch)
                     self.counters.update(self._batch_counts)
@@ -628,6 +639,19 @@ class Runtime:
             log.exception("execution stopped")
             self.fatal = e
             self._stopped.set()
+
+    def _strand(self, seq: int, e: StaleCheckpoint) -> None:
+        """Batch `seq` needed a file of the checkpoint this replica recovers from, and
+        every peer has collected it since (a newer one became stable) while the file
+        changed. The batch ran half-way, so this state is no state any correct replica
+        had: execute nothing more, ask the agreement replicas for the stable checkpoint
+        (above `seq`, as peers collect only below a stable one) and recover to it."""
+        self._stranded_at = seq
+        self.counters["stranded"] += 1
+        self.recovery["stranded_at"] = seq
+        log.warning("batch %d: recovery checkpoint collected (%s): recovering anew", seq, e)
+        for link in self._links:
+            link.send(self._fetch_msg(link.peer))
 
     def _time_replay(self, started: float) -> None:
         """Status `replay`: the certified batches run since the last recovery, and the
@@ -698,6 +722,8 @@ class Runtime:
                         result = self.app.execute(req.op, ctx)
                 else:
                     result = self.app.execute(req.op, ctx)
+            except StaleCheckpoint:
+                raise  # not the app's fault: the executor recovers anew (_strand)
             except Exception as e:
                 raise AppFault(f"app {self.app.name!r} raised at seq {cert.seq}: {e!r}") from e
             result = bytes(result)
@@ -924,8 +950,10 @@ class Runtime:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: unknown fault %r", path, fault)
             return
-        if isinstance(slow_ms, bool) or not isinstance(slow_ms, int | float) or not (
-            0 <= slow_ms <= 600_000
+        if (
+            isinstance(slow_ms, bool)
+            or not isinstance(slow_ms, int | float)
+            or not (0 <= slow_ms <= 600_000)
         ):
             self.counters["bad_fault_file"] += 1
             log.warning("%s: slow_report_ms must be a number of ms in 0..600000", path)
@@ -988,10 +1016,15 @@ class Runtime:
             self.counters["recovery_failures"] += 1
             if self.counters["recovery_failures"] % 25 == 1:
                 log.warning("recovery to %d failed (will retry): %s", seq, e)
+            if isinstance(e, StaleCheckpoint | RecoveryError):
+                # Peers may have collected `seq` since: learn the stable checkpoint anew.
+                for link in self._links:
+                    link.send(self._fetch_msg(link.peer))
             await asyncio.sleep(0.2)
             self._wake.set()
             return
         self._recover_target = None
+        self._stranded_at = None
         self.vouches.forget_through(seq)
         self.replay, self._replay_t0 = {}, None
         fetcher = self.fetcher
@@ -1008,11 +1041,7 @@ class Runtime:
         # The log above seq: register again so the agreement replicas resend it.
         for link in self._links:
             link.send(self._fetch_msg(link.peer))
-        self._bg_stop.clear()
-        self._bg_thread = threading.Thread(
-            target=self._background_fetch, args=(fetcher,), name="zz-fetch", daemon=True
-        )
-        self._bg_thread.start()
+        self._start_background(fetcher)
 
     def _install_checkpoint(self, seq: int, digest: bytes) -> None:
         """Worker thread, store lock held, executor idle (it is the caller). Each phase's
@@ -1047,7 +1076,14 @@ class Runtime:
         if self.fetcher is not None:  # an earlier recovery had not fetched these yet
             self._bg_stop.set()
             suspect |= set(self.fetcher.pending())
-        fetcher.prepare(own.files if own is not None else {}, suspect)
+        if self._half_installed:
+            fetcher.prepare()
+        else:
+            fetcher.prepare(own.files if own is not None else {}, suspect)
+        # The live directory is half the old state, half the new one from here until the
+        # install completes: if it fails, nothing may execute on it.
+        self._stranded_at = self.last_executed + 1
+        self._half_installed = True
         lap("reconcile")
         if self.recovery_mode == "full":
             fetcher.fetch_all()  # the baseline: nothing executes before every file is here
@@ -1076,12 +1112,25 @@ class Runtime:
         self._my_digests[seq] = digest
         self._complete_from = 1 << 64  # until the fetch completes and a checkpoint follows
         self.fetcher = fetcher
+        self._half_installed = False
         self.recovery["install_phases_ms"] = phases
 
-    def _background_fetch(self, fetcher: StateFetcher) -> None:
+    def _start_background(self, fetcher: StateFetcher) -> None:
+        # A new event, not the old one cleared: the previous loop (stopped by the install)
+        # may not have seen it set yet, and must not go on with a superseded manifest.
+        self._bg_stop = threading.Event()
+        self._bg_thread = threading.Thread(
+            target=self._background_fetch,
+            args=(fetcher, self._bg_stop),
+            name="zz-fetch",
+            daemon=True,
+        )
+        self._bg_thread.start()
+
+    def _background_fetch(self, fetcher: StateFetcher, stop: threading.Event) -> None:
         t0 = time.monotonic()
         try:
-            n = fetcher.fetch_all(self._bg_stop, pause=_BACKGROUND_PAUSE)
+            n = fetcher.fetch_all(stop, pause=self.background_pause)
         except Exception:
             log.exception("background fetch stopped")
             return

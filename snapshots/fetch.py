@@ -47,8 +47,20 @@ class FetchError(Exception):
     """No source could supply a file with the certified content; names the path."""
 
 
+class StaleCheckpoint(FetchError):
+    """No source had the file of this checkpoint any more, and the later copy one of them
+    offered (LaterBytes) differs: the checkpoint was collected while the file changed
+    since. Retrying cannot help; the owner must recover to a newer stable checkpoint."""
+
+
 class SourceError(Exception):
     """One source could not supply a file (unreachable, refused, no such file)."""
+
+
+class LaterBytes(bytes):
+    """What a source returns when it had only a later checkpoint's copy of the file
+    (FILE-DATA status 5). Right if the file did not change in between; if its hash is
+    wrong, the source did not lie: the checkpoint asked for is gone."""
 
 
 class Source(Protocol):
@@ -287,6 +299,8 @@ class StateFetcher:
             try:
                 self._fetch_from_sources(rel)
                 return
+            except StaleCheckpoint:
+                raise  # waiting brings the collected checkpoint back no more than asking
             except FetchError:
                 if time.monotonic() + delay > deadline or self.stop.is_set():
                     raise
@@ -297,6 +311,7 @@ class StateFetcher:
     def _fetch_from_sources(self, rel: str) -> None:
         want = self.manifest.files[rel]
         reasons = []
+        stale = False
         with self._lock:
             order = self.ranking.order(self.sources)
         for src in order:
@@ -309,6 +324,11 @@ class StateFetcher:
                     self.ranking.failed(src.name)
                 continue
             if len(data) != want.size or hashlib.sha256(data).digest() != want.sha256:
+                if isinstance(data, LaterBytes):
+                    reasons.append(f"{src.name}: checkpoint {self.seq} collected, file changed")
+                    self.counters["stale_copies"] += 1
+                    stale = True
+                    continue
                 why = f"content does not match the manifest ({len(data)} bytes)"
                 reasons.append(f"{src.name}: {why}")
                 with self._lock:
@@ -320,7 +340,8 @@ class StateFetcher:
             self._install(rel, data)
             self.counters["bytes_fetched"] += len(data)
             return
-        raise FetchError(f"{rel}: no source had the certified content: " + "; ".join(reasons))
+        error = StaleCheckpoint if stale else FetchError
+        raise error(f"{rel}: no source had the certified content: " + "; ".join(reasons))
 
     def _report_bad(self, source: str, rel: str, why: str) -> None:
         self.counters["bad_content"] += 1
@@ -375,7 +396,9 @@ class StateFetcher:
             except FetchError as e:
                 log.warning("background fetch: %s", e)
                 failed.add(todo[0])
-            if pause:
+            if pause and stop is not None:
+                stop.wait(pause)  # a long pause must not hold up the owner's shutdown
+            elif pause:
                 time.sleep(pause)
         return n
 

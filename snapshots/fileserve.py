@@ -32,6 +32,7 @@ NO_CHECKPOINT = 1
 NO_FILE = 2
 REFUSED = 3
 ERROR = 4
+LATER = 5  # the file of a later checkpoint: `seq` was collected (docs/wire.md FILE-DATA)
 
 MAX_CHUNK = 4 << 20  # per FILE-DATA; far below the wire's 16 MiB frame limit
 
@@ -120,13 +121,15 @@ class SnapshotFiles:
             if r is not None and r.status != NO_CHECKPOINT:
                 return r
             # Checkpoint `seq` was collected since the requester began recovering from it.
-            # A file it has not fetched yet is one it has not touched since `seq`, so
-            # (executing the same requests) it is unchanged in our next checkpoint: serve
-            # that one. The requester checks the bytes against its manifest.
+            # A file it has not fetched yet is one it has not touched since `seq`: once
+            # it has executed past our next checkpoint, that one holds the same bytes.
+            # Marked LATER: if they fail its hash check, `seq` is gone for it (it jumps to
+            # the newer stable checkpoint), and we did not lie.
             later = self._next_after(seq)
             if later is None:
                 return FileRead(NO_CHECKPOINT)
-            return self._read_from(*later, path, offset, length)
+            r = self._read_from(*later, path, offset, length)
+            return FileRead(LATER, r.size, r.data) if r.status == OK else r
 
     def _read_from(self, seq: int, m: Manifest, path: str, offset: int, length: int) -> FileRead:
         entry = m.files.get(path)

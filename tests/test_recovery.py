@@ -202,6 +202,45 @@ def test_replay_skips_certified_reads(rig: Rig, replay_all: bool) -> None:
     assert not execs.status(SPARE)["checkpoint_mismatches"]
 
 
+@pytest.mark.slow
+@needs_agreed
+def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
+    """The spare recovers to checkpoint s and replays a PUT of the victim key; the victim's
+    file of s cannot be read (moved aside on both peers) until the peers have gone on and
+    collected s. Then the spare gets the later checkpoint's copy (FILE-DATA "later"), which
+    fails its hash check: it blames nobody, drops the half-run batch, recovers to the newer
+    stable checkpoint and goes on; its answers are the certified ones. (Found on a rack of
+    guests: a woken spare blamed every peer for such a file, forever, and never answered.)"""
+    execs = rig.execs
+    s = _fill(rig)
+    # The background loop (one file, then a long pause) must not fetch the victim first.
+    victim = max((f"k{k}".encode() for k in range(s)), key=key_path)
+    for i in (0, 1):
+        f = _snapshot_dir(rig, i, s) / key_path(victim)
+        f.rename(f.with_name(f.name + ".aside"))
+    # Above s, below the next checkpoint: the spare replays it from s.
+    assert rig.invoke_all([_kv(KV_PUT, victim, b"changed")], client_index=1) == [_kv_ok()]
+    execs.args[SPARE] = ["--background-pause", "600"]
+    execs.start(SPARE)
+    rig.wait_linked(SPARE)
+    rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint") == s, "recovery")
+    ops = [_kv(KV_PUT, b"more%d" % k, b"m") for k in range(3 * CP)]
+    assert rig.invoke_all(ops, client_index=1) == [_kv_ok()] * len(ops)
+    rig.wait(
+        lambda: execs.status(SPARE)["counters"].get("stranded", 0) >= 1,
+        "the spare's fetch of a collected checkpoint's changed file",
+    )
+    last = execs.status(0)["last_executed"]
+    rig.wait(lambda: execs.status(SPARE).get("last_executed", 0) >= last, "the spare caught up")
+    st = execs.status(SPARE)
+    assert st["counters"].get("recoveries", 0) >= 2 and st["recovery"]["checkpoint"] > s, st
+    assert not st["recovery"].get("bad_sources"), st["recovery"]
+    # Only the spare can complete a certificate now: the victim's value must be the new one.
+    assert execs.stop(1) == 0
+    got = rig.invoke_all([_kv(KV_GET, victim), _kv(KV_GET, b"k0")], client_index=2)
+    assert got == [_kv_ok(b"changed"), _kv_ok(b"v0")]
+
+
 def _invoke_reads(rig: Rig, keys: list[bytes], client_index: int = 0) -> list[bytes]:
     """GETs as ordered reads (the client's read_only with execution replicas)."""
 

@@ -252,3 +252,36 @@ def test_a_failing_source_is_asked_last_until_it_serves(tmp_path, certified):
     f.fetch_all()
     assert dead.asked == 1  # a paused peer costs one timeout, not one per file
     assert f.done
+
+
+class LaterSource:
+    """A peer that collected the checkpoint asked for and offers its next one's copy
+    (FILE-DATA status 5): `later` maps a path to those bytes."""
+
+    def __init__(self, name: str, later: dict[str, bytes]) -> None:
+        self.name = name
+        self.later = later
+
+    def fetch(self, seq: int, path: str, size: int) -> bytes:
+        return fetch_mod.LaterBytes(self.later[path])
+
+
+def test_a_later_copy_is_taken_when_unchanged_and_means_gone_when_not(tmp_path, certified):
+    src, _ = certified
+    reported = []
+    peer = LaterSource("x1", {"top": b"top file", "db/b": b"beta, changed since"})
+    f, local = make(tmp_path, certified, [peer], on_bad_source=lambda *a: reported.append(a))
+    # Unchanged between the two checkpoints: the later copy is the certified content.
+    assert f.ensure("top") and (local / "top").read_bytes() == b"top file"
+    # Changed since: the checkpoint is gone for this replica. Nobody lied, and waiting
+    # (patience) cannot bring it back: StaleCheckpoint at once.
+    f.patience = 30.0
+    with pytest.raises(fetch_mod.StaleCheckpoint, match="db/b: .*checkpoint 7 collected"):
+        f.ensure("db/b")
+    assert reported == [] and f.counters["bad_content"] == 0
+    assert f.counters["stale_copies"] == 1 and f.counters["fetch_retries"] == 0
+    assert f.is_pending("db/b")
+    # One honest source with checkpoint 7 still there: no StaleCheckpoint.
+    f.sources.append(DirSource("x2", src, 7))
+    assert f.ensure("db/b") and (local / "db" / "b").read_bytes() == b"beta"
+    assert peer.name not in f.ranking._liars

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,9 +47,31 @@ def _down(config: Config) -> None:
     assert not rackctl.rack_domains(config), f"domains survived: {report}"
 
 
+# Where a failing VM test leaves its rack's logs (guest consoles carry the runtimes' logs;
+# agreed and controld logs are in run/): the rack directory itself is removed.
+KEPT_LOGS = Path(os.environ.get("ZZ_KEEP_FAILED", "/tmp/zz-failed-racks"))
+
+
+def _keep_logs(tmp: Path, name: str) -> None:
+    """Copy the rack's logs (not its disk images) to KEPT_LOGS/<name>-<time>, and print
+    the agreed and controld tails: on CI only the output outlives the machine."""
+    dest = KEPT_LOGS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    for src in tmp.rglob("*"):
+        if src.is_file() and src.suffix in (".log", ".json", ".toml"):
+            out = dest / src.relative_to(tmp)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, out)
+    print(f"rack {name} failed a test: its logs are kept in {dest}")
+
+
 @contextlib.contextmanager
 def vm_rack_up(
-    name: str, hosts: int, f: list[int], placement: str = "spread", floor_ms: int = FLOOR_MS
+    name: str,
+    hosts: int,
+    f: list[int],
+    placement: str = "spread",
+    floor_ms: int = FLOOR_MS,
+    session: pytest.Session | None = None,
 ) -> Iterator[Config]:
     """A rack of guests with kv services kv0, kv1, ... of the given f, torn down (and its
     directory removed) also on failure. Every simulated host is 127.0.0.1: a guest reaches
@@ -56,6 +79,8 @@ def vm_rack_up(
     libvirt-qemu and must reach the shares, and /tmp/pytest-of-root is private."""
     tmp = Path(tempfile.mkdtemp(prefix=f"zz-{name}-"))
     os.chmod(tmp, 0o755)
+    failed_before = session.testsfailed if session is not None else 0
+    ok = False
     try:
         config = load(
             write_rack(tmp, name, len(f), hosts=hosts, one_address=True, f=f, placement=placement)
@@ -64,16 +89,19 @@ def vm_rack_up(
             overrides = {"detect_floor_ms": floor_ms}
             rackctl.up(config, backend="libvirt", overrides=overrides, progress=print)
             yield config
+            ok = session is None or session.testsfailed == failed_before
         finally:
+            if not ok:
+                _keep_logs(tmp, name)
             _down(config)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def vm_rack() -> Iterator[Config]:
+def vm_rack(request: pytest.FixtureRequest) -> Iterator[Config]:
     """One f = 1 kv service on 4 simulated hosts: 2 active guests and a paused one."""
-    with vm_rack_up("vm", 4, [1]) as config:
+    with vm_rack_up("vm", 4, [1], session=request.session) as config:
         yield config
 
 

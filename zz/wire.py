@@ -1128,9 +1128,10 @@ class FileData(Message):
         status = r.u8("status")
         size = r.u64("size")
         data = r.bytes_("data")
-        if status > 4:
-            raise WireError("field", f"status: {status} not in 0..4")
-        if status != 0 and (size or data):
+        if status > 5:
+            raise WireError("field", f"status: {status} not in 0..5")
+        # 0 (ok) and 5 (later) carry the file's bytes; the others carry none.
+        if status not in (0, 5) and (size or data):
             raise WireError("field", f"status {status} with size {size} and {len(data)} bytes")
         if len(data) > FILE_MAX_CHUNK:
             raise WireError("field", f"data: {len(data)} bytes > {FILE_MAX_CHUNK}")

@@ -418,9 +418,10 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         TRY(rd_u64(r, &q->size));
         TRY(rd_bytes(r, &q->data));
         /* Same checks, same order as zz/wire.py FileData._parse. */
-        if (q->status > 4)
+        if (q->status > 5)
             return ZZ_ERR_FIELD;
-        if (q->status != 0 && (q->size != 0 || q->data.len != 0))
+        /* 0 ok and 5 later carry the file's bytes; the others carry none. */
+        if (q->status != 0 && q->status != 5 && (q->size != 0 || q->data.len != 0))
             return ZZ_ERR_FIELD;
         if (q->data.len > ZZ_FILE_MAX_CHUNK)
             return ZZ_ERR_FIELD;

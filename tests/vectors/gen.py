@@ -228,6 +228,7 @@ def generate() -> str:
     add(valid("file-fetch-manifest", wire.FileFetch(SVC, e2, 8, b"", 0, 1024)))
     add(valid("file-data", wire.FileData(SVC, e1, 8, b"kv/6b31", 3, 0, 7, b"lue")))
     add(valid("file-data-no-file", wire.FileData(SVC, e1, 8, b"nope", 0, 2, 0, b"")))
+    add(valid("file-data-later", wire.FileData(SVC, e1, 8, b"kv/6b31", 0, 5, 5, b"value")))
     # controld of host 1 announces the fresh spare under index 1 after the SHUTDOWN at seq 7
     add(valid("spare-ready", wire.SpareReady(SVC, h1, 1, 7)))
     add(valid("spare-ready-first", wire.SpareReady(SVC, wire.host_principal(0), 2, 0)))
@@ -351,7 +352,7 @@ def generate() -> str:
     add(
         invalid(
             "field-file-data-status",
-            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(5, 0, b""), b""),
+            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(6, 0, b""), b""),
             "field",
         )
     )
