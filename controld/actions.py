@@ -283,7 +283,8 @@ def wait_answering(ctx: HostContext, service: Service, index: int, timeout: floa
             return time.monotonic() - t0
         try:
             if ctx.hv.state(domain) not in ("running",):
-                raise HypervisorError(domain, "provision", "it stopped while booting")
+                why = "it stopped while booting"
+                raise HypervisorError(domain, "provision", why + _console_tail(ctx, domain))
         except DomainNotFound:
             raise HypervisorError(domain, "provision", "it is gone while booting") from None
         if time.monotonic() - t0 > timeout:
@@ -333,6 +334,21 @@ def provision(
         raise
     out["seconds"] = round(time.monotonic() - t0, 3)
     return out
+
+
+def _console_tail(ctx: HostContext, domain: str, lines: int = 3) -> str:
+    """The replica's last output lines (a guest's console, where its init and runtime log;
+    a process's replica.log), for an error that must say why it went away."""
+    for name in ("console.log", "replica.log"):
+        try:
+            text = (run_dir(ctx, domain) / name).read_text(errors="replace")
+            break
+        except OSError:
+            continue
+    else:
+        return ""
+    tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return f" (console: {' | '.join(tail)})" if tail else ""
 
 
 def _destroy_quietly(ctx: HostContext, domain: str, save: Path | None) -> None:

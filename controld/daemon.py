@@ -560,6 +560,25 @@ class Daemon:
                    f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
         self._work.put_nowait(("shutdown", (svc, cert.seq, list(cert.convict), list(cert.sleep))))
 
+    async def _fresh_spare(self, svc: Service, x: int, seq: int, attempts: int = 2) -> None:
+        """Provision and announce the convicted replica's successor. A guest that fails to
+        boot (seen: one stopped while booting next to five busy TCG guests) is destroyed by
+        provision() and tried once more: without it the service stays a spare short."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._placement_check(svc, x)
+                await self._provision(svc, x, svc.sleep, role="standby")
+                self.counters["reprovisioned"] += 1
+                self.announcer.announce(svc, x, seq)
+                return
+            except OpError as e:
+                self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
+                return
+            except (HypervisorError, inv.IllegalTransition, OSError) as e:
+                self.counters["action_failed"] += 1
+                again = "; trying once more" if attempt < attempts else ""
+                self._note(f"fresh spare {svc.name}/{x} failed: {e}{again}")
+
     async def _act_shutdown(
         self, svc: Service, seq: int, convict: list[int], sleep: list[int]
     ) -> None:
@@ -580,16 +599,7 @@ class Daemon:
                 self.counters["action_failed"] += 1
                 self._note(f"SHUTDOWN {svc.name}/{x} destroy failed: {e}")
                 continue
-            try:
-                self._placement_check(svc, x)
-                await self._provision(svc, x, svc.sleep, role="standby")
-                self.counters["reprovisioned"] += 1
-                self.announcer.announce(svc, x, seq)
-            except OpError as e:
-                self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
-            except (HypervisorError, inv.IllegalTransition, OSError) as e:
-                self.counters["action_failed"] += 1
-                self._note(f"fresh spare {svc.name}/{x} failed: {e}")
+            await self._fresh_spare(svc, x, seq)
         for x in sleep:
             try:
                 rec = self.inventory.get(svc.name, x)

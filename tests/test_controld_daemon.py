@@ -606,10 +606,38 @@ async def test_provision_failure_is_rolled_back(rack: Rack) -> None:
     async with nodes(rack, "process", 0) as (n,):
         r = await n.rpc("provision", service="web", index=2, mode="paused")
         assert not r["ok"] and "stopped while booting" in r["error"], r
+        assert "(console: " in r["error"] and "p258.secret: cannot read" in r["error"], r
         assert r["replica"] is None and n.daemon.inventory.replicas() == []
         assert n.hv.list() == []
         # The slot is free again for a later, successful attempt.
         assert n.counters()["control_failed"] == 1
+
+
+async def test_fresh_spare_that_fails_to_boot_is_tried_once_more(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHUTDOWN: the convicted replica's successor fails to boot once (seen: a TCG guest
+    stopped while booting next to five busy ones); controld tries once more, and the
+    service gets its spare."""
+    async with nodes(rack, "process", 0, 2) as (h0, h2):
+        assert (await h2.rpc("provision", service="web", index=1, mode="active"))["ok"]
+        assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        await h0.send(rack.valid_wakeup())
+        real, calls = actions.provision, []
+
+        def flaky(*args: Any, **kw: Any) -> dict[str, Any]:
+            calls.append(args[2])
+            if len(calls) == 1:
+                raise HypervisorError("zz-x1", "provision", "it stopped while booting")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(actions, "provision", flaky)
+        await h2.send(*(rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)))
+        c = h2.counters()
+        assert calls == [1, 1] and c["action_failed"] == 1 and c["reprovisioned"] == 1
+        assert any("trying once more" in line for line in h2.daemon.recent)
+        rec = h2.daemon.inventory.get("web", 1)
+        assert rec.state == "paused" and h2.hv.state(rec.domain) == "paused"
 
 
 async def test_wake_failure_is_reported(tmp_path: Path) -> None:

@@ -1181,7 +1181,10 @@ class Drill:
                     f" {self.args.settle:.0f} s (provisioned and announced with SPARE-READY)"
                 )
         for _, line in obs.lines(r"fresh spare|destroy failed|sleep failed"):
-            self.reasons.append(f"controld {line}")
+            if line.endswith("trying once more"):
+                self.notes.append(f"controld {line}")  # a spare not back fails above
+            else:
+                self.reasons.append(f"controld {line}")
         self._need_progress(r)
 
     def _counter_deltas(self, obs: Observer, key: str) -> dict[str, int]:
