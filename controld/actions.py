@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zz.snapshots import StorageError
+
 from zz.config import EXEC_PORT_OFFSET, GUEST_STATUS, Config, Host, Service
 from zz.keys import public_path, secret_path
 from zz.wire import exec_principal
@@ -147,6 +149,8 @@ def replica_spec(
     state.mkdir(parents=True, exist_ok=True)
     if ctx.hv.kind == "libvirt" and not ctx.fake_guests:
         _share_with_qemu(ctx, state)
+        if ctx.store == "zfs":
+            make_guest_dataset(ctx, service, index, state)
     port = exec_port(service, index)
     ports: tuple[tuple[int, int], ...] = ((port, port),)
     if ctx.hv.kind == "process":
@@ -180,8 +184,10 @@ def guest_runtime_command(
     it) and reaches the host's loopback as 10.0.2.2 (QEMU user networking)."""
     cmd = ["python3", "-m", "zz.execution", "--rack", f"{GUEST_SHARE}/{GUEST_DIR}/rack.toml"]
     cmd += ["--service", service.name, "--index", str(index)]
-    # No zfs inside a guest: its checkpoints are directory snapshots on the share.
-    cmd += ["--store", "dir", "--state-dir", GUEST_SHARE]
+    # No zfs inside a guest: on a ZFS rack its dataset is mounted in the share and the host
+    # snapshots it on request (host-zfs); else directory snapshots on the share.
+    store = "host-zfs" if ctx.store == "zfs" else "dir"
+    cmd += ["--store", store, "--state-dir", GUEST_SHARE]
     cmd += ["--key-dir", f"{GUEST_SHARE}/{GUEST_DIR}/keys"]
     cmd += ["--status-file", f"{GUEST_SHARE}/{GUEST_STATUS}"]
     cmd += ["--listen", "0.0.0.0", "--loopback-alias", SLIRP_HOST]
@@ -241,6 +247,28 @@ def _share_with_qemu(ctx: HostContext, state: Path) -> None:
     except (LookupError, OSError) as e:
         why = f"cannot hand {state} to libvirt-qemu: {e}"
         raise HypervisorError(state.name, "provision", why) from e
+
+
+def make_guest_dataset(ctx: HostContext, service: Service, index: int, share: Path) -> Path:
+    """A guest's dataset <pool>/s<id>-exec-<i>, mounted at <share>/live and writable by
+    QEMU's user, where the guest's runtime keeps its state; controld snapshots it on the
+    guest's request (controld/guestsnap.py). A fresh replica gets a fresh dataset: its
+    predecessor's was renamed aside (set_aside_state)."""
+    from zz.snapshots.zfs import ZfsStore
+
+    if not ctx.zfs_pool:
+        raise HypervisorError(share.name, "provision", "--store zfs needs a ZFS pool")
+    try:
+        store = ZfsStore(ctx.zfs_pool, zfs_dataset(service, index), share / "live")
+    except StorageError as e:
+        raise HypervisorError(share.name, "provision", f"dataset: {e}") from e
+    if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
+        try:
+            shutil.chown(store.path, "libvirt-qemu", "libvirt-qemu")
+        except (LookupError, OSError) as e:
+            why = f"cannot hand {store.path} to libvirt-qemu: {e}"
+            raise HypervisorError(share.name, "provision", why) from e
+    return store.path
 
 
 def _free_port() -> int:

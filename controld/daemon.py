@@ -36,6 +36,7 @@ from . import actions
 from . import inventory as inv
 from .actions import HostContext
 from .announce import Announcer
+from .guestsnap import GuestDatasets
 from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from .ledger import Ledger
 from .rpc import RACK_SERVICE, control_reply, decode_json
@@ -85,6 +86,10 @@ class Daemon:
         self.freshness = certs.Freshness.load(self.freshness_path)
         self.counters: Counter[str] = Counter()
         self.recent: deque[str] = deque(maxlen=64)
+        self.datasets = GuestDatasets(
+            self.ctx, lambda sid: self.keys.services.get(sid, {}), self.counters
+        )
+        self._datasets_task: asyncio.Task[None] | None = None
         self.in_doubt_at_start: list[dict[str, Any]] = []
         self.lost: list[dict[str, Any]] = []
         # One collector per service: SHUTDOWN votes of one round, g+1 make a certificate.
@@ -126,6 +131,8 @@ class Daemon:
         tests). Returns the port."""
         self.recover()
         self._worker = asyncio.create_task(self._work_loop())
+        if self.datasets.enabled:
+            self._datasets_task = asyncio.create_task(self.datasets.run())
         self._server = await asyncio.start_server(
             self._serve_conn, self.host.address, self.host.control_port if port is None else port
         )
@@ -141,9 +148,10 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
         await self.announcer.close()
-        for t in [*self._tasks, *([self._worker] if self._worker else [])]:
+        background = [t for t in (self._worker, self._datasets_task) if t is not None]
+        for t in [*self._tasks, *background]:
             t.cancel()
-        for t in [*self._tasks, *([self._worker] if self._worker else [])]:
+        for t in [*self._tasks, *background]:
             with contextlib.suppress(BaseException):
                 await t
         # Read clones of the runtimes' ZFS snapshots go with us (a stale one would be
@@ -592,6 +600,7 @@ class Daemon:
                 # Our read clones of its snapshots would follow the dataset into forensics
                 # and block purging it later.
                 await asyncio.to_thread(self.snapshots.forget, svc, x)
+                self.datasets.forget(svc, x)
                 kept = await asyncio.to_thread(actions.set_aside_state, self.ctx, svc, x, seq)
                 self.counters["convicted"] += 1
                 self._note(f"convicted {svc.name}/{x} destroyed; state kept as {kept}")

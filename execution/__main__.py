@@ -23,7 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rack", required=True, help="rack config (TOML)")
     p.add_argument("--service", required=True, help="service name or id")
     p.add_argument("--index", required=True, type=int, help="execution replica index i")
-    p.add_argument("--store", choices=("dir", "zfs"), default="dir", help="checkpoint store")
+    p.add_argument(
+        "--store",
+        choices=("dir", "zfs", "host-zfs"),
+        default="dir",
+        help="checkpoint store: directory snapshots, a ZFS dataset of our own, or (in a guest)"
+        " the dataset the host's controld mounted in the share and snapshots on request",
+    )
     p.add_argument("--zfs-pool", help="ZFS pool (with --store zfs)")
     p.add_argument("--zfs-dataset", help="ZFS dataset under the pool (default s<id>-exec-<i>)")
     p.add_argument(

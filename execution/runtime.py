@@ -25,6 +25,7 @@ from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
 from ..snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
 from ..snapshots.fileserve import SnapshotFiles
+from ..snapshots.hostzfs import HostZfsStore
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
 from .certificates import DEFAULT_WINDOW, Certificate, CommitCollector
@@ -300,6 +301,12 @@ class Runtime:
     def _open_state(self) -> None:
         if self.store_kind == "dir":
             self.store = open_store("dir", root=self.state_dir / "store")
+        elif self.store_kind == "host-zfs":
+            # In a guest on a ZFS rack: the dataset is mounted in the share, the host's
+            # controld snapshots it on our signed request (snapshots/hostzfs.py).
+            self.store = HostZfsStore(
+                self.state_dir, service=self.svc.id, index=self.index, sign_key=self.sign_key
+            )
         elif self.store_kind == "zfs":
             if not self.zfs_pool:
                 raise ValueError("--store zfs needs a pool (--zfs-pool)")

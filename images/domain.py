@@ -64,8 +64,11 @@ def render_domain(
     if state_dir is not None:
         if state_accessmode not in ("squash", "passthrough", "mapped"):
             raise ValueError(f"accessmode {state_accessmode!r}")
+        # multidevs='remap': the share may hold another file system (a guest's ZFS
+        # dataset at live/); QEMU's default only warns when inode numbers of the two
+        # collide, and the guest's 9p client would take two files for one.
         filesystems = (
-            f"    <filesystem type='mount' accessmode='{state_accessmode}'>\n"
+            f"    <filesystem type='mount' accessmode='{state_accessmode}' multidevs='remap'>\n"
             f"      <source dir={quoteattr(str(state_dir))}/>\n"
             "      <target dir='state'/>\n"
             "    </filesystem>"

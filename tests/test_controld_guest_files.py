@@ -51,6 +51,11 @@ def test_guest_gets_its_own_keys_config_and_command(tmp_path: Path) -> None:
     assert args["--rack"] == "/state/guest/rack.toml" and args["--state-dir"] == "/state"
     assert args["--loopback-alias"] == "10.0.2.2" and args["--listen"] == "0.0.0.0"
     assert "--start-asleep" in cmd and "--drill-faults" in cmd and "--inject-fault" not in cmd
+    assert args["--store"] == "dir"  # directory snapshots on the share
+    # A rack on ZFS: the host mounts the guest's dataset in the share and snapshots it.
+    (tmp_path / "z").mkdir()
+    zfs = actions.guest_runtime_command(_ctx(tmp_path / "z", store="zfs"), svc, 1, None, False)
+    assert zfs[zfs.index("--store") + 1] == "host-zfs"
 
     # The guest's view of that config: the agreement replicas at the host's loopback alias.
     seen = load(state / "guest" / "rack.toml").viewed_from("10.0.2.2", state / "guest" / "keys")
