@@ -454,7 +454,7 @@ def guest_wake(ctx: HostContext, domain: str, seq: int) -> None:
 def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) -> str | None:
     """Keep a convicted replica's state for forensics, out of its successor's way (the
     fresh replica starts from nothing). ZFS store: snapshot <pool>/<dataset>@forensic-<seq>,
-    then rename the dataset to <dataset>-forensic-<seq> and unmount it; the snapshot is
+    unmount the dataset and rename it to <dataset>-forensic-<seq>; the snapshot is
     then <pool>/<dataset>-forensic-<seq>@forensic-<seq>. Either store: the state directory
     becomes exec-<i>.forensic-<seq>. Returns what was kept (None: nothing was there)."""
     kept: list[str] = []
@@ -465,8 +465,10 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
         if dataset_exists(ds):
             run_zfs(["zfs", "snapshot", f"{ds}@forensic-{seq}"])
             new = _unused(f"{ds}-forensic-{seq}", dataset_exists)
+            # Unmounted first: zfs-fuse refuses to rename a dataset that has been mounted
+            # for a while ("dataset is busy", seen for minutes), never an unmounted one.
+            run_zfs(["zfs", "set", "mountpoint=none", ds], retry_busy=True)
             run_zfs(["zfs", "rename", ds, new], retry_busy=True)
-            run_zfs(["zfs", "set", "mountpoint=none", new], retry_busy=True)
             kept.append(f"{new}@forensic-{seq}")
     state = service.exec_state_dir(ctx.config, index)
     if state.exists():

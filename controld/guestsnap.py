@@ -36,7 +36,7 @@ from .actions import HostContext, zfs_dataset
 
 log = logging.getLogger("zz.controld.guestsnap")
 
-POLL_SECONDS = 0.005  # a guest's checkpoint waits for us: poll often, it is a stat()
+POLL_SECONDS = 0.01  # a guest's checkpoint waits for us: poll often, it is a stat()
 
 
 class GuestDatasets:

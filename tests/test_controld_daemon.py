@@ -839,6 +839,9 @@ async def test_shutdown_keeps_zfs_snapshot(rack: Rack, pool: str) -> None:
         assert dataset_exists(ds)
         live = rack.config.service("web").exec_state_dir(rack.config, 1) / "live"
         (live / "evidence").write_text("x")
+        # zfs-fuse refuses to rename a dataset mounted for more than about a second
+        # ("dataset is busy"): a guest's is mounted for minutes before its conviction.
+        await asyncio.sleep(2)
         await n.send(*(rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)))
         c = n.counters()
         assert c["convicted"] == 1 and c["reprovisioned"] == 1, "\n".join(n.daemon.recent)

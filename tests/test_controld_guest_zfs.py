@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from test_controld_daemon import SVC, make_rack
-from zz.controld.actions import HostContext, make_guest_dataset, zfs_dataset
+from zz.controld.actions import HostContext, make_guest_dataset, set_aside_state, zfs_dataset
 from zz.controld.guestsnap import GuestDatasets
 from zz.snapshots import StorageError
 from zz.snapshots.hostzfs import ANSWER, REQUEST, HostZfsStore, request_bytes, write_json_atomic
@@ -142,3 +142,25 @@ async def _until(pred: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("controld did not act on the request in 5 s")
+
+
+async def test_convicted_guests_dataset_is_set_aside(guest: Guest) -> None:
+    """Conviction keeps the guest's dataset for forensics: snapshot, unmount, rename (on a
+    rack of guests zfs-fuse refused to rename the mounted dataset, "dataset is busy", for
+    minutes; unmounted first it never does). The fresh spare then gets a new dataset
+    under the old name."""
+    store = guest.store()
+    (guest.share / "live" / "evidence").write_text("x")
+    await asyncio.to_thread(store.snapshot, "ckpt-4")
+    await asyncio.sleep(1.5)
+    ctx = guest.datasets.ctx
+    kept = await asyncio.to_thread(set_aside_state, ctx, guest.svc, 0, 7)
+    assert kept is not None and f"{guest.dataset}-forensic-7@forensic-7" in kept
+    snaps = run_zfs(["zfs", "list", "-H", "-t", "snapshot", "-o", "name"]).split()
+    assert f"{guest.dataset}-forensic-7@forensic-7" in snaps
+    assert f"{guest.dataset}-forensic-7@ckpt-4" in snaps
+    assert not guest.share.exists()
+    guest.datasets.forget(guest.svc, 0)
+    guest.share.mkdir()
+    make_guest_dataset(ctx, guest.svc, 0, guest.share)
+    assert list((guest.share / "live").iterdir()) == []

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from zz.controld.actions import zfs_dataset
 
 from tests.test_drill import _args, needs_go
 from tests.test_execution_runtime import needs_agreed
@@ -72,6 +73,7 @@ def vm_rack_up(
     placement: str = "spread",
     floor_ms: int = FLOOR_MS,
     session: pytest.Session | None = None,
+    store: str = "dir",
 ) -> Iterator[Config]:
     """A rack of guests with kv services kv0, kv1, ... of the given f, torn down (and its
     directory removed) also on failure. Every simulated host is 127.0.0.1: a guest reaches
@@ -87,7 +89,7 @@ def vm_rack_up(
         )
         try:
             overrides = {"detect_floor_ms": floor_ms}
-            rackctl.up(config, backend="libvirt", overrides=overrides, progress=print)
+            rackctl.up(config, "libvirt", store, overrides=overrides, progress=print)
             yield config
             ok = session is None or session.testsfailed == failed_before
         finally:
@@ -137,6 +139,15 @@ def test_runtimes_run_inside_the_guests(vm_rack: Config) -> None:
     assert names == {"zz-vm-kv0-x0", "zz-vm-kv0-x1", "zz-vm-kv0-x2"}
 
 
+def _zfs_snapshots(config: Config) -> list[str]:
+    """<dataset>@<snapshot> of every snapshot in the rack's pools (names without the pool)."""
+    from zz.snapshots.zfs import run_zfs
+
+    pools = {rackctl.pool_name(config, h) for h in config.hosts}
+    out = run_zfs(["zfs", "list", "-H", "-t", "snapshot", "-o", "name"])
+    return [n.split("/", 1)[1] for n in out.split() if n.split("/", 1)[0] in pools]
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -184,6 +195,30 @@ def test_vm_wrong_reply_drill_f2(tmp_path: Path) -> None:
         assert any("convicted kv0/0 " in c for c in r.convicted), r.convicted
         assert any("woke kv0/3" in w or "woke kv0/4" in w for w in r.woken), r.woken
         assert any("provisioned kv0/0 paused" in x for x in r.spares_restored)
+
+
+@pytest.mark.slow
+@needs_vms
+@needs_agreed
+@needs_go
+def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
+    """A rack on ZFS (DESIGN.md §4): each guest's state is a dataset of its host's pool
+    mounted in its share, its checkpoints are snapshots its controld takes on its signed
+    request, and the woken guest fetches its peers' files from their controlds (zfs
+    clone; a guest cannot read its own snapshots). The liar's dataset is kept for
+    forensics and its fresh spare gets a new one."""
+    with vm_rack_up("vmzfs", 4, [1], store="zfs") as config:
+        svc = config.service("kv0")
+        r = _run(config, "wrong-reply", tmp_path / "drill")
+        assert any("convicted kv0/0 " in c for c in r.convicted), r.convicted
+        assert any("woke kv0/2" in w for w in r.woken), r.woken
+        assert any("provisioned kv0/0 paused" in x for x in r.spares_restored)
+        snaps = _zfs_snapshots(config)
+        assert any(s.startswith(f"{zfs_dataset(svc, 1)}@ckpt-") for s in snaps), snaps
+        assert any(s.startswith(f"{zfs_dataset(svc, 0)}-forensic-") for s in snaps), snaps
+        st = _guest_status(config, "kv0", 2)
+        assert st["recovery"].get("checkpoint"), st["recovery"]
+        assert not st["recovery"].get("bad_sources"), st["recovery"]
 
 
 @pytest.mark.slow
