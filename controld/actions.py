@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -254,12 +255,17 @@ def make_guest_dataset(ctx: HostContext, service: Service, index: int, share: Pa
     QEMU's user, where the guest's runtime keeps its state; controld snapshots it on the
     guest's request (controld/guestsnap.py). A fresh replica gets a fresh dataset: its
     predecessor's was renamed aside (set_aside_state)."""
-    from zz.snapshots.zfs import ZfsStore
+    from zz.snapshots.zfs import ZfsStore, dataset_exists
 
     if not ctx.zfs_pool:
         raise HypervisorError(share.name, "provision", "--store zfs needs a ZFS pool")
     try:
-        store = ZfsStore(ctx.zfs_pool, zfs_dataset(service, index), share / "live")
+        name = replica_dataset(ctx.zfs_pool, share)
+        if name is None:
+            # A predecessor's dataset zfs-fuse would not let go of (set_aside_state) keeps
+            # the plain name: then <name>-1, -2, ...
+            name = _unused(f"{ctx.zfs_pool}/{zfs_dataset(service, index)}", dataset_exists)
+        store = ZfsStore(ctx.zfs_pool, name.partition("/")[2], share / "live")
     except StorageError as e:
         raise HypervisorError(share.name, "provision", f"dataset: {e}") from e
     if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
@@ -461,14 +467,21 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
     if ctx.store == "zfs" and ctx.zfs_pool:
         from zz.snapshots.zfs import dataset_exists, run_zfs
 
-        ds = f"{ctx.zfs_pool}/{zfs_dataset(service, index)}"
+        state = service.exec_state_dir(ctx.config, index)
+        ds = replica_dataset(ctx.zfs_pool, state) or f"{ctx.zfs_pool}/{zfs_dataset(service, index)}"
         if dataset_exists(ds):
             run_zfs(["zfs", "snapshot", f"{ds}@forensic-{seq}"])
             new = _unused(f"{ds}-forensic-{seq}", dataset_exists)
-            # Unmounted first: zfs-fuse refuses to rename a dataset that has been mounted
-            # for a while ("dataset is busy", seen for minutes), never an unmounted one.
             run_zfs(["zfs", "set", "mountpoint=none", ds], retry_busy=True)
-            run_zfs(["zfs", "rename", ds, new], retry_busy=True)
+            try:
+                run_zfs(["zfs", "rename", ds, new], retry_busy=True)
+            except StorageError as e:
+                if "busy" not in str(e):
+                    raise
+                # zfs-fuse holds a guest's dataset after QEMU served it over 9p: rename,
+                # destroy and mount all say "busy", for good. Copy the evidence out; the
+                # held dataset stays unmounted, and the fresh guest gets a new one.
+                _copy_dataset(f"{ds}@forensic-{seq}", new)
             kept.append(f"{new}@forensic-{seq}")
     state = service.exec_state_dir(ctx.config, index)
     if state.exists():
@@ -476,6 +489,43 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
         state.rename(dest)
         kept.append(str(dest))
     return ", ".join(kept) or None
+
+
+def _copy_dataset(snapshot: str, dest: str) -> None:
+    """`zfs send snapshot | zfs recv -u dest`: dest gets the snapshot's content and name,
+    unmounted."""
+    send = subprocess.Popen(["zfs", "send", snapshot], stdout=subprocess.PIPE)
+    try:
+        recv = subprocess.run(
+            ["zfs", "recv", "-u", f"{dest}@{snapshot.partition('@')[2]}"],
+            stdin=send.stdout,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        assert send.stdout is not None
+        send.stdout.close()
+        sent = send.wait(timeout=600)
+    if sent != 0 or recv.returncode != 0:
+        raise StorageError(f"zfs send {snapshot} | zfs recv {dest}: {recv.stderr.strip()}")
+    from zz.snapshots.zfs import run_zfs
+
+    run_zfs(["zfs", "set", "mountpoint=none", dest], retry_busy=True)
+
+
+def replica_dataset(pool: str, state: Path) -> str | None:
+    """The dataset of `pool` mounted at <state>/live: a replica's state (a runtime's own
+    dataset, or a guest's that controld made), whatever it is called."""
+    from zz.snapshots.zfs import run_zfs
+
+    want = str((state / "live").absolute())
+    for line in run_zfs(["zfs", "list", "-H", "-o", "name,mountpoint", "-r", pool]).splitlines():
+        name, _, mountpoint = line.partition("\t")
+        if mountpoint == want:
+            return name
+    return None
 
 
 def _unused(name: str, exists: Callable[[str], bool]) -> str:

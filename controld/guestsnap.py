@@ -32,7 +32,7 @@ from zz import wire
 from zz.config import Service
 from zz.crypto import verify_signature
 
-from .actions import HostContext, zfs_dataset
+from .actions import HostContext, replica_dataset
 
 log = logging.getLogger("zz.controld.guestsnap")
 
@@ -85,9 +85,13 @@ class GuestDatasets:
         with self._lock:
             store = self._stores.get((svc.id, i))
         if store is None:
-            assert self.ctx.zfs_pool is not None
+            pool = self.ctx.zfs_pool
+            assert pool is not None
+            name = replica_dataset(pool, svc.exec_state_dir(self.ctx.config, i))
+            if name is None:
+                raise StorageError(f"no dataset of {svc.name}/{i} is mounted in its share")
             # create=False: a request for a dataset we did not make is refused, not obeyed.
-            store = ZfsStore(self.ctx.zfs_pool, zfs_dataset(svc, i), create=False)
+            store = ZfsStore(pool, name.partition("/")[2], create=False)
             with self._lock:
                 self._stores[(svc.id, i)] = store
         return store

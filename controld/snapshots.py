@@ -28,7 +28,7 @@ from zz.snapshots.zfs import ZfsStore
 
 from zz.config import Config, Host, Service
 
-from .actions import zfs_dataset
+from .actions import replica_dataset, zfs_dataset
 
 
 class HostSnapshots:
@@ -88,7 +88,9 @@ class HostSnapshots:
             if (state / "store").is_dir():
                 return DirStore(state / "store")
             if self.store == "zfs" and self.zfs_pool:
-                return ZfsStore(self.zfs_pool, zfs_dataset(svc, i), create=False, reader="ctl")
+                name = replica_dataset(self.zfs_pool, state)
+                ds = name.partition("/")[2] if name else zfs_dataset(svc, i)
+                return ZfsStore(self.zfs_pool, ds, create=False, reader="ctl")
         except StorageError:
             return None
         return None

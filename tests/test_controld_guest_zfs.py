@@ -16,7 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 from test_controld_daemon import SVC, make_rack
-from zz.controld.actions import HostContext, make_guest_dataset, set_aside_state, zfs_dataset
+from zz.controld.actions import (
+    HostContext,
+    make_guest_dataset,
+    replica_dataset,
+    set_aside_state,
+    zfs_dataset,
+)
 from zz.controld.guestsnap import GuestDatasets
 from zz.snapshots import StorageError
 from zz.snapshots.hostzfs import ANSWER, REQUEST, HostZfsStore, request_bytes, write_json_atomic
@@ -144,23 +150,42 @@ async def _until(pred: Callable[[], bool]) -> None:
     raise AssertionError("controld did not act on the request in 5 s")
 
 
-async def test_convicted_guests_dataset_is_set_aside(guest: Guest) -> None:
-    """Conviction keeps the guest's dataset for forensics: snapshot, unmount, rename (on a
-    rack of guests zfs-fuse refused to rename the mounted dataset, "dataset is busy", for
-    minutes; unmounted first it never does). The fresh spare then gets a new dataset
-    under the old name."""
+@pytest.mark.parametrize("held", [False, True], ids=["renamed", "held-by-zfs-fuse"])
+async def test_convicted_guests_dataset_is_set_aside(
+    guest: Guest, held: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conviction keeps the guest's dataset for forensics: snapshot, unmount, rename. On a
+    rack of guests zfs-fuse kept holding a dataset QEMU had served over 9p (rename,
+    destroy and mount all "busy", for good): then the evidence is copied out (zfs send |
+    recv) and the fresh guest gets a dataset of another name (held: that refusal, faked
+    on top of the real pool). Either way the successor starts empty and is served."""
+    import zz.snapshots.zfs as zfs_mod
+
     store = guest.store()
     (guest.share / "live" / "evidence").write_text("x")
     await asyncio.to_thread(store.snapshot, "ckpt-4")
-    await asyncio.sleep(1.5)
+    if held:
+        real = zfs_mod.run_zfs
+
+        def busy_rename(argv: list[str], **kw: object) -> str:
+            if argv[:2] == ["zfs", "rename"]:
+                raise StorageError("exit status 1", argv, "cannot rename: dataset is busy")
+            return real(argv, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(zfs_mod, "run_zfs", busy_rename)
     ctx = guest.datasets.ctx
     kept = await asyncio.to_thread(set_aside_state, ctx, guest.svc, 0, 7)
+    monkeypatch.undo()
     assert kept is not None and f"{guest.dataset}-forensic-7@forensic-7" in kept
     snaps = run_zfs(["zfs", "list", "-H", "-t", "snapshot", "-o", "name"]).split()
     assert f"{guest.dataset}-forensic-7@forensic-7" in snaps
-    assert f"{guest.dataset}-forensic-7@ckpt-4" in snaps
     assert not guest.share.exists()
     guest.datasets.forget(guest.svc, 0)
     guest.share.mkdir()
-    make_guest_dataset(ctx, guest.svc, 0, guest.share)
-    assert list((guest.share / "live").iterdir()) == []
+    live = make_guest_dataset(ctx, guest.svc, 0, guest.share)
+    assert list(live.iterdir()) == []
+    fresh = replica_dataset(ctx.zfs_pool, guest.share)  # type: ignore[arg-type]
+    assert fresh == (f"{guest.dataset}-1" if held else guest.dataset)
+    await asyncio.to_thread(guest.store().snapshot, "ckpt-8")
+    snaps = run_zfs(["zfs", "list", "-H", "-t", "snapshot", "-o", "name"]).split()
+    assert f"{fresh}@ckpt-8" in snaps
