@@ -172,3 +172,63 @@ def test_two_replicas_agree(tmp_path: Path) -> None:
     c_last = c.execute(kv.encode_get(b"key0"), _ctx(len(ops) + 1))
     assert last != kv.encode_put(b"key0", b"diverged")
     assert a_last != c_last and _tree(sc.root) != _tree(sa.root)
+
+
+class _Pending:
+    """A LazyState of a replica still fetching: `files` are pending; what is fetched is
+    recorded (and written) on first touch."""
+
+    def __init__(self, root: Path, files: dict[str, bytes]) -> None:
+        self.root, self.files, self.fetched = root, dict(files), []
+
+    def ensure(self, rel: str) -> bool:
+        if rel not in self.files:
+            return False
+        self.fetched.append(rel)
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (self.root / rel).write_bytes(self.files.pop(rel))
+        return True
+
+    def ensure_under(self, rel: str) -> int:
+        return sum(self.ensure(f) for f in [f for f in self.files if f.startswith(rel + "/")])
+
+    def forget(self, rel: str) -> None:
+        self.files.pop(rel, None)
+
+    def is_pending(self, rel: str) -> bool:
+        return rel in self.files
+
+    def pending_names(self, directory: str) -> set[str]:
+        prefix = directory + "/" if directory else ""
+        return {f[len(prefix) :].split("/")[0] for f in self.files if f.startswith(prefix)}
+
+    def pending_under(self, rel: str) -> list[str]:
+        return [f for f in self.files if f.startswith(rel + "/")]
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+
+def test_put_is_applied_without_reading_the_old_value(tmp_path: Path) -> None:
+    """ZZ §4.7.2: a PUT carries the key's whole new state. A recovering replica applies it
+    without fetching the file it overwrites; APPEND and CAS need the old value, and fetch."""
+    root = tmp_path / "s"
+    root.mkdir()
+    old = {kv.key_path(k): kv._field(k) + b"old" for k in (b"a", b"b", b"c")}
+    lazy = _Pending(root, old)
+    app = create_app("kv")
+    app.open(StateDir(root, lazy=lazy))  # type: ignore[arg-type]
+    assert _run(app, kv.encode_put(b"a", b"new")) == kv.KvReply(kv.OK)
+    assert lazy.fetched == [] and not lazy.is_pending(kv.key_path(b"a"))
+    assert _run(app, kv.encode_get(b"a")).value == b"new"
+    assert _run(app, kv.encode_append(b"b", b"+")) == kv.KvReply(kv.OK)
+    assert _run(app, kv.encode_cas(b"c", b"old", b"x")) == kv.KvReply(kv.OK)
+    assert lazy.fetched == [kv.key_path(b"b"), kv.key_path(b"c")]
+    assert _run(app, kv.encode_get(b"b")).value == b"old+"
+    # The limit still holds, and a too-large PUT leaves the pending file alone.
+    small = create_app("kv", {"max_value": 4})
+    lazy2 = _Pending(tmp_path, {})
+    small.open(StateDir(root, lazy=lazy2))  # type: ignore[arg-type]
+    assert kv.decode_reply(small.execute(kv.encode_put(b"a", b"12345"), _ctx())).status == (
+        kv.TOO_LARGE
+    )

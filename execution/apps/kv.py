@@ -218,6 +218,14 @@ class KvApp(App):
             return KvReply(READ_ONLY, b"write op in a read-only request").encode()
 
     def _apply(self, req: KvOp) -> KvReply:
+        if req.code == PUT:
+            # A blind write: the request holds the whole new state of the key, so it is
+            # applied without reading the old one (ZZ §4.7.2 "apply writes directly"). A
+            # replica still fetching its state never fetches a file a PUT overwrites.
+            if len(req.value) > self.max_value:
+                return KvReply(TOO_LARGE, f"value over {self.max_value} bytes".encode())
+            self._store(req.key, req.value)
+            return KvReply(OK)
         cur = self._load(req.key)
         if req.code == GET:
             return KvReply(OK, cur) if cur is not None else KvReply(NOT_FOUND)
