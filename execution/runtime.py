@@ -848,7 +848,7 @@ class Runtime:
                 self.counters["checkpoint_divergence"] += 1
                 log.error("f+1 execution replicas certify a different state at %d", seq)
             return
-        self.stable_checkpoint = seq
+        previous, self.stable_checkpoint = self.stable_checkpoint, seq
         log.info("checkpoint %d stable (%s)", seq, mine.hex()[:16])
         for s in [s for s in self.ckpt_votes if s <= seq]:
             del self.ckpt_votes[s]
@@ -856,7 +856,11 @@ class Runtime:
             del self.my_checkpoints[s]
         for s in [s for s in self._ckpt_msgs if s < seq]:
             del self._ckpt_msgs[s]
-        asyncio.get_running_loop().create_task(self._collect_garbage(seq))
+        # The snapshot of the stable checkpoint before this one stays too: a spare woken
+        # at a fault above it recovers from it (the certified checkpoint it was told when
+        # woken) and must replay up to the fault seq to report it, or the round never
+        # resolves; collecting it at once stranded such a spare above the fault.
+        asyncio.get_running_loop().create_task(self._collect_garbage(previous))
 
     async def _collect_garbage(self, stable: int) -> None:
         try:

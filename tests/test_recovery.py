@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from zz.controld.actions import NOTICE_NAME
+from zz.execution.apps.kv import APPEND as KV_APPEND
 from zz.execution.apps.kv import GET as KV_GET
 from zz.execution.apps.kv import key_path
 from zz.execution.runtime import WAKE_NOTICE
@@ -218,9 +219,10 @@ def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
     for i in (0, 1):
         f = _snapshot_dir(rig, i, s) / key_path(victim)
         f.rename(f.with_name(f.name + ".aside"))
-    # Above s, below the next checkpoint: the spare replays it from s.
-    assert rig.invoke_all([_kv(KV_PUT, victim, b"changed")], client_index=1) == [_kv_ok()]
-    execs.args[SPARE] = ["--background-pause", "600"]
+    # Above s, below the next checkpoint: the spare replays it from s. An APPEND reads
+    # the old value (a PUT would not: it is applied without it, and fetch nothing).
+    assert rig.invoke_all([_kv(KV_APPEND, victim, b"+")], client_index=1) == [_kv_ok()]
+    execs.args[SPARE] = ["--background-pause", "600"]  # the victim stays pending
     execs.start(SPARE)
     rig.wait_linked(SPARE)
     rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint") == s, "recovery")
@@ -238,7 +240,7 @@ def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
     # Only the spare can complete a certificate now: the victim's value must be the new one.
     assert execs.stop(1) == 0
     got = rig.invoke_all([_kv(KV_GET, victim), _kv(KV_GET, b"k0")], client_index=2)
-    assert got == [_kv_ok(b"changed"), _kv_ok(b"v0")]
+    assert got == [_kv_ok(b"v" + victim[1:] + b"+"), _kv_ok(b"v0")]
 
 
 def _invoke_reads(rig: Rig, keys: list[bytes], client_index: int = 0) -> list[bytes]:
