@@ -464,10 +464,10 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
     then <pool>/<dataset>-forensic-<seq>@forensic-<seq>. Either store: the state directory
     becomes exec-<i>.forensic-<seq>. Returns what was kept (None: nothing was there)."""
     kept: list[str] = []
+    state = service.exec_state_dir(ctx.config, index)
     if ctx.store == "zfs" and ctx.zfs_pool:
         from zz.snapshots.zfs import dataset_exists, run_zfs
 
-        state = service.exec_state_dir(ctx.config, index)
         ds = replica_dataset(ctx.zfs_pool, state) or f"{ctx.zfs_pool}/{zfs_dataset(service, index)}"
         if dataset_exists(ds):
             run_zfs(["zfs", "snapshot", f"{ds}@forensic-{seq}"])
@@ -483,7 +483,6 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
                 # held dataset stays unmounted, and the fresh guest gets a new one.
                 _copy_dataset(f"{ds}@forensic-{seq}", new)
             kept.append(f"{new}@forensic-{seq}")
-    state = service.exec_state_dir(ctx.config, index)
     if state.exists():
         dest = Path(_unused(str(state.with_name(f"{state.name}.forensic-{seq}")), os.path.exists))
         state.rename(dest)

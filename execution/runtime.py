@@ -430,6 +430,12 @@ class Runtime:
         m = wire.Fetch(self.svc.id, self.me, wire.FETCH_LOG, self.last_executed, NULL_DIGEST)
         return m.with_macs({r: self.agree_keys[r]}).encode()
 
+    def _register_again(self) -> None:
+        """FETCH (kind 3) to every agreement replica: each answers with its stable
+        checkpoint and the log above our last executed batch, and pushes batches to us."""
+        for link in self._links:
+            link.send(self._fetch_msg(link.peer))
+
     def on_link_connect(self, link: _Link) -> list[bytes]:
         # Registration (FETCH kind 3) must be re-sent after every reconnect: the agreement
         # replica forgets the connection, and with it where to push EXEC-COMMITs.
@@ -657,8 +663,7 @@ class Runtime:
         self.counters["stranded"] += 1
         self.recovery["stranded_at"] = seq
         log.warning("batch %d: recovery checkpoint collected (%s): recovering anew", seq, e)
-        for link in self._links:
-            link.send(self._fetch_msg(link.peer))
+        self._register_again()
 
     def _time_replay(self, started: float) -> None:
         """Status `replay`: the certified batches run since the last recovery, and the
@@ -888,8 +893,7 @@ class Runtime:
             # (e.g. on a reconnect). Registration again makes the replicas resend the log.
             if self.last_executed == last and self.collector.pending():
                 self.counters["refetches"] += 1
-                for link in self._links:
-                    link.send(self._fetch_msg(link.peer))
+                self._register_again()
             last = self.last_executed
 
     def _start_links(self) -> None:
@@ -934,8 +938,7 @@ class Runtime:
             if self.asleep:
                 self._start_links()  # registration is the links' on_connect
                 continue
-            for link in self._links:
-                link.send(self._fetch_msg(link.peer))
+            self._register_again()
 
     def poke_wake(self) -> None:
         """SIGUSR1 (the guest agent's "wake"): look at the wake notice now, whatever its
@@ -1029,8 +1032,7 @@ class Runtime:
                 log.warning("recovery to %d failed (will retry): %s", seq, e)
             if isinstance(e, StaleCheckpoint | RecoveryError):
                 # Peers may have collected `seq` since: learn the stable checkpoint anew.
-                for link in self._links:
-                    link.send(self._fetch_msg(link.peer))
+                self._register_again()
             await asyncio.sleep(0.2)
             self._wake.set()
             return
@@ -1050,8 +1052,7 @@ class Runtime:
         )
         self.counters["recoveries"] += 1
         # The log above seq: register again so the agreement replicas resend it.
-        for link in self._links:
-            link.send(self._fetch_msg(link.peer))
+        self._register_again()
         self._start_background(fetcher)
 
     def _install_checkpoint(self, seq: int, digest: bytes) -> None:
