@@ -62,6 +62,15 @@ _STATES = {
     libvirt.VIR_DOMAIN_SHUTOFF: SHUTOFF,
 }
 _NOT_FOUND = (libvirt.VIR_ERR_NO_DOMAIN,)
+_EAGAIN = os.strerror(11)  # "Resource temporarily unavailable", as libvirt words errno EAGAIN
+_START_RETRY_DELAYS = (0.05, 0.2, 0.5)  # then one last try, whose error is the answer
+
+
+def _mapped(name: str, action: str, e: libvirt.libvirtError) -> HypervisorError:
+    cls = DomainNotFound if e.get_error_code() in _NOT_FOUND else HypervisorError
+    return cls(name, action, str(e))
+
+
 # The slirp forward to the guest agent, as images/domain.py writes it on the QEMU command line.
 _AGENT_FWD = re.compile(rf"hostfwd=tcp:127\.0\.0\.1:(\d+)-:{GUEST_AGENT_PORT}\b")
 BALLOON_SLACK_KIB = 1024  # the balloon driver lands on the target, give or take a page run
@@ -127,8 +136,24 @@ class LibvirtHypervisor:
         try:
             return fn()
         except libvirt.libvirtError as e:
-            cls = DomainNotFound if e.get_error_code() in _NOT_FOUND else HypervisorError
-            raise cls(name, action, str(e)) from e
+            raise _mapped(name, action, e) from e
+
+    def _start(self, name: str, action: str, fn: Callable[[], T]) -> T:
+        """_call for the calls that start a QEMU process (create, restore). On cgroup v2,
+        libvirt loads a BPF device program per domain, and the kernel's verifier answers
+        EAGAIN when a signal reaches libvirtd mid-check; libvirt does not retry (libbpf
+        does), so one busy moment failed a whole provision. A failed start leaves no
+        domain behind, so trying again is safe."""
+        for delay in _START_RETRY_DELAYS:
+            try:
+                return fn()
+            except libvirt.libvirtError as e:
+                if _EAGAIN not in str(e):
+                    raise _mapped(name, action, e) from e
+                print(f"[hv_libvirt] {action} {name}: {e}; trying again in {delay:.2f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(delay)
+        return self._call(name, action, fn)
 
     def _dom(self, name: str, action: str) -> libvirt.virDomain:
         return self._call(name, action, lambda: self.conn.lookupByName(name))
@@ -160,7 +185,7 @@ class LibvirtHypervisor:
     # ---- lifecycle: one libvirt call each -------------------------------------------------
     def create(self, spec: ReplicaSpec) -> None:
         xml = self.domain_xml(spec)
-        self._call(spec.name, "create", lambda: self.conn.createXML(xml, 0))
+        self._start(spec.name, "create", lambda: self.conn.createXML(xml, 0))
 
     def suspend(self, name: str) -> None:
         dom = self._dom(name, "suspend")
@@ -178,7 +203,7 @@ class LibvirtHypervisor:
         # The name comes from the image's own XML, so an error can name the domain.
         xml = self._call(str(path), "restore", lambda: self.conn.saveImageGetXMLDesc(str(path)))
         name = ET.fromstring(xml).findtext("name") or str(path)
-        self._call(name, "restore", lambda: self.conn.restore(str(path)))
+        self._start(name, "restore", lambda: self.conn.restore(str(path)))
         return name
 
     def discard(self, path: Path) -> None:

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from zz.controld.hv_process import proc_state
@@ -116,6 +117,55 @@ def test_libvirt_errors_name_the_domain(test_hv: Hypervisor, tmp_path: Path) -> 
         hv.restore(junk)
     assert ei.value.action == "restore"
     hv.destroy(name)
+
+
+class _EagainOnce:
+    """A libvirt connection whose first createXML/restore fails the way a cgroup v2 BPF
+    device program load does when the verifier is interrupted (CI, 2026-11-24)."""
+
+    def __init__(self, conn: Any, failures: int) -> None:
+        self._conn, self.left = conn, failures
+
+    def _flaky(self, fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            import libvirt
+
+            if self.left > 0:
+                self.left -= 1
+                raise libvirt.libvirtError(
+                    "failed to load cgroup BPF prog: Resource temporarily unavailable"
+                )
+            return fn(*args)
+
+        return call
+
+    def __getattr__(self, attr: str) -> Any:
+        fn = getattr(self._conn, attr)
+        return self._flaky(fn) if attr in ("createXML", "restore") else fn
+
+
+def test_libvirt_start_retries_a_transient_eagain(test_hv: Hypervisor, tmp_path: Path) -> None:
+    hv: Any = test_hv
+    real = hv.conn
+    name = _uniq("zz-t")
+    try:
+        hv.conn = _EagainOnce(real, failures=2)
+        hv.create(ReplicaSpec(name, tmp_path, memory_mib=64))
+        assert hv.conn.left == 0 and hv.state(name) == RUNNING
+        save = tmp_path / "s.save"
+        hv.save(name, save)
+        hv.conn = _EagainOnce(real, failures=1)
+        assert hv.restore(save) == name and hv.conn.left == 0
+        hv.destroy(name)
+        # Not transient for ever: after the retries the error is the answer, and no
+        # domain is left behind.
+        hv.conn = _EagainOnce(real, failures=99)
+        with pytest.raises(HypervisorError, match="BPF") as ei:
+            hv.create(ReplicaSpec(name, tmp_path, memory_mib=64))
+        assert ei.value.action == "create" and ei.value.name == name
+        assert name not in hv.list()
+    finally:
+        hv.conn = real
 
 
 def test_libvirt_hibernate_and_wake_on_test_driver(test_hv: Hypervisor, tmp_path: Path) -> None:
