@@ -140,10 +140,10 @@ class LibvirtHypervisor:
 
     def _start(self, name: str, action: str, fn: Callable[[], T]) -> T:
         """_call for the calls that start a QEMU process (create, restore). On cgroup v2,
-        libvirt loads a BPF device program per domain, and the kernel's verifier answers
-        EAGAIN when a signal reaches libvirtd mid-check; libvirt does not retry (libbpf
-        does), so one busy moment failed a whole provision. A failed start leaves no
-        domain behind, so trying again is safe."""
+        libvirt loads a BPF device program per domain, and BPF_PROG_LOAD can answer
+        EAGAIN (bpf(2): e.g. a signal pending during verification); libvirt does not retry
+        it (libbpf does), so one busy moment failed a whole provision in CI. A failed start
+        leaves no domain behind, so trying again is safe."""
         for delay in _START_RETRY_DELAYS:
             try:
                 return fn()
