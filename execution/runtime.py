@@ -48,7 +48,13 @@ _DIGEST_HISTORY = 16
 # Mismatches listed in the status file (the counter keeps the total).
 _MISMATCH_LIST = 64
 # Test-only fault switches (tests/test_execution_faults.py); see docs/execution.md.
-FAULTS = ("diverge-state", "wrong-reply", "slow-report")
+FAULTS = ("diverge-state", "wrong-reply", "slow-report", "corrupt-snapshot")
+# corrupt-snapshot: Byzantine storage. The replica certifies the right digest but every
+# snapshot it takes has one byte of each file flipped (its live state is put back after),
+# so a recovering peer gets wrong bytes from it; once one such checkpoint is stable and
+# CORRUPT_LIE_AFTER/cp of the next interval has passed (the agreement replicas know it
+# stable by then), it also answers wrongly, so it is convicted and a spare recovers.
+CORRUPT_LIE_AFTER = 0.25
 # slow-report: how long the faulty replica holds each EXEC-REPORT back by default (beyond
 # the K·t1 of the tests' timers, so the agreement replicas time it out). A drill sets the
 # delay above its rack's detection ceiling through the fault file ("slow_report_ms").
@@ -83,6 +89,24 @@ class Outgoing:
     timestamp: int
     read_only: bool
     result: bytes
+
+
+def _flip_byte(path: Path, offset: int) -> bool:
+    """XOR one byte with 0xFF (twice puts it back); False if the file is not here. Synced:
+    a guest's write must reach the host's dataset before the host snapshots it."""
+    try:
+        with open(path, "r+b") as fh:
+            fh.seek(offset)
+            b = fh.read(1)
+            if not b:
+                return False
+            fh.seek(offset)
+            fh.write(bytes([b[0] ^ 0xFF]))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -162,6 +186,8 @@ class Runtime:
         # Drills only: <state dir>/zz-fault.json switches inject_fault while running.
         self.drill_faults = drill_faults
         self.slow_report_s = SLOW_REPORT_SECONDS
+        self._corrupted: set[int] = set()  # checkpoints snapshotted corrupted (the fault)
+        self._corrupt_lie_from: int | None = None
         self.manifest_dir = self.state_dir / "manifests"
         self.store_kind = store_kind
         self.zfs_pool = zfs_pool
@@ -739,8 +765,9 @@ class Runtime:
             except Exception as e:
                 raise AppFault(f"app {self.app.name!r} raised at seq {cert.seq}: {e!r}") from e
             result = bytes(result)
-            if self.inject_fault == "wrong-reply":
+            if self._lying(cert.seq):
                 result += b" (wrong)"  # a deterministic wrong answer to every request
+                counts["wrong_replies"] += 1
             self.replies.record(req.sender, req.timestamp, result, req.read_only, read)
             outs.append(Outgoing(req.sender, req.timestamp, req.read_only, result))
             fresh.append(wire.reply_ref(req.sender, req.timestamp, result))
@@ -773,11 +800,36 @@ class Runtime:
             self.recovery["complete_at_checkpoint"] = seq
             log.info("recovery complete: checkpoint %d holds the whole state", seq)
         _write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
-        self.store.snapshot(name)
+        if self.inject_fault == "corrupt-snapshot":
+            self._snapshot_corrupted(name, manifest)
+            self._corrupted.add(seq)
+        else:
+            self.store.snapshot(name)
         # A recovering peer's first request is this manifest: spare the decode of an entry
         # per file (~20 ms at 10,000 files) on its critical path.
         self.files.remember(seq, manifest)
         return manifest.digest()
+
+    def _snapshot_corrupted(self, name: str, manifest: Manifest) -> None:
+        """The corrupt-snapshot fault: flip one byte of every file, snapshot, flip back."""
+        flipped: list[tuple[Path, int]] = []
+        try:
+            for rel, entry in manifest.files.items():
+                at = (self.builder.root / rel, entry.size // 2)
+                if entry.size and _flip_byte(*at):
+                    flipped.append(at)
+            self.store.snapshot(name)
+        finally:
+            for at in flipped:
+                _flip_byte(*at)
+        self.counters["snapshot_files_corrupted"] += len(flipped)
+        log.warning("drill: snapshot %s taken with %d files corrupted", name, len(flipped))
+
+    def _lying(self, seq: int) -> bool:
+        if self.inject_fault == "wrong-reply":
+            return True
+        lie_from = self._corrupt_lie_from
+        return self.inject_fault == "corrupt-snapshot" and lie_from is not None and seq >= lie_from
 
     def _after_checkpoint(self, seq: int, c: bytes) -> None:
         self.last_checkpoint = seq
@@ -855,6 +907,8 @@ class Runtime:
             return
         previous, self.stable_checkpoint = self.stable_checkpoint, seq
         log.info("checkpoint %d stable (%s)", seq, mine.hex()[:16])
+        if seq in self._corrupted and self._corrupt_lie_from is None:
+            self._corrupt_lie_from = seq + max(1, int(self.cp * CORRUPT_LIE_AFTER))
         for s in [s for s in self.ckpt_votes if s <= seq]:
             del self.ckpt_votes[s]
         for s in [s for s in self.my_checkpoints if s < seq]:

@@ -243,6 +243,61 @@ def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
     assert got == [_kv_ok(b"v" + victim[1:] + b"+"), _kv_ok(b"v0")]
 
 
+@pytest.fixture
+def drill_rig(tmp_path: Path) -> Iterator[Rig]:
+    """Replica 0 takes faults from its fault file (zz-fault.json, as drills write it)."""
+    yield from start_rig(tmp_path, [0, 1], {0: ["--drill-faults"]})
+
+
+@pytest.mark.slow
+@needs_agreed
+def test_corrupt_snapshot_fault_serves_wrong_bytes_that_are_rejected(drill_rig: Rig) -> None:
+    """The corrupt-snapshot fault (the drills' Byzantine storage on ZFS, where a snapshot
+    cannot be changed from outside): replica 0 certifies the right digest but its snapshot
+    holds one flipped byte per file, and its live state stays right. Once that checkpoint
+    is stable it lies too. The spare recovers from it, asks replica 0 first, rejects its
+    files and takes them from replica 1."""
+    rig, execs = drill_rig, drill_rig.execs
+    s = _fill(rig)
+    (rig.cluster.run_dir / "exec-0" / "zz-fault.json").write_text('{"fault": "corrupt-snapshot"}')
+    rig.wait(lambda: execs.status(0).get("inject_fault") == "corrupt-snapshot", "the fault")
+    # Up to the next checkpoint and no further (one PUT is one batch here): lies start
+    # after it, and with two active replicas a lie stalls the client.
+    c = s + CP
+    last = execs.status(1)["last_executed"]
+    assert last < c, (last, c)
+    ops = [_kv(KV_PUT, b"k%d" % k, b"w%d" % k) for k in range(c - last)]
+    assert rig.invoke_all(ops, client_index=1) == [_kv_ok()] * len(ops)
+    rig.wait(lambda: all(execs.status(i)["stable_checkpoint"] >= c for i in (0, 1)), "stable")
+    st0 = execs.status(0)
+    assert st0["counters"].get("snapshot_files_corrupted", 0) > 0, st0["counters"]
+    assert not st0["counters"].get("wrong_replies") and not st0["checkpoint_mismatches"]
+    key = key_path(b"k0")
+    snap0, snap1 = _snapshot_dir(rig, 0, c), _snapshot_dir(rig, 1, c)
+    assert (snap0 / key).read_bytes() != (snap1 / key).read_bytes()
+    live0 = [
+        p
+        for p in (rig.cluster.run_dir / "exec-0").rglob(key.rsplit("/", 1)[1])
+        if "live" in p.parts
+    ]
+    assert live0 and all(p.read_bytes() == (snap1 / key).read_bytes() for p in live0)
+    execs.start(SPARE)
+    rig.wait_linked(SPARE)
+    rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint") == c, "recovery")
+    rig.wait(
+        lambda: execs.status(SPARE).get("recovery", {}).get("background_s") is not None,
+        "background fetch done",
+        timeout=60,
+    )
+    bad = execs.status(SPARE)["recovery"].get("bad_sources", [])
+    assert any(b["source"] == "x0" for b in bad), bad
+    assert not any(b["source"] == "x1" for b in bad), bad
+    # Replica 0 lies from here on; 1 and the spare agree.
+    got = rig.invoke_all([_kv(KV_GET, b"k0"), _kv(KV_GET, b"k%d" % (KEYS - 1))], 2)
+    assert got == [_kv_ok(b"w0"), _kv_ok(b"v%d" % (KEYS - 1))]
+    rig.wait(lambda: execs.status(0)["counters"].get("wrong_replies", 0) > 0, "the lies")
+
+
 def _invoke_reads(rig: Rig, keys: list[bytes], client_index: int = 0) -> list[bytes]:
     """GETs as ordered reads (the client's read_only with execution replicas)."""
 
