@@ -188,6 +188,9 @@ class Runtime:
         self.slow_report_s = SLOW_REPORT_SECONDS
         self._corrupted: set[int] = set()  # checkpoints snapshotted corrupted (the fault)
         self._corrupt_lie_from: int | None = None
+        # A drill holds the lies back (fault file "lie": false) until it has seen a
+        # corrupted checkpoint stable, so that it knows when the lies start.
+        self.corrupt_lies = True
         self.manifest_dir = self.state_dir / "manifests"
         self.store_kind = store_kind
         self.zfs_pool = zfs_pool
@@ -829,7 +832,9 @@ class Runtime:
         if self.inject_fault == "wrong-reply":
             return True
         lie_from = self._corrupt_lie_from
-        return self.inject_fault == "corrupt-snapshot" and lie_from is not None and seq >= lie_from
+        if self.inject_fault != "corrupt-snapshot" or not self.corrupt_lies:
+            return False
+        return lie_from is not None and seq >= lie_from
 
     def _after_checkpoint(self, seq: int, c: bytes) -> None:
         self.last_checkpoint = seq
@@ -1008,8 +1013,9 @@ class Runtime:
             body = json.loads(path.read_text())
             fault = body.get("fault")
             slow_ms = body.get("slow_report_ms", SLOW_REPORT_SECONDS * 1000)
+            lie = body.get("lie", True)
         except FileNotFoundError:
-            fault, slow_ms = None, SLOW_REPORT_SECONDS * 1000
+            fault, slow_ms, lie = None, SLOW_REPORT_SECONDS * 1000, True
         except (OSError, ValueError, AttributeError) as e:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: %s", path, e)
@@ -1026,7 +1032,12 @@ class Runtime:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: slow_report_ms must be a number of ms in 0..600000", path)
             return
+        if not isinstance(lie, bool):
+            self.counters["bad_fault_file"] += 1
+            log.warning("%s: lie must be true or false", path)
+            return
         self.slow_report_s = slow_ms / 1000
+        self.corrupt_lies = lie
         if fault != self.inject_fault:
             log.warning("drill: injected fault now %s", fault)
             self.counters["fault_switches"] += 1
@@ -1225,6 +1236,7 @@ class Runtime:
             "principal": self.me,
             "pid": os.getpid(),
             "inject_fault": self.inject_fault,
+            "corrupt_lie_from": self._corrupt_lie_from,
             "last_executed": self.last_executed,
             "last_checkpoint": self.last_checkpoint,
             "stable_checkpoint": self.stable_checkpoint,

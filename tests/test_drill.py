@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_execution_runtime import needs_agreed
-from tests.test_rackctl import leftovers, write_rack
+from tests.test_rackctl import leftovers, write_rack, zfs_rack_config
 from zz import drill, rackctl
 from zz import report as rp
 from zz.config import Config, load
@@ -103,6 +103,12 @@ def _args(kind: str, config: Config, out: Path, **kw: object) -> argparse.Namesp
 
 
 @pytest.fixture
+def zfs_rack(tmp_path: Path) -> Iterator[Config]:
+    with zfs_rack_config(tmp_path) as config:
+        yield config
+
+
+@pytest.fixture
 def up_rack(tmp_path: Path) -> Iterator[Config]:
     config = load(write_rack(tmp_path))
     try:
@@ -172,6 +178,24 @@ def test_execution_fault_drill(
     if kind == "corrupt-snapshot":
         assert r.details["corrupted_files"] > 0
         assert any("from x0" in x for x in r.details["rejected"]), r.details["rejected"]
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
+def test_corrupt_snapshot_drill_on_zfs(zfs_rack: Config, tmp_path: Path) -> None:
+    """On ZFS a snapshot cannot be changed from outside: the victim's runtime itself
+    snapshots corrupted files while certifying the right digest, and lies once such a
+    checkpoint is stable. The woken spare recovers from that checkpoint, rejects the
+    victim's files and takes them from the correct peer's snapshot (a zfs clone)."""
+    rackctl.up(zfs_rack, store="zfs", overrides=OVERRIDES)
+    r = _run(zfs_rack, "corrupt-snapshot", tmp_path, after=14.0)
+    assert r.result == "PASS", r.reasons
+    assert r.details["corrupted_files"] > 0 and r.details["corrupted_from_checkpoint"] > 0
+    assert any("from x0" in x for x in r.details["rejected"]), r.details["rejected"]
+    assert any("convicted kv0/0" in c for c in r.convicted), r.convicted
+    assert any("woke kv0/2" in w for w in r.woken), r.woken
+    assert r.detection_s is not None and r.detection_s < 5, r.detection_s
 
 
 @pytest.mark.slow

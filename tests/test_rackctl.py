@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -191,10 +192,11 @@ def test_start_ticks_tells_a_recycled_pid_apart() -> None:
     assert rackctl.ProcRecord("x", "x", os.getpid(), me, "/dev/null").alive()
 
 
-@pytest.fixture
-def zfs_rack(tmp_path: Path) -> Iterator[Config]:
+@contextlib.contextmanager
+def zfs_rack_config(tmp_path: Path) -> Iterator[Config]:
     """A rack whose name (so its pool names) no other run shares: a run killed before its
-    teardown leaves pools behind that zfs-fuse imports again on its next start."""
+    teardown leaves pools behind that zfs-fuse imports again on its next start. Brought
+    down (pools destroyed) whatever happens."""
     from zz.snapshots.zfs import ZfsMissingError, ensure_zfs_daemon
 
     try:
@@ -208,6 +210,12 @@ def zfs_rack(tmp_path: Path) -> Iterator[Config]:
         rackctl.down(config)
         for pid in leftovers(config):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def zfs_rack(tmp_path: Path) -> Iterator[Config]:
+    with zfs_rack_config(tmp_path) as config:
+        yield config
 
 
 @needs_agreed

@@ -70,6 +70,9 @@ RUNTIME_FAULT = {
     "byzantine-host": "wrong-reply",
 }
 POLL_S = 0.1
+# How long a corrupt-snapshot victim on a ZFS rack may take to have a corrupted checkpoint
+# stable: up to two checkpoint intervals of load (TCG guests: ~10 s each).
+CORRUPT_WAIT_S = 120.0
 # Agreement stats counters whose first change after the fault is the detection: the view
 # (primary), or a signed fault statement / mismatch / WAKEUP sent (execution faults).
 # exec_timeouts alone is not: late reports happen under load without any fault.
@@ -495,6 +498,11 @@ class Drill:
             raise DrillError("no service with app = 'kv': drills load and check a kv service")
         if args.cp_phase is not None and (self.http or args.cp_phase < 0):
             raise DrillError("--cp-phase K: K >= 0, and only with kv load (not --http)")
+        if args.cp_phase is not None and self.kind == "corrupt-snapshot" and state.store == "zfs":
+            raise DrillError(
+                "--cp-phase: on a ZFS rack the corrupt-snapshot fault starts once a corrupted"
+                " checkpoint is stable (a checkpoint of its own choosing)"
+            )
         self.notes: list[str] = []
         self.phase = "starting"
         self.details: dict[str, Any] = {}
@@ -587,6 +595,9 @@ class Drill:
             self._kill_exec(self.service, self.replica)
         elif k == "corrupt-snapshot":
             self.victim = self._snapshot_victim()
+            if self.state.store == "zfs":
+                await self._corrupting_runtime(obs)
+                return
             # The runtime first: a runtime starting over a corrupted snapshot of its own
             # refuses to start ("restored state does not match its manifest").
             await self._faulty_runtime(self.service, self.victim, "wrong-reply")
@@ -745,7 +756,7 @@ class Drill:
         self.faulted.append(f"{s.name}/exec-{i}")
         self.details.setdefault("destroyed_domains", []).append(name)
 
-    def _set_fault(self, s: Service, i: int, fault: str | None) -> None:
+    def _set_fault(self, s: Service, i: int, fault: str | None, lie: bool = True) -> None:
         """Switch a running runtime's injected fault through its state directory (a
         guest's share): runtimes of a `zz rack up` rack run with --drill-faults and look
         at the file every 20 ms. In place, so the replica is never down for a restart
@@ -754,6 +765,8 @@ class Drill:
         body: dict[str, object] = {"fault": fault}
         if fault == "slow-report":
             body["slow_report_ms"] = self._slow_report_ms(s)
+        if not lie:
+            body["lie"] = False
         path = s.exec_state_dir(self.config, i) / FAULT_FILE
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(body) + "\n")
@@ -802,6 +815,39 @@ class Drill:
             if j in self.running_now:
                 return j
         raise DrillError(f"{s.name}: no running replica to corrupt")
+
+    async def _corrupting_runtime(self, obs: Observer) -> None:
+        """Byzantine storage on a ZFS rack, where a snapshot cannot be changed from outside:
+        replica B's runtime snapshots one flipped byte per file while certifying the right
+        digest (execution/runtime.py, fault corrupt-snapshot). Its lies are held back until
+        one such checkpoint is stable, so the spare woken by them recovers from a
+        checkpoint whose copy at B is corrupt, and the fault's clock starts at the lies."""
+        s, b = self.service, self.victim
+        self._set_fault(s, b, "corrupt-snapshot", lie=False)
+        self.faulted.append(f"{s.name}/exec-{b} (corrupt-snapshot)")
+        path = s.exec_status_path(self.config, b)
+        t_end = time.monotonic() + CORRUPT_WAIT_S
+        st: dict[str, Any] = {}
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                st = json.loads(path.read_text())
+            lie_from = st.get("corrupt_lie_from")
+            if lie_from is not None and st.get("last_executed", 0) >= lie_from:
+                break
+            if time.monotonic() > t_end:
+                raise DrillError(
+                    f"{s.name}/exec-{b}: no corrupted checkpoint stable within"
+                    f" {CORRUPT_WAIT_S:.0f} s ({path}: stable {st.get('stable_checkpoint')},"
+                    f" last executed {st.get('last_executed')}, inject_fault"
+                    f" {st.get('inject_fault')})"
+                )
+            obs.read_agreed()
+            await obs.read_controlds()
+            await asyncio.sleep(POLL_S)
+        self.details["corrupted_files"] = st.get("counters", {}).get("snapshot_files_corrupted", 0)
+        self.details["corrupted_from_checkpoint"] = st.get("stable_checkpoint")
+        self._set_fault(s, b, "corrupt-snapshot")
+        self.fault_at_ns = time.monotonic_ns()
 
     async def _corrupt_snapshots(self) -> None:
         """Byzantine storage at replica B: every file of every checkpoint snapshot it holds
@@ -1235,13 +1281,19 @@ class Drill:
         self.details["rejected"] = r.details["rejected"] = rejected
         if not self.details.get("corrupted_files"):
             self.reasons.append(f"no snapshot file of {s.name}/exec-{self.victim} was corrupted")
-        elif not any(f"from x{self.victim}" in x for x in rejected):
+        elif not any(f"from {src}:" in x for x in rejected for src in self._victim_sources()):
             self.reasons.append(
                 f"no recovering replica reported a corrupted file from exec-{self.victim}"
                 " (recovery.bad_sources in the execution replicas' status files)"
             )
         else:
             self.notes.append(f"corrupted copies rejected: {len(rejected)}, e.g. {rejected[0]}")
+
+    def _victim_sources(self) -> tuple[str, str]:
+        """The names a recovering runtime gives the victim's copies: the victim itself, or
+        its host's controld (which serves a guest's ZFS snapshots)."""
+        host = self.service.exec_host(self.config, self.victim).name
+        return f"x{self.victim}", f"controld-{host}"
 
     @property
     def out_dir(self) -> Path:
