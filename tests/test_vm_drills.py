@@ -209,7 +209,8 @@ def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
     mounted in its share, its checkpoints are snapshots its controld takes on its signed
     request, and the woken guest fetches its peers' files from their controlds (zfs
     clone; a guest cannot read its own snapshots). The liar's dataset is kept for
-    forensics and its fresh spare gets a new one."""
+    forensics and its fresh spare gets a new one. Then a corrupt-snapshot drill on the
+    same rack."""
     with vm_rack_up("vmzfs", 4, [1], store="zfs") as config:
         svc = config.service("kv0")
         # Right before a checkpoint, past the first (10 s of load): the spare recovers from
@@ -225,6 +226,15 @@ def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
         st = _guest_status(config, "kv0", 2)
         assert st["recovery"].get("checkpoint", 0) >= config.rack.checkpoint_interval, st
         assert not st["recovery"].get("bad_sources"), st["recovery"]
+        # Same rack, the fresh spare 0 asleep: guest 1 snapshots corrupted files (ZFS
+        # snapshots cannot be changed from outside) and lies once such a checkpoint is
+        # stable. Spare 0 recovers from it through the controlds and rejects h-of-1's copies.
+        r = _run(config, "corrupt-snapshot", tmp_path / "corrupt")
+        assert r.details["corrupted_files"] > 0, r.details
+        assert any("convicted kv0/1 " in c for c in r.convicted), r.convicted
+        assert any("woke kv0/0" in w for w in r.woken), r.woken
+        host1 = svc.exec_host(config, 1).name
+        assert any(f"from controld-{host1}:" in x for x in r.details["rejected"]), r.details
 
 
 @pytest.mark.slow

@@ -835,6 +835,7 @@ class Drill:
             if lie_from is not None and st.get("last_executed", 0) >= lie_from:
                 break
             if time.monotonic() > t_end:
+                self._set_fault(s, b, None)  # the rack is left as it was
                 raise DrillError(
                     f"{s.name}/exec-{b}: no corrupted checkpoint stable within"
                     f" {CORRUPT_WAIT_S:.0f} s ({path}: stable {st.get('stable_checkpoint')},"
