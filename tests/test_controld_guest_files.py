@@ -117,3 +117,24 @@ def test_fault_file_sets_how_slow_a_slow_replica_is(tmp_path: Path) -> None:
     path.write_text('{"fault": null}')
     rt._read_fault_file(path)
     assert rt.inject_fault is None and rt.slow_report_s == SLOW_REPORT_SECONDS
+
+
+def test_fault_file_holds_a_corrupt_snapshot_replicas_lies_back(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    rt = Runtime(ctx.config, ctx.config.services[0], 0, state_dir=tmp_path / "st")
+    path = tmp_path / FAULT_FILE
+    path.write_text('{"fault": "corrupt-snapshot", "lie": false}')
+    rt._read_fault_file(path)
+    assert rt.inject_fault == "corrupt-snapshot" and rt.corrupt_lies is False
+    rt._corrupt_lie_from = 40  # a corrupted checkpoint became stable
+    assert not rt._lying(41)
+    for bad in ('"no"', "0", "null"):
+        path.write_text(f'{{"fault": "corrupt-snapshot", "lie": {bad}}}')
+        rt._read_fault_file(path)
+    assert rt.counters["bad_fault_file"] == 3 and rt.corrupt_lies is False
+    path.write_text('{"fault": "corrupt-snapshot"}')
+    rt._read_fault_file(path)
+    assert not rt._lying(39) and rt._lying(40) and rt._lying(41)
+    path.write_text('{"fault": null}')
+    rt._read_fault_file(path)
+    assert not rt._lying(41)
