@@ -136,6 +136,7 @@ typedef struct {
     uint64_t stale; /* votes and proposals below the low watermark: late, not malformed */
     uint64_t exec_commits_sent, exec_reports, exec_checkpoints, exec_stable_advances;
     uint64_t exec_log_overflow; /* batches dropped from a full execution log */
+    uint64_t exec_stable_held;  /* f+1-matched execution checkpoints held back by a fault round */
     uint64_t exec_certificates, exec_mismatches, exec_timeouts;
     /* fault detection in zz-agreed (wakeup.c) */
     uint64_t fault_statements_sent, fault_statements_received, fault_statements_rejected;
@@ -265,6 +266,8 @@ void zz_xlog_free(zz_replica *r);
 /* wakeup.c */
 int zz_wake_init(zz_replica *r, char *err, size_t errcap);
 void zz_wake_free(zz_replica *r);
+uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
+void zz_xlog_release_held(zz_replica *r);          /* a fault round closed (xlog.c) */
 int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */

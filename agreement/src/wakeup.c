@@ -307,9 +307,15 @@ static void cand_clear(zz_replica *r, candidate *c)
     c->n_awake = 0;
 }
 
+uint64_t zz_fault_round_seq(const zz_replica *r)
+{
+    return r->wake && r->wake->open ? r->wake->seq : 0;
+}
+
 static void round_clear(zz_replica *r)
 {
     struct zz_wake *w = r->wake;
+    int was_open = w->open;
     if (w->resend_timer)
         zz_net_cancel(r->net, w->resend_timer);
     w->resend_timer = 0;
@@ -324,6 +330,8 @@ static void round_clear(zz_replica *r)
     w->open = 0;
     w->n_ev = 0;
     w->resolve_failed_logged = 0;
+    if (was_open)
+        zz_xlog_release_held(r);
 }
 
 static void done_clear(zz_replica *r)

@@ -81,6 +81,45 @@ static zz_xckpt *xckpt_get(zz_replica *r, uint64_t seq)
     return victim;
 }
 
+static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    r->exec_stable = seq;
+    memcpy(r->exec_stable_dig, digest, ZZ_DIGEST_LEN);
+    r->st.exec_stable_advances++;
+    xlog_collect(r, seq < r->last_exec ? seq : r->last_exec);
+    for (int j = 0; j < ZZ_XCKPT_RECORDS; j++)
+        if (r->xckpts[j].seq <= seq)
+            memset(&r->xckpts[j], 0, sizeof r->xckpts[j]);
+}
+
+/* A digest f+1 execution replicas signed for k->seq, or NULL. */
+static const uint8_t *certified_digest(const zz_replica *r, const zz_xckpt *k)
+{
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
+        if (!k->voted[i])
+            continue;
+        uint32_t match = 0;
+        for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
+            match += k->voted[j] && memcmp(k->dig[j], k->dig[i], ZZ_DIGEST_LEN) == 0;
+        if (match >= r->conf->f + 1)
+            return k->dig[i];
+    }
+    return NULL;
+}
+
+/* While a fault round at seq S is open, no checkpoint at or above S becomes stable: the
+ * woken replicas must recover below S and replay S to report it (the round resolves on
+ * those reports), and a stable checkpoint at S would both name S as their recovery point
+ * and collect the log they replay (a liar right before a checkpoint was never convicted). */
+static int held(zz_replica *r, uint64_t seq)
+{
+    uint64_t round = zz_fault_round_seq(r);
+    if (round == 0 || seq < round)
+        return 0;
+    r->st.exec_stable_held++;
+    return 1;
+}
+
 /* A signed EXEC-CHECKPOINT from execution replica i (signature already checked). */
 static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
                                const uint8_t digest[ZZ_DIGEST_LEN])
@@ -93,15 +132,30 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
     uint32_t match = 0;
     for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
         match += k->voted[j] && memcmp(k->dig[j], digest, ZZ_DIGEST_LEN) == 0;
-    if (match < r->conf->f + 1)
+    if (match < r->conf->f + 1 || held(r, seq))
         return;
-    r->exec_stable = seq;
-    memcpy(r->exec_stable_dig, digest, ZZ_DIGEST_LEN);
-    r->st.exec_stable_advances++;
-    xlog_collect(r, seq < r->last_exec ? seq : r->last_exec);
-    for (int j = 0; j < ZZ_XCKPT_RECORDS; j++)
-        if (r->xckpts[j].seq <= seq)
-            memset(&r->xckpts[j], 0, sizeof r->xckpts[j]);
+    advance_stable(r, seq, digest);
+}
+
+void zz_xlog_release_held(zz_replica *r)
+{
+    const zz_xckpt *best = NULL;
+    const uint8_t *dig = NULL;
+    for (int j = 0; j < ZZ_XCKPT_RECORDS; j++) {
+        const zz_xckpt *k = &r->xckpts[j];
+        if (k->seq <= r->exec_stable || (best && k->seq <= best->seq))
+            continue;
+        const uint8_t *d = certified_digest(r, k);
+        if (d) {
+            best = k;
+            dig = d;
+        }
+    }
+    if (best && !held(r, best->seq)) {
+        uint8_t copy[ZZ_DIGEST_LEN];
+        memcpy(copy, dig, ZZ_DIGEST_LEN); /* advance_stable clears the record */
+        advance_stable(r, best->seq, copy);
+    }
 }
 
 void zz_on_exec_message(zz_replica *r, const zz_msg *m)
