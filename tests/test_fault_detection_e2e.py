@@ -50,6 +50,9 @@ class FakeControld:
     votes: int = 0
     shutdowns: list[certs.Shutdown] = field(default_factory=list)
     woken_at: dict[int, float] = field(default_factory=dict)
+    # Seconds between a verified WAKEUP and the SIGCONT: a guest's resume and reconnect
+    # take that long while the cluster goes on.
+    wake_delay: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: socketserver.ThreadingTCPServer | None = None
 
@@ -76,8 +79,15 @@ class FakeControld:
                     self.wakeups.append(w)
                     for i in w.wake:
                         if i not in self.woken_at and i in self.execs.procs:
-                            self.woken_at[i] = time.monotonic()
-                            signal_group(self.execs.procs[i].pid, signal.SIGCONT)
+                            self.woken_at[i] = time.monotonic() + self.wake_delay
+                            pid = self.execs.procs[i].pid
+                            if self.wake_delay > 0:
+                                t = threading.Timer(self.wake_delay, signal_group,
+                                                    (pid, signal.SIGCONT))  # fmt: skip
+                                t.daemon = True
+                                t.start()
+                            else:
+                                signal_group(pid, signal.SIGCONT)
                 elif isinstance(kind, wire.Shutdown):
                     self.votes += 1
                     cert = self.collector.add(raw)

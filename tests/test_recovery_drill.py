@@ -41,8 +41,11 @@ def _settled(rig: FaultRig, i: int) -> int:
     raise TimeoutError(f"replica {i} does not settle\n{rig.diag()}")
 
 
-async def _workload(rig: FaultRig, rec: HistoryRecorder, seconds: float, first: int) -> int:
-    """3 clients doing get/put/cas on a few keys for `seconds`; returns acknowledged ops."""
+async def _workload(
+    rig: FaultRig, rec: HistoryRecorder, seconds: float, first: int, reads_only: bool = False
+) -> int:
+    """3 clients doing get/put/cas (or only gets) on a few keys for `seconds`; returns
+    acknowledged ops."""
     loop = asyncio.get_running_loop()
     stop = loop.time() + seconds
     done = 0
@@ -59,7 +62,7 @@ async def _workload(rig: FaultRig, rec: HistoryRecorder, seconds: float, first: 
                 key = rng.choice(KEYS)
                 value = b"w%d-%d-%d" % (first, w, n)
                 try:
-                    r = rng.random()
+                    r = 0.0 if reads_only else rng.random()
                     if r < 0.45:
                         await kc.get(key)
                     elif r < 0.9:
@@ -86,9 +89,20 @@ async def _sequential_puts(rig: FaultRig, rec: HistoryRecorder, k: int, client_i
         await client.close()
 
 
-def _drill(rig: FaultRig, faulty: int, spare: int, fault: str, phase: int) -> dict[str, Any]:
+def _drill(
+    rig: FaultRig,
+    faulty: int,
+    spare: int,
+    fault: str,
+    phase: int,
+    reads_first: float = 0.0,
+    in_place: bool = False,
+) -> dict[str, Any]:
     """Load, then bring the service to seq = m*CP + phase with nothing in flight, inject
-    the fault, and load again through detection, wake-up and recovery."""
+    the fault, and load again through detection, wake-up and recovery (the first
+    `reads_first` seconds of it only reads). `in_place`: the faulty replica (run with
+    --drill-faults) turns Byzantine through its fault file, as in a drill, not by a
+    restart."""
     zh.lincheck_binary()
     rec = HistoryRecorder()
     before = asyncio.run(_workload(rig, rec, 3.0, first=0))
@@ -103,6 +117,11 @@ def _drill(rig: FaultRig, faulty: int, spare: int, fault: str, phase: int) -> di
     if fault == "crash":
         signal_group(execs.procs[faulty].pid, signal.SIGKILL)
         execs.procs[faulty].wait(timeout=10)
+    elif in_place:
+        (rig.cluster.run_dir / f"exec-{faulty}" / "zz-fault.json").write_text(
+            '{"fault": "wrong-reply"}'
+        )
+        rig.wait(lambda: execs.status(faulty).get("inject_fault") == fault, "the fault")
     else:
         # A replica that turns Byzantine now: restarted with wrong replies, it restores
         # its own checkpoint and catches up first, then lies about every new request.
@@ -111,7 +130,10 @@ def _drill(rig: FaultRig, faulty: int, spare: int, fault: str, phase: int) -> di
         execs.start(faulty)
         rig.wait_linked(faulty)
     t0 = time.monotonic()
-    after = asyncio.run(_workload(rig, rec, 5.0, first=20))
+    after = 0
+    if reads_first:
+        after += asyncio.run(_workload(rig, rec, reads_first, first=30, reads_only=True))
+    after += asyncio.run(_workload(rig, rec, 5.0, first=20))
     c = rig.controld
     rig.wait(lambda: bool(c.shutdowns), "a SHUTDOWN certificate", timeout=60)
     # Once resolved, the service runs on the survivors and the recovered spare.
@@ -147,6 +169,11 @@ def f1_rig(tmp_path: Path) -> Iterator[FaultRig]:
 
 
 @pytest.fixture
+def drill_faults_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {1: ["--drill-faults"]}, TIMERS, cp=CP)
+
+
+@pytest.fixture
 def f2_rig(tmp_path: Path) -> Iterator[FaultRig]:
     yield from _start(tmp_path, {}, TIMERS, cp=CP, f=2)
 
@@ -161,6 +188,25 @@ def test_crash_right_after_a_checkpoint(f1_rig: FaultRig) -> None:
 @needs_go
 def test_wrong_reply_right_before_the_next_checkpoint(f1_rig: FaultRig) -> None:
     print(_drill(f1_rig, faulty=1, spare=2, fault="wrong-reply", phase=CP - 2))
+
+
+@pytest.mark.slow
+@needs_go
+def test_wrong_reply_at_a_checkpoint_with_a_slow_wake(drill_faults_rig: FaultRig) -> None:
+    """The first wrong reply is at a checkpoint seq S, the spare wakes 2 s late (a
+    guest's resume), and the load is only reads until then: a wrong read reply is not
+    kept in the reply cache, so the liar and the correct replica sign S and later
+    checkpoints alike. Were those stable, the spare would recover at or above S, never
+    report S, and the round could not convict (seen in CI); zz-agreed holds them back
+    while the round is open (exec_stable_held), so the spare replays S and the liar is
+    convicted."""
+    rig = drill_faults_rig
+    rig.controld.wake_delay = 2.0
+    out = _drill(rig, 1, 2, "wrong-reply", phase=CP - 1, reads_first=3.0, in_place=True)
+    print(out)
+    assert out["recovered_checkpoint"] <= out["fault_at_seq"], out
+    keys = ("exec_stable", "exec_stable_held", "exec_mismatches", "wakeups_sent", "last_exec")
+    assert rig.total("exec_stable_held") > 0, [{k: a.get(k) for k in keys} for a in rig.agreement()]
 
 
 @pytest.mark.slow

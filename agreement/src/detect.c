@@ -163,6 +163,8 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
         record_affirmations(r, k->refs[best_i], k->nrefs[best_i]);
         rec_free_refs(k);
         zz_wake_on_certified(r, k);
+        if (k->flagged)
+            zz_xlog_release_held(r); /* a checkpoint at this seq may wait for it */
     }
 }
 

@@ -267,7 +267,7 @@ void zz_xlog_free(zz_replica *r);
 int zz_wake_init(zz_replica *r, char *err, size_t errcap);
 void zz_wake_free(zz_replica *r);
 uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
-void zz_xlog_release_held(zz_replica *r);          /* a fault round closed (xlog.c) */
+void zz_xlog_release_held(zz_replica *r);          /* a suspected fault settled (xlog.c) */
 int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */

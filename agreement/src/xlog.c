@@ -107,17 +107,21 @@ static const uint8_t *certified_digest(const zz_replica *r, const zz_xckpt *k)
     return NULL;
 }
 
-/* While a fault round at seq S is open, no checkpoint at or above S becomes stable: the
- * woken replicas must recover below S and replay S to report it (the round resolves on
- * those reports), and a stable checkpoint at S would both name S as their recovery point
- * and collect the log they replay (a liar right before a checkpoint was never convicted). */
-static int held(zz_replica *r, uint64_t seq)
+/* No checkpoint at or above a suspected fault's seq S becomes stable until S is settled:
+ * the woken replicas must recover below S and replay S to report it (the round resolves
+ * on those reports), and a stable checkpoint at S would both name S as their recovery
+ * point and collect the log they replay. A liar whose first wrong reply was a read at a
+ * checkpoint seq signs the same checkpoint as the correct replicas (a read's result is
+ * not in the reply cache), so without this it was never convicted (seen in CI). Held:
+ * while a fault round at S <= seq is open, and while seq's own reports disagree or are
+ * late (flagged) without a certificate: that comes before the round is open. */
+static int must_hold(zz_replica *r, uint64_t seq)
 {
     uint64_t round = zz_fault_round_seq(r);
-    if (round == 0 || seq < round)
-        return 0;
-    r->st.exec_stable_held++;
-    return 1;
+    if (round != 0 && seq >= round)
+        return 1;
+    const zz_report_rec *k = zz_detect_record(r, seq);
+    return k && k->flagged && !k->certified;
 }
 
 /* A signed EXEC-CHECKPOINT from execution replica i (signature already checked). */
@@ -132,8 +136,12 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
     uint32_t match = 0;
     for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
         match += k->voted[j] && memcmp(k->dig[j], digest, ZZ_DIGEST_LEN) == 0;
-    if (match < r->conf->f + 1 || held(r, seq))
+    if (match < r->conf->f + 1)
         return;
+    if (must_hold(r, seq)) {
+        r->st.exec_stable_held++;
+        return;
+    }
     advance_stable(r, seq, digest);
 }
 
@@ -151,7 +159,7 @@ void zz_xlog_release_held(zz_replica *r)
             dig = d;
         }
     }
-    if (best && !held(r, best->seq)) {
+    if (best && !must_hold(r, best->seq)) {
         uint8_t copy[ZZ_DIGEST_LEN];
         memcpy(copy, dig, ZZ_DIGEST_LEN); /* advance_stable clears the record */
         advance_stable(r, best->seq, copy);
