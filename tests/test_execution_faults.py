@@ -33,11 +33,13 @@ def start_rig(
     replicas: list[int],
     args: dict[int, list[str]],
     overrides: dict[str, Any] | None = None,
+    one_by_one: bool = False,
 ) -> Iterator[Rig]:
     """zz-agreed (g = f = 1, kv app) + the given execution replica processes, all of them
     active (agreement replicas push batches only to active ones); everything is torn down
     also on failure, and every replica must exit 0 on SIGTERM. `overrides`: replica-file
-    keys for every zz-agreed (e.g. detection timers)."""
+    keys for every zz-agreed (e.g. detection timers). `one_by_one`: each replica is linked
+    before the next starts (zfs-fuse once died under two concurrent dataset creates)."""
     for attempt in range(20):
         cluster = _kv_cluster(
             tmp_path / f"try{attempt}", CP, active=max(2, len(replicas)), overrides=overrides
@@ -51,6 +53,8 @@ def start_rig(
         cluster.start()
         for i in replicas:
             execs.start(i)
+            if one_by_one:
+                rig.wait_linked(i)
         for i in replicas:
             rig.wait_linked(i)
         yield rig

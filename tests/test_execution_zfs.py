@@ -30,7 +30,7 @@ zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found her
 def zfs_rig(pool: str, tmp_path: Path) -> Iterator[Rig]:
     # Depends on `pool`, so the replicas are stopped before their datasets go away.
     args = ["--store", "zfs", "--zfs-pool", pool]
-    yield from start_rig(tmp_path / "rig", [0, 1], {0: args, 1: args})
+    yield from start_rig(tmp_path / "rig", [0, 1], {0: args, 1: args}, one_by_one=True)
 
 
 def _snapshots(pool: str) -> dict[str, list[int]]:
