@@ -186,7 +186,8 @@ class Runtime:
         # Drills only: <state dir>/zz-fault.json switches inject_fault while running.
         self.drill_faults = drill_faults
         self.slow_report_s = SLOW_REPORT_SECONDS
-        self._corrupted: set[int] = set()  # checkpoints snapshotted corrupted (the fault)
+        # Checkpoints above the stable one that were snapshotted corrupted (the fault).
+        self._corrupted: set[int] = set()
         self._corrupt_lie_from: int | None = None
         # A drill holds the lies back (fault file "lie": false) until it has seen a
         # corrupted checkpoint stable, so that it knows when the lies start.
@@ -831,10 +832,9 @@ class Runtime:
     def _lying(self, seq: int) -> bool:
         if self.inject_fault == "wrong-reply":
             return True
-        lie_from = self._corrupt_lie_from
         if self.inject_fault != "corrupt-snapshot" or not self.corrupt_lies:
             return False
-        return lie_from is not None and seq >= lie_from
+        return self._corrupt_lie_from is not None and seq >= self._corrupt_lie_from
 
     def _after_checkpoint(self, seq: int, c: bytes) -> None:
         self.last_checkpoint = seq
@@ -914,6 +914,7 @@ class Runtime:
         log.info("checkpoint %d stable (%s)", seq, mine.hex()[:16])
         if seq in self._corrupted and self._corrupt_lie_from is None:
             self._corrupt_lie_from = seq + max(1, int(self.cp * CORRUPT_LIE_AFTER))
+        self._corrupted = {s for s in self._corrupted if s > seq}
         for s in [s for s in self.ckpt_votes if s <= seq]:
             del self.ckpt_votes[s]
         for s in [s for s in self.my_checkpoints if s < seq]:

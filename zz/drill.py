@@ -172,6 +172,12 @@ class Observer:
                         if k in ("view", "in_view_change") or _is_fault_counter(k):
                             self.events.append(Event(self.now(), name, f"{k} {old.get(k)} -> {v}"))
 
+    async def poll(self) -> None:
+        """One observation of every agreement replica and controld, then POLL_S of rest."""
+        self.read_agreed()
+        await self.read_controlds()
+        await asyncio.sleep(POLL_S)
+
     async def read_controlds(self) -> None:
         async def one(h: Any) -> None:
             try:
@@ -842,9 +848,7 @@ class Drill:
                     f" last executed {st.get('last_executed')}, inject_fault"
                     f" {st.get('inject_fault')})"
                 )
-            obs.read_agreed()
-            await obs.read_controlds()
-            await asyncio.sleep(POLL_S)
+            await obs.poll()
         self.details["corrupted_files"] = st.get("counters", {}).get("snapshot_files_corrupted", 0)
         self.details["corrupted_from_checkpoint"] = st.get("stable_checkpoint")
         self._set_fault(s, b, "corrupt-snapshot")
@@ -948,9 +952,7 @@ class Drill:
         try:
             t_end = time.monotonic() + a.before
             while time.monotonic() < t_end:
-                obs.read_agreed()
-                await obs.read_controlds()
-                await asyncio.sleep(POLL_S)
+                await obs.poll()
             if a.cp_phase is not None:
                 self.phase = "bringing the service to the checkpoint phase"
                 await self._align_cp_phase(load)
@@ -967,9 +969,7 @@ class Drill:
                           f" watching {a.after:.0f} s")  # fmt: skip
             t_end = time.monotonic() + a.after
             while time.monotonic() < t_end:
-                obs.read_agreed()
-                await obs.read_controlds()
-                await asyncio.sleep(POLL_S)
+                await obs.poll()
             # A convicted replica's successor boots as a fresh spare: a VM takes tens of
             # seconds under TCG. Keep watching (load running) until it is there.
             t_end = time.monotonic() + a.settle
@@ -977,9 +977,7 @@ class Drill:
                 if self.phase != "waiting for the fresh spare":
                     self.phase = "waiting for the fresh spare"
                     self.progress(f"waiting up to {a.settle:.0f} s for the fresh spare")
-                obs.read_agreed()
-                await obs.read_controlds()
-                await asyncio.sleep(POLL_S)
+                await obs.poll()
             await obs.read_controlds()
         finally:
             load.stop.set()

@@ -92,18 +92,21 @@ static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_
             memset(&r->xckpts[j], 0, sizeof r->xckpts[j]);
 }
 
+/* How many execution replicas signed `digest` for k->seq. */
+static uint32_t votes_for(const zz_xckpt *k, const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    uint32_t match = 0;
+    for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
+        match += k->voted[j] && memcmp(k->dig[j], digest, ZZ_DIGEST_LEN) == 0;
+    return match;
+}
+
 /* A digest f+1 execution replicas signed for k->seq, or NULL. */
 static const uint8_t *certified_digest(const zz_replica *r, const zz_xckpt *k)
 {
-    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
-        if (!k->voted[i])
-            continue;
-        uint32_t match = 0;
-        for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
-            match += k->voted[j] && memcmp(k->dig[j], k->dig[i], ZZ_DIGEST_LEN) == 0;
-        if (match >= r->conf->f + 1)
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        if (k->voted[i] && votes_for(k, k->dig[i]) >= r->conf->f + 1)
             return k->dig[i];
-    }
     return NULL;
 }
 
@@ -133,10 +136,7 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
     zz_xckpt *k = xckpt_get(r, seq);
     k->voted[i] = 1;
     memcpy(k->dig[i], digest, ZZ_DIGEST_LEN);
-    uint32_t match = 0;
-    for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
-        match += k->voted[j] && memcmp(k->dig[j], digest, ZZ_DIGEST_LEN) == 0;
-    if (match < r->conf->f + 1)
+    if (votes_for(k, digest) < r->conf->f + 1)
         return;
     if (must_hold(r, seq)) {
         r->st.exec_stable_held++;
