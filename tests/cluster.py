@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from zz.ports import free_base, is_free
+from zz.ports import free_base, is_free, service_ports
 from zz.procrack import leftover_pids, signal_group, spawn, terminate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,8 +76,12 @@ class Cluster:
             raise FileNotFoundError(f"{self.binary} not built: make -C agreement all asan")
         self.nclients = clients
         self.base_port = free_port_range(self.n)
-        # Where zz-agreed sends WAKEUP/SHUTDOWN; a test may listen there as controld.
+        # Where zz-agreed sends WAKEUP/SHUTDOWN; a test may listen there as controld. Not
+        # one of the service's own ports (the rack file would be refused, naming both).
+        taken = set(service_ports(self.base_port, self.n, 3 * f + 1))
         self.control_port = free_port_range(1)
+        while self.control_port in taken:
+            self.control_port = free_port_range(1)
         active_line = f"active = {active}\n" if active is not None else ""
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.all_pids: list[int] = []

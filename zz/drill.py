@@ -103,7 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--settle",
         type=float,
         default=180.0,
-        help="after --after, up to this long until a convicted replica's fresh spare is up (s)",
+        help="after --after, up to this long until the fault round is decided and a convicted"
+        " replica's fresh spare is up (s)",
     )
     p.add_argument(
         "--cp-phase",
@@ -466,6 +467,18 @@ def _awaiting_spares(obs: Observer) -> set[str]:
         for c in convicted
         if c not in restored or (c.split("/", 1)[0] in watched and c not in sleeping)
     }
+
+
+def _open_rounds(obs: Observer) -> set[str]:
+    """Services with a fault round still undecided at g+1 of their agreement replicas (so
+    at a correct one: a stopped replica's last stats may say anything). A woken replica
+    that cannot report the round's seq leaves it to the WAKE_RESOLVE timeout (5 s plus
+    the detection ceiling) to decide without it."""
+    open_at: Counter[str] = Counter()
+    for name, d in obs.agreed.items():
+        if d.get("fault_round_open"):
+            open_at[name.split("/agreed-", 1)[0]] += 1
+    return {s.name for s in obs.services if open_at[s.name] >= s.g + 1}
 
 
 # ---- the drill ----------------------------------------------------------------------------
@@ -970,13 +983,20 @@ class Drill:
             t_end = time.monotonic() + a.after
             while time.monotonic() < t_end:
                 await obs.poll()
-            # A convicted replica's successor boots as a fresh spare: a VM takes tens of
-            # seconds under TCG. Keep watching (load running) until it is there.
+            # A fault round still open is decided at the latest by its timeout, and a
+            # convicted replica's successor boots as a fresh spare: a VM takes tens of
+            # seconds under TCG. Keep watching (load running) until both are done.
             t_end = time.monotonic() + a.settle
-            while _awaiting_spares(obs) and time.monotonic() < t_end:
-                if self.phase != "waiting for the fresh spare":
-                    self.phase = "waiting for the fresh spare"
-                    self.progress(f"waiting up to {a.settle:.0f} s for the fresh spare")
+            while time.monotonic() < t_end:
+                if rounds := _open_rounds(obs):
+                    phase = f"waiting for the fault round of {', '.join(sorted(rounds))}"
+                elif _awaiting_spares(obs):
+                    phase = "waiting for the fresh spare"
+                else:
+                    break
+                if self.phase != phase:
+                    self.phase = phase
+                    self.progress(f"{phase} (up to {a.settle:.0f} s)")
                 await obs.poll()
             await obs.read_controlds()
         finally:

@@ -270,7 +270,7 @@ int zz_verify_ckpt_proof(zz_replica *r, const zz_blist *proof, uint64_t seq,
  * (docs/wire.md), capped so one reply stays far below ZZ_MAX_MSG; the requester asks again
  * from where it ends. certified_through vouches that the listed batches up to it hold
  * execution certificates here, so a replaying replica may skip their read-only requests
- * (ZZ §4.7.2); 0 vouches for none. */
+ * (ZZ §4.7.2) and does not report them; 0 vouches for none. */
 static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
 {
     static const uint8_t null_digest[ZZ_DIGEST_LEN];
@@ -282,14 +282,18 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
     uint64_t certified = 0;
     int gap = 0;
     if (r->xlog) {
+        const uint64_t round = zz_fault_round_seq(r);
         /* External execution: the execution log, from the last stable execution checkpoint. */
         for (uint64_t seq = (from > r->xlog_low ? from : r->xlog_low) + 1; seq <= r->last_exec;
              seq++) {
             const zz_xlog_entry *e = zz_xlog_get(r, seq);
             if (!e || b->len > cap)
                 break;
+            /* Not vouched: a seq that was suspected (flagged) or an open fault round's.
+             * The woken replicas must run it in full and report it, or the round waits for
+             * their reports until its timeout (a read skipped changes the reply digest). */
             const zz_report_rec *k = zz_detect_record(r, seq);
-            gap |= !k || !k->certified;
+            gap |= !k || !k->certified || k->flagged || (round && seq >= round);
             if (!gap)
                 certified = seq;
             zz_put_u64(b, seq);
