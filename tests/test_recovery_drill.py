@@ -214,3 +214,27 @@ def test_wrong_reply_at_a_checkpoint_with_a_slow_wake(drill_faults_rig: FaultRig
 def test_f2_crash_wakes_one_of_two_spares(f2_rig: FaultRig) -> None:
     out = _drill(f2_rig, faulty=2, spare=3, fault="crash", phase=1)
     print(out)
+
+
+@pytest.fixture
+def f2_slow_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    timers = {"detect_k": 4, "detect_floor_ms": 2000, "detect_ceiling_ms": 3000}
+    yield from _start(tmp_path, {0: ["--drill-faults"], 1: ["--drill-faults"]}, timers, cp=CP, f=2)
+
+
+@pytest.mark.slow
+@needs_go
+def test_f2_liar_and_a_slower_correct_replica(f2_slow_rig: FaultRig) -> None:
+    """f = 2: replica 0 lies, replica 1 is correct but reports 0.15 s after replica 2 (well
+    within the 2 s floor). Only the liar is convicted: the agreement replicas sign their
+    fault statements once every awake replica reported, so the rows show replica 1 on
+    time. (Signed as soon as 0 and 2 disagreed, they showed it as "-", which counts like
+    silence, and it was convicted with the liar: an f = 2 VM drill in CI.)"""
+    rig = f2_slow_rig
+    (rig.cluster.run_dir / "exec-1" / "zz-fault.json").write_text(
+        '{"fault": "slow-report", "slow_report_ms": 150}'
+    )
+    rig.wait(lambda: rig.execs.status(1).get("inject_fault") == "slow-report", "slow 1")
+    out = _drill(rig, faulty=0, spare=3, fault="wrong-reply", phase=3, in_place=True)
+    print(out)
+    assert rig.controld.shutdowns[0].convict == (0,), rig.controld.shutdowns
