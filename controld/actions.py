@@ -34,6 +34,7 @@ from typing import Any
 
 from zz.snapshots import StorageError
 
+from zz.atomicfile import write_atomic
 from zz.config import EXEC_PORT_OFFSET, GUEST_STATUS, Config, Host, Service
 from zz.keys import public_path, secret_path
 from zz.wire import exec_principal
@@ -442,9 +443,7 @@ def wake_notice(ctx: HostContext, service: Service, index: int, seq: int, awake:
         "awake": awake,
         "woken_at": time.time(),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(body) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(body) + "\n")
     return path
 
 

@@ -32,7 +32,6 @@ terminates every process of this backend, saved ones included.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zz.atomicfile import write_atomic
 from zz.procrack import reap, repo_env, signal_group, spawn
 
 from .hypervisor import (
@@ -169,10 +169,8 @@ class ProcessHypervisor:
             "command": list(r.spec.command or ()),
             "note": "a process cannot be saved to disk: it is kept stopped in memory",
         }
-        tmp = Path(path).with_name(Path(path).name + ".tmp")
         try:
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(record, indent=1) + "\n")
         except OSError as e:
             raise HypervisorError(name, "save", f"{path}: {e}") from e
         self._saved[str(Path(path).resolve())] = self._live.pop(name)

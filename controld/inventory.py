@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from zz.atomicfile import write_atomic
 
 from .hypervisor import PAUSED as HV_PAUSED
 from .hypervisor import RUNNING as HV_RUNNING
@@ -148,18 +149,7 @@ class Inventory:
         """Write the whole inventory to a temporary file, fsync, rename over the old one,
         fsync the directory: a reader sees the old or the new file, never a torn one."""
         data = {"format": FORMAT, "replicas": [asdict(r) for r in self._replicas.values()]}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(self.path, json.dumps(data, indent=1) + "\n", durable=True)
 
     # ---- queries --------------------------------------------------------------------------
     def get(self, service: str, index: int) -> Replica:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from zz.atomicfile import write_atomic
 
 FORMAT = "zz-controld-ledger/2"
 WINDOW = 256
@@ -52,13 +53,7 @@ class Ledger:
                 for k, w in sorted(self.operators.items())
             },
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(data, fh)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(data) + "\n", durable=True)
 
     def accept_request(self, operator: int, request_id: int) -> bool:
         """Record `request_id` as used; False (nothing recorded) if it is not fresh."""

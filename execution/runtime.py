@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zz.atomicfile import write_atomic
+
 from .. import keys, wire
 from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
@@ -107,12 +109,6 @@ def _flip_byte(path: Path, offset: int) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 class _Link(Link):
@@ -803,7 +799,7 @@ class Runtime:
             self.fetcher = None
             self.recovery["complete_at_checkpoint"] = seq
             log.info("recovery complete: checkpoint %d holds the whole state", seq)
-        _write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
+        write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
         if self.inject_fault == "corrupt-snapshot":
             self._snapshot_corrupted(name, manifest)
             self._corrupted.add(seq)
@@ -1182,7 +1178,7 @@ class Runtime:
             self.app.load_memory(memory.read_bytes())
         self.builder = ManifestBuilder(live, manifest)
         lap("open")
-        _write_atomic(self.manifest_dir / f"{checkpoint_name(seq)}.manifest", manifest.encode())
+        write_atomic(self.manifest_dir / f"{checkpoint_name(seq)}.manifest", manifest.encode())
         lap("record")
         self.collector.executed(seq)
         self.last_checkpoint = seq
@@ -1256,7 +1252,7 @@ class Runtime:
         }
 
     def _write_status(self) -> None:
-        _write_atomic(self.status_path, json.dumps(self.status(), indent=1).encode() + b"\n")
+        write_atomic(self.status_path, json.dumps(self.status(), indent=1).encode() + b"\n")
 
     async def _status_loop(self) -> None:
         while True:

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from zz.atomicfile import write_atomic
+
 from .store import CheckpointStore, StorageError, check_snapshot_name
 
 _ORDER = "ORDER"
@@ -103,6 +105,4 @@ class DirStore(CheckpointStore):
             raise StorageError(f"cannot remove store {self._root}: {e}") from e
 
     def _write_order(self, names: list[str]) -> None:
-        tmp = self._root / f".{_ORDER}.tmp"
-        tmp.write_text("".join(f"{n}\n" for n in names))
-        os.replace(tmp, self._root / _ORDER)
+        write_atomic(self._root / _ORDER, "".join(f"{n}\n" for n in names))

@@ -29,11 +29,12 @@ controld, which reads them through ``zfs clone`` (controld/snapshots.py), so
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+
+from zz.atomicfile import write_atomic
 
 from ..crypto import SigningKey
 from .store import CheckpointStore, StorageError, check_snapshot_name
@@ -52,9 +53,7 @@ def request_bytes(service: int, index: int, n: int, op: str, name: str) -> bytes
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, sort_keys=True))
 
 
 class HostZfsStore(CheckpointStore):

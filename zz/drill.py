@@ -39,6 +39,7 @@ from typing import Any
 from . import history as zh
 from . import report as rp
 from . import wire
+from .atomicfile import write_atomic
 from .client import Client, ClientParams, ClientTimeout
 from .config import Config, Service, load
 from .controld.actions import domain_name
@@ -787,9 +788,7 @@ class Drill:
         if not lie:
             body["lie"] = False
         path = s.exec_state_dir(self.config, i) / FAULT_FILE
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(body) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(body) + "\n")
 
     def _slow_report_ms(self, s: Service) -> int:
         """Slow means later than the agreement replicas wait: one second beyond the

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import keys, placement, render
+from .atomicfile import write_atomic
 from .config import Config, Host, Service, is_loopback
 from .procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
 
@@ -170,9 +171,7 @@ def load_state(config: Config) -> RackState | None:
 def _save_state(config: Config, state: RackState) -> None:
     path = state_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state.to_json(), indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(state.to_json(), indent=1) + "\n")
 
 
 # ---- up -----------------------------------------------------------------------------------

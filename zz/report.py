@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomicfile import write_atomic
+
 BUCKET_S = 0.1
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Marks drawn on the timeline, in this order, with these colours.
@@ -167,9 +169,7 @@ def write(report: DrillReport, directory: Path) -> tuple[Path, Path]:
     """report.json and timeline.png in `directory` (created)."""
     directory.mkdir(parents=True, exist_ok=True)
     js = directory / "report.json"
-    tmp = js.with_name(js.name + ".tmp")
-    tmp.write_text(json.dumps(report.to_json(), indent=1) + "\n")
-    os.replace(tmp, js)
+    write_atomic(js, json.dumps(report.to_json(), indent=1) + "\n")
     png = plot_timeline(report, directory / "timeline.png")
     return js, png
 

@@ -1,0 +1,35 @@
+"""zz/atomicfile.py - replace a file in one step.
+
+Status files, fault files, inventories and ledgers are read by other processes (and other
+hosts' guests, through a share) while they are rewritten: a reader must see the old
+content or the new, never a torn file. The new content goes to a hidden temporary file
+beside the target, which then replaces it (rename(2) is atomic within a file system)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_atomic(path: Path | str, data: bytes | str, *, durable: bool = False) -> None:
+    """Write `data` to `path` atomically. `durable`: also survive a host crash (the file
+    and then its directory are fsynced), for records a daemon restarts from. On an error
+    the temporary file is removed and the old `path` is left as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
