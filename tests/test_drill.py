@@ -92,6 +92,22 @@ def test_drill_refuses_a_rack_that_is_not_up(tmp_path: Path) -> None:
         drill.Drill(config, _args("primary", config, tmp_path), print)
 
 
+def test_open_rounds_need_g_plus_1_agreement_replicas(tmp_path: Path) -> None:
+    """The drill keeps watching while a fault round is open at g+1 agreement replicas of a
+    service (a correct one among them); one replica's stats (it may be the killed one of a
+    byzantine-host drill, its file frozen) are not enough."""
+    config = load(write_rack(tmp_path, services=2))
+    kv0, kv1 = config.services[0], config.services[1]
+    obs = drill.Observer(config, [kv0, kv1])
+    assert drill._open_rounds(obs) == set()
+    obs.agreed = {f"{kv0.name}/agreed-{r}": {"fault_round_open": 0} for r in range(kv0.n)}
+    obs.agreed[f"{kv0.name}/agreed-3"] = {"fault_round_open": 1}
+    obs.agreed[f"{kv1.name}/agreed-0"] = {"fault_round_open": 1}
+    assert drill._open_rounds(obs) == set()
+    obs.agreed[f"{kv0.name}/agreed-1"] = {"fault_round_open": 1}
+    assert drill._open_rounds(obs) == {kv0.name}
+
+
 # ---- end to end ---------------------------------------------------------------------------
 def _args(kind: str, config: Config, out: Path, **kw: object) -> argparse.Namespace:
     ns = argparse.ArgumentParser()

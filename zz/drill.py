@@ -997,6 +997,11 @@ class Drill:
                     self.phase = phase
                     self.progress(f"{phase} (up to {a.settle:.0f} s)")
                 await obs.poll()
+            if rounds := _open_rounds(obs):
+                self.notes.append(
+                    f"fault round still open at the end (--settle {a.settle:.0f} s):"
+                    f" {', '.join(sorted(rounds))}"
+                )
             await obs.read_controlds()
         finally:
             load.stop.set()
