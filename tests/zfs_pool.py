@@ -61,7 +61,10 @@ def sweep_dead_runs_pools() -> list[str]:
 
 @pytest.fixture
 def pool(zfs_daemon: None, tmp_path: Path) -> Iterator[str]:
-    """A fresh pool (its name) on tmp_path/vdev.img; gone, file included, afterwards."""
+    """A fresh pool (its name) on tmp_path/vdev.img; gone, file included, afterwards.
+    zfs-fuse is started again if it died since the module began (it did once in CI, under
+    two concurrent dataset creates): one crash then costs one test, not the module."""
+    ensure_zfs_daemon()
     name = f"zztest{os.getpid()}x{uuid.uuid4().hex[:6]}"
     vdev = tmp_path / "vdev.img"
     create_file_pool(name, vdev, POOL_SIZE)
