@@ -257,32 +257,40 @@ class StateFetcher:
         return n
 
     def forget(self, rel: str) -> None:
-        """The app replaced or deleted `rel` before it was fetched: never fetch it."""
-        with self._lock:
-            if rel in self._pending:
-                self._drop_pending(rel)
-                self.counters["skipped_overwritten"] += 1
+        """The app replaced or deleted `rel` before it was fetched: never fetch it. A
+        fetch of it under way (the background's) is let finish first, or its install
+        would land on top of what the app writes next."""
+        while True:
+            with self._lock:
+                ev = self._inflight.get(rel)
+                if ev is None:
+                    if rel in self._pending:
+                        self._drop_pending(rel)
+                        self.counters["skipped_overwritten"] += 1
+                    return
+            ev.wait()
 
     def _ensure(self, rel: str, *, foreground: bool) -> bool:
+        # A file stays pending until it is installed: the app's exists() and listdir()
+        # see it all along (a GET that touched a file the background was fetching took
+        # it for missing and answered wrongly: an execution-fault VM drill in CI).
+        waited = False
         while True:
             with self._lock:
                 ev = self._inflight.get(rel)
                 if ev is None:
                     if rel not in self._pending:
-                        return False
-                    self._drop_pending(rel)
+                        return waited
                     ev = self._inflight[rel] = threading.Event()
                     break
-            ev.wait()
-            return True
+            ev.wait()  # installed, or failed and still pending: then we try ourselves
+            waited = True
         try:
             # The app is blocked on this file and cannot run without it: keep trying.
             self._fetch_one(rel, patience=self.patience if foreground else 0.0)
             self.counters["fetched_foreground" if foreground else "fetched_background"] += 1
-        except BaseException:
             with self._lock:
-                self._add_pending(rel)  # still owed; a later touch retries
-            raise
+                self._drop_pending(rel)
         finally:
             with self._lock:
                 del self._inflight[rel]

@@ -180,6 +180,87 @@ def test_lazy_statedir_delete_and_rename(tmp_path, certified):
     assert st.read_bytes("top") == b"top file!"
 
 
+class GatedSource(DirSource):
+    """Blocks every fetch until `gate` is set; `fail_first` fails the first one."""
+
+    def __init__(self, *a, fail_first: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.fail_first = fail_first
+
+    def fetch(self, seq, path, size):
+        self.started.set()
+        assert self.gate.wait(10)
+        if self.fail_first:
+            self.fail_first = False
+            raise SourceError("busy")
+        return super().fetch(seq, path, size)
+
+
+def test_a_file_being_fetched_still_exists_for_the_app(tmp_path, certified):
+    """While the background fetches a file it is neither on disk nor (before the fix)
+    pending: the kv app's exists() took it for missing and a correct replica answered a
+    GET wrongly. It stays pending until it is installed."""
+    src, _ = certified
+    gated = GatedSource("p1", src, 7)
+    f, local = make(tmp_path, certified, [gated])
+    st = StateDir(local, lazy=f)
+    bg = threading.Thread(target=lambda: f._ensure("db/a", foreground=False))
+    bg.start()
+    assert gated.started.wait(5)
+    assert not (local / "db" / "a").exists()
+    assert f.is_pending("db/a") and st.exists("db/a") and st.listdir("db") == ["a", "b"]
+    gated.gate.set()
+    bg.join(10)
+    assert not f.is_pending("db/a") and st.read_bytes("db/a") == b"alpha" * 100
+
+
+def test_overwriting_a_file_being_fetched_waits_for_the_install(tmp_path, certified):
+    """The app truncates a file the background is fetching: the fetched copy must not be
+    installed on top of the app's write."""
+    src, _ = certified
+    gated = GatedSource("p1", src, 7)
+    f, local = make(tmp_path, certified, [gated])
+    st = StateDir(local, lazy=f)
+    bg = threading.Thread(target=lambda: f.ensure("db/a"))
+    bg.start()
+    assert gated.started.wait(5)
+    app = threading.Thread(target=lambda: st.write_bytes("db/a", b"new"))
+    app.start()
+    app.join(0.3)
+    assert app.is_alive()  # waits for the fetch under way
+    gated.gate.set()
+    bg.join(10)
+    app.join(10)
+    assert st.read_bytes("db/a") == b"new" and not f.is_pending("db/a")
+
+
+def test_a_touch_waiting_on_a_failed_fetch_fetches_itself(tmp_path, certified):
+    src, _ = certified
+    gated = GatedSource("p1", src, 7, fail_first=True)
+    f, local = make(tmp_path, certified, [gated], patience=5.0)
+    errors: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            f._ensure("top", foreground=False)  # no patience: fails on "busy"
+        except FetchError as e:
+            errors.append(e)
+
+    bg = threading.Thread(target=background)
+    bg.start()
+    assert gated.started.wait(5)
+    results: list[bool] = []
+    fg = threading.Thread(target=lambda: results.append(f.ensure("top")))
+    fg.start()
+    gated.gate.set()
+    bg.join(10)
+    fg.join(10)
+    assert len(errors) == 1 and results == [True]
+    assert (local / "top").read_bytes() == b"top file" and not f.is_pending("top")
+
+
 def test_directory_where_a_file_is_certified_is_an_error(tmp_path, certified):
     local = tmp_path / "local"
     (local / "top").mkdir(parents=True)
