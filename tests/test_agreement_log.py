@@ -43,6 +43,25 @@ def _fetch_log(c: Cluster, replica: int, principal: int, from_seq: int) -> wire.
     return reply
 
 
+def _order_raw(c: Cluster, n: int, one_by_one: bool = False) -> None:
+    """n requests of client principal 1, sent to replica 0 on one connection, ordered
+    (with external execution no reply comes back: the agreement stats tell). one_by_one:
+    each ordered in a batch of its own."""
+    import time
+
+    client = c.client_principal(1)
+    keys = _secret(c, client)
+    with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
+        for k in range(n):
+            req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"op%d" % k)
+            cs.sendall(wire.frame(req.with_macs({r: keys[r] for r in range(c.n)}).encode()))
+            if one_by_one:
+                c.wait_for(lambda k=k: c.stats(1)["last_exec"] == k + 1, timeout=10, what="order")
+            else:
+                time.sleep(0.01)
+        c.wait_for(lambda: c.stats(1)["executed"] >= n, timeout=10, what=f"{n} ordered")
+
+
 def _log_entries(data: bytes) -> list[tuple[int, bytes, bytes]]:
     # The echo service executes in the agreement replicas: no execution certificates, and
     # certified_through (the first u64) vouches for none.
@@ -221,14 +240,7 @@ def test_execution_log_is_kept_until_an_execution_checkpoint_is_stable(tmp_path:
     from zz.crypto import SigningKey
 
     with running_cluster(tmp_path, g=1, app="kv", checkpoint_interval=8, log_window=16) as c:
-        client = c.client_principal(1)
-        keys = _secret(c, client)
-        with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
-            for k in range(30):
-                req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"op%d" % k)
-                cs.sendall(wire.frame(req.with_macs({r: keys[r] for r in range(c.n)}).encode()))
-                time.sleep(0.01)
-            c.wait_for(lambda: c.stats(1)["executed"] == 30, timeout=10, what="30 ordered")
+        _order_raw(c, 30)
         s1 = c.stats(1)
         assert s1["stable_seq"] >= 16  # the agreement replicas' own log moved on
         me = wire.exec_principal(0)
@@ -269,16 +281,10 @@ def test_a_suspected_seq_is_not_vouched_for(tmp_path: Path) -> None:
     disagreed is not vouched for even once certified: a woken replica must run it in full
     and report it, or the fault round waits for that report until its timeout (CI: an f = 2
     VM drill's liar went unconvicted for 10 s)."""
-    import time
 
     with running_cluster(tmp_path, g=1, app="kv", f=1, active=3) as c:
         client = c.client_principal(1)
-        keys = _secret(c, client)
-        with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
-            for k in range(4):
-                req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"op%d" % k)
-                cs.sendall(wire.frame(req.with_macs({r: keys[r] for r in range(c.n)}).encode()))
-                c.wait_for(lambda k=k: c.stats(1)["last_exec"] == k + 1, timeout=10, what="order")
+        _order_raw(c, 4, one_by_one=True)
 
         right: list[wire.ReplyRef] = []
         wrong = [wire.reply_ref(client, 1, b"a lie")]
