@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zz.atomicfile import write_atomic
-
 from .. import keys, wire
+from ..atomicfile import write_atomic
 from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
 from ..link import Link

@@ -22,8 +22,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from zz.atomicfile import write_atomic
-
+from ..atomicfile import write_atomic
 from .store import CheckpointStore, StorageError, check_snapshot_name
 
 _ORDER = "ORDER"

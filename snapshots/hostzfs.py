@@ -34,8 +34,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from zz.atomicfile import write_atomic
-
+from ..atomicfile import write_atomic
 from ..crypto import SigningKey
 from .store import CheckpointStore, StorageError, check_snapshot_name
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import keys
+from .atomicfile import write_atomic
 from .config import Config, ConfigError, Service
 
 # Keys a caller may set or replace; structural keys (service, id, g, listen, peer)
@@ -138,9 +139,7 @@ def render_service(
     paths = []
     for r, text in enumerate(texts):
         path = out_dir / f"agreed-{r}.conf"
-        tmp = path.with_suffix(".conf.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
         paths.append(path)
     return paths
 
