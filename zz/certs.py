@@ -24,13 +24,12 @@ certificate is untrusted input and must not be able to crash controld.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import faults, keys, wire
+from .atomicfile import write_atomic
 from .config import Service
 
 __all__ = [
@@ -441,16 +440,7 @@ class Freshness:
 
     def save(self, path: Path) -> None:
         """Atomically: a crash leaves the old or the new state, never a torn file."""
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, self.to_json(), durable=True)
 
     @classmethod
     def load(cls, path: Path) -> Freshness:
