@@ -45,6 +45,24 @@ class DeadSource:
         raise SourceError("connection refused")
 
 
+class GatedSource(DirSource):
+    """Blocks every fetch until `gate` is set; `fail_first` fails the first one."""
+
+    def __init__(self, *a, fail_first: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.fail_first = fail_first
+
+    def fetch(self, seq, path, size):
+        self.started.set()
+        assert self.gate.wait(10)
+        if self.fail_first:
+            self.fail_first = False
+            raise SourceError("busy")
+        return super().fetch(seq, path, size)
+
+
 @pytest.fixture
 def certified(tmp_path: Path) -> tuple[Path, object]:
     src = tmp_path / "peer"
@@ -120,19 +138,13 @@ def test_no_good_source_raises_and_keeps_the_file_pending(tmp_path, certified):
 
 def test_concurrent_touches_fetch_once(tmp_path, certified):
     src, _ = certified
-    gate = threading.Event()
-
-    class Slow(DirSource):
-        def fetch(self, seq, path, size):
-            gate.wait(5)
-            return super().fetch(seq, path, size)
-
-    f, _ = make(tmp_path, certified, [Slow("slow", src, 7)])
+    slow = GatedSource("slow", src, 7)
+    f, _ = make(tmp_path, certified, [slow])
     results = []
     ts = [threading.Thread(target=lambda: results.append(f.ensure("db/a"))) for _ in range(4)]
     for t in ts:
         t.start()
-    gate.set()
+    slow.gate.set()
     for t in ts:
         t.join(10)
     assert results == [True] * 4
@@ -178,24 +190,6 @@ def test_lazy_statedir_delete_and_rename(tmp_path, certified):
     with st.open("top", "ab") as fh:
         fh.write(b"!")
     assert st.read_bytes("top") == b"top file!"
-
-
-class GatedSource(DirSource):
-    """Blocks every fetch until `gate` is set; `fail_first` fails the first one."""
-
-    def __init__(self, *a, fail_first: bool = False, **kw):
-        super().__init__(*a, **kw)
-        self.gate = threading.Event()
-        self.started = threading.Event()
-        self.fail_first = fail_first
-
-    def fetch(self, seq, path, size):
-        self.started.set()
-        assert self.gate.wait(10)
-        if self.fail_first:
-            self.fail_first = False
-            raise SourceError("busy")
-        return super().fetch(seq, path, size)
 
 
 def test_a_file_being_fetched_still_exists_for_the_app(tmp_path, certified):
