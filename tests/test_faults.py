@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import itertools
 import random
 import shutil
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,11 @@ class Case:
     convict: list[int] = field(default_factory=list)
     stay: list[int] = field(default_factory=list)
     sleep: list[int] = field(default_factory=list)
+    # A TR example: what every agreement replica saw from each awake replica; `rows` are
+    # then the columns without a certificate (fault statements), in signer order.
+    matrix: dict[int, list[Entry]] = field(default_factory=dict)
+    woken_report: Entry | None = None
+    shutdown: list[int] | None = None
 
 
 def parse_entry(tok: str) -> Entry:
@@ -66,6 +73,8 @@ def parse(text: str) -> tuple[list[Case], list[tuple[float, float, float, float,
             cur = Case(rest[0])
         elif key == "end":
             assert cur is not None
+            if cur.matrix:
+                cur.rows = [r for r in _columns(cur) if faults.is_fault_row(r.entries, cur.f)]
             cases.append(cur)
             cur = None
         else:
@@ -103,20 +112,72 @@ def _apply(c: Case, key: str, rest: list[str]) -> None:
         c.stay = _ids(rest)
     elif key == "expect-sleep":
         c.sleep = _ids(rest)
+    elif key == "matrix":
+        c.matrix[int(rest[0])] = [parse_entry(t) for t in rest[1:]]
+    elif key == "woken-report":
+        c.woken_report = parse_entry(rest[0])
+    elif key == "expect-shutdown":
+        c.shutdown = _ids(rest)
     else:
         raise AssertionError(f"unknown keyword {key!r}")
+
+
+def _columns(c: Case) -> list[FaultStatement]:
+    """Agreement replica i's row of a TR matrix: column i, over the awake replicas."""
+    assert sorted(c.matrix) == c.awake
+    width = {len(cells) for cells in c.matrix.values()}
+    assert width == {3 * c.g + 1}, f"{c.name}: a matrix has a column per agreement replica"
+    return [
+        FaultStatement(i, c.service, c.seq, tuple(c.awake), tuple(c.matrix[j][i] for j in c.awake))
+        for i in range(3 * c.g + 1)
+    ]
 
 
 CASES, TIMERS = parse(VECTORS.read_text())
 
 
-def test_vector_file_has_the_paper_shaped_set() -> None:
-    # Seven stand-ins for TR §9.1.2 and four for Lemma 2A, as the issue asks.
+def test_vector_file_has_the_tr_examples() -> None:
+    # The eleven worked examples of TR §9.1.1: four of Lemma 2A and seven of Lemma 2.
     names = [c.name for c in CASES]
     assert len(names) == len(set(names))
-    assert sum(n.startswith("w") for n in names) == 7
-    assert sum(n.startswith("l") for n in names) == 4
+    assert sum(n.startswith("tr-l2a-") for n in names) == 4
+    assert sum(n.startswith("tr-l2-") for n in names) == 7
     assert all(c.source for c in CASES)
+    assert all(c.source.startswith("tr ") == bool(c.matrix) for c in CASES)
+
+
+def _shutdown_votes(c: Case, rows: list[FaultStatement], woken: tuple[int, ...]) -> Counter:
+    """What each agreement replica votes once the woken replicas reported: resolve over the
+    evidence with its own column of the matrix as its view of the reports."""
+    votes: Counter = Counter()
+    for i in range(3 * c.g + 1):
+        mine = {j: c.matrix[j][i] for j in c.awake}
+        mine |= {j: c.woken_report or parse_entry("p") for j in woken}
+        r = faults.resolve(
+            rows, mine, f=c.f, g=c.g, service=c.service, seq=c.seq, awake=c.awake, woken=woken
+        )
+        votes[(r.decided, r.convict, r.stay_active, r.to_sleep)] += 1
+    return votes
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.matrix], ids=lambda c: c.name)
+def test_tr_example(case: Case) -> None:
+    """The TR's verdict for every g+1 of the fault rows (any of them may reach a replica
+    first): wake-up or not, and the shutdown g+1 agreement replicas vote for."""
+    assert case.wake is not None
+    justified, reason, wake = case.wake
+    kw = dict(f=case.f, g=case.g, service=case.service, seq=case.seq, awake=case.awake)
+    subsets = list(itertools.combinations(case.rows, case.g + 1)) or [tuple(case.rows)]
+    for rows in subsets:
+        d = faults.evaluate_evidence(list(rows), sleeping=case.sleeping, **kw)
+        assert (d.justified, d.reason, list(d.wake)) == (justified, reason, wake), rows
+        if not d.justified:
+            assert case.shutdown is None
+            continue
+        votes = _shutdown_votes(case, list(rows), d.wake)
+        certified = [body for body, n in votes.items() if n >= case.g + 1]
+        assert len(certified) == 1, votes
+        assert list(certified[0][1]) == case.shutdown, votes
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

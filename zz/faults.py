@@ -182,6 +182,33 @@ def convictable(rows: Sequence[FaultStatement], g: int) -> bool:
     return all(any(_against(rows, j, d) >= g + 1 for j in replicas) for d in candidates)
 
 
+def _wrong(rows: Sequence[FaultStatement], replica: int, digest: bytes) -> int:
+    """How many rows show ``replica`` with a digest other than ``digest``, on time or late."""
+    return sum(
+        1
+        for r in rows
+        if r.entry(replica).kind is not Kind.NONE and r.entry(replica).digest != digest
+    )
+
+
+def _blamed(
+    rows: Sequence[FaultStatement], awake: Sequence[int], decided: bytes, g: int
+) -> set[int]:
+    """The awake replicas the evidence convicts once ``decided`` is known (TR §9.1.1).
+
+    A mismatch first: replicas that g+1 rows show with a wrong digest (late or not) are
+    faulty whatever the timing. Only when there is none do timeouts count: replicas that
+    g+1 rows show without ``decided`` on time (late, silent or wrong). "Mismatches are
+    more egregious than late but correct responses": a wrong early reply may have started
+    the timer a correct replica then missed (Lemma 2, example 2: E1 Q Q P P, E2 P̂ P̂ P P
+    shuts down E1 only).
+    """
+    mismatch = {j for j in awake if _wrong(rows, j, decided) >= g + 1}
+    if mismatch:
+        return mismatch
+    return {j for j in awake if _against(rows, j, decided) >= g + 1}
+
+
 def _check(
     statements: Sequence[FaultStatement],
     *,
@@ -270,10 +297,12 @@ def resolve(
     ``statements`` is the evidence that justified the wake-up; ``reports`` is this
     agreement replica's own view of what every replica in ``awake`` and ``woken``
     reported for ``seq`` (late ones still marked LATE).  A replica is convicted when
-    it reported a digest other than the decided one, or when g+1 evidence rows show
-    it without the decided digest on time.  Of the rest, replicas that reported the
-    decided digest stay active first (``awake`` before ``woken``, ascending ids, since
-    the old ones hold their state already); everyone beyond f+1 goes back to sleep.
+    it reported a digest other than the decided one to this agreement replica, and an
+    awake replica when the evidence blames it (``_blamed``: a wrong digest shown by g+1
+    rows, or else, if no awake replica is blamed so, the decided digest missing or late
+    in g+1 rows).  Of the rest, replicas that reported the decided digest stay active
+    first (``awake`` before ``woken``, ascending ids, since the old ones hold their state
+    already); everyone beyond f+1 goes back to sleep.
     """
     reason = _check(statements, f=f, g=g, service=service, seq=seq, awake=awake)
     if reason is not None:
@@ -290,12 +319,12 @@ def resolve(
         raise ValueError("two digests with f+1 reports: more than f faulty replicas")
     d = decided[0]
     assert d is not None
+    blamed = _blamed(statements, awake, d, g)
     convict = tuple(
         sorted(
             j
             for j in everyone
-            if (got[j].kind is not Kind.NONE and got[j].digest != d)
-            or (j in awake and _against(statements, j, d) >= g + 1)
+            if (got[j].kind is not Kind.NONE and got[j].digest != d) or j in blamed
         )
     )
     keep = [j for j in everyone if j not in convict]

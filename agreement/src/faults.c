@@ -59,6 +59,15 @@ static uint32_t against(const zz_frow *rows, uint32_t nrows, uint32_t k,
     return n;
 }
 
+/* Rows showing awake replica index k with a digest other than d, on time or late. */
+static uint32_t wrong(const zz_frow *rows, uint32_t nrows, uint32_t k,
+                      const uint8_t d[ZZ_DIGEST_LEN]) {
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < nrows; r++)
+        n += has_digest(&rows[r].e[k]) && memcmp(rows[r].e[k].dig, d, ZZ_DIGEST_LEN) != 0;
+    return n;
+}
+
 static int ascending_distinct(const uint32_t *ids, uint32_t n) {
     for (uint32_t i = 1; i < n; i++)
         if (ids[i] <= ids[i - 1])
@@ -238,12 +247,21 @@ int zz_fault_resolve(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t g
     out->decided = 1;
     memcpy(out->digest, d, ZZ_DIGEST_LEN);
 
-    /* Convict an own wrong answer, or an awake replica g+1 evidence rows show without d. */
+    /* The evidence blames an awake replica for a mismatch (a wrong digest, late or not, in
+     * g+1 rows) or, only if it blames none so, for a timeout (d missing or late in g+1
+     * rows): a wrong early reply may have started the timer a correct replica then missed
+     * (TR §9.1.1, Lemma 2 example 2). Own wrong answers are convicted either way. */
+    uint8_t blamed[ZZ_MAX_EXEC] = {0};
+    int mismatch = 0;
+    for (uint32_t i = 0; i < n_awake; i++)
+        mismatch |= blamed[i] = (uint64_t)wrong(rows, nrows, i, d) >= (uint64_t)g + 1;
+    if (!mismatch)
+        for (uint32_t i = 0; i < n_awake; i++)
+            blamed[i] = (uint64_t)against(rows, nrows, i, d) >= (uint64_t)g + 1;
     uint8_t convicted[ZZ_MAX_EXEC] = {0}, right[ZZ_MAX_EXEC];
     for (uint32_t i = 0; i < n_all; i++) {
         right[i] = has_digest(got[i]) && memcmp(got[i]->dig, d, ZZ_DIGEST_LEN) == 0;
-        convicted[i] = (has_digest(got[i]) && !right[i]) ||
-                       (i < n_awake && (uint64_t)against(rows, nrows, i, d) >= (uint64_t)g + 1);
+        convicted[i] = (has_digest(got[i]) && !right[i]) || blamed[i];
         if (convicted[i])
             out->convict[out->n_convict++] = all[i];
     }
