@@ -11,6 +11,7 @@ from typing import ClassVar, NamedTuple, Self
 
 from .crypto import (
     DIGEST_LEN,
+    KEY_LEN,
     MAC_LEN,
     NULL_DIGEST,
     SIG_LEN,
@@ -1153,7 +1154,10 @@ class SpareReady(Message):
     """controld of the replica's host → the service's agreement replicas: a fresh sleeping
     replica stands under index `replica`. `seq` is the SHUTDOWN seq that convicted the
     previous incarnation (0 for a first provisioning); zz-agreed takes it only as the answer
-    to that conviction, so an old SPARE-READY replayed after a later one does nothing."""
+    to that conviction, so an old SPARE-READY replayed after a later one does nothing.
+    `epoch` numbers the slot's key generations (0: the key directory's keys); `sign_pub` and
+    `dh_pub` are the new incarnation's Ed25519 and X25519 public keys: from then on the slot's
+    messages verify only under them (docs/wire.md, "Key epochs")."""
 
     TYPE: ClassVar[int] = 27
     NAME: ClassVar[str] = "SPARE-READY"
@@ -1161,17 +1165,37 @@ class SpareReady(Message):
 
     replica: int
     seq: int
+    epoch: int = 0
+    sign_pub: bytes = bytes(KEY_LEN)
+    dh_pub: bytes = bytes(KEY_LEN)
 
     def body(self) -> bytes:
-        return _u32(self.replica) + _u64(self.seq)
+        if len(self.sign_pub) != KEY_LEN or len(self.dh_pub) != KEY_LEN:
+            raise ValueError(f"SPARE-READY keys must be {KEY_LEN} bytes")
+        return (
+            _u32(self.replica)
+            + _u64(self.seq)
+            + _u32(self.epoch)
+            + bytes(self.sign_pub)
+            + bytes(self.dh_pub)
+        )
 
     @classmethod
     def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
         replica = r.u32("replica")
-        return cls(service, sender, replica, r.u64("seq"))
+        seq = r.u64("seq")
+        epoch = r.u32("epoch")
+        sign_pub = r._take(KEY_LEN, "sign_pub")
+        return cls(service, sender, replica, seq, epoch, sign_pub, r._take(KEY_LEN, "dh_pub"))
 
     def _dump_fields(self) -> list[str]:
-        return [f"replica={self.replica}", f"seq={self.seq}"]
+        return [
+            f"replica={self.replica}",
+            f"seq={self.seq}",
+            f"epoch={self.epoch}",
+            f"sign_pub={_hx(self.sign_pub)}",
+            f"dh_pub={_hx(self.dh_pub)}",
+        ]
 
 
 def reply_ref(client: int, timestamp: int, result: bytes) -> ReplyRef:

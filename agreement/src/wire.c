@@ -431,6 +431,9 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         zz_spare_ready *q = &m->u.spare_ready;
         TRY(rd_u32(r, &q->replica));
         TRY(rd_u64(r, &q->seq));
+        TRY(rd_u32(r, &q->epoch));
+        TRY(rd_take(r, ZZ_KEY_LEN, &q->sign_pub));
+        TRY(rd_take(r, ZZ_KEY_LEN, &q->dh_pub));
         break;
     }
     default:
@@ -836,6 +839,9 @@ int zz_dump(const zz_msg *m, char *out, size_t cap)
     case ZZ_SPARE_READY:
         w_field_u(&w, "replica", m->u.spare_ready.replica);
         w_field_u(&w, "seq", m->u.spare_ready.seq);
+        w_field_u(&w, "epoch", m->u.spare_ready.epoch);
+        w_field_hex(&w, "sign_pub", m->u.spare_ready.sign_pub, ZZ_KEY_LEN);
+        w_field_hex(&w, "dh_pub", m->u.spare_ready.dh_pub, ZZ_KEY_LEN);
         break;
     default:
         return -1;
@@ -1160,12 +1166,14 @@ size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_
     return s;
 }
 
-size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t replica,
-                          uint64_t seq)
+size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, const zz_spare_ready *q)
 {
     size_t s = zz_begin(b, ZZ_SPARE_READY, ZZ_AUTH_SIG, svc, sender);
-    zz_put_u32(b, replica);
-    zz_put_u64(b, seq);
+    zz_put_u32(b, q->replica);
+    zz_put_u64(b, q->seq);
+    zz_put_u32(b, q->epoch);
+    zz_put_raw(b, q->sign_pub, ZZ_KEY_LEN);
+    zz_put_raw(b, q->dh_pub, ZZ_KEY_LEN);
     zz_end_body(b, s);
     return s;
 }
@@ -1346,8 +1354,7 @@ size_t zz_reencode(zz_buf *b, const zz_msg *m)
         s = zz_enc_file_data(b, m->service, m->sender, &m->u.file_data);
         break;
     case ZZ_SPARE_READY:
-        s = zz_enc_spare_ready(b, m->service, m->sender, m->u.spare_ready.replica,
-                               m->u.spare_ready.seq);
+        s = zz_enc_spare_ready(b, m->service, m->sender, &m->u.spare_ready);
         break;
     default:
         return b->len;

@@ -13,6 +13,7 @@
 #define ZZ_DIGEST_LEN 32
 #define ZZ_MAC_LEN 32
 #define ZZ_SIG_LEN 64
+#define ZZ_KEY_LEN 32 /* Ed25519 / X25519 public key */
 #define ZZ_MAX_MSG 16777216u
 #define ZZ_MAX_LIST 65536u
 #define ZZ_MAX_MACS 1024u
@@ -270,10 +271,15 @@ typedef struct {
 
 /* SPARE-READY (signed by the controld of the replica's host): a fresh sleeping replica
  * stands under index `replica`; seq = the SHUTDOWN seq that convicted its previous
- * incarnation, 0 for a first provisioning. */
+ * incarnation, 0 for a first provisioning. `epoch` numbers the slot's key generations (0 =
+ * the key directory's); sign_pub / dh_pub are the new incarnation's Ed25519 and X25519
+ * public keys (pointers into the message). */
 typedef struct {
     uint32_t replica;
     uint64_t seq;
+    uint32_t epoch;
+    const uint8_t *sign_pub; /* ZZ_KEY_LEN bytes */
+    const uint8_t *dh_pub;   /* ZZ_KEY_LEN bytes */
 } zz_spare_ready;
 
 typedef struct {
@@ -393,9 +399,9 @@ size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, ui
 size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq, const void *path,
                          uint32_t path_len, uint64_t offset, uint32_t length);
 size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_data *d);
-/* SPARE-READY (signed by the caller, a controld): u32 replica, u64 seq. */
-size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t replica,
-                          uint64_t seq);
+/* SPARE-READY (signed by the caller, a controld): u32 replica, u64 seq, u32 epoch, 32-byte
+ * sign_pub, 32-byte dh_pub. */
+size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, const zz_spare_ready *q);
 /* FAULT-STATEMENT, WAKEUP and SHUTDOWN have lists: zz_begin (auth ZZ_AUTH_SIG), the zz_put_*
  * helpers, zz_end_body. */
 /* VIEW-CHANGE and NEW-VIEW have variable lists: build them with zz_begin, the zz_put_*

@@ -650,7 +650,9 @@ static void test_rack_public(tctx *t, const fixture *fx)
     zz_signkey *sk = zz_signkey_new(fx->seed[2]);
     zz_buf b;
     zz_buf_init(&b);
-    size_t st = zz_enc_spare_ready(&b, 7, ZZ_PRINCIPAL_HOST + 1, 2, 0);
+    uint8_t kz[ZZ_KEY_LEN] = {0};
+    zz_spare_ready sr = {.replica = 2, .seq = 0, .epoch = 0, .sign_pub = kz, .dh_pub = kz};
+    size_t st = zz_enc_spare_ready(&b, 7, ZZ_PRINCIPAL_HOST + 1, &sr);
     CHECK(t, zz_auth_sign(&b, st, sk) == 0);
     zz_msg m;
     CHECK(t, zz_decode(b.p + st, b.len - st, &m) == ZZ_OK);

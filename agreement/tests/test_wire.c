@@ -374,9 +374,15 @@ static void test_roundtrips(tctx *t, fixture *f)
     s = zz_enc_control(&b, ZZ_CONTROL_REPLY, 0, ZZ_PRINCIPAL_HOST, 3, "", 0);
     finish(t, f, "roundtrip CONTROL-REPLY", &b, s,
            "type=CONTROL-REPLY service=0 sender=16777216 request_id=3 json=-");
-    s = zz_enc_spare_ready(&b, 1, ZZ_PRINCIPAL_HOST + 2, 1, 57);
+    uint8_t kpub[ZZ_KEY_LEN], kdh[ZZ_KEY_LEN];
+    memset(kpub, 0xab, sizeof kpub);
+    memset(kdh, 0x01, sizeof kdh);
+    zz_spare_ready sr = {.replica = 1, .seq = 57, .epoch = 3, .sign_pub = kpub, .dh_pub = kdh};
+    s = zz_enc_spare_ready(&b, 1, ZZ_PRINCIPAL_HOST + 2, &sr);
     finish(t, f, "roundtrip SPARE-READY", &b, s,
-           "type=SPARE-READY service=1 sender=16777218 replica=1 seq=57");
+           "type=SPARE-READY service=1 sender=16777218 replica=1 seq=57 epoch=3 "
+           "sign_pub=abababababababababababababababababababababababababababababababab "
+           "dh_pub=0101010101010101010101010101010101010101010101010101010101010101");
 
     zz_buf_free(&b);
     zz_buf_free(&batch);

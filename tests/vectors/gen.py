@@ -229,8 +229,11 @@ def generate() -> str:
     add(valid("file-data", wire.FileData(SVC, e1, 8, b"kv/6b31", 3, 0, 7, b"lue")))
     add(valid("file-data-no-file", wire.FileData(SVC, e1, 8, b"nope", 0, 2, 0, b"")))
     add(valid("file-data-later", wire.FileData(SVC, e1, 8, b"kv/6b31", 0, 5, 5, b"value")))
-    # controld of host 1 announces the fresh spare under index 1 after the SHUTDOWN at seq 7
-    add(valid("spare-ready", wire.SpareReady(SVC, h1, 1, 7)))
+    # controld of host 1 announces the fresh spare under index 1 after the SHUTDOWN at seq 7,
+    # with its new key pair (epoch 2: the slot's second fresh incarnation)
+    new_x1 = sign_key(wire.exec_principal(1) + 1000)
+    spare = wire.SpareReady(SVC, h1, 1, 7, 2, new_x1.public, bytes(range(32)))
+    add(valid("spare-ready", spare))
     add(valid("spare-ready-first", wire.SpareReady(SVC, wire.host_principal(0), 2, 0)))
 
     # -- invalid vectors: each breaks exactly one rule of an otherwise valid message
@@ -423,11 +426,13 @@ def generate() -> str:
     )
     add(invalid("short-wakeup-wake-list", signed_raw(20, 0, wk_body), "short"))
     add(invalid("length-trailing-shutdown", signed_raw(21, 0, sh_body + b"\x00"), "length"))
-    sr_body = wire.SpareReady(SVC, h1, 1, 7).body()
+    sr_body = spare.body()
     add(invalid("type-spare-ready-with-mac", with_raw_macs(27, h1, sr_body, [0]), "type"))
     add(invalid("short-spare-ready", signed_raw(27, h1, sr_body[:-1]), "short"))
     add(invalid("length-trailing-spare-ready", signed_raw(27, h1, sr_body + b"\x00"), "length"))
-    sr_signed = wire.SpareReady(SVC, h1, 1, 7).signed(sign_key(h1)).encode()
+    add(invalid("short-spare-ready-no-keys", signed_raw(27, h1, sr_body[:12]), "short"))
+    add(invalid("short-spare-ready-half-dh-key", signed_raw(27, h1, sr_body[:-16]), "short"))
+    sr_signed = spare.signed(sign_key(h1)).encode()
     b = invalid("auth-spare-ready-wrong-signer", sr_signed, "auth")
     b.sign_pub = sign_key(wire.host_principal(0)).public
     add(b)
