@@ -218,7 +218,7 @@ def _check(
     seq: int,
     awake: Sequence[int],
 ) -> str | None:
-    if f < 0 or g < 0 or list(awake) != sorted(set(awake)) or len(awake) < f + 1:
+    if f < 0 or g < 0 or list(awake) != sorted(set(awake)) or not awake:
         return "bad-params"
     signers: set[int] = set()
     for s in statements:
@@ -266,7 +266,9 @@ def evaluate_evidence(
 
     ``awake`` are the execution replicas the rows describe (ascending ids), ``sleeping``
     the spares that may be woken.  Sleepers are taken in ascending id order, so every
-    agreement replica and every controld computes the same set.
+    agreement replica and every controld computes the same set.  With fewer than f+1
+    awake (a shortfall left by an earlier round) no certificate can form, and g+1 rows
+    wake the missing replicas without Definition 1 (docs/fault-detection.md §4).
     """
     reason = _check(statements, f=f, g=g, service=service, seq=seq, awake=awake)
     if reason is not None:
@@ -275,7 +277,10 @@ def evaluate_evidence(
     signers = tuple(s.signer for s in rows)
     if len(rows) < g + 1:
         return WakeupDecision(False, "too-few-signers", signers)
-    if not convictable(rows, g):
+    # A shortfall: fewer than f+1 awake can never certify anything, so g+1 rows over such
+    # a set (at least one from a correct agreement replica that applied a SHUTDOWN leaving
+    # fewer than f+1 active) justify waking up to f+1 without anyone to convict.
+    if len(awake) >= f + 1 and not convictable(rows, g):
         return WakeupDecision(False, "not-convictable", signers)
     count = min(_wake_count(rows, f), len(sleeping))
     return WakeupDecision(True, "ok", signers, tuple(sorted(sleeping)[:count]))

@@ -80,7 +80,7 @@ static int ascending_distinct(const uint32_t *ids, uint32_t n) {
 static int check(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t g, uint64_t seq,
                  const uint32_t *awake, uint32_t n_awake) {
     if (n_awake > ZZ_MAX_EXEC || (nrows > 0 && !rows) || (n_awake > 0 && !awake) ||
-        !ascending_distinct(awake, n_awake) || (uint64_t)n_awake < (uint64_t)f + 1)
+        !ascending_distinct(awake, n_awake) || n_awake == 0)
         return ZZ_FAULT_BAD_PARAMS;
     for (uint32_t i = 0; i < nrows; i++) {
         const zz_frow *s = &rows[i];
@@ -172,7 +172,9 @@ int zz_fault_evaluate(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t 
         return ZZ_FAULT_BAD_PARAMS;
     if ((uint64_t)nrows < (uint64_t)g + 1)
         return ZZ_FAULT_TOO_FEW_SIGNERS;
-    if (!convictable(rows, nrows, g))
+    /* Fewer than f+1 awake (a shortfall an earlier round left) never certify anything:
+     * g+1 rows over such a set wake the missing replicas with nobody to convict. */
+    if ((uint64_t)n_awake >= (uint64_t)f + 1 && !convictable(rows, nrows, g))
         return ZZ_FAULT_NOT_CONVICTABLE;
     /* wake_count <= f+1 <= n_awake <= ZZ_MAX_EXEC, so wake has room. */
     uint64_t count = wake_count(rows, nrows, f);

@@ -451,13 +451,22 @@ static void test_edges(tctx *t) {
     CHECK(t, strcmp(zz_fault_reason_name(99), "unknown") == 0);
     t_end(t);
 
-    t_begin(t, "bad params: unsorted awake, fewer than f+1 awake, too many awake");
+    t_begin(t, "bad params: unsorted awake, nobody awake, too many awake");
     set_row(&rows[0], 0, 7, awake, 2, "ab");
     set_row(&rows[1], 1, 7, awake, 2, "ab");
     CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, unsorted, 2, sleeping, 1, wake, &n_wake) ==
                  ZZ_FAULT_BAD_PARAMS);
-    CHECK(t, zz_fault_evaluate(rows, 2, 2, 1, 7, awake, 2, sleeping, 1, wake, &n_wake) ==
+    CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 0, sleeping, 1, wake, &n_wake) ==
                  ZZ_FAULT_BAD_PARAMS);
+    /* Fewer than f+1 awake is a shortfall, not bad parameters: the missing ones are woken
+     * (f = 2, two awake agreeing: one more). */
+    set_row(&rows[0], 0, 7, awake, 2, "aa");
+    set_row(&rows[1], 1, 7, awake, 2, "aa");
+    CHECK(t, zz_fault_evaluate(rows, 2, 2, 1, 7, awake, 2, sleeping, 4, wake, &n_wake) ==
+                 ZZ_FAULT_OK);
+    CHECK(t, n_wake == 1 && wake[0] == 2);
+    set_row(&rows[0], 0, 7, awake, 2, "ab");
+    set_row(&rows[1], 1, 7, awake, 2, "ab");
     CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, ZZ_MAX_EXEC + 1, sleeping, 1, wake,
                                &n_wake) == ZZ_FAULT_BAD_PARAMS);
     CHECK(t, n_wake == 0);
