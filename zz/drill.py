@@ -71,7 +71,7 @@ RUNTIME_FAULT = {
     "byzantine-host": "wrong-reply",
 }
 POLL_S = 0.1
-# How long a corrupt-snapshot victim on a ZFS rack may take to have a corrupted checkpoint
+# How long a corrupt-snapshot victim may take to have a corrupted checkpoint
 # stable: up to two checkpoint intervals of load (TCG guests: ~10 s each).
 CORRUPT_WAIT_S = 120.0
 # Agreement stats counters whose first change after the fault is the detection: the view
@@ -518,10 +518,10 @@ class Drill:
             raise DrillError("no service with app = 'kv': drills load and check a kv service")
         if args.cp_phase is not None and (self.http or args.cp_phase < 0):
             raise DrillError("--cp-phase K: K >= 0, and only with kv load (not --http)")
-        if args.cp_phase is not None and self.kind == "corrupt-snapshot" and state.store == "zfs":
+        if args.cp_phase is not None and self.kind == "corrupt-snapshot":
             raise DrillError(
-                "--cp-phase: on a ZFS rack the corrupt-snapshot fault starts once a corrupted"
-                " checkpoint is stable (a checkpoint of its own choosing)"
+                "--cp-phase: the corrupt-snapshot fault starts once a corrupted checkpoint"
+                " is stable (a checkpoint of its own choosing)"
             )
         self.notes: list[str] = []
         self.phase = "starting"
@@ -615,16 +615,7 @@ class Drill:
             self._kill_exec(self.service, self.replica)
         elif k == "corrupt-snapshot":
             self.victim = self._snapshot_victim()
-            if self.state.store == "zfs":
-                await self._corrupting_runtime(obs)
-                return
-            # The runtime first: a runtime starting over a corrupted snapshot of its own
-            # refuses to start ("restored state does not match its manifest").
-            await self._faulty_runtime(self.service, self.victim, "wrong-reply")
-            # create_task runs nothing until we yield, and the task's first pass has no
-            # await before it finishes: the existing snapshots are corrupt before any wake.
-            self.corruptor = asyncio.create_task(self._corrupt_snapshots())
-            await asyncio.sleep(0)
+            await self._corrupting_runtime(obs)
         elif k == "byzantine-host":
             await self._byzantine_host()
 
@@ -835,9 +826,12 @@ class Drill:
         raise DrillError(f"{s.name}: no running replica to corrupt")
 
     async def _corrupting_runtime(self, obs: Observer) -> None:
-        """Byzantine storage on a ZFS rack, where a snapshot cannot be changed from outside:
-        replica B's runtime snapshots one flipped byte per file while certifying the right
-        digest (execution/runtime.py, fault corrupt-snapshot). Its lies are held back until
+        """Byzantine storage: replica B's runtime snapshots one flipped byte per file while
+        certifying the right digest (execution/runtime.py, fault corrupt-snapshot), so each
+        snapshot is corrupt from the moment it exists, on a directory store as on ZFS
+        (where a snapshot cannot be changed from outside). Corrupting the snapshots from
+        the drill instead raced the victim's checkpoints: one taken just before the lies
+        could be served intact before the drill's next pass. B's lies are held back until
         one such checkpoint is stable, so the spare woken by them recovers from a
         checkpoint whose copy at B is corrupt, and the fault's clock starts at the lies."""
         s, b = self.service, self.victim
@@ -865,44 +859,6 @@ class Drill:
         self.details["corrupted_from_checkpoint"] = st.get("stable_checkpoint")
         self._set_fault(s, b, "corrupt-snapshot")
         self.fault_at_ns = time.monotonic_ns()
-
-    async def _corrupt_snapshots(self) -> None:
-        """Byzantine storage at replica B: every file of every checkpoint snapshot it holds
-        (directory store: <state>/**/snapshots/<name>/) gets one byte flipped, the ones it
-        takes during the drill too; B also answers wrongly, so it gets convicted and the
-        spare wakes and recovers with B among its sources. A correct recovering replica
-        must reject B's files (SHA-256 against the certified manifest) and take them from
-        the correct peer. That stays within f = 1: B is the only faulty execution replica."""
-        s = self.service
-        b = self.victim
-        root = s.exec_state_dir(self.config, b)
-        done: set[Path] = set()
-        files = 0
-        first = True
-        while True:
-            # The first pass runs before anything else in this loop can: the spare may be
-            # woken within milliseconds of the faulty runtime's first wrong report.
-            for snap in root.rglob("snapshots/*"):
-                if snap in done or snap.name.startswith(".") or not snap.is_dir():
-                    continue
-                done.add(snap)
-                for f in snap.rglob("*"):
-                    if f.is_file() and not f.is_symlink():
-                        with contextlib.suppress(OSError):
-                            data = bytearray(f.read_bytes()) or bytearray(b"\0\0")
-                            data[len(data) // 2] ^= 0xFF
-                            f.write_bytes(bytes(data))
-                            files += 1
-                self.details["corrupted_snapshots"] = sorted(str(d) for d in done)
-                self.details["corrupted_files"] = files
-            if first:
-                first = False
-                if not done:
-                    self.notes.append(
-                        f"{root}: no snapshot in a directory store yet (a ZFS store's"
-                        " snapshots are read-only: corrupting them is not implemented)"
-                    )
-            await asyncio.sleep(0.05)
 
     # ---- after the drill ------------------------------------------------------------------
     async def restore(self, report: rp.DrillReport) -> None:
@@ -1006,12 +962,11 @@ class Drill:
         finally:
             load.stop.set()
             load.gate.set()
-            for name in ("flood", "corruptor"):
-                task = getattr(self, name, None)
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+            task = getattr(self, "flood", None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             # Workers finish their current op (<= 8 s timeout) and close their clients.
             self.phase = "stopping the load"
             await asyncio.wait(load.tasks, timeout=15)
