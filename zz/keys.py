@@ -2,12 +2,18 @@
 # Secrets come from os.urandom and are written 0600 into a fresh directory swapped in whole.
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from . import wire
 from .config import Config, Service
@@ -25,6 +31,7 @@ class Secret:
     principal: int
     sign: SigningKey | None = None
     macs: dict[int, bytes] = field(default_factory=dict)
+    epoch: int = 0  # the key generation of an execution replica's slot (docs/wire.md)
 
 
 def principals(service: Service) -> tuple[list[int], list[int], list[int]]:
@@ -77,7 +84,7 @@ def public_path(key_dir: Path, service_id: int) -> Path:
 
 
 def _write_secret(path: Path, secret: Secret) -> None:
-    lines = []
+    lines = [f"epoch {secret.epoch}"] if secret.epoch else []
     if secret.sign is not None:
         lines.append(f"sign {secret.sign.seed.hex()}")
     lines += [f"mac {peer} {key.hex()}" for peer, key in sorted(secret.macs.items())]
@@ -177,8 +184,12 @@ def load_secret(path: Path) -> Secret:
             sec.sign = SigningKey(_hex32(parts[1], where))
         elif parts[0] == "mac" and len(parts) == 3 and parts[1].isdigit():
             sec.macs[int(parts[1])] = _hex32(parts[2], where)
+        elif parts[0] == "epoch" and len(parts) == 2 and parts[1].isdigit():
+            sec.epoch = int(parts[1])
+            if sec.epoch >= 1 << 32:
+                raise KeyFileError(f"{where}: epoch beyond u32")
         else:
-            raise KeyFileError(f"{where}: expected 'sign HEX' or 'mac PEER HEX'")
+            raise KeyFileError(f"{where}: expected 'sign HEX', 'mac PEER HEX' or 'epoch N'")
     return sec
 
 
@@ -226,3 +237,192 @@ def load_controld(key_dir: Path, config: Config, host_index: int) -> ControldKey
     ops = {p: k for p, k in sec.macs.items() if p >= PRINCIPAL_OPERATOR}
     services = {s.id: load_public(public_path(key_dir, s.id)) for s in config.services}
     return ControldKeys(sec, ops, services)
+
+
+# ---- key epochs: a fresh spare's new keys (docs/wire.md "Key epochs") ----------------------
+# A convicted replica's successor in slot i gets a new Ed25519 key and new MAC keys; its
+# controld announces the new public keys in a SPARE-READY it signs (epoch e+1). The MAC key
+# it shares with principal p is derived by X25519 between the new replica's key and p's own
+# Ed25519 key (read as the X25519 key of the same scalar), so nobody holding the old keys,
+# and nothing on the wire, gives it away. The signed SPARE-READY is kept next to the public
+# file (spare-p<id>.msg, hex) so every verifier that reads the key directory sees the slot's
+# current key (service_publics).
+
+_P25519 = 2**255 - 19
+EPOCH_MAC_INFO = b"zz-epoch-mac"
+
+
+def dh_private(sign: SigningKey) -> X25519PrivateKey:
+    """The X25519 key of an Ed25519 seed's own scalar (SHA-512(seed)[:32], RFC 8032)."""
+    return X25519PrivateKey.from_private_bytes(hashlib.sha512(sign.seed).digest()[:32])
+
+
+def dh_public(sign: SigningKey) -> bytes:
+    return dh_private(sign).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def ed25519_to_x25519(pub: bytes) -> bytes:
+    """An Ed25519 public key's Montgomery u coordinate, u = (1+y)/(1-y) mod p: the X25519
+    public key of the same scalar."""
+    if len(pub) != KEY_LEN:
+        raise ValueError(f"public key must be {KEY_LEN} bytes")
+    y = int.from_bytes(pub, "little") & ((1 << 255) - 1)
+    if y >= _P25519 or (1 - y) % _P25519 == 0:
+        raise ValueError("not an Ed25519 public key")
+    u = (1 + y) * pow(1 - y, _P25519 - 2, _P25519) % _P25519
+    return u.to_bytes(KEY_LEN, "little")
+
+
+def epoch_mac_key(
+    own: SigningKey, peer_dh_pub: bytes, service: int, a: int, b: int, epoch: int
+) -> bytes:
+    """K(a, b) in `epoch` of the execution slot among a and b: HMAC-SHA-256(X25519(own,
+    peer), "zz-epoch-mac" || u16 service || u32 min || u32 max || u32 epoch). Both ends get
+    the same key: the new replica from its seed and the peer's Ed25519 public key converted
+    (ed25519_to_x25519), the peer from its own seed and the announced dh_pub."""
+    shared = dh_private(own).exchange(X25519PublicKey.from_public_bytes(peer_dh_pub))
+    if shared == bytes(KEY_LEN):
+        raise ValueError("low-order X25519 key")
+    lo, hi = min(a, b), max(a, b)
+    info = EPOCH_MAC_INFO + struct.pack(">HIII", service, lo, hi, epoch)
+    return hmac.new(shared, info, hashlib.sha256).digest()
+
+
+def spare_cert_path(key_dir: Path, service_id: int, principal: int) -> Path:
+    return service_dir(key_dir, service_id) / f"spare-p{principal}.msg"
+
+
+def _replace_file(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class SpareKeyError(Exception):
+    """A SPARE-READY that does not vouch for a slot's key."""
+
+
+def verify_spare_ready(
+    raw: bytes, config: Config, service: Service, rack_public: dict[int, bytes]
+) -> wire.SpareReady:
+    """A SPARE-READY for `service` signed by the controld of the replica's host (the rule
+    zz-agreed applies, docs/wire.md); raises SpareKeyError."""
+    try:
+        m = wire.decode(raw)
+    except wire.WireError as e:
+        raise SpareKeyError(f"malformed: {e}") from e
+    if not isinstance(m, wire.SpareReady) or m.service != service.id:
+        raise SpareKeyError("not a SPARE-READY of this service")
+    if m.replica >= service.n_exec:
+        raise SpareKeyError(f"unknown replica {m.replica}")
+    host = service.exec_host(config, m.replica)
+    if m.sender != controld_principal(host.index):
+        raise SpareKeyError("sender is not the controld of the replica's host")
+    pub = rack_public.get(m.sender)
+    if pub is None or not m.verify_sig(pub):
+        raise SpareKeyError("signature")
+    return m
+
+
+def slot_keys(
+    key_dir: Path, config: Config, service: Service
+) -> dict[int, wire.SpareReady]:
+    """The verified SPARE-READY of every re-keyed slot of `service`, by principal."""
+    out: dict[int, wire.SpareReady] = {}
+    rack = service_dir(key_dir, RACK_SERVICE) / "public"
+    rack_public: dict[int, bytes] | None = None
+    for i in range(service.n_exec):
+        p = spare_cert_path(key_dir, service.id, wire.exec_principal(i))
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise KeyFileError(f"{p}: cannot read: {e.strerror}") from e
+        if rack_public is None:
+            rack_public = load_public(rack)
+        try:
+            m = verify_spare_ready(bytes.fromhex(text.strip()), config, service, rack_public)
+        except (ValueError, SpareKeyError) as e:
+            raise KeyFileError(f"{p}: {e}") from e
+        if m.replica != i:
+            raise KeyFileError(f"{p}: announces replica {m.replica}")
+        if m.epoch > 0:
+            out[wire.exec_principal(i)] = m
+    return out
+
+
+def service_publics(key_dir: Path, config: Config, service: Service) -> dict[int, bytes]:
+    """The service's public keys with every re-keyed slot's CURRENT key: a verifier that
+    uses this accepts a slot's messages only from its latest incarnation."""
+    pub = load_public(public_path(key_dir, service.id))
+    for p, m in slot_keys(key_dir, config, service).items():
+        pub[p] = m.sign_pub
+    return pub
+
+
+def rotate_exec(
+    key_dir: Path,
+    config: Config,
+    service: Service,
+    index: int,
+    seq: int,
+    host_key: SigningKey,
+    host_index: int,
+) -> bytes:
+    """controld, before provisioning the successor of the replica convicted at `seq` in
+    slot `index`: write the slot a new secret (a fresh Ed25519 key, epoch + 1, MAC keys
+    with the agreement replicas and clients derived by epoch_mac_key) and keep the signed
+    SPARE-READY that announces it. Returns that SPARE-READY. Called again for the same
+    conviction (a retry, a restarted controld), it returns the one already made."""
+    me = wire.exec_principal(index)
+    cert = spare_cert_path(key_dir, service.id, me)
+    sec_path = secret_path(key_dir, service.id, me)
+    old = load_secret(sec_path)
+    if cert.exists():
+        m = wire.decode(bytes.fromhex(cert.read_text().strip()))
+        if isinstance(m, wire.SpareReady) and m.seq == seq and m.epoch == old.epoch:
+            return m.encode()
+    agree, _, clients = principals(service)
+    publics = load_public(public_path(key_dir, service.id))
+    new = Secret(me, SigningKey(os.urandom(KEY_LEN)), epoch=old.epoch + 1)
+    assert new.sign is not None
+    for p in agree + clients:
+        if p not in publics:
+            raise KeyFileError(f"{public_path(key_dir, service.id)}: no key for {p}")
+        new.macs[p] = epoch_mac_key(
+            new.sign, ed25519_to_x25519(publics[p]), service.id, me, p, new.epoch
+        )
+    raw = (
+        wire.SpareReady(
+            service.id,
+            controld_principal(host_index),
+            index,
+            seq,
+            new.epoch,
+            new.sign.public,
+            dh_public(new.sign),
+        )
+        .signed(host_key)
+        .encode()
+    )
+    lines = [f"epoch {new.epoch}", f"sign {new.sign.seed.hex()}"]
+    lines += [f"mac {peer} {key.hex()}" for peer, key in sorted(new.macs.items())]
+    # The secret first: a crash between the two leaves a key nobody trusts yet (the next
+    # attempt makes another), never a trusted key without its secret.
+    _replace_file(sec_path, "\n".join(lines) + "\n", 0o600)
+    _replace_file(cert, raw.hex() + "\n", 0o644)
+    return raw

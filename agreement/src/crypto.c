@@ -191,3 +191,50 @@ int zz_ct_equal(const void *a, const void *b, size_t n)
 {
     return CRYPTO_memcmp(a, b, n) == 0;
 }
+
+int zz_epoch_mac_key(const zz_signkey *own, const uint8_t dh_pub[32], uint16_t svc, uint32_t a,
+                     uint32_t b, uint32_t epoch, uint8_t out[32])
+{
+    uint8_t seed[32], h[SHA512_DIGEST_LENGTH], shared[32];
+    size_t n = sizeof seed, sn = sizeof shared;
+    int rc = -1;
+    EVP_PKEY *priv = NULL, *peer = NULL;
+    EVP_PKEY_CTX *ctx = NULL;
+    if (EVP_PKEY_get_raw_private_key(own->pk, seed, &n) != 1 || n != sizeof seed)
+        goto out;
+    SHA512(seed, sizeof seed, h);
+    priv = EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, NULL, h, 32);
+    peer = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, NULL, dh_pub, 32);
+    if (!priv || !peer || !(ctx = EVP_PKEY_CTX_new(priv, NULL)))
+        goto out;
+    if (EVP_PKEY_derive_init(ctx) != 1 || EVP_PKEY_derive_set_peer(ctx, peer) != 1 ||
+        EVP_PKEY_derive(ctx, shared, &sn) != 1 || sn != sizeof shared)
+        goto out;
+    static const uint8_t zero[32];
+    if (zz_ct_equal(shared, zero, sizeof shared))
+        goto out; /* a low-order point: no secret at all */
+    uint8_t info[12 + 2 + 12] = "zz-epoch-mac";
+    uint32_t lo = a < b ? a : b, hi = a < b ? b : a;
+    uint8_t *p = info + 12;
+    p[0] = (uint8_t)(svc >> 8);
+    p[1] = (uint8_t)svc;
+    for (int i = 0; i < 4; i++) {
+        p[2 + i] = (uint8_t)(lo >> (24 - 8 * i));
+        p[6 + i] = (uint8_t)(hi >> (24 - 8 * i));
+        p[10 + i] = (uint8_t)(epoch >> (24 - 8 * i));
+    }
+    zz_mackey *k = zz_mackey_new(shared);
+    if (!k)
+        goto out;
+    zz_hmac(k, info, sizeof info, out);
+    zz_mackey_free(k);
+    rc = 0;
+out:
+    OPENSSL_cleanse(seed, sizeof seed);
+    OPENSSL_cleanse(h, sizeof h);
+    OPENSSL_cleanse(shared, sizeof shared);
+    EVP_PKEY_CTX_free(ctx);
+    EVP_PKEY_free(priv);
+    EVP_PKEY_free(peer);
+    return rc;
+}

@@ -38,6 +38,14 @@ int zz_verify_mac(const zz_msg *m, uint32_t receiver, const zz_mackey *k);
 /* Verify the signature of a decoded signed message. 1 = valid. */
 int zz_verify_sig(const zz_msg *m, const zz_pubkey *k);
 
+/* Key epochs (docs/wire.md "Key epochs"): the MAC key that principal `a` (holding `own`)
+ * shares with principal `b` in `epoch` of b's slot, where b's incarnation announced the
+ * X25519 public key dh_pub: HMAC-SHA-256(X25519(x(own), dh_pub), "zz-epoch-mac" || u16 svc
+ * || u32 min(a,b) || u32 max(a,b) || u32 epoch), x(own) = the first 32 bytes of SHA-512 of
+ * own's seed (Ed25519's own scalar, RFC 8032 §5.1.5). 0 = ok, -1 = a bad or low-order key. */
+int zz_epoch_mac_key(const zz_signkey *own, const uint8_t dh_pub[32], uint16_t svc, uint32_t a,
+                     uint32_t b, uint32_t epoch, uint8_t out[32]);
+
 /* Constant-time compare. */
 int zz_ct_equal(const void *a, const void *b, size_t n);
 

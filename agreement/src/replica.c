@@ -314,6 +314,8 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
     }
     int why = authenticate(r, &m);
     if (why) {
+        if (why == ZZ_DROP_AUTH)
+            zz_exec_auth_failed(r, &m); /* a replaced key: counted per slot (wakeup.c) */
         drop(r, why);
         return;
     }

@@ -276,6 +276,9 @@ void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
 void zz_on_wakeup(zz_replica *r, const zz_msg *m);
 void zz_on_shutdown(zz_replica *r, const zz_msg *m);
 void zz_on_spare_ready(zz_replica *r, const zz_msg *m); /* verifies the controld's signature */
+/* An execution replica's message failed authentication: counted per slot if it verifies under
+ * the slot's previous key (key epochs, wakeup.c). */
+void zz_exec_auth_failed(zz_replica *r, const zz_msg *m);
 void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
 
 /* detect.c */

@@ -66,7 +66,26 @@ struct zz_wake {
      * SPARE-READY's seq that arrived before that conviction was known here (0 = none). */
     uint64_t convicted_seq[ZZ_MAX_EXEC];
     uint64_t spare_pending[ZZ_MAX_EXEC];
+    /* Key epochs (docs/wire.md "Key epochs"): per execution slot, the epoch of the key its
+     * current incarnation holds (0 = the key directory's), the announced public keys of the
+     * current and the previous epoch (persisted in conf->exec_view + ".keys"), the previous
+     * epoch's keys (to tell a stale-key message from noise), a held SPARE-READY's keys, and
+     * how many messages signed or MACed with the previous key were dropped. */
+    uint32_t key_epoch[ZZ_MAX_EXEC];
+    uint8_t key_pub[ZZ_MAX_EXEC][2][ZZ_KEY_LEN]; /* [0] current, [1] previous: sign_pub */
+    uint8_t key_dh[ZZ_MAX_EXEC][2][ZZ_KEY_LEN];  /* the same for dh_pub */
+    uint32_t key_prev_epoch[ZZ_MAX_EXEC];
+    zz_pubkey *old_pub[ZZ_MAX_EXEC];
+    zz_mackey *old_mac[ZZ_MAX_EXEC];
+    uint32_t pend_epoch[ZZ_MAX_EXEC];
+    uint8_t pend_pub[ZZ_MAX_EXEC][ZZ_KEY_LEN], pend_dh[ZZ_MAX_EXEC][ZZ_KEY_LEN];
+    uint64_t stale_key[ZZ_MAX_EXEC];
 };
+
+/* key epochs, with SPARE-READY at the end of this file */
+static int load_keys(zz_replica *r, char *err, size_t errcap);
+static void take_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
+                     const uint8_t *dh);
 
 /* ---- awake set ---- */
 
@@ -274,7 +293,7 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
     }
     for (uint32_t i = 0; i < r->conf->n_exec; i++)
         r->exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
-    if (load_view(r, err, errcap) != 0)
+    if (load_view(r, err, errcap) != 0 || load_keys(r, err, errcap) != 0)
         return -1;
     save_view(r); /* from the first start on, the file shows the view */
     for (uint32_t h = 0; h < ZZ_MAX_HOSTS; h++) {
@@ -372,6 +391,10 @@ void zz_wake_free(zz_replica *r)
     free(w->ev);
     free(w->sd_body);
     free(w->sd_len);
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
+        zz_pubkey_free(w->old_pub[i]);
+        zz_mackey_free(w->old_mac[i]);
+    }
     zz_buf_free(&w->buf);
     free(w);
     r->wake = NULL;
@@ -564,6 +587,17 @@ static void try_evaluate(zz_replica *r, candidate *c)
     free(raw);
 }
 
+/* Statements collected while nobody was asleep wake no one; once a spare sleeps again
+ * (SPARE-READY), they may (a crash of the partner of a convicted replica before its fresh
+ * spare was ready would otherwise stall the service until some later seq fails too). */
+static void retry_candidates(zz_replica *r)
+{
+    struct zz_wake *w = r->wake;
+    for (int i = 0; i < WAKE_CANDIDATES && !w->open; i++)
+        if (w->cand[i].seq)
+            try_evaluate(r, &w->cand[i]);
+}
+
 /* ---- signing statements ---- */
 
 /* blame_first: the false-fault test mode's lie, "nothing" for the lowest awake replica. */
@@ -738,6 +772,7 @@ static void apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convic
             fprintf(stderr, "zz-agreed: replica %u: SPARE-READY for %u (SHUTDOWN seq %llu) "
                             "held until now: sleeping again\n",
                     r->id, x, (unsigned long long)seq);
+            take_key(r, x, w->pend_epoch[x], w->pend_pub[x], w->pend_dh[x]);
         }
         w->spare_pending[x] = 0;
     }
@@ -1118,6 +1153,214 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
     check_done(r);
 }
 
+/* ---- key epochs (docs/wire.md "Key epochs") ----
+ * A verified SPARE-READY with a higher epoch than the slot's current one replaces the slot's
+ * public key and the MAC key this replica shares with it (derived by zz_epoch_mac_key) in the
+ * conf's key table, which every authenticate() and send uses: from then on the previous
+ * incarnation's keys verify nothing. They are kept only to count, per slot, the messages
+ * still signed or MACed with them. The announced keys of the last two epochs per slot are
+ * written to conf->exec_view + ".keys" (`key I EPOCH SIGN_PUB DH_PUB`, oldest first), and
+ * re-installed in that order at start. */
+
+static void hexs(char *out, const uint8_t *p, size_t n)
+{
+    static const char dig[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = dig[p[i] >> 4];
+        out[2 * i + 1] = dig[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int unhex32(const char *s, uint8_t out[ZZ_KEY_LEN])
+{
+    if (strlen(s) != 2 * ZZ_KEY_LEN)
+        return -1;
+    for (size_t i = 0; i < ZZ_KEY_LEN; i++) {
+        int v = 0;
+        for (int k = 0; k < 2; k++) {
+            char c = s[2 * i + (size_t)k];
+            int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (d < 0)
+                return -1;
+            v = v * 16 + d;
+        }
+        out[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+/* Install `epoch`'s keys for slot x (epoch above the current one). NULL or why not. */
+static const char *install_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
+                               const uint8_t *dh)
+{
+    struct zz_wake *w = r->wake;
+    zz_peer_key *k = (zz_peer_key *)zz_conf_key(r->conf, ZZ_PRINCIPAL_EXEC + x);
+    if (!k || !r->conf->sign)
+        return "no key of that replica in the key file";
+    uint8_t mk[32];
+    if (zz_epoch_mac_key(r->conf->sign, dh, r->conf->service, r->id, ZZ_PRINCIPAL_EXEC + x, epoch,
+                         mk) != 0)
+        return "dh_pub is not a usable X25519 key";
+    zz_pubkey *np = zz_pubkey_new(pub);
+    zz_mackey *nm = zz_mackey_new(mk);
+    explicit_bzero(mk, sizeof mk);
+    if (!np || !nm) {
+        zz_pubkey_free(np);
+        zz_mackey_free(nm);
+        return "sign_pub is not an Ed25519 key (or out of memory)";
+    }
+    zz_pubkey_free(w->old_pub[x]);
+    zz_mackey_free(w->old_mac[x]);
+    w->old_pub[x] = k->pub;
+    w->old_mac[x] = k->mac;
+    k->pub = np;
+    k->mac = nm;
+    w->key_prev_epoch[x] = w->key_epoch[x];
+    memcpy(w->key_pub[x][1], w->key_pub[x][0], ZZ_KEY_LEN);
+    memcpy(w->key_dh[x][1], w->key_dh[x][0], ZZ_KEY_LEN);
+    w->key_epoch[x] = epoch;
+    memcpy(w->key_pub[x][0], pub, ZZ_KEY_LEN);
+    memcpy(w->key_dh[x][0], dh, ZZ_KEY_LEN);
+    return NULL;
+}
+
+static void save_keys(zz_replica *r)
+{
+    const struct zz_wake *w = r->wake;
+    char path[300], tmp[310], hp[2 * ZZ_KEY_LEN + 1], hd[2 * ZZ_KEY_LEN + 1];
+    if (!r->conf->exec_view[0] ||
+        snprintf(path, sizeof path, "%s.keys", r->conf->exec_view) >= (int)sizeof path)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, tmp,
+                strerror(errno));
+        return;
+    }
+    fprintf(f, "# zz-agreed replica %u: execution slots' announced keys, oldest first\n", r->id);
+    for (uint32_t i = 0; i < r->conf->n_exec; i++)
+        for (int g = 1; g >= 0; g--) {
+            uint32_t e = g ? w->key_prev_epoch[i] : w->key_epoch[i];
+            if (!e)
+                continue;
+            hexs(hp, w->key_pub[i][g], ZZ_KEY_LEN);
+            hexs(hd, w->key_dh[i][g], ZZ_KEY_LEN);
+            fprintf(f, "key %u %u %s %s\n", i, e, hp, hd);
+        }
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0)
+        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, path,
+                strerror(errno));
+}
+
+/* A missing file: no slot was re-keyed. Anything unreadable stops the replica (starting
+ * with the key file's keys would accept a convicted incarnation's messages again). */
+static int load_keys(zz_replica *r, char *err, size_t errcap)
+{
+    char path[300];
+    if (!r->conf->exec_view[0])
+        return 0;
+    if (snprintf(path, sizeof path, "%s.keys", r->conf->exec_view) >= (int)sizeof path) {
+        snprintf(err, errcap, "%s.keys: path too long", r->conf->exec_view);
+        return -1;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    uint32_t lineno = 0;
+    int rc = 0;
+    while (rc == 0 && (got = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (got > 255 || strlen(line) != (size_t)got) {
+            snprintf(err, errcap, "%s:%u: %s", path, lineno,
+                     got > 255 ? "line too long" : "NUL byte (not a keys file)");
+            rc = -1;
+            break;
+        }
+        char *tok[6], *save = NULL;
+        int nt = 0;
+        for (char *p = strtok_r(line, " \t\r\n", &save); p && nt < 6;
+             p = strtok_r(NULL, " \t\r\n", &save))
+            tok[nt++] = p;
+        if (nt == 0 || tok[0][0] == '#')
+            continue;
+        uint64_t id, epoch;
+        uint8_t pub[ZZ_KEY_LEN], dh[ZZ_KEY_LEN];
+        if (nt != 5 || strcmp(tok[0], "key") != 0 || parse_dec(tok[1], ZZ_MAX_EXEC - 1, &id) ||
+            parse_dec(tok[2], UINT32_MAX, &epoch) || epoch == 0 || unhex32(tok[3], pub) ||
+            unhex32(tok[4], dh)) {
+            snprintf(err, errcap, "%s:%u: expected 'key I EPOCH SIGN_PUB DH_PUB'", path, lineno);
+            rc = -1;
+        } else if (id >= r->conf->n_exec || epoch <= r->wake->key_epoch[id]) {
+            snprintf(err, errcap, "%s:%u: replica %llu epoch %llu out of place", path, lineno,
+                     (unsigned long long)id, (unsigned long long)epoch);
+            rc = -1;
+        } else {
+            const char *why = install_key(r, (uint32_t)id, (uint32_t)epoch, pub, dh);
+            if (why) {
+                snprintf(err, errcap, "%s:%u: %s", path, lineno, why);
+                rc = -1;
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    for (uint32_t i = 0; rc == 0 && i < r->conf->n_exec; i++)
+        if (r->wake->key_epoch[i])
+            fprintf(stderr, "zz-agreed: replica %u: exec %u key epoch %u from %s\n", r->id, i,
+                    r->wake->key_epoch[i], path);
+    return rc;
+}
+
+/* A verified SPARE-READY's keys for slot x, applied now: a higher epoch replaces the key. */
+static void take_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
+                     const uint8_t *dh)
+{
+    if (epoch <= r->wake->key_epoch[x])
+        return; /* epoch 0 (keys of the key directory), or an old announcement replayed */
+    const char *why = install_key(r, x, epoch, pub, dh);
+    if (why) {
+        fprintf(stderr, "zz-agreed: replica %u: exec %u key epoch %u not installed: %s\n", r->id,
+                x, epoch, why);
+        return;
+    }
+    save_keys(r);
+    fprintf(stderr, "zz-agreed: replica %u: exec %u key epoch %u installed: its previous key "
+                    "is refused from now on\n",
+            r->id, x, epoch);
+}
+
+void zz_exec_auth_failed(zz_replica *r, const zz_msg *m)
+{
+    struct zz_wake *w = r->wake;
+    if (!w || m->sender < ZZ_PRINCIPAL_EXEC || m->sender >= ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
+        return;
+    uint32_t x = m->sender - ZZ_PRINCIPAL_EXEC;
+    if (x >= r->conf->n_exec || !w->key_epoch[x])
+        return;
+    int stale = m->auth_kind == ZZ_AUTH_SIG
+                    ? w->old_pub[x] && zz_verify_sig(m, w->old_pub[x])
+                    : m->auth_kind == ZZ_AUTH_MAC && w->old_mac[x] &&
+                          zz_verify_mac(m, r->id, w->old_mac[x]);
+    if (!stale)
+        return;
+    uint64_t n = ++w->stale_key[x];
+    if ((n & (n - 1)) == 0) /* 1, 2, 4, 8, ...: the log shows it without flooding */
+        fprintf(stderr, "zz-agreed: replica %u: exec %u: message type %u under its previous "
+                        "key (epoch %u) dropped (%llu so far)\n",
+                r->id, x, m->type, w->key_prev_epoch[x], (unsigned long long)n);
+}
+
 /* ---- SPARE-READY from controld ---- */
 
 static const char *check_spare(zz_replica *r, const zz_msg *m)
@@ -1150,6 +1393,7 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: already "
                             "sleeping\n",
                     r->id, x, (unsigned long long)q->seq, m->sender);
+            take_key(r, x, q->epoch, q->sign_pub, q->dh_pub);
             return;
         }
         if (st == ZZ_EXEC_CONVICTED && q->seq == w->convicted_seq[x]) {
@@ -1160,6 +1404,8 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: convicted "
                             "-> sleeping\n",
                     r->id, x, (unsigned long long)q->seq, m->sender);
+            take_key(r, x, q->epoch, q->sign_pub, q->dh_pub);
+            retry_candidates(r);
             return;
         }
         /* controld acts on a SHUTDOWN certificate this replica may not have applied yet (a
@@ -1167,6 +1413,9 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
         if (q->seq > w->convicted_seq[x] && q->seq > w->spare_pending[x]) {
             r->st.spares_ready_held++;
             w->spare_pending[x] = q->seq;
+            w->pend_epoch[x] = q->epoch;
+            memcpy(w->pend_pub[x], q->sign_pub, ZZ_KEY_LEN);
+            memcpy(w->pend_dh[x], q->dh_pub, ZZ_KEY_LEN);
             fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u held: not "
                             "convicted at that seq here (yet)\n",
                     r->id, x, (unsigned long long)q->seq, m->sender);
@@ -1222,6 +1471,16 @@ void zz_wake_write_stats(zz_replica *r, void *file)
     write_ids(f, "exec_sleeping", ids, n);
     n = list_state(r, ZZ_EXEC_CONVICTED, ids);
     write_ids(f, "exec_convicted", ids, n);
+    if (r->wake) {
+        uint32_t nx = r->conf->n_exec < ZZ_MAX_EXEC ? r->conf->n_exec : ZZ_MAX_EXEC;
+        fprintf(f, "\"exec_key_epoch\": [");
+        for (uint32_t i = 0; i < nx; i++)
+            fprintf(f, "%s%u", i ? ", " : "", r->wake->key_epoch[i]);
+        fprintf(f, "], \"exec_stale_key_drops\": [");
+        for (uint32_t i = 0; i < nx; i++)
+            fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->wake->stale_key[i]);
+        fprintf(f, "], ");
+    }
     fprintf(f, "\"fault_round_open\": %d, \"fault_round_seq\": %llu, ",
             r->wake ? r->wake->open : 0,
             (unsigned long long)(r->wake && r->wake->open ? r->wake->seq : 0));

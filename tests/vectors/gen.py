@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from zz import wire
+from zz import keys, wire
 from zz.crypto import NULL_DIGEST, SigningKey, sha256
 
 SVC = 1
@@ -232,7 +232,7 @@ def generate() -> str:
     # controld of host 1 announces the fresh spare under index 1 after the SHUTDOWN at seq 7,
     # with its new key pair (epoch 2: the slot's second fresh incarnation)
     new_x1 = sign_key(wire.exec_principal(1) + 1000)
-    spare = wire.SpareReady(SVC, h1, 1, 7, 2, new_x1.public, bytes(range(32)))
+    spare = wire.SpareReady(SVC, h1, 1, 7, 2, new_x1.public, keys.dh_public(new_x1))
     add(valid("spare-ready", spare))
     add(valid("spare-ready-first", wire.SpareReady(SVC, wire.host_principal(0), 2, 0)))
 
