@@ -36,7 +36,7 @@ from zz.snapshots import StorageError
 
 from zz.atomicfile import write_atomic
 from zz.config import EXEC_PORT_OFFSET, GUEST_STATUS, Config, Host, Service
-from zz.keys import public_path, secret_path
+from zz.keys import RACK_SERVICE, public_path, secret_path, service_dir
 from zz.wire import exec_principal
 
 from .hypervisor import (
@@ -214,7 +214,12 @@ def write_guest_files(
         shutil.rmtree(guest)
     key_dir = ctx.config.rack.key_dir
     me = exec_principal(index)
-    for src in (secret_path(key_dir, service.id, me), public_path(key_dir, service.id)):
+    # Public only, besides its own secret: the re-keyed slots' signed announcements and the
+    # controlds' keys that verify them, so its peer view holds every slot's current key.
+    certs = sorted(service_dir(key_dir, service.id).glob("spare-p*.msg"))
+    rack_pub = [public_path(key_dir, RACK_SERVICE)] if certs else []
+    for src in (secret_path(key_dir, service.id, me), public_path(key_dir, service.id),
+                *certs, *rack_pub):  # fmt: skip
         dest = guest / "keys" / src.relative_to(key_dir)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)

@@ -18,11 +18,12 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from zz import wire
 from zz.config import Config, Host, Service
 from zz.crypto import SigningKey
-from zz.keys import controld_principal
+from zz.keys import controld_principal, slot_keys
 
 log = logging.getLogger("zz.controld.announce")
 
@@ -31,9 +32,19 @@ BACKOFF_S = (0.2, 5.0)  # first retry delay, cap (doubling)
 CONNECT_TIMEOUT_S = 2.0
 
 
-def spare_ready(host: Host, key: SigningKey, svc: Service, index: int, seq: int) -> bytes:
-    """The signed SPARE-READY of `host`'s controld for `svc`/`index`."""
-    msg = wire.SpareReady(svc.id, controld_principal(host.index), index, seq)
+def spare_ready(
+    host: Host,
+    key: SigningKey,
+    svc: Service,
+    index: int,
+    seq: int,
+    slot: wire.SpareReady | None = None,
+) -> bytes:
+    """The signed SPARE-READY of `host`'s controld for `svc`/`index`, naming the slot's
+    current key epoch and public keys (`slot`: its last announcement; none: epoch 0, the
+    key directory's keys, which zz-agreed already holds)."""
+    epoch, pub, dh = (slot.epoch, slot.sign_pub, slot.dh_pub) if slot else (0, bytes(32), bytes(32))
+    msg = wire.SpareReady(svc.id, controld_principal(host.index), index, seq, epoch, pub, dh)
     return msg.signed(key).encode()
 
 
@@ -58,9 +69,14 @@ class Announcer:
         self.retry_for = retry_for
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def announce(self, svc: Service, index: int, seq: int) -> None:
-        """SPARE-READY{index, seq} to every agreement replica of `svc` (needs a running loop)."""
-        raw = spare_ready(self.host, self.key, svc, index, seq)
+    def announce(self, svc: Service, index: int, seq: int, raw: bytes | None = None) -> None:
+        """SPARE-READY{index, seq} to every agreement replica of `svc` (needs a running loop).
+        `raw`: the signed announcement of a re-keyed slot (zz.keys.rotate_exec); without it,
+        one naming the slot's current key from the key directory."""
+        if raw is None:
+            cur = slot_keys(Path(self.config.rack.key_dir), self.config, svc)
+            slot = cur.get(wire.exec_principal(index))
+            raw = spare_ready(self.host, self.key, svc, index, seq, slot)
         self.note(f"SPARE-READY {svc.name}/{index} seq {seq} to {svc.n} agreement replicas")
         for r in range(svc.n):
             addr = self.config.replica_address(svc, r)

@@ -30,7 +30,7 @@ from zz.snapshots import StorageError, fileserve
 
 from zz import certs, wire
 from zz.config import Config, ConfigError, Host, Service
-from zz.keys import ControldKeys, controld_principal
+from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
 
 from . import actions
 from . import inventory as inv
@@ -572,12 +572,20 @@ class Daemon:
         """Provision and announce the convicted replica's successor. A guest that fails to
         boot (seen: one stopped while booting next to five busy TCG guests) is destroyed by
         provision() and tried once more: without it the service stays a spare short."""
+        # The successor gets new keys (docs/wire.md "Key epochs"): whatever the convicted
+        # guest held (its key file was in its share) must not speak for the slot any more.
+        try:
+            announcement = await asyncio.to_thread(self._rekey, svc, x, seq)
+        except (OSError, KeyFileError, ValueError) as e:
+            self.counters["action_failed"] += 1
+            self._note(f"no fresh spare for {svc.name}/{x}: new keys failed: {e}")
+            return
         for attempt in range(1, attempts + 1):
             try:
                 self._placement_check(svc, x)
                 await self._provision(svc, x, svc.sleep, role="standby")
                 self.counters["reprovisioned"] += 1
-                self.announcer.announce(svc, x, seq)
+                self.announcer.announce(svc, x, seq, announcement)
                 return
             except OpError as e:
                 self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
@@ -586,6 +594,20 @@ class Daemon:
                 self.counters["action_failed"] += 1
                 again = "; trying once more" if attempt < attempts else ""
                 self._note(f"fresh spare {svc.name}/{x} failed: {e}{again}")
+
+    def _rekey(self, svc: Service, x: int, seq: int) -> bytes:
+        """A new key epoch for slot x (zz.keys.rotate_exec), also in our own key view."""
+        sign = self.keys.secret.sign
+        assert sign is not None
+        raw = rotate_exec(
+            self.config.rack.key_dir, self.config, svc, x, seq, sign, self.host.index
+        )
+        m = wire.decode(raw)
+        assert isinstance(m, wire.SpareReady)
+        self.keys.services.setdefault(svc.id, {})[wire.exec_principal(x)] = m.sign_pub
+        self.counters["rekeyed"] += 1
+        self._note(f"{svc.name}/{x}: key epoch {m.epoch} for the successor")
+        return raw
 
     async def _act_shutdown(
         self, svc: Service, seq: int, convict: list[int], sleep: list[int]

@@ -258,7 +258,7 @@ class Runtime:
         self.sign_key: SigningKey
         self.agree_keys: dict[int, bytes] = {}
         self.macs: dict[int, bytes] = {}
-        self.publics: dict[int, bytes] = {}
+        self.publics: keys.PeerKeys  # follows the peers' key epochs (zz/keys.py)
 
     @property
     def last_executed(self) -> int:
@@ -274,7 +274,7 @@ class Runtime:
         self.sign_key = secret.sign
         self.agree_keys = keys.peer_keys(secret, range(self.svc.n))
         self.macs = dict(secret.macs)
-        self.publics = keys.load_public(keys.public_path(rack.key_dir, self.svc.id))
+        self.publics = keys.PeerKeys(rack.key_dir, self.config, self.svc, self.counters)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.manifest_dir.mkdir(exist_ok=True)
         await asyncio.to_thread(self._open_state)
@@ -854,8 +854,7 @@ class Runtime:
         if kind != "exec" or idx >= self.svc.n_exec or m.sender == self.me:
             self.counters["wrong_sender"] += 1
             return
-        pub = self.publics.get(m.sender)
-        if pub is None or not m.verify_sig(pub):
+        if not self.publics.verify(m):  # a peer's replaced key is counted per sender
             self.counters["bad_sig"] += 1
             return
         # Before the stale check: a replica that is slow and wrong still gets noticed.
@@ -1216,6 +1215,8 @@ class Runtime:
         refused = m.refusal(self.publics, self.svc.n_exec, server=self.me)
         if refused is not None:
             self.counters[refused] += 1
+            if refused == "file_fetch_bad_sig":
+                self.publics.note_failed(m)  # a peer's replaced key is counted per sender
             return
         async with self._store_lock:
             r = await asyncio.to_thread(self.files.read, m.seq, m.path_text(), m.offset, m.length)

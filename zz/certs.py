@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import faults, keys, wire
 from .atomicfile import write_atomic
-from .config import Service
+from .config import Config, Service
 
 __all__ = [
     "CertError",
@@ -82,9 +82,13 @@ class ServiceTrust:
     n_exec: int
 
     @classmethod
-    def load(cls, key_dir: Path, service: Service) -> ServiceTrust:
-        """From the key directory (raises zz.keys.KeyFileError) and the service's config."""
-        pub = keys.load_public(keys.public_path(key_dir, service.id))
+    def load(cls, key_dir: Path, service: Service, config: Config | None = None) -> ServiceTrust:
+        """From the key directory (raises zz.keys.KeyFileError) and the service's config;
+        with the rack `config`, re-keyed execution slots under their current key only."""
+        if config is not None:
+            pub = keys.service_publics(key_dir, config, service)
+        else:
+            pub = keys.load_public(keys.public_path(key_dir, service.id))
         return cls(service.id, pub, service.f, service.g, service.n_exec)
 
 

@@ -82,6 +82,8 @@ class ClientParams:
             raise ValueError(f"client {client_index} not in 0..{svc.clients - 1} of {svc.name}")
         pid = wire.client_principal(client_index)
         secret = keys.load_secret(keys.secret_path(config.rack.key_dir, svc.id, pid))
+        # Re-keyed execution slots: their current MAC keys only (docs/wire.md "Key epochs").
+        secret = keys.with_epoch_macs(secret, config.rack.key_dir, config, svc)
         exec_addrs: list[tuple[str, int]] = []
         exec_keys: dict[int, bytes] = {}
         if svc.uses_execution_replicas:

@@ -8,7 +8,8 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,7 +236,8 @@ def load_controld(key_dir: Path, config: Config, host_index: int) -> ControldKey
     if sec.sign is None:
         raise KeyFileError(f"{secret_path(key_dir, RACK_SERVICE, me)}: no signing key")
     ops = {p: k for p, k in sec.macs.items() if p >= PRINCIPAL_OPERATOR}
-    services = {s.id: load_public(public_path(key_dir, s.id)) for s in config.services}
+    # Re-keyed slots count under their current key only (key epochs, below).
+    services = {s.id: service_publics(key_dir, config, s) for s in config.services}
     return ControldKeys(sec, ops, services)
 
 
@@ -426,3 +428,91 @@ def rotate_exec(
     _replace_file(sec_path, "\n".join(lines) + "\n", 0o600)
     _replace_file(cert, raw.hex() + "\n", 0o644)
     return raw
+
+
+class PeerKeys(Mapping[int, bytes]):
+    """A runtime's view of its service's public keys, by principal, that follows the slots'
+    key epochs: a re-keyed slot counts under its current key only, and a signature under a
+    key the slot had before is dropped and counted per sender (`stale_key_from_<id>` in
+    `counters`). The announcements are re-read when one of their files changes, so a
+    running replica learns a peer's new key without a restart."""
+
+    def __init__(
+        self, key_dir: Path, config: Config, service: Service, counters: Counter[str]
+    ) -> None:
+        self.key_dir = Path(key_dir)
+        self.config = config
+        self.service = service
+        self.counters = counters
+        self.retired: dict[int, set[bytes]] = {}
+        self.epochs: dict[int, int] = {}
+        self._base = load_public(public_path(self.key_dir, service.id))
+        self._keys: dict[int, bytes] = dict(self._base)
+        self._stamp: tuple[tuple[int, int], ...] | None = None
+        self.refresh()
+
+    def _files_stamp(self) -> tuple[tuple[int, int], ...]:
+        out = []
+        for i in range(self.service.n_exec):
+            p = spare_cert_path(self.key_dir, self.service.id, wire.exec_principal(i))
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                out.append((0, 0))
+            else:
+                out.append((st.st_mtime_ns, st.st_ino))
+        return tuple(out)
+
+    def refresh(self) -> None:
+        stamp = self._files_stamp()
+        if stamp == self._stamp:
+            return
+        slots = slot_keys(self.key_dir, self.config, self.service)
+        for p, m in slots.items():
+            if m.epoch <= self.epochs.get(p, 0):
+                continue  # an older announcement never takes a slot back
+            old = self._keys.get(p)
+            if old is not None and old != m.sign_pub:
+                self.retired.setdefault(p, set()).add(old)
+            self._keys[p] = m.sign_pub
+            self.epochs[p] = m.epoch
+        self._stamp = stamp
+
+    def __getitem__(self, principal: int) -> bytes:
+        self.refresh()
+        return self._keys[principal]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def verify(self, m: wire.Message) -> bool:
+        """m's signature verifies under its sender's current key; a stale one is counted."""
+        pub = self.get(m.sender)
+        if pub is not None and m.verify_sig(pub):
+            return True
+        self.note_failed(m)
+        return False
+
+    def note_failed(self, m: wire.Message) -> None:
+        """Count m (its signature failed) if it verifies under a key its slot had before."""
+        if any(m.verify_sig(k) for k in self.retired.get(m.sender, ())):
+            self.counters[f"stale_key_from_{m.sender}"] += 1
+            self.counters["stale_key_dropped"] += 1
+
+
+def with_epoch_macs(secret: Secret, key_dir: Path, config: Config, service: Service) -> Secret:
+    """`secret` (an agreement replica's or a client's) with the MAC key it shares with every
+    re-keyed execution slot replaced by that slot's current epoch key (epoch_mac_key): the
+    key file's key, which the slot's earlier incarnations held, authenticates nothing."""
+    if secret.sign is None:
+        return secret
+    out = Secret(secret.principal, secret.sign, dict(secret.macs), secret.epoch)
+    for p, m in slot_keys(key_dir, config, service).items():
+        if p in out.macs:
+            out.macs[p] = epoch_mac_key(
+                secret.sign, m.dh_pub, service.id, secret.principal, p, m.epoch
+            )
+    return out
