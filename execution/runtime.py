@@ -29,6 +29,8 @@ from ..snapshots.fileserve import SnapshotFiles
 from ..snapshots.hostzfs import HostZfsStore
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
+from .byzantine import BEHAVIOURS as BYZANTINE_BEHAVIOURS
+from .byzantine import Byzantine
 from .certificates import DEFAULT_WINDOW, Certificate, CommitCollector
 from .recovery import CertifiedVouches, PeerSource, RecoveryError, StableVotes, fetch_manifest
 from .registry import create_app
@@ -180,6 +182,7 @@ class Runtime:
         self.listen = listen
         # Drills only: <state dir>/zz-fault.json switches inject_fault while running.
         self.drill_faults = drill_faults
+        self.byz = Byzantine(self)  # the campaign's behaviours (execution/byzantine.py)
         self.slow_report_s = SLOW_REPORT_SECONDS
         # Checkpoints above the stable one that were snapshotted corrupted (the fault).
         self._corrupted: set[int] = set()
@@ -665,12 +668,14 @@ class Runtime:
                         self.counters["replayed_certified"] += 1
                     else:
                         rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
-                        self._send_agreement(rep.with_macs(self.agree_keys).encode())
+                        if not self.byz.report(cert.seq, rep):
+                            self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
                     if cert.seq % self.cp == 0:
                         async with self._store_lock:
                             c = await asyncio.to_thread(self._checkpoint, cert.seq)
                         self._after_checkpoint(cert.seq, c)
+                        self.byz.after_checkpoint(cert.seq)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -825,7 +830,7 @@ class Runtime:
         log.warning("drill: snapshot %s taken with %d files corrupted", name, len(flipped))
 
     def _lying(self, seq: int) -> bool:
-        if self.inject_fault == "wrong-reply":
+        if self.inject_fault == "wrong-reply" or self.byz.lying(seq):
             return True
         if self.inject_fault != "corrupt-snapshot" or not self.corrupt_lies:
             return False
@@ -839,10 +844,12 @@ class Runtime:
             del self._my_digests[s]
         self.counters["checkpoints"] += 1
         m = wire.ExecCheckpoint(self.svc.id, self.me, seq, c).signed(self.sign_key).encode()
-        self._ckpt_msgs[seq] = m
-        self._send_agreement(m)
-        for link in self._peer_links:
-            link.send(m)
+        sent = self.byz.checkpoint(seq, m)
+        if sent is not None:
+            self._ckpt_msgs[seq] = sent
+            self._send_agreement(sent)
+            for link in self._peer_links:
+                link.send(sent)
         self.ckpt_votes.setdefault(seq, {})[self.me] = c
         for peer, theirs in list(self.ckpt_votes[seq].items()):
             if peer != self.me:
@@ -1010,12 +1017,12 @@ class Runtime:
             slow_ms = body.get("slow_report_ms", SLOW_REPORT_SECONDS * 1000)
             lie = body.get("lie", True)
         except FileNotFoundError:
-            fault, slow_ms, lie = None, SLOW_REPORT_SECONDS * 1000, True
+            body, fault, slow_ms, lie = {}, None, SLOW_REPORT_SECONDS * 1000, True
         except (OSError, ValueError, AttributeError) as e:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: %s", path, e)
             return
-        if fault is not None and fault not in FAULTS:
+        if fault is not None and fault not in FAULTS + BYZANTINE_BEHAVIOURS:
             self.counters["bad_fault_file"] += 1
             log.warning("%s: unknown fault %r", path, fault)
             return
@@ -1030,6 +1037,12 @@ class Runtime:
         if not isinstance(lie, bool):
             self.counters["bad_fault_file"] += 1
             log.warning("%s: lie must be true or false", path)
+            return
+        try:
+            self.byz.configure(fault, body if isinstance(body, dict) else {})
+        except ValueError as e:
+            self.counters["bad_fault_file"] += 1
+            log.warning("%s: %s", path, e)
             return
         self.slow_report_s = slow_ms / 1000
         self.corrupt_lies = lie
@@ -1221,6 +1234,7 @@ class Runtime:
         async with self._store_lock:
             r = await asyncio.to_thread(self.files.read, m.seq, m.path_text(), m.offset, m.length)
         out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
+        out = self.byz.file_data(out)
         self.counters["file_chunks_served"] += 1
         self.counters["file_bytes_served"] += len(r.data)
         if not writer.is_closing():
