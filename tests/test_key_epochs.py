@@ -1,0 +1,172 @@
+# tests/test_key_epochs.py - a fresh spare's new keys (docs/wire.md "Key epochs"): once a
+# SPARE-READY announces a slot's new key, zz-agreed and the Python verifiers take that slot's
+# messages only under it; what the previous incarnation's keys sign or MAC is dropped and
+# counted per sender.
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import SERVICE_ID, Cluster
+from zz import certs, keys, wire
+from zz.crypto import SigningKey, sha256
+
+
+def _send(port: int, *msgs: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for m in msgs:
+            s.sendall(wire.frame(m))
+
+
+def _controld_key(key_dir: Path, h: int = 0) -> SigningKey:
+    sec = keys.load_secret(
+        keys.secret_path(key_dir, keys.RACK_SERVICE, keys.controld_principal(h))
+    )
+    assert sec.sign is not None
+    return sec.sign
+
+
+def _secret(key_dir: Path, p: int) -> keys.Secret:
+    sec = keys.load_secret(keys.secret_path(key_dir, SERVICE_ID, p))
+    assert sec.sign is not None
+    return sec
+
+
+def _exec_msgs(sec: keys.Secret, n: int, seq: int) -> tuple[bytes, bytes]:
+    """An EXEC-CHECKPOINT signed and an EXEC-REPORT MACed with `sec`'s keys."""
+    assert sec.sign is not None
+    cp = wire.ExecCheckpoint(SERVICE_ID, sec.principal, seq, sha256(b"cp")).signed(sec.sign)
+    rep = wire.ExecReport(SERVICE_ID, sec.principal, seq, sha256(b""), [])
+    return cp.encode(), rep.with_macs({r: sec.macs[r] for r in range(n)}).encode()
+
+
+def test_agreed_refuses_the_replaced_key_of_a_slot(tmp_path: Path) -> None:
+    with Cluster(tmp_path, app="kv", f=1) as c:
+        c.start()
+        kd = c.dir / "keys"
+        svc = c.service
+        spare = svc.n_exec - 1  # sleeping from the start
+        x = wire.exec_principal(spare)
+        old = _secret(kd, x)
+        raw = keys.rotate_exec(kd, c.config, svc, spare, 0, _controld_key(kd), 0)
+        new = _secret(kd, x)
+        assert new.sign is not None and old.sign is not None
+        assert new.epoch == 1 and new.sign.public != old.sign.public
+        assert all(new.macs[r] != old.macs[r] for r in range(c.n))
+        # The same conviction again (a retry) gives the same announcement, not epoch 2.
+        assert keys.rotate_exec(kd, c.config, svc, spare, 0, _controld_key(kd), 0) == raw
+
+        # A forged announcement (not the controld's key) changes nothing.
+        forged = wire.decode(raw)
+        assert isinstance(forged, wire.SpareReady)
+        forged.epoch = 5
+        bad = forged.signed(SigningKey(bytes(32))).encode()
+        for r in range(c.n):
+            _send(c.port(r), bad, raw)
+        c.wait_for(
+            lambda: all(c.stats(r).get("exec_key_epoch", [0] * 3)[spare] == 1 for r in range(c.n)),
+            what="every agreement replica holds epoch 1 for the spare",
+        )
+        assert all(c.stats(r)["spares_ready_rejected"] == 1 for r in range(c.n))
+
+        old_cp, old_rep = _exec_msgs(old, c.n, 128)
+        new_cp, new_rep = _exec_msgs(new, c.n, 128)
+        auth0 = [c.stats(r)["dropped"]["auth"] for r in range(c.n)]
+        for r in range(c.n):
+            # In order on one connection: the last old-key message is processed after the
+            # new-key ones, so its count shows they were seen too.
+            _send(c.port(r), old_cp, old_rep, new_cp, new_rep, old_cp)
+        c.wait_for(
+            lambda: all(c.stats(r)["exec_stale_key_drops"][spare] == 3 for r in range(c.n)),
+            what="old-key messages dropped and counted for the spare's slot",
+        )
+        for r in range(c.n):
+            s = c.stats(r)
+            # only the three old-key ones failed authentication: the new keys verify
+            assert s["dropped"]["auth"] == auth0[r] + 3, (r, s["dropped"])
+            assert s["exec_stale_key_drops"][:spare] == [0] * spare
+        assert "under its previous key (epoch 0) dropped" in c.log_path(0).read_text()
+
+        # A replayed older announcement does not bring the old key back, nor does a restart.
+        first = wire.SpareReady(SERVICE_ID, keys.controld_principal(0), spare, 0)
+        c.kill(1)
+        c.start(1)
+        _send(c.port(1), first.signed(_controld_key(kd)).encode(), old_cp)
+        c.wait_for(
+            lambda: c.stats(1)["exec_stale_key_drops"][spare] == 1,
+            what="restarted replica 1 still refuses the old key",
+        )
+        assert c.stats(1)["exec_key_epoch"][spare] == 1
+        assert f"exec {spare} key epoch 1 from" in c.log_path(1).read_text()
+
+
+def test_python_verifiers_follow_the_slot_key(tmp_path: Path) -> None:
+    with Cluster(tmp_path, app="kv", f=1) as c:  # not started: only its key directory
+        kd = c.dir / "keys"
+        svc = c.service
+        x = wire.exec_principal(1)
+        old = _secret(kd, x)
+        from collections import Counter
+
+        counters: Counter[str] = Counter()
+        view = keys.PeerKeys(kd, c.config, svc, counters)  # a running peer's view
+        ff_old = wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024).signed(old.sign).encode()
+        m_old = wire.decode(ff_old)
+        assert isinstance(m_old, wire.FileFetch)
+        assert m_old.refusal(view, svc.n_exec, server=wire.exec_principal(0)) is None
+
+        keys.rotate_exec(kd, c.config, svc, 1, 9, _controld_key(kd), 0)
+        new = _secret(kd, x)
+        assert new.sign is not None
+        ff_new = wire.decode(
+            wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024).signed(new.sign).encode()
+        )
+        # the peer view picked up the new key without a restart
+        assert m_old.refusal(view, svc.n_exec, server=wire.exec_principal(0)) == (
+            "file_fetch_bad_sig"
+        )
+        assert not view.verify(m_old) and view.verify(ff_new)
+        assert counters[f"stale_key_from_{x}"] == 1
+        cp_old, rep_old = _exec_msgs(old, c.n, 128)
+        assert not view.verify(wire.decode(cp_old))
+        assert counters[f"stale_key_from_{x}"] == 2
+
+        # controld's and the certificate verifiers' view, loaded from the key directory
+        assert keys.load_controld(kd, c.config, 0).services[SERVICE_ID][x] == new.sign.public
+        assert certs.ServiceTrust.load(kd, svc, c.config).keys[x] == new.sign.public
+        assert keys.service_publics(kd, c.config, svc)[x] == new.sign.public
+
+        # Agreement replica 2's and client 0's MAC keys with the slot: the epoch key, equal
+        # to the new replica's; the key file's one (which the thief has) verifies nothing.
+        for p in (2, wire.client_principal(0)):
+            mine = keys.with_epoch_macs(_secret(kd, p), kd, c.config, svc)
+            assert mine.macs[x] == new.macs[p] != old.macs[p]
+            rep = wire.decode(rep_old) if p == 2 else None
+            if rep is not None:
+                assert not rep.verify_mac(p, mine.macs[x])
+            reply = wire.Reply(SERVICE_ID, x, 0, 1, p, 0, b"r")
+            assert not wire.decode(reply.with_macs({p: old.macs[p]}).encode()).verify_mac(
+                p, mine.macs[x]
+            )
+            assert wire.decode(reply.with_macs({p: new.macs[p]}).encode()).verify_mac(
+                p, mine.macs[x]
+            )
+
+        # An announcement in the key directory that the controld did not sign is an error.
+        cert = keys.spare_cert_path(kd, SERVICE_ID, x)
+        m = wire.decode(bytes.fromhex(cert.read_text()))
+        cert.write_text(m.signed(SigningKey(bytes(32))).encode().hex() + "\n")
+        with pytest.raises(keys.KeyFileError, match="signature"):
+            keys.service_publics(kd, c.config, svc)
+
+
+def test_epoch_mac_key_is_x25519_of_the_ed25519_keys() -> None:
+    a, b = SigningKey(bytes(range(32))), SigningKey(bytes(range(1, 33)))
+    assert keys.ed25519_to_x25519(a.public) == keys.dh_public(a)
+    k_ab = keys.epoch_mac_key(a, keys.dh_public(b), 3, 2, 258, 4)
+    assert k_ab == keys.epoch_mac_key(b, keys.ed25519_to_x25519(a.public), 3, 258, 2, 4)
+    assert k_ab != keys.epoch_mac_key(a, keys.dh_public(b), 3, 2, 258, 5)
+    with pytest.raises(ValueError):
+        keys.epoch_mac_key(a, bytes(32), 3, 2, 258, 4)  # a low-order point
