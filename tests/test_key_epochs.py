@@ -170,3 +170,105 @@ def test_epoch_mac_key_is_x25519_of_the_ed25519_keys() -> None:
     assert k_ab != keys.epoch_mac_key(a, keys.dh_public(b), 3, 2, 258, 5)
     with pytest.raises(ValueError):
         keys.epoch_mac_key(a, bytes(32), 3, 2, 258, 4)  # a low-order point
+
+
+@pytest.mark.slow
+def test_fresh_spare_has_new_keys_end_to_end(tmp_path: Path) -> None:
+    """Process backend: a wrong reply convicts replica 1; its successor is re-keyed the way
+    controld does it (zz.keys.rotate_exec, then the announcement by controld.announce), the
+    old key is refused by every agreement replica and by the running peer, and the successor
+    serves under its new keys when a second fault wakes it."""
+    import asyncio
+    import shutil
+    import signal
+    from collections import Counter
+
+    from controld.announce import Announcer
+    from tests.test_execution_runtime import KV_GET, _kv, _kv_ok
+    from tests.test_fault_detection_e2e import (
+        FAST,
+        SPARE,
+        _check_wakeup,
+        _puts,
+        _start,
+        _wait_resolved,
+    )
+    from zz.procrack import signal_group
+
+    gen = _start(tmp_path, {1: ["--inject-fault", "wrong-reply"]}, FAST)
+    rig = next(gen)
+    try:
+        c = rig.cluster
+        svc = c.service
+        kd = c.dir / "keys"
+        x = wire.exec_principal(1)
+        old = _secret(kd, x)
+        assert _puts(rig, 1, "w") == [_kv_ok()]
+        _check_wakeup(rig)
+        seq = _wait_resolved(rig, convicted=1).seq
+        rig.execs.procs[1].wait(timeout=10)  # SIGKILLed by the test's controld
+
+        # controld's fresh spare: new keys, a fresh runtime, the signed announcement.
+        ctl = _controld_key(kd)
+        raw = keys.rotate_exec(kd, c.config, svc, 1, seq, ctl, 0)
+        shutil.rmtree(svc.exec_state_dir(c.config, 1), ignore_errors=True)
+        rig.execs.args[1] = []
+        rig.execs.start(1)
+        counters: Counter[str] = Counter()
+        notes: list[str] = []
+
+        async def announce() -> None:
+            a = Announcer(c.config, c.config.hosts[0], ctl, counters, notes.append)
+            a.announce(svc, 1, seq, raw)
+            await asyncio.wait_for(a.idle(), 30)
+
+        asyncio.run(announce())
+        assert counters["spare_ready_sent"] == c.n, (counters, notes)
+        rig.wait(
+            lambda: all(
+                s["exec_sleeping"] == [1] and s["exec_key_epoch"][1] == 1
+                for s in rig.agreement()
+            ),
+            "every agreement replica has the fresh spare asleep under key epoch 1",
+        )
+        rig.wait_linked(1)
+        signal_group(rig.execs.procs[1].pid, signal.SIGSTOP)
+
+        new = _secret(kd, x)
+        assert new.sign is not None and old.sign is not None
+        assert new.epoch == 1 and new.sign.public != old.sign.public
+        assert wire.decode(raw).sign_pub == new.sign.public  # type: ignore[attr-defined]
+
+        # What a thief of the convicted guest's key file can still sign or MAC: refused.
+        old_cp, old_rep = _exec_msgs(old, c.n, seq)
+        for r in range(c.n):
+            _send(c.port(r), old_cp, old_rep)
+        rig.wait(
+            lambda: all(s["exec_stale_key_drops"] == [0, 2, 0] for s in rig.agreement()),
+            "old-key messages dropped and counted for slot 1 at every agreement replica",
+        )
+        ff = wire.FileFetch(SERVICE_ID, x, 0, b"", 0, 1024).signed(old.sign).encode()
+        _send(svc.exec_address(c.config, 0)[1], ff)
+        rig.wait(
+            lambda: rig.execs.status(0).get("counters", {}).get(f"stale_key_from_{x}") == 1,
+            "the running peer refuses the old key's FILE-FETCH and counts it",
+        )
+
+        # A second fault wakes the re-keyed spare: it executes and reports under its new
+        # keys (its EXEC-REPORTs make certificates with replica 0's).
+        signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
+        rig.execs.procs[SPARE].wait(timeout=10)
+        assert _puts(rig, 1, "second") == [_kv_ok()]
+        rig.wait(lambda: len(rig.controld.shutdowns) >= 2, "a second SHUTDOWN certificate", 60)
+        rig.wait(
+            lambda: all(
+                s["exec_awake"] == [0, 1] and s["exec_convicted"] == [SPARE]
+                for s in rig.agreement()
+            ),
+            "0 and the re-keyed replica 1 awake",
+        )
+        assert rig.invoke_all([_kv(KV_GET, b"w0")]) == [_kv_ok(b"v0")]
+        assert _puts(rig, 2, "third") == [_kv_ok()] * 2
+        assert all(s["exec_stale_key_drops"] == [0, 2, 0] for s in rig.agreement())
+    finally:
+        gen.close()
