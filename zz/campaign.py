@@ -1,0 +1,714 @@
+# zz/campaign.py - `zz bench byzantine` (scripts/bench/byzantine): a seeded random campaign of
+# Byzantine execution replicas (execution/byzantine.py) against process-backend racks under
+# recorded KV load, with the invariants of issue 14 checked after every round.
+"""Adversarial campaign (docs/fault-detection.md, "Adversarial campaign").
+
+For each f (default 1 and 2) one process-backend rack (`zz rack up`, kv0 with g = 1) is
+brought up. Each round:
+
+1. waits until the rack is healthy: no fault round open, every convicted replica's fresh
+   spare back asleep, every agreement replica's view and the controlds' inventory showing
+   f+1 active and f sleeping (else the rack is restarted and the round says so);
+2. starts recorded KV load (zz/drill.py's load, fresh keys), 1 s of it;
+3. picks 1..f victims among the active replicas and a behaviour for each (seeded rng),
+   and switches them in place through the fault file (zz-fault.json);
+4. watches (zz/drill.py's Observer) for at least --hold seconds, and while a victim whose
+   behaviour is detectable is not convicted yet, up to --watch seconds;
+5. tells the victims that were not convicted to behave again, and waits (up to --settle)
+   for the rack to be healthy again, load still running;
+6. stops the load and checks (check_round), from what the controlds logged (WAKEUP and
+   SHUTDOWN certificates they acted on), the agreement replicas' views and the history:
+
+   false-conviction   a replica convicted that the campaign did not make faulty
+   missed-conviction  a WAKEUP (fault round) whose SHUTDOWN convicts no faulty replica,
+                      or that has no SHUTDOWN at all (TR Lemma 2)
+   stall              some stretch after the fault longer than --bound seconds in which
+                      no client operation completed (completed = f+1 matching replies)
+   not-linearizable   Porcupine (tools/lincheck) rejects the round's history
+   cost               not back to f+1 active and f sleeping, in every agreement
+                      replica's view and in the controlds' (TR Theorem 1)
+
+The figures (rounds, attacks of each behaviour, violations of each invariant, worst
+time to correct service) are printed and written to OUT/campaign.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import history as zh
+from . import rackctl
+from .atomicfile import write_atomic
+from .config import Config, Service, load
+from .drill import Load, Observer, _awaiting_spares, _open_rounds, _start_load
+from .execution.runtime import FAULT_FILE
+from .ports import free_base
+
+Progress = Callable[[str], None]
+
+# Every behaviour of the menu: the runtime's own faults (execution/runtime.py FAULTS) and
+# execution/byzantine.py's. "slow" is slow but correct: reports later than the K·t1
+# timer's ceiling (so it is timed out and may be convicted: it is faulty).
+BEHAVIOURS = (
+    "wrong-reply",
+    "equivocate",
+    "future-seq",
+    "replay-old",
+    "wrong-checkpoint",
+    "withhold-checkpoint",
+    "slow",
+    "crash-before-checkpoint",
+    "crash-after-checkpoint",
+    "corrupt-snapshot",
+    "forged-fetch",
+    "truncated-fetch",
+    "report-flood",
+)
+# Behaviours the agreement replicas can see at once and must convict (the campaign waits up
+# to --watch for it). equivocate counts only when g+1 agreement replicas get the lie.
+DETECTABLE = frozenset(
+    {
+        "wrong-reply",
+        "equivocate",
+        "slow",
+        "crash-before-checkpoint",
+        "crash-after-checkpoint",
+        "corrupt-snapshot",
+        "forged-fetch",
+        "truncated-fetch",
+    }
+)
+# Behaviours that violate an invariant with today's code, and the defect each waits for
+# (filled from campaign runs; docs/fault-detection.md "Adversarial campaign" has the seeds).
+# The test suite's short run leaves them out; `zz bench byzantine` runs them all.
+KNOWN_OPEN: dict[str, str] = {}
+# What tests/test_campaign.py runs: behaviours today's code handles.
+TESTED = ("wrong-reply", "slow", "crash-after-checkpoint", "corrupt-snapshot")
+INVARIANTS = ("false-conviction", "missed-conviction", "stall", "not-linearizable", "cost")
+# As tests/test_drill.py: the report timer's floor above the hiccups of 2 busy cores.
+OVERRIDES = {"detect_floor_ms": 4000}
+WARMUP_S = 1.0
+
+
+class CampaignError(Exception):
+    """The campaign cannot go on (a rack that does not come up)."""
+
+
+# ---- one round's data and the invariant checker (pure: tests/test_campaign.py) ------------
+@dataclass
+class Attack:
+    replica: int
+    behaviour: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Round:
+    index: int
+    f: int
+    attacks: list[Attack] = field(default_factory=list)
+    # What the controlds acted on during the round: WAKEUP seq -> woken, SHUTDOWN seq ->
+    # convicted (certificates of g+1 agreement replicas).
+    wakeups: dict[int, list[int]] = field(default_factory=dict)
+    shutdowns: dict[int, list[int]] = field(default_factory=dict)
+    # The rack at the end of the round: each agreement replica's awake and sleeping sets,
+    # and controld's running and sleeping replicas; crashed victims never convicted.
+    views: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    controld_running: list[int] = field(default_factory=list)
+    controld_sleeping: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    healthy_after_s: float | None = None  # from the fault until healthy again
+    # Load: operations, completed ones, and the longest time after the fault in which no
+    # operation completed (None: none completed after the fault).
+    operations: int = 0
+    completed: int = 0
+    timeouts: int = 0
+    worst_gap_s: float | None = None
+    linearizable: bool | None = None
+    linearizability: str = ""
+    rack_restarted: bool = False
+    notes: list[str] = field(default_factory=list)
+    violations: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def faulty(self) -> set[int]:
+        return {a.replica for a in self.attacks}
+
+    @property
+    def convicted(self) -> set[int]:
+        return {x for c in self.shutdowns.values() for x in c}
+
+    @property
+    def label(self) -> str:
+        return "+".join(sorted(a.behaviour for a in self.attacks)) or "none"
+
+
+def check_round(r: Round, bound_s: float) -> list[tuple[str, str]]:
+    """The invariants of issue 14 over one round: (invariant, why) for each violation."""
+    out: list[tuple[str, str]] = []
+    faulty = r.faulty
+    for x in sorted(r.convicted - faulty):
+        seqs = [s for s, c in r.shutdowns.items() if x in c]
+        out.append(("false-conviction", f"exec-{x} convicted at seq {seqs}, it was correct"))
+    for seq, woken in sorted(r.wakeups.items()):
+        conv = r.shutdowns.get(seq)
+        if conv is None:
+            out.append(("missed-conviction", f"WAKEUP seq {seq} (woke {woken}): no SHUTDOWN"))
+        elif not set(conv) & faulty:
+            out.append(
+                ("missed-conviction", f"WAKEUP seq {seq}: SHUTDOWN convicts {conv}, none faulty")
+            )
+    if r.worst_gap_s is None:
+        out.append(("stall", "no client operation completed after the fault"))
+    elif r.worst_gap_s > bound_s:
+        out.append(
+            ("stall", f"no operation completed for {r.worst_gap_s:.1f} s (bound {bound_s:.0f} s)")
+        )
+    if r.linearizable is False:
+        out.append(("not-linearizable", r.linearizability))
+    want_active, want_sleeping = r.f + 1, r.f
+    for name, v in sorted(r.views.items()):
+        awake, sleeping = v.get("awake", []), v.get("sleeping", [])
+        if len(awake) != want_active or len(sleeping) != want_sleeping:
+            out.append(("cost", f"{name}: awake {awake}, sleeping {sleeping}"))
+    if len(r.controld_running) != want_active or len(r.controld_sleeping) != want_sleeping:
+        out.append(
+            ("cost", f"controld: running {r.controld_running}, asleep {r.controld_sleeping}")
+        )
+    if r.dead:
+        out.append(("cost", f"crashed but not convicted (still counted active): {r.dead}"))
+    return out
+
+
+@dataclass
+class Figures:
+    f: int
+    rounds: int = 0
+    attacks: Counter[str] = field(default_factory=Counter)
+    violations: Counter[str] = field(default_factory=Counter)
+    # behaviour label of the round -> invariant -> rounds
+    by_behaviour: dict[str, Counter[str]] = field(default_factory=dict)
+    wakeups: int = 0
+    convictions: int = 0
+    worst_correct_service_s: float | None = None
+    rack_restarts: int = 0
+    first_violations: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, r: Round) -> None:
+        self.rounds += 1
+        self.attacks.update(a.behaviour for a in r.attacks)
+        self.wakeups += len(r.wakeups)
+        self.convictions += len(r.convicted)
+        self.rack_restarts += r.rack_restarted
+        if r.worst_gap_s is not None:
+            w = self.worst_correct_service_s
+            self.worst_correct_service_s = r.worst_gap_s if w is None else max(w, r.worst_gap_s)
+        kinds = sorted({k for k, _ in r.violations})
+        self.violations.update(kinds)
+        by = self.by_behaviour.setdefault(r.label, Counter())
+        by["rounds"] += 1
+        by.update(kinds)
+        if kinds and len(self.first_violations) < 40:
+            self.first_violations.append(
+                {"round": r.index, "behaviours": r.label, "violations": r.violations}
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "f": self.f,
+            "rounds": self.rounds,
+            "attacks": dict(sorted(self.attacks.items())),
+            "false_convictions": self.violations["false-conviction"],
+            "missed_convictions": self.violations["missed-conviction"],
+            "stalls": self.violations["stall"],
+            "not_linearizable": self.violations["not-linearizable"],
+            "cost_violations": self.violations["cost"],
+            "wakeups": self.wakeups,
+            "convictions": self.convictions,
+            "worst_time_to_correct_service_s": self.worst_correct_service_s,
+            "rack_restarts": self.rack_restarts,
+            "by_behaviour": {k: dict(v) for k, v in sorted(self.by_behaviour.items())},
+            "first_violations": self.first_violations,
+        }
+
+
+def format_figures(figs: Sequence[Figures], seed: int, bound_s: float) -> str:
+    lines = [f"adversarial campaign, seed {seed}, liveness bound {bound_s:.0f} s"]
+    for fg in figs:
+        j = fg.to_json()
+        worst = j["worst_time_to_correct_service_s"]
+        lines += [
+            f"f = {fg.f}: {fg.rounds} rounds, {fg.wakeups} wake-ups, {fg.convictions}"
+            f" convictions, {fg.rack_restarts} rack restarts",
+            f"  false convictions {j['false_convictions']}, missed convictions"
+            f" {j['missed_convictions']}, stalls {j['stalls']}, not linearizable"
+            f" {j['not_linearizable']}, cost (not back to f+1) {j['cost_violations']}",
+            "  worst time to correct service " + ("-" if worst is None else f"{worst:.1f} s"),
+            f"  {'behaviours':44} {'rounds':>6} " + " ".join(f"{k[:9]:>9}" for k in INVARIANTS),
+        ]
+        for label, c in sorted(fg.by_behaviour.items()):
+            lines.append(
+                f"  {label:44} {c['rounds']:6d} " + " ".join(f"{c[k]:9d}" for k in INVARIANTS)
+            )
+    return "\n".join(lines)
+
+
+# ---- the rack -----------------------------------------------------------------------------
+def write_rack(directory: Path, f: int, name: str = "byz") -> Path:
+    """A process-backend rack: 2f+1 hosts (one execution replica of kv0 per host), kv0 with
+    g = 1 and this f, on free ports (as tests/test_rackctl.py write_rack)."""
+    hosts = 2 * f + 1 if f > 1 else 4
+    ctl = free_base(range(hosts))
+    base = free_base(range(70))
+    lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\nplacement = "spread"\n']
+    for h in range(hosts):
+        lines.append(
+            f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{h + 1}"\ncontrol_port = {ctl + h}\n'
+        )
+    lines.append(
+        f'[[services]]\nname = "kv0"\nid = 1\ng = 1\nf = {f}\napp = "kv"\n'
+        f'sleep = "paused"\nbase_port = {base}\n'
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "rack.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def down(config: Config) -> None:
+    """zz rack down, then whatever process of the rack is left (as the tests do)."""
+    with contextlib.suppress(Exception):
+        rackctl.down(config)
+    for pid in rackctl.rack_leftovers(config):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# ---- the campaign -------------------------------------------------------------------------
+@dataclass
+class Options:
+    rounds: int = 10
+    behaviours: tuple[str, ...] = BEHAVIOURS
+    bound_s: float = 30.0
+    hold_s: float = 5.0
+    watch_s: float = 30.0
+    settle_s: float = 90.0
+    clients: int = 4
+    agreed: Path | None = None  # zz-agreed binary (default: ZZ_AGREED, else the build's)
+    overrides: dict[str, Any] = field(default_factory=lambda: dict(OVERRIDES))
+
+
+class Campaign:
+    """One rack (one f) and its rounds."""
+
+    def __init__(
+        self, config: Config, opts: Options, rng: random.Random, progress: Progress
+    ) -> None:
+        self.config = config
+        self.s: Service = config.services[0]
+        self.opts = opts
+        self.rng = rng
+        self.progress = progress
+        self.figures = Figures(self.s.f)
+        self.rounds: list[Round] = []
+
+    # ---- rack state ---------------------------------------------------------------------
+    def _views(self, obs: Observer) -> dict[str, dict[str, list[int]]]:
+        return {
+            n: {
+                "awake": sorted(d.get("exec_awake") or []),
+                "sleeping": sorted(d.get("exec_sleeping") or []),
+                "convicted": sorted(d.get("exec_convicted") or []),
+            }
+            for n, d in sorted(obs.agreed.items())
+        }
+
+    def _controld(self, obs: Observer) -> tuple[list[int], list[int]]:
+        running, asleep = [], []
+        for st in obs.controld.values():
+            for rec in st.get("replicas", []):
+                if rec.get("service") != self.s.name:
+                    continue
+                if rec.get("state") in ("active", "recovering"):
+                    running.append(rec["index"])
+                elif rec.get("state") in ("paused", "hibernated"):
+                    asleep.append(rec["index"])
+        return sorted(running), sorted(asleep)
+
+    def _problems(self, obs: Observer) -> list[str]:
+        """Why the rack is not ready for a round (empty: it is)."""
+        out = []
+        if _open_rounds(obs):
+            out.append("a fault round is open")
+        if spares := _awaiting_spares(obs):
+            out.append(f"fresh spares not back asleep: {sorted(spares)}")
+        views = self._views(obs)
+        if len(views) < self.s.n:
+            out.append(f"stats of {len(views)} of {self.s.n} agreement replicas")
+        f = self.s.f
+        for n, v in views.items():
+            if len(v["awake"]) != f + 1 or len(v["sleeping"]) != f:
+                out.append(f"{n}: awake {v['awake']} sleeping {v['sleeping']}")
+        if len({json.dumps(v["awake"]) for v in views.values()}) > 1:
+            out.append("agreement replicas disagree about the awake set")
+        running, asleep = self._controld(obs)
+        if len(running) != f + 1 or len(asleep) != f:
+            out.append(f"controld: running {running}, asleep {asleep}")
+        return out
+
+    async def _observe(self) -> Observer:
+        obs = Observer(self.config, [self.s])
+        obs.read_agreed()
+        await obs.read_controlds()
+        return obs
+
+    async def _ready(self, timeout: float) -> list[str]:
+        obs = await self._observe()
+        t_end = time.monotonic() + timeout
+        while (problems := self._problems(obs)) and time.monotonic() < t_end:
+            await obs.poll()
+        return problems
+
+    def _pid_alive(self, i: int) -> bool:
+        try:
+            pid = int(json.loads(self.s.exec_status_path(self.config, i).read_text())["pid"])
+            os.kill(pid, 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return (
+            Path(f"/proc/{pid}").exists()
+            and b"zz.execution" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+
+    def up(self) -> None:
+        try:
+            rackctl.up(self.config, agreed=self.opts.agreed, overrides=self.opts.overrides)
+        except rackctl.RackError as e:
+            raise CampaignError(f"rack f={self.s.f} did not come up: {e}") from e
+
+    def restart(self, why: str) -> None:
+        self.progress(f"  restarting the rack: {why}")
+        down(self.config)
+        self.up()
+
+    # ---- the fault file -------------------------------------------------------------------
+    def _fault_body(self, a: Attack) -> dict[str, Any]:
+        if a.behaviour == "slow":
+            ceiling = int(self.opts.overrides.get("detect_ceiling_ms", self.s.detect_ceiling_ms))
+            floor = int(self.opts.overrides.get("detect_floor_ms", self.s.detect_floor_ms))
+            return {"fault": "slow-report", "slow_report_ms": max(floor, ceiling) + 1000}
+        return {"fault": a.behaviour, **a.params}
+
+    def _set_fault(self, i: int, body: dict[str, Any]) -> None:
+        path = self.s.exec_state_dir(self.config, i) / FAULT_FILE
+        write_atomic(path, json.dumps(body) + "\n")
+
+    def _plan(self, active: list[int]) -> list[Attack]:
+        k = self.rng.randint(1, min(self.s.f, len(active)))
+        victims = sorted(self.rng.sample(active, k))
+        attacks = []
+        for i in victims:
+            b = self.rng.choice(self.opts.behaviours)
+            params: dict[str, Any] = {}
+            if b == "equivocate":
+                size = self.rng.randint(1, self.s.n - 1)
+                params["to"] = sorted(self.rng.sample(range(self.s.n), size))
+            attacks.append(Attack(i, b, params))
+        return attacks
+
+    def _detectable(self, a: Attack) -> bool:
+        if a.behaviour == "equivocate":
+            return len(a.params.get("to", [])) >= self.s.g + 1
+        return a.behaviour in DETECTABLE
+
+    # ---- one round ----------------------------------------------------------------------
+    async def play_round(self, index: int) -> Round:
+        o, s = self.opts, self.s
+        r = Round(index, s.f)
+        t_round = time.monotonic()
+        problems = await self._ready(o.settle_s)
+        if problems:
+            r.rack_restarted = True
+            r.notes.append(f"rack restarted before the round: {'; '.join(problems)}")
+            await asyncio.to_thread(self.restart, "; ".join(problems))
+            problems = await self._ready(o.settle_s)
+            if problems:
+                raise CampaignError(f"rack f={s.f} not healthy after a restart: {problems}")
+        obs = await self._observe()
+        load = _start_load(self.config, [s], o.clients, None)
+        try:
+            t_end = time.monotonic() + WARMUP_S
+            while time.monotonic() < t_end:
+                await obs.poll()
+            running, _ = self._controld(obs)
+            awake = self._views(obs).get(f"{s.name}/agreed-0", {}).get("awake", running)
+            r.attacks = self._plan(sorted(set(running) & set(awake)) or running)
+            self.progress(
+                f"round {index} (f={s.f}): "
+                + ", ".join(f"exec-{a.replica} {a.behaviour}{a.params or ''}" for a in r.attacks)
+            )
+            obs.mark_fault()
+            for a in r.attacks:
+                self._set_fault(a.replica, self._fault_body(a))
+            t0 = time.monotonic()
+            expect = {a.replica for a in r.attacks if self._detectable(a)}
+            while True:
+                await obs.poll()
+                el = time.monotonic() - t0
+                conv = _convicted(obs)
+                if el >= o.watch_s:
+                    break
+                if el >= o.hold_s and expect <= conv and not _open_rounds(obs):
+                    break
+            conv = _convicted(obs)
+            for a in r.attacks:
+                if a.replica not in conv:
+                    with contextlib.suppress(OSError):
+                        self._set_fault(a.replica, {"fault": None})
+            t_end = time.monotonic() + o.settle_s
+            while (problems := self._problems(obs)) and time.monotonic() < t_end:
+                await obs.poll()
+            if not problems:
+                r.healthy_after_s = round(time.monotonic() - t0, 2)
+            await obs.read_controlds()
+            obs.read_agreed()
+        finally:
+            t_stop = time.monotonic_ns()
+            await _stop_load(load)
+        self._collect(r, obs, load, t_stop)
+        r.seconds = round(time.monotonic() - t_round, 1)
+        await asyncio.to_thread(self._lincheck, r, load)
+        r.violations = check_round(r, o.bound_s)
+        return r
+
+    def _collect(self, r: Round, obs: Observer, load: Load, t_stop: int) -> None:
+        for _, line in obs.lines(r"^WAKEUP \S+ seq \d+ "):
+            m = re.search(r"seq (\d+) awake \[[\d, ]*\] wake \[([\d, ]*)\]", line)
+            if m:
+                r.wakeups[int(m.group(1))] = _ints(m.group(2))
+        for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict"):
+            m = re.search(r"seq (\d+) convict \[([\d, ]*)\]", line)
+            if m:
+                r.shutdowns[int(m.group(1))] = _ints(m.group(2))
+        r.views = {
+            n: {"awake": v["awake"], "sleeping": v["sleeping"]} for n, v in self._views(obs).items()
+        }
+        r.controld_running, r.controld_sleeping = self._controld(obs)
+        r.dead = sorted(
+            a.replica
+            for a in r.attacks
+            if a.replica not in r.convicted and not self._pid_alive(a.replica)
+        )
+        if problems := self._problems(obs):
+            r.notes.append(f"not healthy within --settle: {'; '.join(problems)}")
+        # Liveness: completions after the fault, and the longest stretch without one.
+        f_ns = obs.fault_ns
+        rets = sorted(
+            o.ret
+            for rec in load.recorders.values()
+            for o in rec.history().operations
+            if o.ret is not None and o.ret >= f_ns
+        )
+        ops = [o for rec in load.recorders.values() for o in rec.history().operations]
+        r.operations = len(ops)
+        r.completed = sum(1 for o in ops if o.ret is not None)
+        r.timeouts = load.tally["timeouts"]
+        if rets:
+            edges = [f_ns, *rets, t_stop]
+            r.worst_gap_s = round(
+                max(b - a for a, b in zip(edges, edges[1:], strict=False)) / 1e9, 2
+            )
+
+    def _lincheck(self, r: Round, load: Load) -> None:
+        for name, rec in load.recorders.items():
+            try:
+                v = zh.check(rec.history(), timeout=120)
+            except zh.LincheckError as e:
+                r.linearizability = f"{name}: check failed to run: {e}"
+                r.notes.append(r.linearizability)
+                return
+            r.linearizable = v.linearizable if r.linearizable is not False else False
+            r.linearizability = f"{name}: {v}"
+
+    async def run(self) -> None:
+        await asyncio.to_thread(zh.lincheck_binary)
+        for k in range(1, self.opts.rounds + 1):
+            r = await self.play_round(k)
+            self.rounds.append(r)
+            self.figures.add(r)
+            v = "; ".join(f"{a}: {b}" for a, b in r.violations) or "ok"
+            self.progress(
+                f"  wakeups {sorted(r.wakeups)} convicted {sorted(r.convicted)}"
+                f" ops {r.completed}/{r.operations} worst gap {r.worst_gap_s} s"
+                f" healthy after {r.healthy_after_s} s ({r.seconds} s) -> {v}"
+            )
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def _convicted(obs: Observer) -> set[int]:
+    out: set[int] = set()
+    for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict"):
+        m = re.search(r"convict \[([\d, ]*)\]", line)
+        if m:
+            out |= set(_ints(m.group(1)))
+    return out
+
+
+async def _stop_load(load: Load) -> None:
+    load.stop.set()
+    load.gate.set()
+    await asyncio.wait(load.tasks, timeout=15)
+    for t in load.tasks:
+        t.cancel()
+    await asyncio.gather(*load.tasks, return_exceptions=True)
+
+
+# ---- entry points -------------------------------------------------------------------------
+def run_campaign(
+    fs: Sequence[int],
+    opts: Options,
+    seed: int,
+    out: Path,
+    progress: Progress = print,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
+    """Run the campaign for each f (one rack each, torn down whatever happens); write
+    OUT/campaign.json and return it."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    result: dict[str, Any] = {
+        "seed": seed,
+        "command": " ".join(sys.argv),
+        "options": {
+            **asdict(opts),
+            "behaviours": list(opts.behaviours),
+            "agreed": str(opts.agreed),
+        },
+        "known_open": KNOWN_OPEN,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "runs": [],
+    }
+    figs: list[Figures] = []
+    for f in fs:
+        tmp = Path(tempfile.mkdtemp(prefix=f"zz-byz-f{f}-", dir=workdir))
+        config = load(write_rack(tmp, f))
+        camp = Campaign(config, opts, rng, progress)
+        error = None
+        try:
+            progress(f"rack f={f} in {tmp}: up")
+            camp.up()
+            asyncio.run(camp.run())
+        except (CampaignError, rackctl.RackError) as e:
+            error = str(e)
+            progress(f"campaign f={f} stopped: {e}")
+        finally:
+            down(config)
+            if error is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        figs.append(camp.figures)
+        result["runs"].append(
+            {
+                "f": f,
+                "error": error,
+                "rack_dir": None if error is None else str(tmp),
+                "figures": camp.figures.to_json(),
+                "rounds": [_round_json(r) for r in camp.rounds],
+            }
+        )
+        write_atomic(out / "campaign.json", json.dumps(result, indent=1) + "\n")
+    result["summary"] = format_figures(figs, seed, opts.bound_s)
+    write_atomic(out / "campaign.json", json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _round_json(r: Round) -> dict[str, Any]:
+    d = asdict(r)
+    d["behaviours"] = r.label
+    d["faulty"] = sorted(r.faulty)
+    d["convicted"] = sorted(r.convicted)
+    d["violations"] = [list(v) for v in r.violations]
+    return d
+
+
+def violations(result: dict[str, Any]) -> int:
+    return sum(
+        sum(1 for r in run["rounds"] if r["violations"]) + (run["error"] is not None)
+        for run in result["runs"]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="zz bench byzantine",
+        description="Seeded random campaign of Byzantine execution replicas against"
+        " process-backend racks under KV load; checks no false conviction, a conviction for"
+        " every wake-up, liveness, linearizability and f+1 active after every round.",
+    )
+    p.add_argument("--seed", type=int, help="campaign seed (default: from the clock, printed)")
+    p.add_argument("--rounds", type=int, default=100, help="rounds per f (default 100)")
+    p.add_argument("--f", default="1,2", help="comma-separated f values (default 1,2)")
+    p.add_argument(
+        "--behaviours",
+        default=",".join(BEHAVIOURS),
+        help="comma-separated menu (default: all): " + ", ".join(BEHAVIOURS),
+    )
+    p.add_argument("--skip-known-open", action="store_true", help="leave out KNOWN_OPEN ones")
+    p.add_argument("--bound", type=float, default=30.0, help="liveness bound (s, default 30)")
+    p.add_argument("--hold", type=float, default=5.0, help="minimum fault time per round (s)")
+    p.add_argument("--watch", type=float, default=30.0, help="maximum fault time per round (s)")
+    p.add_argument("--settle", type=float, default=90.0, help="back to f+1 within (s)")
+    p.add_argument("--clients", type=int, default=4, help="KV clients (default 4)")
+    p.add_argument("--agreed", type=Path, help="zz-agreed binary (default $ZZ_AGREED or build)")
+    p.add_argument("--quick", action="store_true", help="5 rounds per f")
+    p.add_argument("--out", type=Path, help="output directory (default bench-results/...)")
+    a = p.parse_args(argv)
+    behaviours = tuple(x for x in a.behaviours.split(",") if x)
+    bad = [b for b in behaviours if b not in BEHAVIOURS]
+    if bad or not behaviours:
+        p.error(f"unknown behaviours {bad}: choose from {', '.join(BEHAVIOURS)}")
+    if a.skip_known_open:
+        behaviours = tuple(b for b in behaviours if b not in KNOWN_OPEN)
+    seed = a.seed if a.seed is not None else int(time.time()) % 1_000_000
+    fs = [int(x) for x in a.f.split(",") if x]
+    opts = Options(
+        rounds=5 if a.quick else a.rounds,
+        behaviours=behaviours,
+        bound_s=a.bound,
+        hold_s=a.hold,
+        watch_s=a.watch,
+        settle_s=a.settle,
+        clients=a.clients,
+        agreed=a.agreed or (Path(os.environ["ZZ_AGREED"]) if os.environ.get("ZZ_AGREED") else None),
+    )
+    from .procrack import REPO
+
+    out = a.out or REPO / "bench-results" / f"byzantine-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"seed {seed}; writing {out / 'campaign.json'}", flush=True)
+    result = run_campaign(fs, opts, seed, out, lambda x: print(x, flush=True))
+    print(result["summary"])
+    print(f"written: {out / 'campaign.json'}")
+    return 1 if violations(result) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
