@@ -281,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
             "agreement",
             "detection",
             "checkpoint",
+            "byzantine",
         ),
     )
     be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
