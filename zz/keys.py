@@ -467,7 +467,15 @@ class PeerKeys(Mapping[int, bytes]):
         stamp = self._files_stamp()
         if stamp == self._stamp:
             return
-        slots = slot_keys(self.key_dir, self.config, self.service)
+        try:
+            slots = slot_keys(self.key_dir, self.config, self.service)
+        except KeyFileError:
+            if self._stamp is None:
+                raise  # at start: the caller reports it
+            # A running verifier keeps the view it has (a bad file never lowers an epoch).
+            self.counters["key_view_errors"] += 1
+            self._stamp = stamp
+            return
         for p, m in slots.items():
             if m.epoch <= self.epochs.get(p, 0):
                 continue  # an older announcement never takes a slot back
