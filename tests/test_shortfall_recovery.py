@@ -1,0 +1,106 @@
+# tests/test_shortfall_recovery.py - liveness after a conviction (issue: no recovery from a
+# shortfall): the partner of a convicted replica crashes before the convicted slot's fresh spare
+# is ready. Nobody is asleep, so the statements about the stuck request wake no one; once the
+# fresh spare is announced (SPARE-READY), those statements must wake it, without waiting for
+# some later request to fail too. Real zz-agreed and runtimes (tests/test_fault_detection_e2e.py).
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import shutil
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controld.announce import Announcer
+from tests.test_execution_runtime import KV_GET, KV_PUT, _kv, _kv_ok
+from tests.test_fault_detection_e2e import (
+    FAST,
+    SPARE,
+    FaultRig,
+    _check_wakeup,
+    _puts,
+    _start,
+    _wait_resolved,
+)
+from zz import keys
+from zz.procrack import signal_group
+
+
+@pytest.fixture
+def liar_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {1: ["--inject-fault", "wrong-reply"]}, FAST)
+
+
+@pytest.mark.slow
+def test_partner_crash_before_the_fresh_spare_is_ready(liar_rig: FaultRig) -> None:
+    rig = liar_rig
+    c = rig.cluster
+    svc = c.service
+    # 1. Replica 1 lies: the spare is woken, 1 convicted; 0 and the former spare are active.
+    assert _puts(rig, 1, "w") == [_kv_ok()]
+    _check_wakeup(rig)
+    seq = _wait_resolved(rig, convicted=1).seq
+
+    # 2. The former spare crashes before 1's slot is refilled: a PUT gets one reply (from 0)
+    # and cannot complete. Its seq times out and every agreement replica signs a statement,
+    # but nobody is asleep, so no WAKEUP.
+    signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
+    rig.execs.procs[SPARE].wait(timeout=10)
+    sent = rig.total("fault_statements_sent")
+    async def put_stuck() -> bytes:
+        client = c.client(0)
+        try:  # long enough for the refill below on a loaded machine
+            return await client.invoke(_kv(KV_PUT, b"stuck", b"v"), timeout=150)
+        finally:
+            await client.close()
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    stuck = pool.submit(asyncio.run, put_stuck())
+    try:
+        rig.wait(
+            lambda: rig.total("fault_statements_sent") >= sent + c.g + 1,
+            "statements about the stuck PUT's seq",
+        )
+        assert len(rig.controld.shutdowns) == 1 and not stuck.done()
+        assert all(s["exec_sleeping"] == [] for s in rig.agreement())
+
+        # 3. controld refills slot 1 (fresh state, no fault, registered, asleep) and
+        # announces it. Nothing else happens: no new request, no new seq.
+        rig.execs.procs[1].wait(timeout=10)
+        shutil.rmtree(svc.exec_state_dir(c.config, 1), ignore_errors=True)
+        rig.execs.args[1] = []
+        rig.execs.start(1)
+        rig.wait_linked(1)
+        signal_group(rig.execs.procs[1].pid, signal.SIGSTOP)
+        host = c.config.hosts[0]  # the test rack's one controld (tests/test_spare_refill.py)
+        ctl_key = keys.load_secret(
+            keys.secret_path(c.dir / "keys", keys.RACK_SERVICE, keys.controld_principal(0))
+        ).sign
+        assert ctl_key is not None
+        counters: Counter[str] = Counter()
+
+        async def announce() -> None:
+            a = Announcer(c.config, host, ctl_key, counters, print)
+            a.announce(svc, 1, seq)
+            await asyncio.wait_for(a.idle(), 30)
+
+        asyncio.run(announce())
+
+        # 4. The statements collected while nobody slept now wake 1; the crashed replica is
+        # convicted, 0 and 1 are active, and the stuck PUT completes.
+        rig.wait(lambda: len(rig.controld.shutdowns) >= 2, "a second SHUTDOWN certificate", 60)
+        cert = rig.controld.shutdowns[1]
+        assert cert.convict == (SPARE,) and cert.active == (0, 1), cert
+        assert rig.controld.wakeups[-1].wake == (1,)
+        assert 1 in rig.controld.woken_at
+        assert stuck.result(timeout=150) == _kv_ok()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    assert rig.invoke_all([_kv(KV_GET, b"stuck"), _kv(KV_GET, b"w0")]) == [
+        _kv_ok(b"v"),
+        _kv_ok(b"v0"),
+    ]
