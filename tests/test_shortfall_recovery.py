@@ -104,3 +104,28 @@ def test_partner_crash_before_the_fresh_spare_is_ready(liar_rig: FaultRig) -> No
         _kv_ok(b"v"),
         _kv_ok(b"v0"),
     ]
+
+
+@pytest.fixture
+def f2_liar_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {0: ["--inject-fault", "wrong-reply"]}, FAST, f=2)
+
+
+@pytest.mark.slow
+def test_f2_liar_and_a_dead_spare(f2_liar_rig: FaultRig) -> None:
+    """f = 2: replica 0 lies and spare 3, the one its WAKEUP wakes, is dead (two faulty
+    execution replicas). The round cannot decide without 3's report; once 3 is overdue the
+    round closes and the seq is judged again over {0, 1, 2, 3}, which wakes spare 4. Before,
+    the round stayed open for good and the PUT never completed."""
+    rig = f2_liar_rig
+    dead = rig.execs.procs[3]
+    signal_group(dead.pid, signal.SIGKILL)  # not reaped: the test controld's SIGCONT finds it
+    assert _puts(rig, 1, "w") == [_kv_ok()]
+    rig.wait(lambda: bool(rig.controld.shutdowns), "a SHUTDOWN certificate", 60)
+    wakes = sorted({w.wake for w in rig.controld.wakeups})
+    assert wakes == [(3,), (4,)], wakes
+    cert = rig.controld.shutdowns[0]
+    # The liar is convicted; the dead spare is excused by the mismatch (TR Lemma 2: a
+    # mismatch is more egregious) and put back to sleep, where a later round can judge it.
+    assert cert.convict == (0,) and cert.active == (1, 2, 4) and cert.sleep == (3,), cert
+    assert rig.invoke_all([_kv(KV_GET, b"w0")]) == [_kv_ok(b"v0")]

@@ -867,7 +867,8 @@ static void try_resolve(zz_replica *r)
     for (uint32_t j = 0; j < w->n_woken; j++)
         all &= k->reported[w->woken[j]];
     uint64_t waited = zz_now_ms(r) - w->opened_ms;
-    if (!all && waited < WAKE_RESOLVE_MS + (uint64_t)r->conf->detect_ceiling_ms)
+    int overdue = waited >= WAKE_RESOLVE_MS + (uint64_t)r->conf->detect_ceiling_ms;
+    if (!all && !overdue)
         return;
     zz_freport rep[ZZ_MAX_EXEC];
     uint32_t nrep = 0;
@@ -899,12 +900,13 @@ static void try_resolve(zz_replica *r)
         send_shutdown(r, &res);
         return;
     }
-    if (!all)
-        return;
-    /* Everyone woken reported and still no f+1 agree (the agreeing replicas were faulty,
-     * scenario w6): close this round; the seq is judged again over the larger awake set. */
-    fprintf(stderr, "zz-agreed: replica %u: round at seq %llu undecided, next round\n", r->id,
-            (unsigned long long)w->seq);
+    /* Still no f+1 agree, and either everyone woken reported (the agreeing replicas were
+     * faulty, scenario w6) or a woken replica is overdue (it crashed, or its host did: with
+     * f = 2 a liar plus a dead spare, the round waited for it for good). Close this round:
+     * the seq is judged again over the larger awake set, where a silent woken replica shows
+     * as "-" and more spares can be woken. */
+    fprintf(stderr, "zz-agreed: replica %u: round at seq %llu undecided%s, next round\n", r->id,
+            (unsigned long long)w->seq, all ? "" : " (a woken replica is overdue)");
     round_clear(r);
     if (!k->certified)
         send_statement(r, k, 0);
