@@ -664,16 +664,24 @@ class Runtime:
                         self._send_reply(out, cert.view)
                     if self.inject_fault == "slow-report":
                         await asyncio.sleep(self.slow_report_s)
+                    # At a checkpoint seq the checkpoint comes first and its digest is in
+                    # the report (wire.checkpoint_ref): the agreement replicas compare and
+                    # certify it with the replies, so a replica that signs a wrong checkpoint
+                    # digest is caught like one that answers wrongly.
+                    c = None
+                    if cert.seq % self.cp == 0:
+                        async with self._store_lock:
+                            c = await asyncio.to_thread(self._checkpoint, cert.seq)
                     if replay:
                         self.counters["replayed_certified"] += 1
                     else:
+                        if c is not None:
+                            refs = [*refs, wire.checkpoint_ref(cert.seq, c)]
                         rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
                         if not self.byz.report(cert.seq, rep):
                             self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
-                    if cert.seq % self.cp == 0:
-                        async with self._store_lock:
-                            c = await asyncio.to_thread(self._checkpoint, cert.seq)
+                    if c is not None:
                         self._after_checkpoint(cert.seq, c)
                         self.byz.after_checkpoint(cert.seq)
         except asyncio.CancelledError:

@@ -186,6 +186,17 @@ class ReplyRef(NamedTuple):
     result_digest: bytes
 
 
+# The reply_ref of an EXEC-REPORT for a checkpoint seq that carries the replica's execution
+# checkpoint digest (docs/wire.md "EXEC-REPORT"): no client has this principal, so nothing
+# is ever affirmed with it, and the report's digest covers the checkpoint digest, which makes
+# a checkpoint liar a mismatch like a wrong reply.
+CHECKPOINT_REF_CLIENT = 0xFFFFFFFF
+
+
+def checkpoint_ref(seq: int, checkpoint: bytes) -> ReplyRef:
+    return ReplyRef(CHECKPOINT_REF_CLIENT, seq, checkpoint)
+
+
 def _check_count(items: Sequence[object]) -> None:
     if len(items) > MAX_LIST:
         raise ValueError("list longer than ZZ_MAX_LIST")
