@@ -23,7 +23,8 @@ Behaviours (the fault file's "fault"; parameters in the same JSON object):
                           seqs ahead of the one it executed ("ahead": offsets)
   replay-old              besides its correct reports, its own earlier reports sent again
                           ("back": offsets; 1024 = the detection ring's size)
-  wrong-checkpoint        signs a wrong EXEC-CHECKPOINT digest (its state is right)
+  wrong-checkpoint        signs a wrong EXEC-CHECKPOINT digest, and puts the same wrong
+                          digest in its reports' checkpoint_ref (its state is right)
   withhold-checkpoint     sends no EXEC-CHECKPOINT
   crash-before-checkpoint the process dies after executing seq = -1 mod checkpoint_interval
   crash-after-checkpoint  the process dies right after announcing a checkpoint
@@ -133,12 +134,24 @@ class Byzantine:
         """Send the EXEC-REPORT for `seq` (True) or leave it to the runtime (False)."""
         rt, mode = self.rt, self.mode
         keys = rt.agree_keys
+        if mode == "wrong-checkpoint" and any(
+            r.client == wire.CHECKPOINT_REF_CLIENT for r in rep.replies
+        ):
+            # The checkpoint digest a report carries (wire.checkpoint_ref) is the same lie.
+            refs = [
+                r._replace(result_digest=_lie(r.result_digest))
+                if r.client == wire.CHECKPOINT_REF_CLIENT
+                else r
+                for r in rep.replies
+            ]
+            rep = wire.ExecReport.of(rep.service, rep.sender, seq, refs)
+            rt.counters["byz_checkpoint_refs_forged"] += 1
         good = rep.with_macs(keys).encode()
         self._sent[seq] = good
         for s in [s for s in self._sent if s <= seq - _KEEP_REPORTS]:
             del self._sent[s]
         if mode is None or mode not in ("equivocate", "future-seq", "replay-old", "report-flood",
-                                        "crash-before-checkpoint"):  # fmt: skip
+                                        "crash-before-checkpoint", "wrong-checkpoint"):  # fmt: skip
             return False
         svc, me = rt.svc.id, rt.me
         if mode == "equivocate":
@@ -183,7 +196,7 @@ class Byzantine:
         if mode == "wrong-checkpoint":
             m = wire.decode(msg)
             assert isinstance(m, wire.ExecCheckpoint)
-            lie = hashlib.sha256(b"wrong" + m.checkpoint).digest()
+            lie = _lie(m.checkpoint)
             rt.counters["byz_checkpoints_forged"] += 1
             return wire.ExecCheckpoint(m.service, m.sender, seq, lie).signed(rt.sign_key).encode()
         return msg
@@ -210,6 +223,10 @@ def _wrong(refs: list[wire.ReplyRef], salt: object) -> list[wire.ReplyRef]:
     if not refs:
         return [wire.ReplyRef(0, 0, hashlib.sha256(b"byzantine %r" % (salt,)).digest())]
     return [r._replace(result_digest=hashlib.sha256(b"x" + r.result_digest).digest()) for r in refs]
+
+
+def _lie(digest: bytes) -> bytes:
+    return hashlib.sha256(b"wrong" + digest).digest()
 
 
 def _crash(why: str) -> None:

@@ -99,11 +99,12 @@ DETECTABLE = frozenset(
 # The test suite's short run leaves them out; `zz bench byzantine` runs them all.
 KNOWN_OPEN: dict[str, str] = {}
 # What tests/test_campaign.py runs: behaviours today's code handles.
-TESTED = ("wrong-reply", "slow", "crash-after-checkpoint", "corrupt-snapshot")
+TESTED = ("wrong-reply", "slow", "crash-before-checkpoint", "crash-after-checkpoint")
 INVARIANTS = ("false-conviction", "missed-conviction", "stall", "not-linearizable", "cost")
 # As tests/test_drill.py: the report timer's floor above the hiccups of 2 busy cores.
 OVERRIDES = {"detect_floor_ms": 4000}
 WARMUP_S = 1.0
+READY_S = 20.0
 
 
 class CampaignError(Exception):
@@ -125,6 +126,8 @@ class Round:
     attacks: list[Attack] = field(default_factory=list)
     # What the controlds acted on during the round: WAKEUP seq -> woken, SHUTDOWN seq ->
     # convicted (certificates of g+1 agreement replicas).
+    # A fault round the agreement replicas opened (g+1 of them, in their stats) counts as
+    # a wake-up too, woken [] if no controld acted on its WAKEUP (e.g. refused as stale).
     wakeups: dict[int, list[int]] = field(default_factory=dict)
     shutdowns: dict[int, list[int]] = field(default_factory=dict)
     # The rack at the end of the round: each agreement replica's awake and sleeping sets,
@@ -328,6 +331,7 @@ class Campaign:
         self.progress = progress
         self.figures = Figures(self.s.f)
         self.rounds: list[Round] = []
+        self._opened: dict[int, set[str]] = {}  # this round: seq -> agreement replicas
 
     # ---- rack state ---------------------------------------------------------------------
     def _views(self, obs: Observer) -> dict[str, dict[str, list[int]]]:
@@ -372,6 +376,13 @@ class Campaign:
         if len(running) != f + 1 or len(asleep) != f:
             out.append(f"controld: running {running}, asleep {asleep}")
         return out
+
+    async def _poll(self, obs: Observer) -> None:
+        """One observation; remembers every fault round open at an agreement replica."""
+        await obs.poll()
+        for name, d in obs.agreed.items():
+            if d.get("fault_round_open") and d.get("fault_round_seq") is not None:
+                self._opened.setdefault(int(d["fault_round_seq"]), set()).add(name)
 
     async def _observe(self) -> Observer:
         obs = Observer(self.config, [self.s])
@@ -443,7 +454,8 @@ class Campaign:
         o, s = self.opts, self.s
         r = Round(index, s.f)
         t_round = time.monotonic()
-        problems = await self._ready(o.settle_s)
+        # The previous round waited --settle already: a rack not ready now is restarted.
+        problems = await self._ready(min(o.settle_s, READY_S))
         if problems:
             r.rack_restarted = True
             r.notes.append(f"rack restarted before the round: {'; '.join(problems)}")
@@ -452,11 +464,13 @@ class Campaign:
             if problems:
                 raise CampaignError(f"rack f={s.f} not healthy after a restart: {problems}")
         obs = await self._observe()
+        self._opened = {}
         load = _start_load(self.config, [s], o.clients, None)
         try:
             t_end = time.monotonic() + WARMUP_S
             while time.monotonic() < t_end:
-                await obs.poll()
+                await self._poll(obs)
+            self._opened = {}  # rounds open before the fault are the previous round's
             running, _ = self._controld(obs)
             awake = self._views(obs).get(f"{s.name}/agreed-0", {}).get("awake", running)
             r.attacks = self._plan(sorted(set(running) & set(awake)) or running)
@@ -470,7 +484,7 @@ class Campaign:
             t0 = time.monotonic()
             expect = {a.replica for a in r.attacks if self._detectable(a)}
             while True:
-                await obs.poll()
+                await self._poll(obs)
                 el = time.monotonic() - t0
                 conv = _convicted(obs)
                 if el >= o.watch_s:
@@ -484,7 +498,7 @@ class Campaign:
                         self._set_fault(a.replica, {"fault": None})
             t_end = time.monotonic() + o.settle_s
             while (problems := self._problems(obs)) and time.monotonic() < t_end:
-                await obs.poll()
+                await self._poll(obs)
             if not problems:
                 r.healthy_after_s = round(time.monotonic() - t0, 2)
             await obs.read_controlds()
@@ -507,6 +521,9 @@ class Campaign:
             m = re.search(r"seq (\d+) convict \[([\d, ]*)\]", line)
             if m:
                 r.shutdowns[int(m.group(1))] = _ints(m.group(2))
+        for seq, names in self._opened.items():
+            if len(names) >= self.s.g + 1:
+                r.wakeups.setdefault(seq, [])
         r.views = {
             n: {"awake": v["awake"], "sleeping": v["sleeping"]} for n, v in self._views(obs).items()
         }
@@ -623,14 +640,17 @@ def run_campaign(
             progress(f"campaign f={f} stopped: {e}")
         finally:
             down(config)
-            if error is None:
+            # Logs of a rack that showed a violation stay for the protocol's debuggers.
+            if error is None and not any(r.violations for r in camp.rounds):
                 shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                progress(f"rack f={f} logs kept in {tmp}")
         figs.append(camp.figures)
         result["runs"].append(
             {
                 "f": f,
                 "error": error,
-                "rack_dir": None if error is None else str(tmp),
+                "rack_dir": str(tmp) if tmp.exists() else None,
                 "figures": camp.figures.to_json(),
                 "rounds": [_round_json(r) for r in camp.rounds],
             }
@@ -655,6 +675,10 @@ def violations(result: dict[str, Any]) -> int:
         sum(1 for r in run["rounds"] if r["violations"]) + (run["error"] is not None)
         for run in result["runs"]
     )
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -682,6 +706,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="5 rounds per f")
     p.add_argument("--out", type=Path, help="output directory (default bench-results/...)")
     a = p.parse_args(argv)
+    # Racks are torn down in `finally`: make SIGTERM (and SIGINT, ignored in a background
+    # job) unwind like an exception.
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     behaviours = tuple(x for x in a.behaviours.split(",") if x)
     bad = [b for b in behaviours if b not in BEHAVIOURS]
     if bad or not behaviours:
