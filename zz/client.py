@@ -11,13 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import keys, wire
-from .config import Config
+from .config import Config, request_limit
 from .crypto import sha256
 from .link import Link
 
 
 class ClientTimeout(Exception):
     """No reply certificate before the caller's deadline."""
+
+
+class RequestTooLarge(Exception):
+    """The REQUEST is over the replicas' size limit (docs/wire.md "Size limits"): refused
+    before sending when the client knows the limit, or by g+1 matching REJECTED replies."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"request of {size} bytes is over the service's limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
 
 
 class _NoQuorum(Exception):
@@ -41,6 +51,9 @@ class ClientParams:
     f: int = 0
     exec_replicas: list[tuple[str, int]] = field(default_factory=list)
     exec_keys: dict[int, bytes] = field(default_factory=dict)
+    # The largest REQUEST message the replicas accept (zz.config.request_limit); None: not
+    # known here, the replicas' REJECTED replies tell.
+    max_request: int | None = None
 
     def __post_init__(self) -> None:
         n = 3 * self.g + 1
@@ -99,6 +112,7 @@ class ClientParams:
             f=svc.f,
             exec_replicas=exec_addrs,
             exec_keys=exec_keys,
+            max_request=request_limit(config.rack, svc.clients, svc.app == "echo"),
         )
 
 
@@ -147,6 +161,9 @@ class _Pending:
     replies: dict[int, tuple[bytes, int]] = field(default_factory=dict)
     # REPLY-AFFIRMs by agreement replica: the result digest it saw certified.
     affirms: dict[int, bytes] = field(default_factory=dict)
+    # REJECTED replies by agreement replica: the limit it named.
+    rejects: dict[int, int] = field(default_factory=dict)
+    size: int = 0
 
 
 class Client:
@@ -223,7 +240,8 @@ class Client:
 
     async def invoke(self, op: bytes, read_only: bool = False, timeout: float = 30.0) -> bytes:
         """Run `op` and return its result once a reply certificate is in. Raises
-        ClientTimeout after `timeout` seconds."""
+        ClientTimeout after `timeout` seconds, RequestTooLarge for a request over the
+        replicas' size limit (nothing is sent if the limit is known)."""
         self.start()
         async with self._lock:
             loop = asyncio.get_running_loop()
@@ -255,8 +273,11 @@ class Client:
         macs = {r: p.keys[r] for r in range(p.n)}
         macs |= {wire.exec_principal(i): k for i, k in sorted(p.exec_keys.items())}
         msg = req.with_macs(macs).encode()
+        if p.max_request is not None and len(msg) > p.max_request:
+            self.stats["too_large_refused"] += 1
+            raise RequestTooLarge(len(msg), p.max_request)
         faulty = p.f if p.uses_execution_replicas else p.g
-        pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty)
+        pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty, size=len(msg))
         self._pending = pend
         self.stats["requests"] += 1
         everyone = list(range(p.n))
@@ -309,6 +330,9 @@ class Client:
             self.stats["unexpected"] += 1
             return
         kind, idx = wire.principal_kind(m.sender)
+        if m.rejected is not None:
+            self._on_rejected(m, kind, idx)
+            return
         if p.uses_execution_replicas:
             if kind == "agreement" and idx < p.n:
                 # Agreement replicas of such a service do not run the app: whatever they
@@ -348,6 +372,32 @@ class Client:
             pend.future.set_result(result)
         elif pend.read_only and len(pend.replies) - count + pend.quorum > p.n:
             pend.future.set_exception(_NoQuorum())
+
+    def _on_rejected(self, m: wire.Reply, kind: str, idx: int) -> None:
+        """A REJECTED reply: agreement replica `idx` refused our request unordered. g+1
+        matching ones (at least one correct replica) end the request with RequestTooLarge."""
+        p = self.params
+        if kind != "agreement" or idx >= p.n:
+            self.stats["unexpected"] += 1
+            return
+        if not m.verify_mac(p.principal, p.keys[idx]):
+            self.stats["bad_mac"] += 1
+            return
+        self.stats["rejected_replies"] += 1
+        pend = self._pending
+        rej = m.rejected
+        if pend is None or pend.future.done() or m.timestamp != pend.timestamp or rej is None:
+            self.stats["stale"] += 1
+            return
+        reason, limit = rej
+        if reason != wire.REJECT_TOO_LARGE:
+            self.stats["unexpected"] += 1
+            return
+        pend.rejects[idx] = limit
+        votes = Counter(pend.rejects.values())
+        limit, count = votes.most_common(1)[0]
+        if count >= p.g + 1:
+            pend.future.set_exception(RequestTooLarge(pend.size, limit))
 
     def _on_affirm(self, m: wire.ReplyAffirm) -> None:
         """A REPLY-AFFIRM: agreement replica `sender` saw f+1 execution replicas agree that

@@ -20,6 +20,25 @@ EXEC_PORT_OFFSET = MAX_REPLICAS
 GUEST_STATUS = "status.json"
 
 
+# Mirrors of the C limits (agreement/src/wire.h, conf.h; docs/wire.md "Size limits").
+MAX_MSG = 16777216
+MSG_OVERHEAD_MAX = 65536
+MAX_BATCH_BYTES = MAX_MSG - 4194304 - MSG_OVERHEAD_MAX
+BATCH_HDR_LEN = 20
+MIN_MAX_REQUEST = 1024
+
+
+def request_limit(rack: Rack, clients: int, echo: bool) -> int:
+    """The largest REQUEST message (MAC vector included) the agreement replicas accept; the
+    same formula as zz_request_limit in agreement/src/request.c. With the echo app every
+    client's last result (its op) is in one state encoding, which must fit a frame."""
+    lim = min(rack.max_request, rack.batch_bytes - BATCH_HDR_LEN - 4)
+    if echo and clients > 0:
+        per = (MAX_MSG - MSG_OVERHEAD_MAX - 44) // clients
+        lim = min(lim, max(per - 16, 0))
+    return lim
+
+
 class ConfigError(Exception):
     """An invalid rack config; the message starts with the offending field path."""
 
@@ -39,6 +58,9 @@ class Rack:
     time_tolerance_ms: int = 10000
     # How services are laid over the hosts (docs/placement.md): "spread" or "rotate".
     placement: str = "spread"
+    # Size limits (docs/wire.md "Size limits"): the largest REQUEST message and batch.
+    max_request: int = 1 << 20
+    batch_bytes: int = 4 << 20
 
 
 PLACEMENTS = ("spread", "rotate")
@@ -271,7 +293,19 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         status_interval_ms=rt.get_int("status_interval_ms", 200, lo=1),
         time_tolerance_ms=rt.get_int("time_tolerance_ms", 10000, lo=1),
         placement=rt.get_str("placement", "spread"),
+        max_request=rt.get_int("max_request", 1 << 20, lo=MIN_MAX_REQUEST),
+        batch_bytes=rt.get_int("batch_bytes", 4 << 20, lo=MIN_MAX_REQUEST + BATCH_HDR_LEN + 4),
     )
+    if rack.batch_bytes > MAX_BATCH_BYTES:
+        raise ConfigError(
+            f"rack.batch_bytes: at most {MAX_BATCH_BYTES} (the frame limit less a log reply's"
+            f" share and the overhead), got {rack.batch_bytes}"
+        )
+    if rack.max_request + BATCH_HDR_LEN + 4 > rack.batch_bytes:
+        raise ConfigError(
+            f"rack.max_request: {rack.max_request} does not fit batch_bytes {rack.batch_bytes}"
+            f" (a batch of one needs {BATCH_HDR_LEN + 4} bytes more)"
+        )
     if rack.placement not in PLACEMENTS:
         raise ConfigError(
             f"rack.placement: must be one of {', '.join(PLACEMENTS)}, got {rack.placement!r}"

@@ -22,6 +22,13 @@ OVERRIDABLE = {
     "view_timeout_ms",
     "status_interval_ms",
     "time_tolerance_ms",
+    "max_request",
+    "batch_bytes",
+    "max_conns",
+    "max_conns_per_source",
+    "frame_timeout_ms",
+    "unauth_timeout_ms",
+    "unauth_buffer_bytes",
     "stats_file",
     "inject_drop",
     "inject_dup",
@@ -76,6 +83,8 @@ def replica_conf(
         "view_timeout_ms": rack.view_timeout_ms,
         "status_interval_ms": rack.status_interval_ms,
         "time_tolerance_ms": rack.time_tolerance_ms,
+        "max_request": rack.max_request,
+        "batch_bytes": rack.batch_bytes,
         "stats_file": run / f"agreed-{r}.stats.json",
     }
     if service.uses_execution_replicas:

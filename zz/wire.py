@@ -36,6 +36,14 @@ AUTH_SIG = 2
 
 FLAG_READONLY = 1  # REQUEST/REPLY: unordered read at the agreement replicas (PBFT)
 FLAG_ORDERED_READ = 2  # REQUEST: ordered, run without write access (ZZ §4.7.2)
+FLAG_REJECTED = 2  # REPLY: the request was refused unordered; result = u8 reason, u32 limit
+REJECT_TOO_LARGE = 1  # REPLY rejected reason: the REQUEST is over the replicas' size limit
+# Size limits (docs/wire.md "Size limits"): a batch of at most MAX_BATCH_BYTES fits every
+# message that carries it (FETCH-REPLY kind 3 packs LOG_REPLY_SOFT bytes, then one more).
+LOG_REPLY_SOFT = 4194304
+MSG_OVERHEAD_MAX = 65536
+MAX_BATCH_BYTES = MAX_MSG - LOG_REPLY_SOFT - MSG_OVERHEAD_MAX
+BATCH_HDR_LEN = 20
 
 FETCH_BATCH = 1
 FETCH_STATE = 2
@@ -477,6 +485,13 @@ class Reply(Message):
     def read_only(self) -> bool:
         return bool(self.flags & FLAG_READONLY)
 
+    @property
+    def rejected(self) -> tuple[int, int] | None:
+        """(reason, limit) of a REJECTED reply, else None."""
+        if not self.flags & FLAG_REJECTED:
+            return None
+        return self.result[0], int.from_bytes(self.result[1:5], "big")
+
     def body(self) -> bytes:
         return (
             _u32(self.view)
@@ -492,9 +507,12 @@ class Reply(Message):
         ts = r.u64("timestamp")
         client = r.u32("client")
         flags = r.u8("flags")
-        if flags & ~FLAG_READONLY:
-            raise WireError("field", f"flags: unknown bits {flags:#x}")
-        return cls(service, sender, view, ts, client, flags, r.bytes_("result"))
+        if flags not in (0, FLAG_READONLY, FLAG_REJECTED):
+            raise WireError("field", f"flags: unknown value {flags:#x}")
+        result = r.bytes_("result")
+        if flags == FLAG_REJECTED and len(result) != 5:
+            raise WireError("field", f"rejected reply: result of {len(result)} bytes, not 5")
+        return cls(service, sender, view, ts, client, flags, result)
 
     def _dump_fields(self) -> list[str]:
         return [

@@ -423,7 +423,8 @@ enum {
     K_BATCH_MAX, K_MAX_INFLIGHT, K_VIEW_TIMEOUT, K_STATUS_INTERVAL, K_TIME_TOLERANCE,
     K_STATS_FILE, K_INJECT_DROP, K_INJECT_DUP, K_INJECT_DELAY, K_INJECT_SEED, K_BYZANTINE,
     K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_EXEC,
-    K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_COUNT
+    K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
+    K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -431,7 +432,9 @@ static const char *const key_names[K_COUNT] = {
     "log_window", "batch_max", "max_inflight", "view_timeout_ms", "status_interval_ms",
     "time_tolerance_ms", "stats_file", "inject_drop", "inject_dup", "inject_delay_ms",
     "inject_seed", "byzantine", "execution", "f", "exec_log", "detect_k", "detect_floor_ms",
-    "detect_ceiling_ms", "exec", "controld", "exec_view", "rack_public",
+    "detect_ceiling_ms", "exec", "controld", "exec_view", "rack_public", "max_request",
+    "batch_bytes", "max_conns", "max_conns_per_source", "frame_timeout_ms", "unauth_timeout_ms",
+    "unauth_buffer_bytes",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -590,6 +593,24 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
         return set_u32(ps, line, k, tok[1], 1, ZZ_MAX_LIST, &c->batch_max);
     case K_MAX_INFLIGHT:
         return set_u32(ps, line, k, tok[1], 1, UINT32_MAX, &c->max_inflight);
+    case K_MAX_REQUEST:
+        /* checked against batch_bytes at the end: a request must fit a batch alone */
+        return set_u32(ps, line, k, tok[1], ZZ_MIN_MAX_REQUEST, ZZ_MAX_BATCH_BYTES,
+                       &c->max_request);
+    case K_BATCH_BYTES:
+        return set_u32(ps, line, k, tok[1], ZZ_MIN_MAX_REQUEST + ZZ_BATCH_HDR_LEN + 4,
+                       ZZ_MAX_BATCH_BYTES, &c->batch_bytes);
+    case K_MAX_CONNS:
+        return set_u32(ps, line, k, tok[1], 1, 1000000, &c->max_conns);
+    case K_MAX_CONNS_SOURCE:
+        return set_u32(ps, line, k, tok[1], 1, 1000000, &c->max_conns_per_source);
+    case K_FRAME_TIMEOUT:
+        return set_u32(ps, line, k, tok[1], 100, 3600000, &c->frame_timeout_ms);
+    case K_UNAUTH_TIMEOUT:
+        return set_u32(ps, line, k, tok[1], 100, 3600000, &c->unauth_timeout_ms);
+    case K_UNAUTH_BUFFER:
+        /* at least one largest frame, or a peer's first frame could never arrive */
+        return set_u32(ps, line, k, tok[1], ZZ_MAX_MSG + 4, UINT32_MAX, &c->unauth_buffer_bytes);
     case K_VIEW_TIMEOUT:
         return set_u32(ps, line, k, tok[1], 1, UINT32_MAX, &c->view_timeout_ms);
     case K_STATUS_INTERVAL:
@@ -747,6 +768,12 @@ static int check_conf(parse_state *ps, zz_conf *c, uint32_t eof)
         return bad(ps, ps->exec_line[0], "exec", "%u active replicas, need at least f+1 = %u",
                    n_active, c->f + 1);
     c->n_exec = n_exec;
+    if ((uint64_t)c->max_request + ZZ_BATCH_HDR_LEN + 4 > c->batch_bytes) {
+        uint32_t line = ps->line[K_MAX_REQUEST] ? ps->line[K_MAX_REQUEST]
+                        : ps->line[K_BATCH_BYTES] ? ps->line[K_BATCH_BYTES] : eof;
+        return bad(ps, line, "max_request", "%u does not fit batch_bytes %u (need %u more)",
+                   c->max_request, c->batch_bytes, ZZ_BATCH_HDR_LEN + 4);
+    }
     if (c->detect_floor_ms > c->detect_ceiling_ms) {
         uint32_t line = ps->line[K_DETECT_FLOOR] ? ps->line[K_DETECT_FLOOR]
                         : ps->line[K_DETECT_CEILING] ? ps->line[K_DETECT_CEILING] : eof;
@@ -774,6 +801,13 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
      * to be convicted (docs/fault-detection.md §6, bench-results/detection.json). */
     c->detect_floor_ms = 500;
     c->detect_ceiling_ms = 5000;
+    c->max_request = ZZ_DEFAULT_MAX_REQUEST;
+    c->batch_bytes = ZZ_DEFAULT_BATCH_BYTES;
+    c->max_conns = 1024;
+    c->max_conns_per_source = 256;
+    c->frame_timeout_ms = 20000;
+    c->unauth_timeout_ms = 10000;
+    c->unauth_buffer_bytes = 64u << 20;
 
     parse_state *ps = calloc(1, sizeof *ps);
     if (!ps) {

@@ -14,6 +14,10 @@
 #define ZZ_MAX_EXEC 64 /* execution replicas per service (same value as replica.h) */
 #endif
 #define ZZ_MAX_HOSTS 256 /* hosts of the rack that run a controld */
+/* Request and batch size defaults (bytes); docs/wire.md "Size limits". */
+#define ZZ_DEFAULT_MAX_REQUEST 1048576u
+#define ZZ_DEFAULT_BATCH_BYTES 4194304u
+#define ZZ_MIN_MAX_REQUEST 1024u
 
 typedef struct {
     char host[64];
@@ -55,6 +59,14 @@ typedef struct {
     uint32_t view_timeout_ms;     /* first view-change timer; doubles per failed view */
     uint32_t status_interval_ms;  /* retransmission (STATUS) period */
     uint32_t time_tolerance_ms;   /* allowed |nd_time - local clock| at a backup */
+    /* Resource limits (docs/security.md "Resource limits"). */
+    uint32_t max_request;         /* bytes of one REQUEST message, MAC vector included */
+    uint32_t batch_bytes;         /* bytes of one batch encoding, <= ZZ_MAX_BATCH_BYTES */
+    uint32_t max_conns;           /* accepted connections in total */
+    uint32_t max_conns_per_source; /* accepted connections from one source address */
+    uint32_t frame_timeout_ms;    /* a frame begun must be complete within this */
+    uint32_t unauth_timeout_ms;   /* a connection must authenticate a message within this */
+    uint32_t unauth_buffer_bytes; /* read buffers of unauthenticated connections, in total */
     char stats_file[256];         /* JSON counters, rewritten every second; "" = none */
     char exec_view[256]; /* awake/sleeping/convicted view kept across restarts; "" = none */
     /* test-only fault injection on replica-to-replica sends */

@@ -26,7 +26,8 @@
 #define READS_PER_EVENT 16             /* fairness: at most 1 MiB per connection per wakeup */
 #define OUT_LIMIT (64u * 1024 * 1024)  /* per-connection queue bound; beyond it frames drop */
 #define FLUSH_EARLY (256 * 1024)       /* write before the loop's flush once this is queued */
-#define IN_SHRINK (1024 * 1024)        /* give back a read buffer grown past this when idle */
+#define IN_KEEP READ_CHUNK             /* an empty read buffer above this is given back */
+#define IN_FIRST 4096                  /* a connection's first read buffer; doubles as bytes arrive */
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 #define MAX_EVENTS 256
@@ -60,6 +61,11 @@ struct zz_conn {
     uint64_t retry_timer;
     int ever_up;
     uint32_t tag; /* the owner's label for this connection (zz_net_conn_tag) */
+    /* accepted connections only: resource limits (docs/security.md "Resource limits") */
+    uint64_t since_ms;       /* accepted at (monotonic) */
+    uint64_t frame_since_ms; /* an incomplete frame waits since; 0 = none */
+    int trusted;             /* the owner authenticated a message received here */
+    uint8_t src[16];         /* source address (IPv4 as v4-mapped IPv6) */
 };
 
 typedef struct {
@@ -100,6 +106,12 @@ struct zz_net {
      * the eventfd happen there, both async-signal-safe. */
     volatile sig_atomic_t stop;
     zz_net_stats st;
+    uint32_t n_accepted;
+    /* conf's limits; a zero there (a hand-made conf) means the default */
+    uint32_t max_conns, max_per_source, frame_timeout_ms, unauth_timeout_ms;
+    uint64_t unauth_buffer_max; /* read buffers of unauthenticated connections, in total */
+    uint64_t unauth_buffered;   /* ... held now */
+    uint8_t scratch[READ_CHUNK]; /* every recv lands here; only a frame's tail is kept */
 };
 
 static void set_err(char *err, size_t errcap, const char *fmt, ...)
@@ -551,67 +563,110 @@ void zz_net_send_conn(zz_net *n, zz_conn *conn, const uint8_t *msg, size_t len)
 
 /* ---- input ---- */
 
-/* Deliver every complete frame in c->in. Returns -1 if the connection must close. */
-static int conn_parse(zz_net *n, zz_conn *c)
+/* Deliver every complete frame at the start of buf[0, len). Returns the bytes consumed, or
+ * -1 if the connection must close; *delivered counts the frames. */
+static long parse_frames(zz_net *n, zz_conn *c, const uint8_t *buf, size_t len, int *delivered)
 {
     size_t p = 0;
-    int rc = 0;
-    while (c->in_len - p >= 4) {
-        uint32_t L = get_be32(c->in + p);
+    while (len - p >= 4) {
+        uint32_t L = get_be32(buf + p);
         if (L < ZZ_HDR_LEN || L > ZZ_MAX_MSG) {
             n->st.framing_errors++;
-            rc = -1;
-            break;
+            return -1;
         }
-        if (c->in_len - p - 4 < L)
+        if (len - p - 4 < L)
             break;
         n->st.frames_in++;
-        n->on_frame(n->ctx, c, c->in + p + 4, L);
+        (*delivered)++;
+        n->on_frame(n->ctx, c, buf + p + 4, L);
         p += 4 + (size_t)L;
-        if (c->dead) { /* a send from the handler broke it */
-            rc = -1;
-            break;
+        if (c->dead) /* a send from the handler broke it */
+            return -1;
+    }
+    return (long)p;
+}
+
+static int counts_unauth(const zz_conn *c)
+{
+    return c->kind == C_ACCEPTED && !c->trusted;
+}
+
+static void in_set_cap(zz_net *n, zz_conn *c, uint8_t *p, size_t cap)
+{
+    n->st.in_buffer_bytes -= c->in_cap;
+    n->st.in_buffer_bytes += cap;
+    if (counts_unauth(c))
+        n->unauth_buffered = n->unauth_buffered - c->in_cap + cap;
+    c->in = p;
+    c->in_cap = cap;
+}
+
+/* Keep the bytes of an incomplete frame. The buffer grows with what has arrived (doubling
+ * from IN_FIRST), never by what a length prefix announces: a peer that announces 16 MiB and
+ * sends 10 bytes costs 4 KiB, not 16 MiB. */
+static int in_append(zz_net *n, zz_conn *c, const uint8_t *p, size_t len)
+{
+    if (len == 0)
+        return 0;
+    size_t need = c->in_len + len;
+    if (need > c->in_cap) {
+        size_t nc = c->in_cap ? c->in_cap : IN_FIRST;
+        while (nc < need)
+            nc *= 2;
+        /* Connections that authenticated nothing yet share one budget: many of them that
+         * really send most of a 16 MiB frame cannot hold more than that in total. */
+        if (counts_unauth(c) && n->unauth_buffered - c->in_cap + nc > n->unauth_buffer_max) {
+            n->st.unauth_buffer_refusals++;
+            return -1;
         }
+        uint8_t *q = realloc(c->in, nc);
+        if (!q)
+            return -1;
+        in_set_cap(n, c, q, nc);
     }
-    if (rc < 0)
-        return -1;
-    if (p > 0) {
-        memmove(c->in, c->in + p, c->in_len - p);
-        c->in_len -= p;
-    }
+    memcpy(c->in + c->in_len, p, len);
+    c->in_len += len;
     return 0;
 }
 
-/* Room for the next read: at least a chunk, or the whole of a frame announced at the head. */
-static int in_reserve(zz_conn *c)
+/* One recv's bytes: frames complete in the kept tail plus the new bytes are delivered; a
+ * read that begins at a frame boundary is parsed where it landed, without a copy. */
+static int conn_input(zz_net *n, zz_conn *c, const uint8_t *buf, size_t len, int *delivered)
 {
-    size_t need = c->in_len + READ_CHUNK;
+    if (c->in_len == 0) {
+        long used = parse_frames(n, c, buf, len, delivered);
+        if (used < 0)
+            return -1;
+        return in_append(n, c, buf + used, len - (size_t)used);
+    }
+    /* Complete the frame at the head first, then continue from buf directly. */
+    size_t take = len;
     if (c->in_len >= 4) {
         size_t frame = 4 + (size_t)get_be32(c->in);
-        if (frame > need)
-            need = frame;
+        if (frame > c->in_len && frame - c->in_len < take)
+            take = frame - c->in_len;
+    } else if (4 - c->in_len < take) {
+        take = 4 - c->in_len; /* just the length prefix; then look again */
     }
-    if (c->in_cap >= need)
-        return 0;
-    size_t nc = c->in_cap ? c->in_cap : READ_CHUNK;
-    while (nc < need)
-        nc *= 2;
-    uint8_t *p = realloc(c->in, nc);
-    if (!p)
+    if (in_append(n, c, buf, take) < 0)
         return -1;
-    c->in = p;
-    c->in_cap = nc;
+    long used = parse_frames(n, c, c->in, c->in_len, delivered);
+    if (used < 0)
+        return -1;
+    if (used > 0) {
+        memmove(c->in, c->in + used, c->in_len - (size_t)used);
+        c->in_len -= (size_t)used;
+    }
+    if (take < len)
+        return conn_input(n, c, buf + take, len - take, delivered);
     return 0;
 }
 
 static void conn_readable(zz_net *n, zz_conn *c)
 {
+    int delivered = 0;
     for (int i = 0; i < READS_PER_EVENT && !c->dead; i++) {
-        if (in_reserve(c) < 0) {
-            mark_dead(n, c);
-            return;
-        }
-        ssize_t r = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
+        ssize_t r = recv(c->fd, n->scratch, READ_CHUNK, MSG_DONTWAIT);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -624,32 +679,77 @@ static void conn_readable(zz_net *n, zz_conn *c)
             break;
         }
         n->st.bytes_in += (uint64_t)r;
-        c->in_len += (size_t)r;
-        if (conn_parse(n, c) < 0) {
+        if (conn_input(n, c, n->scratch, (size_t)r, &delivered) < 0) {
             mark_dead(n, c);
             return;
         }
         if ((size_t)r < READ_CHUNK)
             break; /* drained: skip the EAGAIN round trip */
     }
-    if (c->in_len == 0 && c->in_cap > IN_SHRINK) {
+    /* The half-sent-frame clock restarts whenever a frame completes. */
+    if (c->in_len == 0)
+        c->frame_since_ms = 0;
+    else if (delivered > 0 || c->frame_since_ms == 0)
+        c->frame_since_ms = zz_net_now_ms(n);
+    if (c->in_len == 0 && c->in_cap > IN_KEEP) {
         free(c->in);
-        c->in = NULL;
-        c->in_cap = 0;
+        in_set_cap(n, c, NULL, 0);
     }
 }
 
 /* ---- accepted connections ---- */
 
+/* The source address as 16 bytes (IPv4 as v4-mapped IPv6), for the per-source cap. */
+static void source_key(const struct sockaddr_storage *ss, uint8_t out[16])
+{
+    memset(out, 0, 16);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &a->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        memcpy(out, &a->sin6_addr, 16);
+    }
+}
+
+/* Over a cap the connection is accepted and closed at once (counted): left in the backlog
+ * it would be retried forever, and the peer learns nothing. */
+static int over_cap(zz_net *n, const uint8_t src[16])
+{
+    if (n->n_accepted >= n->max_conns) {
+        n->st.conns_refused++;
+        return 1;
+    }
+    uint32_t same = 0;
+    for (zz_conn *c = n->accepted; c; c = c->next)
+        same += !c->dead && memcmp(c->src, src, 16) == 0;
+    if (same >= n->max_per_source) {
+        n->st.conns_refused++;
+        n->st.conns_refused_source++;
+        return 1;
+    }
+    return 0;
+}
+
 static void accept_all(zz_net *n)
 {
     for (;;) {
-        int fd = accept4(n->listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        memset(&ss, 0, sizeof ss);
+        int fd = accept4(n->listener.fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             /* EAGAIN: done. EMFILE and friends: leave the rest in the backlog. */
             return;
+        }
+        uint8_t src[16];
+        source_key(&ss, src);
+        if (over_cap(n, src)) {
+            close(fd);
+            continue;
         }
         zz_conn *c = calloc(1, sizeof *c);
         if (!c) {
@@ -658,7 +758,10 @@ static void accept_all(zz_net *n)
         }
         set_sockopts(fd);
         c->kind = C_ACCEPTED;
+        c->net = n;
         c->fd = fd;
+        c->since_ms = zz_net_now_ms(n);
+        memcpy(c->src, src, 16);
         if (ep_set(n, c, EPOLLIN) < 0) {
             close(fd);
             free(c);
@@ -668,8 +771,38 @@ static void accept_all(zz_net *n)
         if (n->accepted)
             n->accepted->prev = c;
         n->accepted = c;
+        n->n_accepted++;
+        n->st.conns_open = n->n_accepted;
         n->st.conns_accepted++;
     }
+}
+
+/* Every sweep: close accepted connections whose incomplete frame is older than
+ * frame_timeout_ms, or that authenticated nothing within unauth_timeout_ms. */
+static uint32_t sweep_ms(const zz_net *n)
+{
+    uint32_t t = n->frame_timeout_ms < n->unauth_timeout_ms ? n->frame_timeout_ms
+                                                            : n->unauth_timeout_ms;
+    t /= 4;
+    return t < 50 ? 50 : t > 1000 ? 1000 : t;
+}
+
+static void on_sweep(void *ctx)
+{
+    zz_net *n = ctx;
+    uint64_t now = zz_net_now_ms(n);
+    for (zz_conn *c = n->accepted; c; c = c->next) {
+        if (c->dead)
+            continue;
+        if (c->frame_since_ms && now - c->frame_since_ms >= n->frame_timeout_ms) {
+            n->st.frame_timeouts++;
+            mark_dead(n, c);
+        } else if (!c->trusted && now - c->since_ms >= n->unauth_timeout_ms) {
+            n->st.unauth_timeouts++;
+            mark_dead(n, c);
+        }
+    }
+    zz_net_timer(n, sweep_ms(n), on_sweep, n);
 }
 
 /* Deregistered explicitly: close() alone leaves the registration alive while any other
@@ -681,6 +814,9 @@ static void conn_destroy(zz_net *n, zz_conn *c)
         ep_set(n, c, 0);
         close(c->fd);
     }
+    n->st.in_buffer_bytes -= c->in_cap;
+    if (counts_unauth(c))
+        n->unauth_buffered -= c->in_cap;
     free(c->in);
     free(c->out);
     free(c);
@@ -714,6 +850,8 @@ static void settle(zz_net *n)
                 n->accepted = c->next;
             if (c->next)
                 c->next->prev = c->prev;
+            n->n_accepted--;
+            n->st.conns_open = n->n_accepted;
             if (n->on_close)
                 n->on_close(n->ctx, c);
             conn_destroy(n, c);
@@ -901,6 +1039,12 @@ zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_clos
         set_err(err, errcap, "net: epoll: %s", strerror(errno));
         goto fail;
     }
+    n->max_conns = c->max_conns ? c->max_conns : 1024;
+    n->max_per_source = c->max_conns_per_source ? c->max_conns_per_source : 256;
+    n->frame_timeout_ms = c->frame_timeout_ms ? c->frame_timeout_ms : 20000;
+    n->unauth_timeout_ms = c->unauth_timeout_ms ? c->unauth_timeout_ms : 10000;
+    n->unauth_buffer_max = c->unauth_buffer_bytes ? c->unauth_buffer_bytes : 64u << 20;
+    zz_net_timer(n, sweep_ms(n), on_sweep, n);
     return n;
 fail:
     zz_net_free(n);
@@ -940,6 +1084,17 @@ void zz_net_free(zz_net *n)
 uint32_t zz_net_conn_tag(const zz_conn *c) { return c ? c->tag : 0; }
 void zz_net_conn_set_tag(zz_conn *c, uint32_t tag)
 {
-    if (c)
+    if (c) {
         c->tag = tag;
+        zz_net_conn_set_trusted(c); /* labels go to connections whose sender authenticated */
+    }
+}
+
+void zz_net_conn_set_trusted(zz_conn *c)
+{
+    if (!c || c->trusted)
+        return;
+    if (counts_unauth(c) && c->net)
+        c->net->unauth_buffered -= c->in_cap;
+    c->trusted = 1;
 }

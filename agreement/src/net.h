@@ -28,6 +28,14 @@ typedef struct {
     uint64_t injected_drops, injected_dups, injected_delays;
     uint64_t send_overflow;  /* frames dropped because a peer's queue was full */
     uint64_t connect_failures; /* outgoing connection attempts that failed (retried later) */
+    /* resource limits (docs/security.md "Resource limits") */
+    uint64_t conns_open;           /* accepted connections now open */
+    uint64_t conns_refused;        /* accepted and closed at once: over max_conns or per source */
+    uint64_t conns_refused_source; /* of those, over max_conns_per_source */
+    uint64_t frame_timeouts;       /* closed: a frame incomplete for frame_timeout_ms */
+    uint64_t unauth_timeouts;      /* closed: nothing authenticated within unauth_timeout_ms */
+    uint64_t in_buffer_bytes;      /* read buffers held, all connections */
+    uint64_t unauth_buffer_refusals; /* closed: unauthenticated buffers over their budget */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
@@ -52,6 +60,9 @@ void zz_net_send_conn(zz_net *n, zz_conn *conn, const uint8_t *msg, size_t len);
  * here", so a REQUEST relayed by a peer is not mistaken for the client's own connection. */
 uint32_t zz_net_conn_tag(const zz_conn *c);
 void zz_net_conn_set_tag(zz_conn *c, uint32_t tag);
+/* The owner authenticated a message received on `c` (a tag implies it): the connection no
+ * longer needs to authenticate within unauth_timeout_ms. */
+void zz_net_conn_set_trusted(zz_conn *c);
 
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);

@@ -93,8 +93,15 @@ static int batch_ok(zz_replica *r, const zz_bytes *batch)
 {
     uint64_t nd_time, nd_seed;
     zz_blist reqs;
+    /* A correct primary never builds a batch over batch_bytes or holding a request over
+     * the limit (request.c): one could not travel in every message that carries it. */
+    if (batch->len > r->conf->batch_bytes) {
+        r->st.batches_too_large++;
+        return 0;
+    }
     if (zz_decode_batch(batch->p, batch->len, &nd_time, &nd_seed, &reqs) != ZZ_OK)
         return 0;
+    uint32_t limit = zz_request_limit(r);
     uint64_t now = zz_wall_ms();
     uint64_t tol = r->conf->time_tolerance_ms;
     if (nd_time + tol < now || nd_time > now + tol)
@@ -104,6 +111,10 @@ static int batch_ok(zz_replica *r, const zz_bytes *batch)
     zz_blist_begin(&reqs, &it);
     while (zz_blist_next(&it, &item)) {
         zz_msg m;
+        if (item.len > limit) {
+            r->st.batches_too_large++;
+            return 0;
+        }
         if (zz_decode(item.p, item.len, &m) != ZZ_OK || m.type != ZZ_REQUEST ||
             m.service != r->conf->service || (m.u.request.flags & ZZ_REQ_READONLY))
             return 0;

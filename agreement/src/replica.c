@@ -319,6 +319,7 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
         drop(r, why);
         return;
     }
+    zz_net_conn_set_trusted(conn); /* authenticated: no unauth_timeout_ms (net.c) */
     if (m.type != ZZ_REQUEST && m.sender < r->n)
         zz_net_conn_set_tag(conn, ZZ_TAG_PEER);
     switch (m.type) {
@@ -448,6 +449,7 @@ void zz_write_stats(zz_replica *r)
     fprintf(f, ", \"framing\": %llu}, \"dropped_total\": %llu, ",
             (unsigned long long)ns->framing_errors,
             (unsigned long long)(total + ns->framing_errors));
+    zz_limits_write_stats(r, f);
     zz_wake_write_stats(r, f);
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "
                "\"injected_drops\": %llu, \"injected_dups\": %llu, \"injected_delays\": %llu, "

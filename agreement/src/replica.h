@@ -146,6 +146,9 @@ typedef struct {
     uint64_t detect_latency_last_ms, detect_latency_max_ms; /* flag -> own WAKEUP sent */
     uint64_t spares_ready_received, spares_ready_rejected, spares_ready_held;
     uint64_t shutdowns_adopted_over_own; /* a certified outcome replaced our own resolution */
+    /* Request size limits (request.c, normal.c; docs/security.md "Resource limits"). */
+    uint64_t requests_too_large;   /* REQUESTs over the limit: dropped, REPLY rejected sent */
+    uint64_t batches_too_large;    /* PRE-PREPAREs whose batch is over a limit: refused */
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -244,6 +247,12 @@ void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_
                    const uint8_t *res, uint32_t len);
 void zz_requeue_pending(zz_replica *r); /* after a view change */
 int zz_has_pending(const zz_replica *r, uint64_t older_than_ms);
+/* The largest REQUEST message accepted (request.c): max_request, capped so that a batch of
+ * one fits batch_bytes and, with the echo service, every client's cached result fits one
+ * state encoding (docs/wire.md "Size limits"). */
+uint32_t zz_request_limit(const zz_replica *r);
+/* The stats of the resource limits, a JSON fragment ending in ", " (request.c). */
+void zz_limits_write_stats(zz_replica *r, void *file); /* FILE * */
 
 /* normal.c */
 void zz_on_pre_prepare(zz_replica *r, const zz_msg *m);

@@ -1,5 +1,6 @@
 /* request.c - client requests: exactly-once filtering, the pending set that drives the
  * view-change timer, the primary's adaptive batching, and replies to clients. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,64 @@ static void send_affirm(zz_replica *r, uint32_t ci)
     }
 }
 
+uint32_t zz_request_limit(const zz_replica *r)
+{
+    const zz_conf *c = r->conf;
+    uint32_t lim = c->max_request;
+    if (lim > c->batch_bytes - ZZ_BATCH_HDR_LEN - 4)
+        lim = c->batch_bytes - ZZ_BATCH_HDR_LEN - 4;
+    if (!c->external_exec) {
+        /* The echo state encoding (docs/wire.md) holds every client's last result, which is
+         * its op: nclients * (16 + result) + 44 must fit one FETCH-REPLY. Counted once per
+         * key set (this runs for every request). */
+        static const zz_conf *seen_conf;
+        static uint32_t seen_nkeys, seen_clients;
+        if (seen_conf != c || seen_nkeys != c->nkeys) {
+            seen_clients = 0;
+            for (uint32_t i = 0; i < c->nkeys; i++)
+                seen_clients += c->keys[i].id >= ZZ_PRINCIPAL_CLIENT;
+            seen_conf = c;
+            seen_nkeys = c->nkeys;
+        }
+        uint32_t nclients = seen_clients;
+        if (nclients > 0) {
+            uint32_t per = (ZZ_MAX_MSG - ZZ_MSG_OVERHEAD_MAX - 44) / nclients;
+            per = per > 16 ? per - 16 : 0;
+            if (lim > per)
+                lim = per;
+        }
+    }
+    return lim;
+}
+
+/* The REPLY that refuses a request unordered (flag REJECTED, docs/wire.md): the client
+ * learns why and the limit, and stops retransmitting. */
+static void send_reject(zz_replica *r, uint32_t ci, uint64_t t, uint32_t limit)
+{
+    uint8_t res[ZZ_REJECT_LEN] = {ZZ_REJECT_TOO_LARGE, (uint8_t)(limit >> 24),
+                                  (uint8_t)(limit >> 16), (uint8_t)(limit >> 8), (uint8_t)limit};
+    zz_send_reply(r, ci, r->view, t, ZZ_REPLY_REJECTED, res, sizeof res);
+}
+
+void zz_limits_write_stats(zz_replica *r, void *file)
+{
+    FILE *f = file;
+    const zz_net_stats *ns = zz_net_get_stats(r->net);
+    fprintf(f, "\"limits\": {\"request_limit\": %u, \"batch_bytes\": %u, "
+               "\"requests_too_large\": %llu, \"batches_too_large\": %llu, "
+               "\"conns_open\": %llu, \"conns_refused\": %llu, "
+               "\"conns_refused_source\": %llu, \"frame_timeouts\": %llu, "
+               "\"unauth_timeouts\": %llu, \"unauth_buffer_refusals\": %llu, "
+               "\"in_buffer_bytes\": %llu}, ",
+            zz_request_limit(r), r->conf->batch_bytes,
+            (unsigned long long)r->st.requests_too_large,
+            (unsigned long long)r->st.batches_too_large, (unsigned long long)ns->conns_open,
+            (unsigned long long)ns->conns_refused, (unsigned long long)ns->conns_refused_source,
+            (unsigned long long)ns->frame_timeouts, (unsigned long long)ns->unauth_timeouts,
+            (unsigned long long)ns->unauth_buffer_refusals,
+            (unsigned long long)ns->in_buffer_bytes);
+}
+
 static void enqueue(zz_replica *r, uint32_t ci)
 {
     zz_client *c = &r->clients[ci];
@@ -62,6 +121,15 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
     int relayed = zz_net_conn_tag(conn) == ZZ_TAG_PEER;
     if (conn && !relayed)
         c->conn = conn;
+    /* Too large to ever be ordered (docs/wire.md "Size limits"): refused here, before it
+     * is pending anywhere, so it can never start a view-change timer. */
+    uint32_t limit = zz_request_limit(r);
+    if (m->raw_len > limit) {
+        r->st.requests_too_large++;
+        if (!relayed)
+            send_reject(r, (uint32_t)ci, t, limit);
+        return;
+    }
     if (m->u.request.flags & ZZ_REQ_READONLY) {
         zz_exec_readonly(r, (uint32_t)ci, m);
         return;
@@ -131,7 +199,8 @@ void zz_requeue_pending(zz_replica *r)
     zz_try_propose(r);
 }
 
-/* Build the batch encoding of up to batch_max queued requests into b. Returns the count. */
+/* Build the batch encoding of up to batch_max queued requests, at most batch_bytes bytes,
+ * into b. A request that does not fit stays queued for the next batch. Returns the count. */
 static uint32_t build_batch(zz_replica *r, zz_buf *b, uint64_t nd_time, uint64_t nd_seed)
 {
     zz_buf_reset(b);
@@ -143,12 +212,21 @@ static uint32_t build_batch(zz_replica *r, zz_buf *b, uint64_t nd_time, uint64_t
     uint32_t cap = r->conf->nkeys;
     while (r->q_len > 0 && count < r->conf->batch_max) {
         uint32_t ci = r->queue[r->q_head];
+        zz_client *c = &r->clients[ci];
+        int live = c->pend_raw && c->pend_t > c->last_t && c->pend_t > c->proposed_t;
+        if (live && (uint64_t)b->len + 4 + c->pend_len > r->conf->batch_bytes && count > 0)
+            break; /* next batch */
         r->q_head = (r->q_head + 1) % cap;
         r->q_len--;
-        zz_client *c = &r->clients[ci];
         c->queued = 0;
-        if (!c->pend_raw || c->pend_t <= c->last_t || c->pend_t <= c->proposed_t)
+        if (!live)
             continue;
+        if ((uint64_t)b->len + 4 + c->pend_len > r->conf->batch_bytes) {
+            /* Cannot happen with intake's limit; never build a batch that cannot be sent. */
+            r->st.requests_too_large++;
+            c->proposed_t = c->pend_t;
+            continue;
+        }
         zz_put_bytes(b, c->pend_raw, c->pend_len);
         c->proposed_t = c->pend_t;
         count++;

@@ -268,9 +268,11 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         TRY(rd_u64(r, &q->timestamp));
         TRY(rd_u32(r, &q->client));
         TRY(rd_u8(r, &q->flags));
-        if (q->flags & ~ZZ_REQ_READONLY)
+        if (q->flags != 0 && q->flags != ZZ_REPLY_READONLY && q->flags != ZZ_REPLY_REJECTED)
             return ZZ_ERR_FIELD;
         TRY(rd_bytes(r, &q->result));
+        if (q->flags == ZZ_REPLY_REJECTED && q->result.len != ZZ_REJECT_LEN)
+            return ZZ_ERR_FIELD;
         break;
     }
     case ZZ_PRE_PREPARE: {

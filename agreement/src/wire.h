@@ -17,6 +17,16 @@
 #define ZZ_MAX_MSG 16777216u
 #define ZZ_MAX_LIST 65536u
 #define ZZ_MAX_MACS 1024u
+/* Size limits (docs/wire.md "Size limits"). A batch travels whole in PRE-PREPARE,
+ * EXEC-COMMIT, FETCH-REPLY kind 1 and FETCH-REPLY kind 3, which packs committed batches up
+ * to ZZ_LOG_REPLY_SOFT bytes and then adds one more; VIEW-CHANGE and NEW-VIEW carry only
+ * digests. ZZ_MSG_OVERHEAD_MAX bounds a header, every fixed field and the largest MAC
+ * vector (2 + 36 * ZZ_MAX_MACS = 36866 bytes), so a batch encoding of at most
+ * ZZ_MAX_BATCH_BYTES fits every message that carries it. */
+#define ZZ_LOG_REPLY_SOFT 4194304u
+#define ZZ_MSG_OVERHEAD_MAX 65536u
+#define ZZ_MAX_BATCH_BYTES (ZZ_MAX_MSG - ZZ_LOG_REPLY_SOFT - ZZ_MSG_OVERHEAD_MAX)
+#define ZZ_BATCH_HDR_LEN 20u /* batch encoding: nd_time, nd_seed, request count */
 
 enum zz_type {
     ZZ_REQUEST = 1,
@@ -67,6 +77,11 @@ enum { ZZ_FETCH_BATCH = 1, ZZ_FETCH_STATE = 2, ZZ_FETCH_LOG = 3 };
 /* REQUEST flags: READONLY runs unordered at the agreement replicas (PBFT); ORDERED_READ is
  * ordered like any request, and execution replicas run it without write access (ZZ §4.7.2). */
 enum { ZZ_REQ_READONLY = 1, ZZ_REQ_ORDERED_READ = 2 };
+/* REPLY flags: READONLY (1) answers a read-only request; REJECTED (2) says the request was
+ * refused unordered, its result is u8 reason + u32 limit (docs/wire.md). */
+enum { ZZ_REPLY_READONLY = 1, ZZ_REPLY_REJECTED = 2 };
+enum { ZZ_REJECT_TOO_LARGE = 1 };
+#define ZZ_REJECT_LEN 5u
 
 #define ZZ_PRINCIPAL_EXEC 256u
 #define ZZ_PRINCIPAL_CLIENT 65536u

@@ -120,6 +120,9 @@ def generate() -> str:
     )
     add(valid("reply-read-only", wire.Reply(SVC, 3, 0, 42, c3, 1, b"v"), [c3]))
     add(valid("reply-from-exec", wire.Reply(SVC, e1, 4, 9, c3, 0, b""), [c3]))
+    # A request over the size limit, refused unordered: reason 1, limit 1 MiB.
+    rejected = wire.Reply(SVC, 1, 0, 44, c3, 2, b"\x01\x00\x10\x00\x00")
+    add(valid("reply-rejected", rejected, [c3]))
 
     t, seed = 1700000000123, 0x0123456789ABCDEF
     pp = wire.PrePrepare(SVC, 0, 0, 1, t, seed, [req_a.encode(), req_b.encode()])
@@ -519,6 +522,20 @@ def generate() -> str:
         invalid(
             "field-request-flags-both-reads",
             with_raw_macs(1, c0, struct.pack(">QBI", 5, 3, 0), [0]),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "field-reply-flags-both",
+            with_raw_macs(2, 1, struct.pack(">IQIBI", 0, 44, c3, 3, 1) + b"v", [c3]),
+            "field",
+        )
+    )
+    add(
+        invalid(
+            "field-reply-rejected-short",
+            with_raw_macs(2, 1, struct.pack(">IQIBI", 0, 44, c3, 2, 1) + b"\x01", [c3]),
             "field",
         )
     )
