@@ -22,7 +22,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,19 @@ class OpError(Exception):
     """An operator request that cannot be served; the message goes into the reply."""
 
 
+@dataclass(frozen=True)
+class ConnLimits:
+    """The RPC listener's resource limits (docs/security.md "Resource limits"). Over a
+    connection cap a connection is accepted and closed at once, and counted."""
+
+    max_conns: int = 256
+    max_conns_per_source: int = 64
+    # Nothing legitimate sent to controld is large (CONTROL, WAKEUP, SHUTDOWN, FILE-FETCH).
+    max_frame: int = 1 << 20
+    frame_timeout: float = 20.0  # a frame whose length arrived must be complete within this
+    unauth_timeout: float = 10.0  # a connection must authenticate a message within this
+
+
 class Daemon:
     """controld of `host`. `home` holds inventory.json, ledger.json, replicas/, saves/."""
 
@@ -69,8 +82,12 @@ class Daemon:
         zfs_pool: str | None = None,
         ready_timeout: float = 60.0,
         drill_faults: bool = False,
+        limits: ConnLimits | None = None,
     ) -> None:
         self.config = config
+        self.limits = limits or ConnLimits()
+        self._conns_open = 0
+        self._conns_by_source: Counter[str] = Counter()
         self.host = host
         self.hv = hv
         self.keys = keys
@@ -170,6 +187,21 @@ class Daemon:
 
     # ---- transport --------------------------------------------------------------------------
     async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lim = self.limits
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) else "-"
+        if self._conns_open >= lim.max_conns or self._conns_by_source[source] >= (
+            lim.max_conns_per_source
+        ):
+            self.counters["conns_refused"] += 1
+            if self._conns_open < lim.max_conns:
+                self.counters["conns_refused_source"] += 1
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
+        self._conns_open += 1
+        self._conns_by_source[source] += 1
         lock = asyncio.Lock()  # replies of concurrent operations never interleave bytes
 
         async def send(frame: bytes) -> None:
@@ -177,56 +209,102 @@ class Daemon:
                 writer.write(frame)
                 await writer.drain()
 
+        loop = asyncio.get_running_loop()
+        auth_deadline: float | None = loop.time() + lim.unauth_timeout
         try:
             while True:
                 try:
-                    raw = await wire.read_frame(reader)
+                    raw = await self._read_frame(reader, auth_deadline)
                 except wire.FrameError:
                     self.counters["framing"] += 1
                     return
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
+                except TimeoutError as e:
+                    self.counters[str(e)] += 1
+                    return
                 try:
-                    await self._on_message(raw, send)
+                    if await self._on_message(raw, send):
+                        auth_deadline = None
                 except (ConnectionError, OSError):
                     return
                 except Exception:  # a bug must not take the daemon down: count and log
                     self.counters["internal_error"] += 1
                     log.exception("message handling failed")
         finally:
+            self._conns_open -= 1
+            self._conns_by_source[source] -= 1
+            if self._conns_by_source[source] <= 0:
+                del self._conns_by_source[source]
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _on_message(self, raw: bytes, send: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _read_frame(self, reader: asyncio.StreamReader, auth_deadline: float | None) -> bytes:
+        """One frame within the limits: at most max_frame bytes (the reader's buffer grows
+        only with the bytes that arrive), complete within frame_timeout of its length, and
+        before auth_deadline while the connection has authenticated nothing. A timeout is
+        raised as TimeoutError naming its counter."""
+        lim = self.limits
+        loop = asyncio.get_running_loop()
+
+        def left(cap: float | None) -> float | None:
+            if auth_deadline is None:
+                return cap
+            rest = auth_deadline - loop.time()
+            return rest if cap is None else min(cap, rest)
+
+        try:
+            async with asyncio.timeout(left(None)):
+                hdr = await reader.readexactly(4)
+        except TimeoutError:
+            raise TimeoutError("unauth_timeouts") from None
+        n = int.from_bytes(hdr, "big")
+        if n < wire.HDR_LEN or n > lim.max_frame:
+            raise wire.FrameError(f"frame length {n} outside {wire.HDR_LEN}..{lim.max_frame}")
+        body_left = left(lim.frame_timeout)
+        try:
+            async with asyncio.timeout(body_left):
+                return await reader.readexactly(n)
+        except TimeoutError:
+            unauth = (
+                auth_deadline is not None
+                and body_left is not None
+                and body_left < lim.frame_timeout
+            )
+            raise TimeoutError("unauth_timeouts" if unauth else "frame_timeouts") from None
+
+    async def _on_message(self, raw: bytes, send: Callable[[bytes], Awaitable[None]]) -> bool:
+        """Handle one message; whether it authenticated (then the connection no longer
+        needs to within unauth_timeout)."""
         try:
             m = wire.decode(raw)
         except (wire.WireError, ValueError):
             self.counters["malformed"] += 1
-            return
+            return False
         if isinstance(m, wire.Control):
-            await self._on_control(m, send)
-        elif isinstance(m, wire.Wakeup):
-            self._on_wakeup(m, raw)
-        elif isinstance(m, wire.Shutdown):
-            self._on_shutdown(m, raw)
-        elif isinstance(m, wire.FileFetch):
-            await self._on_file_fetch(m, send)
-        else:
-            self.counters["unexpected_type"] += 1
+            return await self._on_control(m, send)
+        if isinstance(m, wire.Wakeup):
+            return self._on_wakeup(m, raw)
+        if isinstance(m, wire.Shutdown):
+            return self._on_shutdown(m, raw)
+        if isinstance(m, wire.FileFetch):
+            return await self._on_file_fetch(m, send)
+        self.counters["unexpected_type"] += 1
+        return False
 
     # ---- FILE-FETCH: checkpoint files of this host's replicas -------------------------------
     async def _on_file_fetch(
         self, m: wire.FileFetch, send: Callable[[bytes], Awaitable[None]]
-    ) -> None:
+    ) -> bool:
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["file_fetch_wrong_sender"] += 1
-            return
+            return False
         refused = m.refusal(self.keys.services.get(svc.id, {}), svc.n_exec)
         if refused is not None:
             self.counters[refused] += 1
-            return
+            return False
         _, idx = wire.principal_kind(m.sender)
         r = await asyncio.to_thread(
             self.snapshots.read, svc, idx, m.seq, m.path_text(), m.offset, m.length
@@ -235,16 +313,23 @@ class Daemon:
         self.counters["file_chunks_served" if served else "file_fetch_misses"] += 1
         out = wire.FileData(svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         await send(wire.frame(out.encode()))
+        return True
 
     # ---- CONTROL ----------------------------------------------------------------------------
-    async def _on_control(self, m: wire.Control, send: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _on_control(self, m: wire.Control, send: Callable[[bytes], Awaitable[None]]) -> bool:
         key = self.keys.operators.get(m.sender)
         if m.service != RACK_SERVICE or key is None:
             self.counters["control_unknown_principal"] += 1
-            return
+            return False
         if not m.verify_mac(self.me, key):
             self.counters["control_bad_mac"] += 1
-            return
+            return False
+        await self._on_authentic_control(m, key, send)
+        return True
+
+    async def _on_authentic_control(
+        self, m: wire.Control, key: bytes, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
 
         async def reply(body: dict[str, Any]) -> None:
             await send(control_reply(self.me, m.sender, key, m.request_id, body))
@@ -474,11 +559,11 @@ class Daemon:
                 return s
         return None
 
-    def _on_wakeup(self, m: wire.Wakeup, raw: bytes) -> None:
+    def _on_wakeup(self, m: wire.Wakeup, raw: bytes) -> bool:
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["wakeup_unknown_service"] += 1
-            return
+            return False
         try:
             w = certs.verify_wakeup(
                 raw, keys=self.keys.services[svc.id], f=svc.f, g=svc.g, n_exec=svc.n_exec
@@ -486,12 +571,12 @@ class Daemon:
         except certs.CertError as e:
             self.counters["wakeup_rejected"] += 1
             self.counters[f"wakeup_rejected:{e.reason}"] += 1
-            return
+            return False
         try:
             self.freshness.check_wakeup(w)
         except certs.CertError as e:
             self.counters[f"wakeup_{e.reason}"] += 1
-            return
+            return True  # authentic, merely not fresh
         # Recorded before acting: a crash mid-action never acts twice on one certificate.
         self.freshness.acted_wakeup(w)
         self.freshness.save(self.freshness_path)
@@ -501,6 +586,7 @@ class Daemon:
             f"WAKEUP {svc.name} seq {w.seq} awake {awake} wake {list(w.wake)} from {m.sender}"
         )
         self._work.put_nowait(("wakeup", (svc, w.seq, awake, list(w.wake))))
+        return True
 
     async def _act_wakeup(self, svc: Service, seq: int, awake: list[int], wake: list[int]) -> None:
         for x in wake:
@@ -537,11 +623,11 @@ class Daemon:
             self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
 
     # ---- SHUTDOWN ---------------------------------------------------------------------------
-    def _on_shutdown(self, m: wire.Shutdown, raw: bytes) -> None:
+    def _on_shutdown(self, m: wire.Shutdown, raw: bytes) -> bool:
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["shutdown_unknown_service"] += 1
-            return
+            return False
         col = self.collectors.get(svc.id)
         if col is None:
             trust = certs.ServiceTrust(svc.id, self.keys.services[svc.id], svc.f, svc.g, svc.n_exec)
@@ -551,15 +637,15 @@ class Daemon:
         except certs.CertError as e:
             self.counters["shutdown_rejected"] += 1
             self.counters[f"shutdown_rejected:{e.reason}"] += 1
-            return
+            return False
         self.counters["shutdown_votes"] += 1
         if cert is None:
-            return
+            return True
         try:
             self.freshness.check_shutdown(cert)
         except certs.CertError as e:
             self.counters[f"shutdown_{e.reason}"] += 1
-            return
+            return True
         self.freshness.acted_shutdown(cert)
         self.freshness.save(self.freshness_path)
         col.forget_below(cert.seq)
@@ -567,6 +653,7 @@ class Daemon:
         self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
                    f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
         self._work.put_nowait(("shutdown", (svc, cert.seq, list(cert.convict), list(cert.sleep))))
+        return True
 
     async def _fresh_spare(self, svc: Service, x: int, seq: int, attempts: int = 2) -> None:
         """Provision and announce the convicted replica's successor. A guest that fails to

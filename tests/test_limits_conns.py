@@ -74,7 +74,8 @@ def test_partial_frames_idle_and_over_cap(tmp_path: Path) -> None:
             assert grown_mib < 2 * N_PARTIAL * SENT / MIB + 16, f"RSS grew {grown_mib:.0f} MiB"
             # 2) Over the per-source cap (48; the 40 partial ones and up to 3 peer links
             # already count): the rest are accepted and closed at once.
-            extra = [socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) for _ in range(20)]
+            addr = ("127.0.0.1", c.port(0))
+            extra = [socket.create_connection(addr, timeout=5) for _ in range(20)]
             socks += extra
             refused = sum(closed_by_peer(s, 1.0) for s in extra[-10:])
             assert refused == 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import signal
@@ -13,7 +14,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from .client import Client, ClientParams, ClientTimeout
+from .client import Client, ClientParams, ClientTimeout, RequestTooLarge
 from .config import Config, ConfigError, Service
 from .execution.apps.wsgi import (
     EXCLUDED_HEADERS,
@@ -108,6 +109,12 @@ class ClientPool:
             return await client.invoke(op, read_only=read_only, timeout=left)
         finally:
             self._idle.put_nowait(client)
+
+    @property
+    def max_request(self) -> int | None:
+        """The smallest REQUEST size limit of the pool's clients, if they know one."""
+        limits = [c.params.max_request for c in self.clients if c.params.max_request]
+        return min(limits) if limits else None
 
     def client_stats(self) -> Counter[str]:
         total: Counter[str] = Counter()
@@ -291,6 +298,11 @@ class Proxy:
                     self.stats["read_only_retries"] += 1
                     resp = await self._invoke(op, False, deadline)
                 return resp
+        except RequestTooLarge as e:
+            # The body fit --max-body but the whole op (head included) does not fit a
+            # REQUEST; or the replicas refused it (docs/wire.md "Size limits").
+            self.stats["too_large"] += 1
+            return _own(413, f"request too large for the service: {e}")
         except (TimeoutError, ClientTimeout):
             self.stats["timeouts"] += 1
             return _own(504, f"no certified reply within {self.options.timeout:g} s")
@@ -345,6 +357,16 @@ def _response_headers(resp: HttpResponse, keep_length: bool) -> list[tuple[str, 
     return out
 
 
+def with_request_limit(options: ProxyOptions, max_request: int | None) -> ProxyOptions:
+    """A body can be no larger than the REQUEST that carries it: lower --max-body to the
+    service's request limit, so an over-long body gets 413 from its Content-Length (or
+    while de-chunking) before the proxy reads it, never a REQUEST the replicas refuse."""
+    if max_request is None or options.limits.max_body <= max_request:
+        return options
+    limits = dataclasses.replace(options.limits, max_body=max_request)
+    return dataclasses.replace(options, limits=limits)
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """ "HOST:PORT" or "[V6]:PORT"."""
     host, sep, port = text.rpartition(":")
@@ -374,6 +396,7 @@ async def serve(
     if clients is None:
         clients = max(1, min(DEFAULT_CLIENTS, service.clients - first_client))
     pool = ClientPool.from_config(config, service, clients, first_client)
+    options = with_request_limit(options, pool.max_request)
     proxy = Proxy(pool.invoke, options)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
