@@ -43,49 +43,89 @@ static void ckpt_clear(zz_replica *r, zz_ckpt *k)
     k->seq = 0;
 }
 
+static void held_clear(zz_replica *r, uint32_t j)
+{
+    free(r->held_raw[j]);
+    r->held_raw[j] = NULL;
+    r->held_len[j] = 0;
+    r->held_seq[j] = 0;
+}
+
 void zz_free_ckpts(zz_replica *r)
 {
-    for (int i = 0; i < ZZ_CKPT_RECORDS; i++)
+    for (uint32_t i = 0; r->ckpts && i < r->n_ckpts; i++)
         if (r->ckpts[i].raw)
             ckpt_clear(r, &r->ckpts[i]);
+    for (uint32_t j = 0; r->held_raw && j < r->n; j++)
+        held_clear(r, j);
 }
 
-static uint32_t ckpt_votes(const zz_replica *r, const zz_ckpt *k)
-{
-    uint32_t c = 0;
-    for (uint32_t i = 0; i < r->n; i++)
-        c += k->raw[i] != NULL;
-    return c;
-}
-
-/* Find the record for seq, or make one: reuse records at or below the stable point
- * first, then the one with the fewest votes (a faulty replica can only fill records
- * nobody else confirms). */
+/* The record for seq, made if needed; NULL unless seq is a checkpoint seq of
+ * [stable, stable + L]. Those seqs have distinct ring positions, so a record held for
+ * another seq is below the stable point: no vote, however far ahead, pushes out another. */
 static zz_ckpt *ckpt_get(zz_replica *r, uint64_t seq)
 {
-    zz_ckpt *victim = NULL;
-    for (int i = 0; i < ZZ_CKPT_RECORDS; i++) {
-        zz_ckpt *k = &r->ckpts[i];
-        if (k->seq == seq)
-            return k;
-    }
-    for (int i = 0; i < ZZ_CKPT_RECORDS && !victim; i++) {
-        zz_ckpt *k = &r->ckpts[i];
-        if (k->seq == 0 || k->seq < r->stable)
-            victim = k;
-    }
-    for (int i = 0; i < ZZ_CKPT_RECORDS && !victim; i++) {
-        zz_ckpt *k = &r->ckpts[i];
-        if (k->seq == r->stable)
-            continue;
-        if (!victim || ckpt_votes(r, k) < ckpt_votes(r, victim))
-            victim = k;
-    }
-    if (!victim)
+    uint32_t cp = r->conf->checkpoint_interval;
+    if (seq < r->stable || seq > r->stable + r->L || seq % cp != 0)
         return NULL;
-    ckpt_clear(r, victim);
-    victim->seq = seq;
-    return victim;
+    zz_ckpt *k = &r->ckpts[(seq / cp) % r->n_ckpts];
+    if (k->seq == seq)
+        return k;
+    if (k->seq >= r->stable && k->seq <= r->stable + r->L && k->seq != 0)
+        return NULL; /* not reached: another seq of the window at the same position */
+    ckpt_clear(r, k);
+    k->seq = seq;
+    return k;
+}
+
+static void check_stable(zz_replica *r, zz_ckpt *k);
+
+/* Store sender j's vote (signed raw message, owned by the caller) in k. */
+static void ckpt_vote(zz_ckpt *k, uint32_t j, uint8_t *raw, uint32_t len,
+                      const uint8_t dig[ZZ_DIGEST_LEN])
+{
+    free(k->raw[j]);
+    k->raw[j] = raw;
+    k->raw_len[j] = len;
+    memcpy(k->dig[j], dig, ZZ_DIGEST_LEN);
+}
+
+/* Held votes that the window now covers become ordinary votes; those below it go. */
+static void promote_held(zz_replica *r)
+{
+    for (uint32_t j = 0; j < r->n; j++) {
+        if (!r->held_raw[j] || r->held_seq[j] > r->stable + r->L)
+            continue;
+        zz_ckpt *k = r->held_seq[j] > r->stable ? ckpt_get(r, r->held_seq[j]) : NULL;
+        if (k && !k->raw[j]) {
+            ckpt_vote(k, j, r->held_raw[j], r->held_len[j], r->held_dig[j]);
+            r->held_raw[j] = NULL;
+        }
+        held_clear(r, j);
+    }
+}
+
+/* A CHECKPOINT above the window: counted, and kept as its sender's one held vote. If 2g+1
+ * held votes certify one seq, this replica is more than L behind and fetches that state. */
+static void hold_vote(zz_replica *r, const zz_msg *m)
+{
+    const zz_checkpoint *c = &m->u.checkpoint;
+    uint32_t j = m->sender;
+    zz_count_window(r, 1, j);
+    uint8_t *copy = zz_memdup(m->raw, m->raw_len);
+    if (!copy)
+        return;
+    held_clear(r, j);
+    r->held_raw[j] = copy;
+    r->held_len[j] = m->raw_len;
+    r->held_seq[j] = c->seq;
+    memcpy(r->held_dig[j], c->state, ZZ_DIGEST_LEN);
+    uint32_t same = 0;
+    for (uint32_t i = 0; i < r->n; i++)
+        same += r->held_raw[i] && r->held_seq[i] == c->seq &&
+                memcmp(r->held_dig[i], c->state, ZZ_DIGEST_LEN) == 0;
+    if (same >= 2 * r->g + 1)
+        zz_start_transfer(r, c->seq, c->state);
 }
 
 /* The digest backed by 2g+1 votes in k, or NULL; fills which[] with the voters. */
@@ -140,10 +180,11 @@ static void make_stable(zz_replica *r, zz_ckpt *k, const uint8_t *dig, const uin
     r->st.stable_advances++;
     if (r->ahead_seq <= r->stable)
         r->ahead_seq = 0;
-    for (int i = 0; i < ZZ_CKPT_RECORDS; i++)
+    for (uint32_t i = 0; i < r->n_ckpts; i++)
         if (r->ckpts[i].seq && r->ckpts[i].seq < r->stable)
             ckpt_clear(r, &r->ckpts[i]);
     release_slots(r);
+    promote_held(r);
 }
 
 static void send_fetch_state(zz_replica *r)
@@ -175,6 +216,10 @@ static void check_stable(zz_replica *r, zz_ckpt *k)
         return;
     if (k->have_own && memcmp(k->own_dig, dig, ZZ_DIGEST_LEN) == 0) {
         make_stable(r, k, dig, which);
+        /* Votes promoted from the held ones may certify a later checkpoint already. */
+        for (uint32_t i = 0; i < r->n_ckpts; i++)
+            if (r->ckpts[i].seq > r->stable)
+                check_stable(r, &r->ckpts[i]);
         zz_try_propose(r);
         zz_try_execute(r);
     } else if (k->have_own) {
@@ -218,24 +263,31 @@ void zz_take_checkpoint(zz_replica *r)
 void zz_on_checkpoint(zz_replica *r, const zz_msg *m)
 {
     const zz_checkpoint *c = &m->u.checkpoint;
-    if (c->seq <= r->stable)
+    if (m->sender >= r->n)
         return;
+    if (c->seq <= r->stable) {
+        r->st.stale++;
+        return;
+    }
     if (c->seq % r->conf->checkpoint_interval != 0) {
         r->st.dropped[ZZ_DROP_FIELD]++;
+        return;
+    }
+    if (c->seq > r->stable + r->L) {
+        hold_vote(r, m);
         return;
     }
     zz_ckpt *k = ckpt_get(r, c->seq);
     if (!k)
         return;
-    if (k->raw[m->sender] && memcmp(k->dig[m->sender], c->state, ZZ_DIGEST_LEN) == 0)
-        return; /* duplicate */
+    if (k->raw[m->sender] && memcmp(k->dig[m->sender], c->state, ZZ_DIGEST_LEN) == 0) {
+        check_stable(r, k); /* duplicate (a relayed proof): it may complete promoted votes */
+        return;
+    }
     uint8_t *copy = zz_memdup(m->raw, m->raw_len);
     if (!copy)
         return;
-    free(k->raw[m->sender]);
-    k->raw[m->sender] = copy;
-    k->raw_len[m->sender] = m->raw_len;
-    memcpy(k->dig[m->sender], c->state, ZZ_DIGEST_LEN);
+    ckpt_vote(k, m->sender, copy, m->raw_len, c->state);
     check_stable(r, k);
 }
 
@@ -363,7 +415,7 @@ void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
                                 s->batch, s->batch_len);
     } else if (f->kind == ZZ_FETCH_STATE) {
         const zz_ckpt *k = NULL;
-        for (int i = 0; i < ZZ_CKPT_RECORDS && !k; i++)
+        for (uint32_t i = 0; i < r->n_ckpts && !k; i++)
             if (r->ckpts[i].seq == f->seq && r->ckpts[i].have_own && r->ckpts[i].state &&
                 memcmp(r->ckpts[i].own_dig, f->digest, ZZ_DIGEST_LEN) == 0)
                 k = &r->ckpts[i];
@@ -470,6 +522,19 @@ void zz_on_fetch_reply(zz_replica *r, const zz_msg *m)
     r->st.state_transfers++;
     r->last_progress_ms = zz_now_ms(r);
     zz_ckpt *k = ckpt_get(r, seq);
+    if (!k && seq > r->stable + r->L && seq % r->conf->checkpoint_interval == 0) {
+        /* Fetched past the window (certified by held votes): every record is below seq. */
+        for (uint32_t i = 0; i < r->n_ckpts; i++)
+            ckpt_clear(r, &r->ckpts[i]);
+        k = &r->ckpts[(seq / r->conf->checkpoint_interval) % r->n_ckpts];
+        k->seq = seq;
+        for (uint32_t j = 0; j < r->n; j++)
+            if (r->held_raw[j] && r->held_seq[j] == seq) {
+                ckpt_vote(k, j, r->held_raw[j], r->held_len[j], r->held_dig[j]);
+                r->held_raw[j] = NULL;
+                held_clear(r, j);
+            }
+    }
     if (k) {
         free(k->state);
         k->state = zz_memdup(f->data.p, f->data.len);
@@ -498,7 +563,7 @@ void zz_ckpt_tick(zz_replica *r)
     }
     if (r->ahead_seq && r->ahead_seq > r->last_exec &&
         now - r->ahead_since_ms > 2 * (uint64_t)r->conf->status_interval_ms) {
-        for (int i = 0; i < ZZ_CKPT_RECORDS; i++) {
+        for (uint32_t i = 0; i < r->n_ckpts; i++) {
             zz_ckpt *k = &r->ckpts[i];
             uint8_t which[ZZ_MAX_REPLICAS];
             const uint8_t *dig;

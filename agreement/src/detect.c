@@ -1,6 +1,10 @@
 /* detect.c - fault detection over EXEC-REPORTs (ZZ §4.3): per sequence number a timer of
  * K·t1 (t1 = delay from dispatch to the first report, clamped to a floor and a ceiling)
- * starts at the first report; f+1 matching on-time reports make an execution certificate.
+ * starts at the first report after this replica dispatched the seq (at dispatch if a report
+ * came earlier: t1 = 0); f+1 matching on-time reports make an execution certificate.
+ * Reports are taken only for seqs in the window (docs/fault-detection.md, "Bounded
+ * evidence"): above it they are dropped and counted for the sender; a report for a seq of
+ * the window not yet dispatched here is kept, and judged from dispatch on.
  * A mismatch or a timeout is flagged and handed to wakeup.c, which signs the row as a fault
  * statement (docs/fault-detection.md). Late reports are kept as distinct values (the TR's
  * hatted P). Certified batches' reply lists feed REPLY-AFFIRM (request.c). */
@@ -20,14 +24,24 @@ static void rec_free_refs(zz_report_rec *k)
     }
 }
 
+/* Reports are kept for (stable + L - n_reports, stable + L]: the agreement window and the
+ * history below it. Above it nothing was ordered by any correct replica we keep up with. */
+int zz_detect_window(const zz_replica *r, uint64_t seq)
+{
+    uint64_t high = r->stable + r->L;
+    uint64_t low = high > r->n_reports ? high - r->n_reports : 0;
+    return zz_seq_window(low, high - low, seq);
+}
+
 static zz_report_rec *rec_for(zz_replica *r, uint64_t seq, int create)
 {
-    if (!r->reports)
+    if (!r->reports || seq == 0)
         return NULL;
-    zz_report_rec *k = &r->reports[seq % ZZ_DETECT_RECORDS];
+    zz_report_rec *k = &r->reports[seq % r->n_reports];
     if (k->seq == seq)
         return k;
-    if (!create || seq + ZZ_DETECT_RECORDS <= r->last_exec)
+    /* The window's seqs have distinct residues: a record held for another seq is below it. */
+    if (!create || zz_detect_window(r, seq) != 0)
         return NULL;
     if (k->timer)
         zz_net_cancel(r->net, k->timer);
@@ -40,11 +54,35 @@ static zz_report_rec *rec_for(zz_replica *r, uint64_t seq, int create)
 
 zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq) { return rec_for(r, seq, 0); }
 
+static void on_deadline(void *ctx);
+static void check_reports(zz_replica *r, zz_report_rec *k);
+
+/* The K·t1 deadline, t1 measured from dispatch (0 for a report that came before it). */
+static void start_timer(zz_replica *r, zz_report_rec *k)
+{
+    uint64_t now = zz_now_ms(r);
+    k->first_ms = now;
+    uint64_t t1 = now > k->dispatch_ms ? now - k->dispatch_ms : 0;
+    uint64_t t = zz_fault_timer_ms(t1, r->conf->detect_k, r->conf->detect_floor_ms,
+                                   r->conf->detect_ceiling_ms);
+    k->timer = zz_net_timer(r->net, (uint32_t)t, on_deadline, k);
+}
+
 void zz_detect_dispatched(zz_replica *r, uint64_t seq)
 {
     zz_report_rec *k = rec_for(r, seq, 1);
-    if (k)
-        k->dispatch_ms = zz_now_ms(r);
+    if (!k || k->dispatched)
+        return;
+    k->dispatched = 1;
+    k->dispatch_ms = zz_now_ms(r);
+    /* Reports kept from before dispatch: the timer starts now, and they are judged now. */
+    int early = 0;
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        early |= k->reported[i] && zz_exec_counts(r, i);
+    if (early && !k->certified)
+        start_timer(r, k);
+    if (early)
+        check_reports(r, k);
 }
 
 /* One line per suspected fault, with the row of what each execution replica reported:
@@ -175,15 +213,23 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
 void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
                       const uint8_t *refs, uint32_t nrefs)
 {
-    zz_report_rec *k = rec_for(r, seq, 1);
-    if (!k || i >= ZZ_MAX_EXEC)
+    if (i >= ZZ_MAX_EXEC || !r->reports)
         return;
+    int w = zz_detect_window(r, seq);
+    if (w > 0) {
+        zz_count_window(r, 0, i); /* never ordered by anyone we keep up with */
+        return;
+    }
+    zz_report_rec *k = w == 0 ? rec_for(r, seq, 1) : zz_detect_record(r, seq);
+    if (!k) {
+        r->st.stale++; /* below the kept history */
+        return;
+    }
     if (i >= r->n_exec)
         r->n_exec = i + 1;
     if (k->reported[i])
         return; /* the first report counts; a replica that changes its answer is caught by
                  * the others' reports, not by believing its second one */
-    uint64_t now = zz_now_ms(r);
     k->reported[i] = 1;
     memcpy(k->dig[i], digest, ZZ_DIGEST_LEN);
     k->late[i] = (uint8_t)k->expired;
@@ -191,13 +237,12 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
         k->refs[i] = zz_memdup(refs, (size_t)nrefs * ZZ_REPLY_REF_WIRE);
         k->nrefs[i] = k->refs[i] ? nrefs : 0;
     }
-    if (!k->first_ms && zz_exec_counts(r, i)) {
-        k->first_ms = now;
-        uint64_t t1 = k->dispatch_ms && now > k->dispatch_ms ? now - k->dispatch_ms : 0;
-        uint64_t t = zz_fault_timer_ms(t1, r->conf->detect_k, r->conf->detect_floor_ms,
-                                       r->conf->detect_ceiling_ms);
-        k->timer = zz_net_timer(r->net, (uint32_t)t, on_deadline, k);
+    if (!k->dispatched) {
+        r->st.exec_reports_early++; /* kept; no timer and no judgement before dispatch */
+        return;
     }
+    if (!k->first_ms && !k->certified && zz_exec_counts(r, i))
+        start_timer(r, k);
     check_reports(r, k);
     zz_wake_on_report(r, k);
 }
@@ -221,7 +266,7 @@ void zz_detect_on_report(zz_replica *r, const zz_msg *m)
 
 void zz_detect_free(zz_replica *r)
 {
-    for (uint32_t i = 0; r->reports && i < ZZ_DETECT_RECORDS; i++)
+    for (uint32_t i = 0; r->reports && i < r->n_reports; i++)
         rec_free_refs(&r->reports[i]);
     free(r->reports);
     r->reports = NULL;

@@ -45,6 +45,22 @@ int zz_in_window(const zz_replica *r, uint64_t seq)
     return seq > r->stable && seq <= r->stable + r->L;
 }
 
+int zz_seq_window(uint64_t low, uint64_t width, uint64_t seq)
+{
+    if (seq <= low)
+        return -1;
+    return seq - low > width ? 1 : 0;
+}
+
+void zz_count_window(zz_replica *r, int peer, uint32_t sender)
+{
+    r->st.dropped[ZZ_DROP_WINDOW]++;
+    if (peer && sender < ZZ_MAX_REPLICAS)
+        r->st.peer_window[sender]++;
+    else if (!peer && sender < ZZ_MAX_EXEC)
+        r->st.exec_window[sender]++;
+}
+
 zz_slot *zz_slot_get(zz_replica *r, uint64_t seq)
 {
     if (!zz_in_window(r, seq))
@@ -102,11 +118,17 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
         s->prep_dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
         s->commit_dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
     }
-    for (int i = 0; i < ZZ_CKPT_RECORDS && !fail; i++) {
+    r->n_ckpts = r->L / c->checkpoint_interval + 1; /* conf: L is a multiple of CP */
+    r->ckpts = xcalloc(r->n_ckpts, sizeof(zz_ckpt), &fail);
+    for (uint32_t i = 0; i < r->n_ckpts && !fail; i++) {
         r->ckpts[i].dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
         r->ckpts[i].raw = xcalloc(r->n, sizeof(uint8_t *), &fail);
         r->ckpts[i].raw_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     }
+    r->held_seq = xcalloc(r->n, sizeof(uint64_t), &fail);
+    r->held_dig = xcalloc(r->n, ZZ_DIGEST_LEN, &fail);
+    r->held_raw = xcalloc(r->n, sizeof(uint8_t *), &fail);
+    r->held_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     r->vc_raw = xcalloc(r->n, sizeof(uint8_t *), &fail);
     r->vc_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     r->vc_view = xcalloc(r->n, sizeof(uint32_t), &fail);
@@ -115,7 +137,8 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->clients = xcalloc(c->nkeys, sizeof(zz_client), &fail);
     if (c->external_exec) {
         r->xlog = xcalloc(c->exec_log, sizeof(zz_xlog_entry), &fail);
-        r->reports = xcalloc(ZZ_DETECT_RECORDS, sizeof(zz_report_rec), &fail);
+        r->n_reports = r->L + ZZ_DETECT_RECORDS;
+        r->reports = xcalloc(r->n_reports, sizeof(zz_report_rec), &fail);
     }
     r->queue = xcalloc(c->nkeys, sizeof(uint32_t), &fail);
     if (fail) {
@@ -151,11 +174,18 @@ void zz_replica_free(zz_replica *r)
     }
     free(r->slots);
     zz_free_ckpts(r);
-    for (int i = 0; i < ZZ_CKPT_RECORDS; i++) {
+    for (uint32_t i = 0; r->ckpts && i < r->n_ckpts; i++) {
         free(r->ckpts[i].dig);
         free(r->ckpts[i].raw);
         free(r->ckpts[i].raw_len);
     }
+    free(r->ckpts);
+    for (uint32_t i = 0; r->held_raw && i < r->n; i++)
+        free(r->held_raw[i]);
+    free(r->held_raw);
+    free(r->held_seq);
+    free(r->held_dig);
+    free(r->held_len);
     for (uint32_t i = 0; r->vc_raw && i < r->n; i++)
         free(r->vc_raw[i]);
     for (uint32_t i = 0; r->stable_proof && i < r->n; i++)
@@ -449,6 +479,21 @@ void zz_write_stats(zz_replica *r)
     fprintf(f, ", \"framing\": %llu}, \"dropped_total\": %llu, ",
             (unsigned long long)ns->framing_errors,
             (unsigned long long)(total + ns->framing_errors));
+    fprintf(f, "\"exec_reports_early\": %llu, \"ckpt_ahead_seq\": %llu, \"transfer_seq\": %llu, "
+               "\"peer_window_drops\": [",
+            (unsigned long long)r->st.exec_reports_early, (unsigned long long)r->ahead_seq,
+            (unsigned long long)r->transfer_seq);
+    for (uint32_t i = 0; i < r->n && i < ZZ_MAX_REPLICAS; i++)
+        fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->st.peer_window[i]);
+    /* one entry per execution replica of the conf, or per slot seen without exec lines */
+    uint32_t nx = r->conf->n_exec > r->n_exec ? r->conf->n_exec : r->n_exec;
+    for (uint32_t i = nx; i < ZZ_MAX_EXEC; i++)
+        if (r->st.exec_window[i])
+            nx = i + 1;
+    fprintf(f, "], \"exec_window_drops\": [");
+    for (uint32_t i = 0; i < nx && i < ZZ_MAX_EXEC; i++)
+        fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->st.exec_window[i]);
+    fprintf(f, "], ");
     zz_limits_write_stats(r, f);
     zz_wake_write_stats(r, f);
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "

@@ -53,15 +53,18 @@ typedef struct {
     uint32_t batch_len;
 } zz_xlog_entry;
 
-/* EXEC-CHECKPOINT votes for one sequence number. */
-#define ZZ_XCKPT_RECORDS 8
+/* One execution replica's EXEC-CHECKPOINT vote. Votes are kept per sender, its newest
+ * ZZ_XCKPT_VOTES above the stable execution checkpoint: a sender's new vote can only
+ * replace one of its own (docs/fault-detection.md, "Bounded evidence"). */
+#define ZZ_XCKPT_VOTES 8
 typedef struct {
-    uint64_t seq;
-    uint8_t voted[ZZ_MAX_EXEC];
-    uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
-} zz_xckpt;
+    uint64_t seq; /* 0 = empty */
+    uint8_t dig[ZZ_DIGEST_LEN];
+} zz_xvote;
 
-/* EXEC-REPORTs for one sequence number (detect.c). */
+/* EXEC-REPORTs for one sequence number (detect.c). The ring has L + ZZ_DETECT_RECORDS
+ * records and holds the seqs of (stable + L - size, stable + L]: every seq of the window
+ * has a record of its own, and a record is reused only once its seq fell below. */
 #define ZZ_DETECT_RECORDS 1024
 typedef struct zz_report_rec {
     uint64_t seq; /* 0 = unused */
@@ -69,6 +72,8 @@ typedef struct zz_report_rec {
     uint64_t dispatch_ms, first_ms;
     uint64_t flag_ms;     /* when the mismatch or timeout was flagged (detection latency) */
     uint64_t timer;       /* net timer id of the K·t1 deadline, 0 = none */
+    int dispatched;                  /* ordered and handed to execution here: the timer
+                                      * starts only then, and nothing is judged before */
     int expired, certified, flagged; /* flagged: counted as a mismatch or a timeout */
     int stated;                      /* a fault statement was signed (or suppressed) */
     uint8_t reported[ZZ_MAX_EXEC], late[ZZ_MAX_EXEC];
@@ -83,8 +88,8 @@ typedef struct zz_report_rec {
 enum { ZZ_EXEC_UNKNOWN = 0, ZZ_EXEC_AWAKE, ZZ_EXEC_SLEEPING, ZZ_EXEC_CONVICTED };
 struct zz_wake; /* wakeup.c: fault statements collected, the open round */
 
-/* Checkpoint votes for one sequence number. */
-#define ZZ_CKPT_RECORDS 16
+/* Checkpoint votes for one sequence number. The ring has L/CP + 1 records, one per
+ * checkpoint seq of [stable, stable + L]; a record is reused only below the stable point. */
 typedef struct {
     uint64_t seq;                         /* 0 = unused */
     uint8_t (*dig)[ZZ_DIGEST_LEN];        /* n entries */
@@ -138,6 +143,10 @@ typedef struct {
     uint64_t exec_log_overflow; /* batches dropped from a full execution log */
     uint64_t exec_stable_held;  /* f+1-matched execution checkpoints held back by a fault round */
     uint64_t exec_certificates, exec_mismatches, exec_timeouts;
+    uint64_t exec_reports_early; /* kept for a seq not yet dispatched here */
+    /* seq-indexed messages above the window, per sender (also in dropped[ZZ_DROP_WINDOW]) */
+    uint64_t exec_window[ZZ_MAX_EXEC];  /* EXEC-REPORT, EXEC-CHECKPOINT */
+    uint64_t peer_window[ZZ_MAX_REPLICAS]; /* CHECKPOINT, FAULT-STATEMENT */
     /* fault detection in zz-agreed (wakeup.c) */
     uint64_t fault_statements_sent, fault_statements_received, fault_statements_rejected;
     uint64_t wakeups_sent, wakeups_received, wakeups_rejected, wakeups_relayed;
@@ -179,7 +188,14 @@ typedef struct zz_replica {
     uint8_t **stable_proof;         /* 2g+1 signed CHECKPOINTs for `stable` (owned) */
     uint32_t *stable_proof_len;
     uint32_t stable_proof_n;
-    zz_ckpt ckpts[ZZ_CKPT_RECORDS];
+    zz_ckpt *ckpts;                 /* n_ckpts = L/CP + 1 records, seq at (seq/CP) % n_ckpts */
+    uint32_t n_ckpts;
+    /* Per agreement replica: its newest CHECKPOINT above the window (signed, owned), held so
+     * that a replica more than L behind can still learn a certified checkpoint to fetch. */
+    uint64_t *held_seq;
+    uint8_t (*held_dig)[ZZ_DIGEST_LEN];
+    uint8_t **held_raw;
+    uint32_t *held_len;
     uint64_t transfer_seq;          /* state transfer in progress to this seq (0 = none) */
     uint8_t transfer_dig[ZZ_DIGEST_LEN];
     uint64_t transfer_sent_ms;
@@ -194,8 +210,9 @@ typedef struct zz_replica {
     uint64_t xlog_low;              /* entries are kept for seq in (xlog_low, last_exec] */
     uint64_t exec_stable;           /* last stable execution checkpoint (f+1 matching) */
     uint8_t exec_stable_dig[ZZ_DIGEST_LEN];
-    zz_xckpt xckpts[ZZ_XCKPT_RECORDS];
-    zz_report_rec *reports;         /* ZZ_DETECT_RECORDS (external execution only) */
+    zz_xvote xvotes[ZZ_MAX_EXEC][ZZ_XCKPT_VOTES]; /* per execution replica */
+    zz_report_rec *reports;         /* n_reports (external execution only) */
+    uint32_t n_reports;
     uint32_t n_exec;                /* execution replicas seen reporting (row width) */
     /* Awake set (conf exec lines; all ZZ_EXEC_UNKNOWN without them): starts as the conf's
      * active replicas, grows on an adopted WAKEUP, becomes a SHUTDOWN's `active`. Only
@@ -235,6 +252,11 @@ void zz_bcast_signed(zz_replica *r, zz_buf *b, size_t start);
 void zz_write_stats(zz_replica *r);
 zz_slot *zz_slot_get(zz_replica *r, uint64_t seq);  /* NULL outside the window */
 int zz_in_window(const zz_replica *r, uint64_t seq);
+/* Where seq lies against the window (low, low + width]: <0 at or below, 0 in, >0 above. */
+int zz_seq_window(uint64_t low, uint64_t width, uint64_t seq);
+/* Count a seq-indexed message above the window from agreement replica (peer) or execution
+ * replica (!peer) `sender`. */
+void zz_count_window(zz_replica *r, int peer, uint32_t sender);
 uint8_t *zz_memdup(const void *p, size_t n);
 const zz_mackey *zz_mac_for(const zz_replica *r, uint32_t principal);
 const zz_pubkey *zz_pub_for(const zz_replica *r, uint32_t principal);
@@ -271,6 +293,12 @@ void zz_on_exec_message(zz_replica *r, const zz_msg *m);
 void zz_xlog_append(zz_replica *r, const zz_slot *s);
 const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
 void zz_xlog_free(zz_replica *r);
+/* Per-sender EXEC-CHECKPOINT votes (pure): store seq/dig in one sender's ZZ_XCKPT_VOTES
+ * votes, replacing its vote for seq, an empty one or one at or below `low`, else its lowest
+ * if seq is higher; 1 = stored. Count the senders with a vote for seq/dig. */
+int zz_xvote_put(zz_xvote *own, uint64_t low, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN]);
+uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders, uint64_t seq,
+                        const uint8_t dig[ZZ_DIGEST_LEN]);
 
 /* wakeup.c */
 int zz_wake_init(zz_replica *r, char *err, size_t errcap);
@@ -295,6 +323,7 @@ void zz_detect_dispatched(zz_replica *r, uint64_t seq);
 void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
                       const uint8_t *refs, uint32_t nrefs);
 zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
+int zz_detect_window(const zz_replica *r, uint64_t seq);      /* zz_seq_window of reports */
 void zz_detect_on_report(zz_replica *r, const zz_msg *m); /* checks the reply digest first */
 void zz_detect_free(zz_replica *r);
 

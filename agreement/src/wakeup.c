@@ -19,7 +19,9 @@
 #include "faults.h"
 #include "replica.h"
 
-#define WAKE_CANDIDATES 16   /* seqs whose statements are being collected at once */
+/* seqs whose statements are being collected at once: one unconfirmed candidate per signer
+ * at most, and room for 16 that several signers share (cand_for) */
+#define WAKE_CANDIDATES (ZZ_MAX_REPLICAS + 16)
 #define WAKE_RESEND_MS 1000  /* WAKEUP to controld again while the woken have not reported */
 #define WAKE_RESOLVE_MS 5000 /* + ceiling: resolve without the woken replicas' reports */
 #define SUBSET_MAX 10        /* rows up to which every subset is tried as evidence */
@@ -423,10 +425,16 @@ static void bcast_raw(zz_replica *r, const uint8_t *msg, size_t len)
 
 /* ---- candidates: statements collected per (seq, awake set) ---- */
 
-static candidate *cand_for(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t n)
+/* The candidate for (seq, awake), made for `signer`'s statement if needed; NULL if there is
+ * no room. Bounded per signer (docs/fault-detection.md, "Bounded evidence"): a candidate
+ * only `signer` signed is its own, and a peer's new one replaces it, so each peer holds at
+ * most one and there is always room for all of them; another signer's own candidate is
+ * never evicted, shared ones go by fewest signers, then oldest. */
+static candidate *cand_for(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t n,
+                           uint32_t signer)
 {
     struct zz_wake *w = r->wake;
-    candidate *free_c = NULL, *victim = NULL;
+    candidate *free_c = NULL, *own = NULL, *victim = NULL;
     for (int i = 0; i < WAKE_CANDIDATES; i++) {
         candidate *c = &w->cand[i];
         if (c->seq == seq && same_ids(c->awake, c->n_awake, awake, n))
@@ -436,14 +444,18 @@ static candidate *cand_for(zz_replica *r, uint64_t seq, const uint32_t *awake, u
                 free_c = c;
             continue;
         }
-        /* Evict the candidate with the fewest signers, then the oldest: a faulty replica
-         * flooding statements for every seq must not push out a round that correct
-         * replicas are completing. */
+        int sole = c->count == 1 && c->raw[signer];
+        if (sole && signer != r->id && !own)
+            own = c;
+        if (c->count == 1 && !sole)
+            continue; /* another signer's own */
         if (!victim || c->count < victim->count ||
             (c->count == victim->count && c->seq < victim->seq))
             victim = c;
     }
-    candidate *c = free_c ? free_c : victim;
+    candidate *c = own ? own : free_c ? free_c : victim;
+    if (!c)
+        return NULL;
     cand_clear(r, c);
     c->seq = seq;
     c->n_awake = n;
@@ -644,8 +656,8 @@ static void send_statement(zz_replica *r, const zz_report_rec *k, int blame_firs
         free(raw); /* the false statement is only for the others to reject */
         return;
     }
-    candidate *c = cand_for(r, k->seq, awake, n_awake);
-    if (c->raw[r->id]) {
+    candidate *c = cand_for(r, k->seq, awake, n_awake, r->id);
+    if (!c || c->raw[r->id]) {
         free(raw);
         return;
     }
@@ -678,8 +690,23 @@ void zz_on_fault_statement(zz_replica *r, const zz_msg *m)
         r->st.fault_statements_rejected++;
         return;
     }
+    /* Only for a seq of the report window (detect.c): above it nothing was dispatched by a
+     * replica we keep up with; dropped and counted for the signer. Below it: stale. */
+    int win = r->reports ? zz_detect_window(r, row.seq) : 0;
+    if (win > 0) {
+        zz_count_window(r, 1, m->sender);
+        return;
+    }
+    if (win < 0) {
+        r->st.stale++;
+        return;
+    }
     r->st.fault_statements_received++;
-    candidate *c = cand_for(r, row.seq, row.ids, row.n);
+    candidate *c = cand_for(r, row.seq, row.ids, row.n, m->sender);
+    if (!c) {
+        r->st.fault_statements_rejected++;
+        return;
+    }
     if (c->raw[m->sender])
         return; /* one statement per signer and round: a duplicate or a second opinion */
     c->raw[m->sender] = zz_memdup(m->raw, m->raw_len);

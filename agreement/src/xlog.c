@@ -67,18 +67,40 @@ static void xlog_collect(zz_replica *r, uint64_t upto)
         r->xlog_low = upto;
 }
 
-static zz_xckpt *xckpt_get(zz_replica *r, uint64_t seq)
+int zz_xvote_put(zz_xvote *own, uint64_t low, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN])
 {
-    zz_xckpt *victim = &r->xckpts[0];
-    for (int i = 0; i < ZZ_XCKPT_RECORDS; i++) {
-        if (r->xckpts[i].seq == seq)
-            return &r->xckpts[i];
-        if (r->xckpts[i].seq < victim->seq)
-            victim = &r->xckpts[i];
+    zz_xvote *slot = NULL;
+    for (int j = 0; j < ZZ_XCKPT_VOTES && !slot; j++)
+        if (own[j].seq == seq)
+            slot = &own[j]; /* a changed answer replaces the sender's earlier one */
+    for (int j = 0; j < ZZ_XCKPT_VOTES && !slot; j++)
+        if (own[j].seq == 0 || own[j].seq <= low)
+            slot = &own[j];
+    if (!slot) {
+        zz_xvote *lowest = &own[0];
+        for (int j = 1; j < ZZ_XCKPT_VOTES; j++)
+            if (own[j].seq < lowest->seq)
+                lowest = &own[j];
+        if (lowest->seq > seq)
+            return 0; /* older than all of this sender's kept votes */
+        slot = lowest;
     }
-    memset(victim, 0, sizeof *victim);
-    victim->seq = seq;
-    return victim;
+    slot->seq = seq;
+    memcpy(slot->dig, dig, ZZ_DIGEST_LEN);
+    return 1;
+}
+
+uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders, uint64_t seq,
+                        const uint8_t dig[ZZ_DIGEST_LEN])
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < nsenders; i++)
+        for (int j = 0; j < ZZ_XCKPT_VOTES; j++)
+            if (tab[i][j].seq == seq && memcmp(tab[i][j].dig, dig, ZZ_DIGEST_LEN) == 0) {
+                n++;
+                break;
+            }
+    return n;
 }
 
 static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
@@ -87,27 +109,15 @@ static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_
     memcpy(r->exec_stable_dig, digest, ZZ_DIGEST_LEN);
     r->st.exec_stable_advances++;
     xlog_collect(r, seq < r->last_exec ? seq : r->last_exec);
-    for (int j = 0; j < ZZ_XCKPT_RECORDS; j++)
-        if (r->xckpts[j].seq <= seq)
-            memset(&r->xckpts[j], 0, sizeof r->xckpts[j]);
-}
-
-/* How many execution replicas signed `digest` for k->seq. */
-static uint32_t votes_for(const zz_xckpt *k, const uint8_t digest[ZZ_DIGEST_LEN])
-{
-    uint32_t match = 0;
-    for (uint32_t j = 0; j < ZZ_MAX_EXEC; j++)
-        match += k->voted[j] && memcmp(k->dig[j], digest, ZZ_DIGEST_LEN) == 0;
-    return match;
-}
-
-/* A digest f+1 execution replicas signed for k->seq, or NULL. */
-static const uint8_t *certified_digest(const zz_replica *r, const zz_xckpt *k)
-{
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
-        if (k->voted[i] && votes_for(k, k->dig[i]) >= r->conf->f + 1)
-            return k->dig[i];
-    return NULL;
+        for (int j = 0; j < ZZ_XCKPT_VOTES; j++)
+            if (r->xvotes[i][j].seq <= seq)
+                memset(&r->xvotes[i][j], 0, sizeof r->xvotes[i][j]);
+}
+
+static uint32_t votes_for(const zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
+{
+    return zz_xvote_count((const zz_xvote(*)[ZZ_XCKPT_VOTES])r->xvotes, ZZ_MAX_EXEC, seq, digest);
 }
 
 /* No checkpoint at or above a suspected fault's seq S becomes stable until S is settled:
@@ -127,16 +137,25 @@ static int must_hold(zz_replica *r, uint64_t seq)
     return k && k->flagged && !k->certified;
 }
 
-/* A signed EXEC-CHECKPOINT from execution replica i (signature already checked). */
+/* A signed EXEC-CHECKPOINT from execution replica i (signature already checked). Taken
+ * for seqs in (exec_stable, stable + L]: no execution replica can have executed a seq above
+ * the agreement window of a replica that keeps up; above it is dropped and counted. */
 static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
                                const uint8_t digest[ZZ_DIGEST_LEN])
 {
-    if (seq <= r->exec_stable || seq % r->conf->checkpoint_interval != 0)
+    if (i >= ZZ_MAX_EXEC || seq % r->conf->checkpoint_interval != 0)
         return;
-    zz_xckpt *k = xckpt_get(r, seq);
-    k->voted[i] = 1;
-    memcpy(k->dig[i], digest, ZZ_DIGEST_LEN);
-    if (votes_for(k, digest) < r->conf->f + 1)
+    if (seq <= r->exec_stable) {
+        r->st.stale++;
+        return;
+    }
+    if (seq > r->stable + r->L) {
+        zz_count_window(r, 0, i);
+        return;
+    }
+    if (!zz_xvote_put(r->xvotes[i], r->exec_stable, seq, digest))
+        return;
+    if (votes_for(r, seq, digest) < r->conf->f + 1)
         return;
     if (must_hold(r, seq)) {
         r->st.exec_stable_held++;
@@ -147,21 +166,19 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
 
 void zz_xlog_release_held(zz_replica *r)
 {
-    const zz_xckpt *best = NULL;
-    const uint8_t *dig = NULL;
-    for (int j = 0; j < ZZ_XCKPT_RECORDS; j++) {
-        const zz_xckpt *k = &r->xckpts[j];
-        if (k->seq <= r->exec_stable || (best && k->seq <= best->seq))
-            continue;
-        const uint8_t *d = certified_digest(r, k);
-        if (d) {
-            best = k;
-            dig = d;
+    /* The highest seq with f+1 matching votes. */
+    const zz_xvote *best = NULL;
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        for (int j = 0; j < ZZ_XCKPT_VOTES; j++) {
+            const zz_xvote *v = &r->xvotes[i][j];
+            if (v->seq <= r->exec_stable || (best && v->seq <= best->seq))
+                continue;
+            if (votes_for(r, v->seq, v->dig) >= r->conf->f + 1)
+                best = v;
         }
-    }
     if (best && !must_hold(r, best->seq)) {
         uint8_t copy[ZZ_DIGEST_LEN];
-        memcpy(copy, dig, ZZ_DIGEST_LEN); /* advance_stable clears the record */
+        memcpy(copy, best->dig, ZZ_DIGEST_LEN); /* advance_stable clears the votes */
         advance_stable(r, best->seq, copy);
     }
 }
