@@ -564,12 +564,13 @@ class Campaign:
             r.linearizable = v.linearizable if r.linearizable is not False else False
             r.linearizability = f"{name}: {v}"
 
-    async def run(self) -> None:
+    async def run(self, after_round: Callable[[], None] = lambda: None) -> None:
         await asyncio.to_thread(zh.lincheck_binary)
         for k in range(1, self.opts.rounds + 1):
             r = await self.play_round(k)
             self.rounds.append(r)
             self.figures.add(r)
+            after_round()
             v = "; ".join(f"{a}: {b}" for a, b in r.violations) or "ok"
             self.progress(
                 f"  wakeups {sorted(r.wakeups)} convicted {sorted(r.convicted)}"
@@ -631,10 +632,18 @@ def run_campaign(
         config = load(write_rack(tmp, f))
         camp = Campaign(config, opts, rng, progress)
         error = None
+
+        def save(camp: Campaign = camp, f: int = f) -> None:
+            """campaign.json after every round: a run stopped early keeps its rounds."""
+            partial = {"f": f, "error": "running", "figures": camp.figures.to_json(),
+                       "rounds": [_round_json(r) for r in camp.rounds]}  # fmt: skip
+            doc = {**result, "runs": [*result["runs"], partial]}
+            write_atomic(out / "campaign.json", json.dumps(doc, indent=1) + "\n")
+
         try:
             progress(f"rack f={f} in {tmp}: up")
             camp.up()
-            asyncio.run(camp.run())
+            asyncio.run(camp.run(save))
         except (CampaignError, rackctl.RackError) as e:
             error = str(e)
             progress(f"campaign f={f} stopped: {e}")
