@@ -203,6 +203,7 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
         }
         /* Equal digests hash equal lists (checked at intake), so any certified one will do. */
         record_affirmations(r, k->refs[best_i], k->nrefs[best_i]);
+        zz_xlog_report_certified(r, k->seq, k->refs[best_i], k->nrefs[best_i]);
         rec_free_refs(k);
         zz_wake_on_certified(r, k);
         if (k->flagged)

@@ -142,6 +142,7 @@ typedef struct {
     uint64_t exec_commits_sent, exec_reports, exec_checkpoints, exec_stable_advances;
     uint64_t exec_log_overflow; /* batches dropped from a full execution log */
     uint64_t exec_stable_held;  /* f+1-matched execution checkpoints held back by a fault round */
+    uint64_t exec_stable_by_reports; /* checkpoints certified by f+1 matching EXEC-REPORTs */
     uint64_t exec_certificates, exec_mismatches, exec_timeouts;
     uint64_t exec_reports_early; /* kept for a seq not yet dispatched here */
     /* seq-indexed messages above the window, per sender (also in dropped[ZZ_DROP_WINDOW]) */
@@ -211,6 +212,9 @@ typedef struct zz_replica {
     uint64_t exec_stable;           /* last stable execution checkpoint (f+1 matching) */
     uint8_t exec_stable_dig[ZZ_DIGEST_LEN];
     zz_xvote xvotes[ZZ_MAX_EXEC][ZZ_XCKPT_VOTES]; /* per execution replica */
+    /* The newest checkpoint certified by f+1 matching EXEC-REPORTs at its seq (their
+     * checkpoint ref, docs/wire.md), above exec_stable; 0 = none. */
+    zz_xvote xcert;
     zz_report_rec *reports;         /* n_reports (external execution only) */
     uint32_t n_reports;
     uint32_t n_exec;                /* execution replicas seen reporting (row width) */
@@ -305,6 +309,7 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap);
 void zz_wake_free(zz_replica *r);
 uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
 void zz_xlog_release_held(zz_replica *r);          /* a suspected fault settled (xlog.c) */
+void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs);
 int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */

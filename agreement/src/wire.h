@@ -139,6 +139,8 @@ typedef struct {
 } zz_reply_ref;
 #define ZZ_ROW_WIRE 37
 #define ZZ_REPLY_REF_WIRE 44
+/* The client of an EXEC-REPORT's checkpoint ref (docs/wire.md): no client has it. */
+#define ZZ_CHECKPOINT_REF_CLIENT 0xFFFFFFFFu
 #define ZZ_U32_WIRE 4
 typedef struct {
     uint32_t count;

@@ -113,6 +113,8 @@ static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_
         for (int j = 0; j < ZZ_XCKPT_VOTES; j++)
             if (r->xvotes[i][j].seq <= seq)
                 memset(&r->xvotes[i][j], 0, sizeof r->xvotes[i][j]);
+    if (r->xcert.seq <= seq)
+        memset(&r->xcert, 0, sizeof r->xcert);
 }
 
 static uint32_t votes_for(const zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
@@ -164,10 +166,38 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
     advance_stable(r, seq, digest);
 }
 
+/* f+1 matching EXEC-REPORTs at checkpoint seq certify the checkpoint digest in their
+ * checkpoint ref (docs/wire.md): a replica that reports correctly but signs a wrong (or no)
+ * EXEC-CHECKPOINT cannot keep checkpoints from becoming stable, and one that puts a wrong
+ * digest in its report is a mismatch, detected and convicted like a wrong reply. */
+void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs)
+{
+    if (!r->xlog || seq % r->conf->checkpoint_interval != 0 || seq <= r->exec_stable)
+        return;
+    zz_flist l = {nrefs, refs};
+    for (uint32_t i = nrefs; i-- > 0;) {
+        zz_reply_ref e;
+        zz_reply_ref_at(&l, i, &e);
+        if (e.client != ZZ_CHECKPOINT_REF_CLIENT || e.timestamp != seq)
+            continue;
+        r->st.exec_stable_by_reports++;
+        if (must_hold(r, seq)) {
+            r->st.exec_stable_held++;
+            if (seq > r->xcert.seq) {
+                r->xcert.seq = seq;
+                memcpy(r->xcert.dig, e.result_digest, ZZ_DIGEST_LEN);
+            }
+            return;
+        }
+        advance_stable(r, seq, e.result_digest);
+        return;
+    }
+}
+
 void zz_xlog_release_held(zz_replica *r)
 {
-    /* The highest seq with f+1 matching votes. */
-    const zz_xvote *best = NULL;
+    /* The highest seq with f+1 matching votes, or certified by reports. */
+    const zz_xvote *best = r->xcert.seq > r->exec_stable ? &r->xcert : NULL;
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
         for (int j = 0; j < ZZ_XCKPT_VOTES; j++) {
             const zz_xvote *v = &r->xvotes[i][j];
