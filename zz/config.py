@@ -9,7 +9,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-_NAME_RE = re.compile(r"^[a-z0-9-]+$")
+# Rack, host and service names: they become file names (run/controld/<host>), libvirt
+# domain names (zz-<rack>-...), ZFS pool names and command-line arguments, so a letter or
+# digit first (never `-`, never a path), at most 63 characters; matched whole (fullmatch).
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+U32_MAX = 0xFFFFFFFF
+# Timers in milliseconds: at most an hour (the replica file takes a u32; a view timeout
+# doubles per failed view, so a huge first value means no view change ever happens).
+MAX_TIMER_MS = 3_600_000
+# agreement/src/wire.h ZZ_MAX_LIST: a PRE-PREPARE's request list on the wire.
+MAX_LIST = 65536
 # Mirrors agreement/src/conf.h: a replica holds at most this many keyed principals.
 MAX_REPLICAS = 64
 MAX_PRINCIPALS = 4096
@@ -249,7 +258,7 @@ class _Table:
             return default
         if not isinstance(v, str) or not v:
             raise ConfigError(f"{self.fp(key)}: must be a non-empty string")
-        if pattern is not None and not pattern.match(v):
+        if pattern is not None and not pattern.fullmatch(v):
             raise ConfigError(f"{self.fp(key)}: must match {pattern.pattern}, got {v!r}")
         return v
 
@@ -267,6 +276,18 @@ def _range(lo: int | None, hi: int | None) -> str:
     return ""
 
 
+def _check_app(t: _Table, app: str) -> str:
+    """An app the registry knows (execution/registry.py), so `rack plan` refuses what the
+    runtime would refuse only once started."""
+    from .execution.registry import AppRegistryError, get_spec
+
+    try:
+        get_spec(app)
+    except AppRegistryError as e:
+        raise ConfigError(f"{t.fp('app')}: {e}") from None
+    return app
+
+
 def _array(data: dict[str, Any], key: str) -> list[Any]:
     v = data.get(key, [])
     if not isinstance(v, list):
@@ -280,18 +301,18 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     base = path.parent
 
     rt = _Table(top._get("rack", True), "rack")
-    cp = rt.get_int("checkpoint_interval", 128, lo=1)
+    cp = rt.get_int("checkpoint_interval", 128, lo=1, hi=U32_MAX)
     rack = Rack(
         name=rt.get_str("name", pattern=_NAME_RE),
         key_dir=(base / rt.get_str("key_dir", "keys")).resolve(),
         run_dir=(base / rt.get_str("run_dir", "run")).resolve(),
         checkpoint_interval=cp,
-        log_window=rt.get_int("log_window", 2 * cp, lo=cp),
-        batch_max=rt.get_int("batch_max", 400, lo=1),
-        view_timeout_ms=rt.get_int("view_timeout_ms", 1000, lo=1),
-        max_inflight=rt.get_int("max_inflight", 4, lo=1),
-        status_interval_ms=rt.get_int("status_interval_ms", 200, lo=1),
-        time_tolerance_ms=rt.get_int("time_tolerance_ms", 10000, lo=1),
+        log_window=rt.get_int("log_window", 2 * cp, lo=cp, hi=U32_MAX),
+        batch_max=rt.get_int("batch_max", 400, lo=1, hi=MAX_LIST),
+        view_timeout_ms=rt.get_int("view_timeout_ms", 1000, lo=1, hi=MAX_TIMER_MS),
+        max_inflight=rt.get_int("max_inflight", 4, lo=1, hi=U32_MAX),
+        status_interval_ms=rt.get_int("status_interval_ms", 200, lo=1, hi=MAX_TIMER_MS),
+        time_tolerance_ms=rt.get_int("time_tolerance_ms", 10000, lo=1, hi=MAX_TIMER_MS),
         placement=rt.get_str("placement", "spread"),
         max_request=rt.get_int("max_request", 1 << 20, lo=MIN_MAX_REQUEST),
         batch_bytes=rt.get_int("batch_bytes", 4 << 20, lo=MIN_MAX_REQUEST + BATCH_HDR_LEN + 4),
@@ -327,7 +348,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     used: dict[tuple[str, int], str] = {}
     for i, h in enumerate(raw_hosts):
         t = _Table(h, f"hosts[{i}]")
-        name = t.get_str("name")
+        name = t.get_str("name", pattern=_NAME_RE)
         if name in names:
             raise ConfigError(f"hosts[{i}].name: duplicate {name!r}")
         names.add(name)
@@ -368,7 +389,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         sleep = t.get_str("sleep", "paused")
         if sleep not in ("paused", "hibernated"):
             raise ConfigError(f"services[{i}].sleep: must be 'paused' or 'hibernated'")
-        app = t.get_str("app", "echo")
+        app = _check_app(t, t.get_str("app", "echo"))
         clients = t.get_int("clients", 64, lo=1)
         n = 3 * g + 1
         base_port = t.get_int("base_port", lo=1, hi=65535 - n + 1)

@@ -148,6 +148,56 @@ class RackState:
         )
 
 
+# ---- removing only what is the rack's ----------------------------------------------------
+def contained(path: Path, root: Path) -> Path | None:
+    """`path` resolved (symlinks followed, `..` folded) if that lies strictly inside `root`
+    (resolved too), else None. Every removal of a path built from the config or the state
+    file goes through this: a name, a symlink or a recorded path must never lead out."""
+    real_root = root.resolve()
+    real = path.resolve()
+    return real if real != real_root and real.is_relative_to(real_root) else None
+
+
+def _inside(path: Path, root: Path) -> Path:
+    """`path` with its parent resolved, if that lies strictly inside `root`; the last
+    component is kept as it is, so a symlink there is removed itself, never followed."""
+    real_root = root.resolve()
+    target = path.parent.resolve() / path.name
+    if path.name in ("", ".", "..") or target == real_root or not target.is_relative_to(real_root):
+        raise RackError(f"refusing to remove {path}: not inside the rack's {root}")
+    return target
+
+
+def remove_tree(path: Path, root: Path) -> None:
+    """rmtree `path` if it is inside `root` (RackError if not); a missing path is fine, a
+    symlink is unlinked (its target stays). rmtree does not follow symlinks below `path`."""
+    target = _inside(path, root)
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        target.unlink(missing_ok=True)
+
+
+def remove_file(path: Path, root: Path) -> None:
+    """unlink `path` if it is inside `root` (RackError if not); a missing file is fine."""
+    target = _inside(path, root)
+    if target.is_symlink() or not target.is_dir():
+        target.unlink(missing_ok=True)
+
+
+def _remove_each(
+    removals: list[tuple[Callable[[Path, Path], None], Path]], root: Path, report: DownReport | None
+) -> None:
+    """Run every removal; one refused (outside `root`) is reported and the rest still run."""
+    for remove, path in removals:
+        try:
+            remove(path, root)
+        except RackError as e:
+            if report is None:
+                raise
+            report.refused.append(str(e))
+
+
 def state_path(config: Config) -> Path:
     return config.rack.run_dir / STATE_NAME
 
@@ -407,7 +457,7 @@ def _clear_stale_pool(name: str, vdev: Path, progress: Progress) -> None:
     from .snapshots.zfs import destroy_pool, pool_exists, pool_vdevs
 
     if not pool_exists(name):
-        vdev.unlink(missing_ok=True)  # a vdev without its pool holds nothing
+        remove_file(vdev, vdev.parent)  # a vdev without its pool holds nothing
         return
     theirs = pool_vdevs(name)
     if theirs != [str(vdev)]:
@@ -482,11 +532,13 @@ class DownReport:
     leftovers: list[int] = field(default_factory=list)  # found by command line, killed
     domains: list[str] = field(default_factory=list)
     pools: list[str] = field(default_factory=list)
+    # Removals refused because the path led outside the rack's run directory.
+    refused: list[str] = field(default_factory=list)
     nothing: bool = False
 
     @property
     def clean(self) -> bool:
-        return not self.killed and not self.leftovers
+        return not self.killed and not self.leftovers and not self.refused
 
 
 def _stop_procs(procs: list[ProcRecord], timeout: float, report: DownReport) -> None:
@@ -572,21 +624,25 @@ def rack_leftovers(config: Config) -> list[int]:
     return out
 
 
-def _remove_exec_state(config: Config) -> None:
+def _remove_exec_state(config: Config, report: DownReport | None = None) -> None:
     """Execution replicas' state directories (and convicted ones' forensic copies), and
     the agreement replicas' view of them (awake, sleeping, convicted: agreed-<r>.exec-view):
     the agreement replicas keep no log across a restart, so a new rack starts from seq 0
     with its planned roles and must not meet a replica that remembers a later state. Logs
-    and status files stay."""
+    and status files stay. Nothing outside run_dir is touched (a symlink leading out is
+    refused: RackError, or listed in `report.refused` when there is a report)."""
+    run = config.rack.run_dir
+    todo: list[tuple[Callable[[Path, Path], None], Path]] = []
     for s in config.services:
-        base = config.rack.run_dir / f"s{s.id}"
+        base = run / f"s{s.id}"
         for r in range(s.n):
-            (base / f"agreed-{r}.exec-view").unlink(missing_ok=True)
+            todo.append((remove_file, base / f"agreed-{r}.exec-view"))
         for i in range(s.n_exec):
             for d in base.glob(f"exec-{i}") if base.exists() else []:
-                shutil.rmtree(d, ignore_errors=True)
+                todo.append((remove_tree, d))
             for d in base.glob(f"exec-{i}.forensic-*") if base.exists() else []:
-                shutil.rmtree(d, ignore_errors=True)
+                todo.append((remove_tree, d))
+    _remove_each(todo, run, report)
 
 
 def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> DownReport:
@@ -618,22 +674,31 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
     if pools:
         from .snapshots.zfs import destroy_pool, pool_exists
 
+        # The state file is data: only this rack's pool names on vdevs in run/zfs count.
+        ours = {pool_name(config, h) for h in config.hosts}
         for p in pools:
+            vdev = Path(str(p.get("vdev", "")))
+            if p.get("name") not in ours or contained(vdev, run / "zfs") is None:
+                report.refused.append(f"recorded pool {p.get('name')!r} on {vdev}: not this rack's")
+                continue
             if pool_exists(p["name"]):
-                destroy_pool(p["name"], p["vdev"])
+                destroy_pool(p["name"])
                 report.pools.append(p["name"])
-            else:
-                Path(p["vdev"]).unlink(missing_ok=True)
-    _remove_exec_state(config)
+            _remove_each([(remove_file, vdev)], run, report)
+    _remove_exec_state(config, report)
+    todo: list[tuple[Callable[[Path, Path], None], Path]] = []
     for h in config.hosts:
         home = run / "controld" / h.name
-        for sub in ("replicas", "saves"):
-            shutil.rmtree(home / sub, ignore_errors=True)
+        todo += [(remove_tree, home / sub) for sub in ("replicas", "saves")]
         # The inventory describes replicas that no longer exist: a new controld must not
         # report them as lost.
-        for name in ("inventory.json", "ledger.json", "freshness.json"):
-            (home / name).unlink(missing_ok=True)
-    state_path(config).unlink(missing_ok=True)
+        todo += [
+            (remove_file, home / n) for n in ("inventory.json", "ledger.json", "freshness.json")
+        ]
+    todo.append((remove_file, state_path(config)))
+    _remove_each(todo, run, report)
+    for why in report.refused:
+        progress(f"rack {config.rack.name!r}: {why}")
     if report.nothing and not (report.leftovers or report.domains):
         progress(f"rack {config.rack.name!r}: nothing running (no {state_path(config)})")
     else:
