@@ -30,6 +30,10 @@
 #define IN_FIRST 4096                  /* a connection's first read buffer; doubles as bytes arrive */
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
+/* Out of descriptors (EMFILE, ENFILE, ...) on accept: the listener leaves epoll for this
+ * long, doubling up to the max while it persists; the backlog waits meanwhile. */
+#define ACCEPT_BACKOFF_MIN_MS 100
+#define ACCEPT_BACKOFF_MAX_MS 1000
 #define MAX_EVENTS 256
 /* Outgoing links: agreement peers 0 .. ZZ_MAX_REPLICAS-1, then links added with
  * zz_net_add_link (e.g. to the controld of every host), which get no fault injection. */
@@ -107,6 +111,8 @@ struct zz_net {
     volatile sig_atomic_t stop;
     zz_net_stats st;
     uint32_t n_accepted;
+    uint32_t accept_backoff_ms; /* the current accept back-off; 0: accepting normally */
+    int accept_paused;          /* the listener is out of epoll until the back-off timer */
     /* conf's limits; a zero there (a hand-made conf) means the default */
     uint32_t max_conns, max_per_source, frame_timeout_ms, unauth_timeout_ms;
     uint64_t unauth_buffer_max; /* read buffers of unauthenticated connections, in total */
@@ -732,6 +738,32 @@ static int over_cap(zz_net *n, const uint8_t src[16])
     return 0;
 }
 
+/* The listener stays readable while accept fails for want of a descriptor: level-
+ * triggered epoll would spin on it. Take it out of epoll for a back-off (100 ms, doubling
+ * to 1 s while the shortage lasts), count it (stats accept_backoffs) and try again when
+ * the timer fires; established connections are served meanwhile. */
+static void accept_back_off(zz_net *n);
+
+static void accept_resume(void *ctx)
+{
+    zz_net *n = ctx;
+    n->accept_paused = 0;
+    if (ep_set(n, &n->listener, EPOLLIN) < 0)
+        accept_back_off(n); /* epoll_ctl itself may lack memory: try again later */
+}
+
+static void accept_back_off(zz_net *n)
+{
+    if (n->accept_paused)
+        return;
+    uint32_t ms = n->accept_backoff_ms ? n->accept_backoff_ms * 2 : ACCEPT_BACKOFF_MIN_MS;
+    n->accept_backoff_ms = ms > ACCEPT_BACKOFF_MAX_MS ? ACCEPT_BACKOFF_MAX_MS : ms;
+    n->st.accept_backoffs++;
+    n->accept_paused = 1;
+    (void)ep_set(n, &n->listener, 0); /* EPOLL_CTL_DEL: needs no memory */
+    zz_net_timer(n, n->accept_backoff_ms, accept_resume, n);
+}
+
 static void accept_all(zz_net *n)
 {
     for (;;) {
@@ -742,9 +774,12 @@ static void accept_all(zz_net *n)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            /* EAGAIN: done. EMFILE and friends: leave the rest in the backlog. */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                accept_back_off(n);
+            /* EAGAIN: done. Out of descriptors: the rest waits in the backlog. */
             return;
         }
+        n->accept_backoff_ms = 0; /* accepting again: the next shortage starts small */
         uint8_t src[16];
         source_key(&ss, src);
         if (over_cap(n, src)) {

@@ -36,6 +36,7 @@ typedef struct {
     uint64_t unauth_timeouts;      /* closed: nothing authenticated within unauth_timeout_ms */
     uint64_t in_buffer_bytes;      /* read buffers held, all connections */
     uint64_t unauth_buffer_refusals; /* closed: unauthenticated buffers over their budget */
+    uint64_t accept_backoffs; /* accept out of descriptors (EMFILE, ENFILE): listener paused */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
