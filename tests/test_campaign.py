@@ -1,0 +1,220 @@
+# tests/test_campaign.py - the adversarial campaign (zz/campaign.py, `zz bench byzantine`): its
+# invariant checker on made-up rounds, the Byzantine behaviours' switch (execution/byzantine.py)
+# and a short seeded run against a real process-backend rack.
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from zz.execution import byzantine
+
+from tests.test_execution_runtime import needs_agreed
+from zz import campaign as cp
+from zz import rackctl
+from zz.config import load
+from zz.procrack import DEFAULT_AGREED
+
+needs_go = pytest.mark.skipif(
+    shutil.which("go") is None and "ZZ_LINCHECK" not in os.environ,
+    reason="no Go toolchain for tools/lincheck: run scripts/setup-go.sh",
+)
+AGREED = Path(os.environ["ZZ_AGREED"]) if os.environ.get("ZZ_AGREED") else DEFAULT_AGREED
+
+
+# ---- the invariant checker on made-up rounds ----------------------------------------------
+def _healthy(r: cp.Round, awake: list[int], sleeping: list[int]) -> cp.Round:
+    r.views = {f"kv0/agreed-{k}": {"awake": awake, "sleeping": sleeping} for k in range(4)}
+    r.controld_running, r.controld_sleeping = awake, sleeping
+    r.worst_gap_s, r.linearizable = 2.0, True
+    return r
+
+
+def _good_round() -> cp.Round:
+    """exec-0 lies, spare 2 is woken, the SHUTDOWN at the round's seq convicts 0, and 0's
+    fresh spare sleeps again."""
+    r = cp.Round(1, f=1, attacks=[cp.Attack(0, "wrong-reply")])
+    r.wakeups = {100: [2]}
+    r.shutdowns = {100: [0]}
+    return _healthy(r, [1, 2], [0])
+
+
+def _kinds(r: cp.Round) -> list[str]:
+    return [k for k, _ in cp.check_round(r, bound_s=30)]
+
+
+def test_a_clean_round_violates_nothing() -> None:
+    assert cp.check_round(_good_round(), bound_s=30) == []
+
+
+def test_convicting_a_correct_replica_is_a_false_conviction() -> None:
+    r = _good_round()
+    r.shutdowns = {100: [1]}  # the correct exec-1 convicted, the liar kept
+    got = cp.check_round(r, bound_s=30)
+    assert ("false-conviction", "exec-1 convicted at seq 100, correct") in got
+    assert "missed-conviction" in [k for k, _ in got]  # and the wake-up convicted no liar
+
+
+def test_a_conviction_besides_the_faulty_one_is_still_false() -> None:
+    r = _good_round()
+    r.shutdowns = {100: [0, 1]}
+    assert _kinds(r) == ["false-conviction"]
+
+
+def test_the_fresh_spare_of_a_convicted_liar_is_correct() -> None:
+    """exec-0 lies and is convicted at 100; its fresh spare (index 0 again) is woken at 120
+    and convicted: that second conviction is of a correct replica."""
+    r = _good_round()
+    r.wakeups[120] = [0]
+    r.shutdowns[120] = [0]
+    got = cp.check_round(r, bound_s=30)
+    assert [k for k, _ in got] == ["false-conviction", "missed-conviction"], got
+    assert "fresh spare" in got[0][1]
+
+
+def test_a_wakeup_without_shutdown_is_a_missed_conviction() -> None:
+    r = _good_round()
+    r.shutdowns = {}
+    assert _kinds(r) == ["missed-conviction"]
+    r = _good_round()
+    r.wakeups[140] = [0]  # a second round, never decided
+    assert _kinds(r) == ["missed-conviction"]
+
+
+def test_no_wakeup_no_conviction_is_fine() -> None:
+    """A behaviour nobody can see (a replayed old report) wakes nobody: nothing to convict."""
+    r = _healthy(cp.Round(1, f=1, attacks=[cp.Attack(1, "replay-old")]), [0, 1], [2])
+    assert cp.check_round(r, bound_s=30) == []
+
+
+def test_stall_linearizability_and_cost() -> None:
+    r = _good_round()
+    r.worst_gap_s = 31.0
+    assert _kinds(r) == ["stall"]
+    r.worst_gap_s = None
+    assert _kinds(r) == ["stall"]
+    r = _good_round()
+    r.linearizable, r.linearizability = False, "kv0: NOT linearizable"
+    assert _kinds(r) == ["not-linearizable"]
+    r = _good_round()
+    r.views["kv0/agreed-3"] = {"awake": [0, 1, 2], "sleeping": []}
+    assert _kinds(r) == ["cost"]
+    r = _good_round()
+    r.controld_sleeping = []
+    assert _kinds(r) == ["cost"]
+    r = _good_round()
+    r.dead = [0]
+    assert _kinds(r) == ["cost"]
+
+
+def test_f2_two_liars_one_convicted_per_round() -> None:
+    r = cp.Round(3, f=2, attacks=[cp.Attack(0, "wrong-reply"), cp.Attack(1, "slow")])
+    r.wakeups = {50: [3, 4]}
+    r.shutdowns = {50: [0, 1]}
+    _healthy(r, [2, 3, 4], [0, 1])
+    assert cp.check_round(r, bound_s=30) == []
+    assert r.label == "slow+wrong-reply"
+
+
+def test_figures_count_by_behaviour() -> None:
+    fg = cp.Figures(1)
+    fg.add(_good_round())
+    bad = _good_round()
+    bad.shutdowns = {100: [1]}
+    bad.violations = cp.check_round(bad, 30)
+    fg.add(bad)
+    j = fg.to_json()
+    assert j["rounds"] == 2 and j["attacks"] == {"wrong-reply": 2}
+    assert j["false_convictions"] == 1 and j["missed_convictions"] == 1 and j["stalls"] == 0
+    assert j["by_behaviour"]["wrong-reply"] == {
+        "rounds": 2,
+        "false-conviction": 1,
+        "missed-conviction": 1,
+    }
+    assert j["worst_time_to_correct_service_s"] == 2.0
+    assert "false convictions 1" in cp.format_figures([fg], 5, 30)
+
+
+def test_menu_and_known_open_are_consistent() -> None:
+    assert set(cp.TESTED) <= set(cp.BEHAVIOURS)
+    assert not set(cp.TESTED) & set(cp.KNOWN_OPEN)
+    assert set(cp.KNOWN_OPEN) <= set(cp.BEHAVIOURS)
+    runtime_faults = {"wrong-reply", "slow", "corrupt-snapshot"}
+    assert set(cp.BEHAVIOURS) == runtime_faults | set(byzantine.BEHAVIOURS)
+
+
+def test_plans_are_seeded_and_at_most_f(tmp_path: Path) -> None:
+    config = load(cp.write_rack(tmp_path, 2))
+    assert len(config.hosts) == 5 and config.services[0].n_exec == 5
+
+    def plans(seed: int) -> list[list[tuple[int, str]]]:
+        c = cp.Campaign(config, cp.Options(), random.Random(seed), print)
+        return [[(a.replica, a.behaviour) for a in c._plan([0, 1, 2])] for _ in range(50)]
+
+    a = plans(3)
+    assert a == plans(3) and a != plans(4)
+    assert all(1 <= len(p) <= 2 and len({i for i, _ in p}) == len(p) for p in a)
+    assert any(len(p) == 2 for p in a)
+
+
+# ---- the behaviours' switch ---------------------------------------------------------------
+class _Rt:
+    """What Byzantine reads of a runtime."""
+
+    class svc:  # noqa: N801
+        g = 1
+        id = 1
+
+    cp = 32
+    stable_checkpoint = 0
+
+
+def test_byzantine_configure_validates() -> None:
+    b = byzantine.Byzantine(_Rt())  # type: ignore[arg-type]
+    b.configure("equivocate", {"to": [2, 3]})
+    assert b.mode == "equivocate" and b.to == {2, 3}
+    b.configure("wrong-reply", {})  # the runtime's own fault: nothing here
+    assert b.mode is None
+    b.configure("equivocate", {})
+    assert b.to == {0, 1}  # g+1 agreement replicas by default
+    with pytest.raises(ValueError):
+        b.configure("future-seq", {"ahead": [-1]})
+    with pytest.raises(ValueError):
+        b.configure("report-flood", {"copies": 10**6})
+    assert b.mode == "equivocate"  # unchanged by a bad file
+    b.configure(None, {})
+    assert b.mode is None and not b.lying(100)
+
+
+# ---- a short seeded run on a real rack ----------------------------------------------------
+@pytest.mark.slow
+@needs_agreed
+@needs_go
+@pytest.mark.skipif(not AGREED.exists(), reason=f"no zz-agreed at {AGREED}")
+def test_short_seeded_campaign(tmp_path: Path) -> None:
+    """Two rounds of f = 1 with the behaviours today's code handles: the campaign's own
+    checks hold (0 false convictions, 0 missed, 0 stalls, linearizable, f+1 again), and
+    the rack is gone afterwards. Two, not more: a third round wakes a spare provisioned
+    after a conviction, whose state transfer from a peer also re-keyed fails today
+    (zz.campaign.KNOWN_OPEN_AFTER_TWO)."""
+    opts = cp.Options(rounds=2, behaviours=cp.TESTED, agreed=AGREED)
+    out = tmp_path / "out"
+    result = cp.run_campaign([1], opts, seed=14, out=out, workdir=tmp_path)
+    (run,) = result["runs"]
+    print(result["summary"])
+    assert run["error"] is None, run["error"]
+    figs = run["figures"]
+    assert figs["rounds"] == 2
+    bad = [(r["index"], r["behaviours"], r["violations"]) for r in run["rounds"] if r["violations"]]
+    assert not bad, bad
+    assert figs["false_convictions"] == figs["missed_convictions"] == figs["stalls"] == 0
+    assert figs["wakeups"] >= 1 and figs["convictions"] >= 1
+    assert all(r["linearizable"] for r in run["rounds"])
+    assert json.loads((out / "campaign.json").read_text())["seed"] == 14
+    leftover = [d for d in tmp_path.glob("zz-byz-f1-*")]
+    assert not leftover, "the rack's directory is removed after a clean run"
+    for d in leftover:
+        assert not rackctl.rack_leftovers(load(d / "rack.toml"))
