@@ -307,9 +307,28 @@ def _answers(ctx: HostContext, domain: str, addr: tuple[str, int], state_dir: Pa
         return None
     try:
         with socket.create_connection(addr, timeout=1.0):
-            return None
+            pass
     except OSError as e:
         return str(e)
+    # Something answers on the port: it must be the runtime just started, not an orphan
+    # of an earlier controld holding the port (its status file names its pid).
+    want = getattr(ctx.hv, "pid", None)
+    if want is None:
+        return None
+    pid = want(domain)
+    status = _runtime_status(ctx, state_dir)
+    if status.get("pid") != pid:
+        return f"the port answers, but not runtime pid {pid} (status: pid {status.get('pid')})"
+    return None
+
+
+def _runtime_status(ctx: HostContext, state_dir: Path) -> dict[str, Any]:
+    """A process runtime's status JSON (next to its state dir, Service.exec_status_path)."""
+    try:
+        data = json.loads(state_dir.with_name(f"{state_dir.name}.status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def wait_answering(ctx: HostContext, service: Service, index: int, timeout: float) -> float:
@@ -358,6 +377,7 @@ def provision(
     t0 = time.monotonic()
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)
+    _test_hold(spec.name)
     renice = getattr(ctx.hv, "set_nice", None)
     try:
         if mode != "active" and renice is not None:
@@ -374,6 +394,20 @@ def provision(
         raise
     out["seconds"] = round(time.monotonic() - t0, 3)
     return out
+
+
+# TESTS ONLY (tests/test_controld_orphans.py): after create(), write the domain name to
+# this file and wait, so a test can SIGKILL controld between the runtime's spawn and the
+# inventory's confirmation, deterministically.
+TEST_HOLD_ENV = "ZZ_CONTROLD_TEST_HOLD_AFTER_CREATE"
+
+
+def _test_hold(domain: str) -> None:
+    path = os.environ.get(TEST_HOLD_ENV)
+    if not path:
+        return
+    Path(path).write_text(domain + "\n")
+    time.sleep(300.0)
 
 
 def _console_tail(ctx: HostContext, domain: str, lines: int = 3) -> str:

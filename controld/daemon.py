@@ -32,7 +32,7 @@ from zz import certs, wire
 from zz.config import Config, ConfigError, Host, Service
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
 
-from . import actions
+from . import actions, orphans
 from . import inventory as inv
 from .actions import HostContext
 from .announce import Announcer
@@ -109,6 +109,7 @@ class Daemon:
         self._datasets_task: asyncio.Task[None] | None = None
         self.in_doubt_at_start: list[dict[str, Any]] = []
         self.lost: list[dict[str, Any]] = []
+        self.orphans: list[dict[str, Any]] = []  # what reconcile_orphans ended
         # One collector per service: SHUTDOWN votes of one round, g+1 make a certificate.
         self.collectors: dict[int, certs.ShutdownCollector] = {}
         self._work: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -142,6 +143,93 @@ class Daemon:
                 self._note(
                     f"lost: {rec.service}/{rec.index} is {rec.state} in the inventory; {why}"
                 )
+        self.reconcile_orphans()
+
+    # ---- orphans: what runs here that the inventory does not explain ------------------------
+    def _slots(self) -> list[tuple[Service, int]]:
+        """The execution replica slots the config places on this host."""
+        return [
+            (svc, i)
+            for svc in self.config.services
+            if svc.uses_execution_replicas
+            for i in range(svc.n_exec)
+            if svc.exec_host(self.config, i).index == self.host.index
+        ]
+
+    def _explained(self, svc: Service, index: int) -> bool:
+        """The inventory holds a live record of the slot (its runtime is accounted for,
+        even if this backend cannot drive it after a restart: then it is `lost`)."""
+        with contextlib.suppress(KeyError):
+            return self.inventory.get(svc.name, index).state not in (None, inv.CONVICTED)
+        return False
+
+    def _orphan(self, what: str, why: str) -> None:
+        self.counters["orphans_destroyed"] += 1
+        self.orphans.append({"orphan": what, "action": "destroyed", "why": why})
+        self._note(f"orphan: {what} {why}: destroyed")
+
+    def reconcile_orphans(self, only: tuple[Service, int] | None = None) -> None:
+        """Compare the inventory with what really runs and end what it does not explain
+        (docs/controld.md "Orphans"): domains named like ours (zz-<rack>-...) the hypervisor
+        lists, runtime processes owning a slot's state directory (process backend: a
+        runtime outlives a SIGKILLed controld), runtimes listening on a slot's execution
+        port. Each is counted (orphans_destroyed) and noted. A port held by anything else
+        is reported (orphan_port_busy), not touched. `only`: one slot (before provisioning
+        it); None: every slot of this host and every domain (at start)."""
+        slots = [only] if only is not None else self._slots()
+        known = {r.domain for r in self.inventory.replicas() if r.state != inv.CONVICTED}
+        if only is None and self.hv.kind != "process":
+            prefix = f"zz-{self.config.rack.name}-"
+            try:
+                running = self.hv.list()
+            except HypervisorError as e:
+                running = []
+                self._note(f"orphan check: cannot list domains: {e}")
+            for name in running:
+                if name.startswith(prefix) and name not in known:
+                    try:
+                        self.hv.destroy(name)
+                    except DomainNotFound:
+                        continue
+                    except HypervisorError as e:
+                        self.counters["orphans_failed"] += 1
+                        self._note(f"orphan: domain {name} not in the inventory: destroy"
+                                   f" failed: {e}")  # fmt: skip
+                        continue
+                    self._orphan(f"domain {name}", "runs but is not in the inventory")
+        if self.hv.kind != "process":
+            return  # a guest's runtime is inside its domain, its port is QEMU's forward
+        for svc, i in slots:
+            if self._explained(svc, i):
+                continue
+            state = svc.exec_state_dir(self.config, i)
+            port = actions.exec_port(svc, i)
+            ours = getattr(self.hv, "pid", None)
+            domain = actions.domain_name(self.config, svc, i)
+            mine: set[int] = set()
+            with contextlib.suppress(HypervisorError):
+                if ours is not None:
+                    mine.add(ours(domain))
+            found = {p.pid: p for p in orphans.runtimes_in(state) if p.pid not in mine}
+            busy = []
+            for p in orphans.port_listeners(port):
+                if p.pid in mine or p.pid in found:
+                    continue
+                if orphans.is_runtime(p.cmdline):
+                    found[p.pid] = p
+                else:
+                    busy.append(p)
+            for p in found.values():
+                why = (f"owns {svc.name}/{i} (state {state}, port {port}) but is not in the"
+                       " inventory")  # fmt: skip
+                if orphans.end(p.pid):
+                    self._orphan(f"runtime {p.describe()}", why)
+                else:
+                    self.counters["orphans_failed"] += 1
+                    self._note(f"orphan: runtime {p.describe()} {why}: would not die")
+            for p in busy:
+                self.counters["orphan_port_busy"] += 1
+                self._note(f"orphan check: port {port} of {svc.name}/{i} is held by {p.describe()}")
 
     async def start(self, port: int | None = None) -> int:
         """Recover, then listen on the host's address and control_port (port=0: any, for
@@ -412,6 +500,7 @@ class Daemon:
             "counters": dict(sorted(self.counters.items())),
             "in_doubt_at_start": self.in_doubt_at_start,
             "lost": self.lost,
+            "orphans": self.orphans[-32:],
             "freshness": json.loads(self.freshness.to_json()),
             "recent": list(self.recent),
         }
@@ -472,6 +561,9 @@ class Daemon:
             pass
         if actions.save_path(self.ctx, domain).exists():
             raise OpError(f"{actions.save_path(self.ctx, domain)} exists outside the inventory")
+        # A runtime an earlier controld left behind (killed mid-provision) would hold the
+        # port and the state directory: end it first (docs/controld.md "Orphans").
+        await asyncio.to_thread(self.reconcile_orphans, (svc, index))
         save = str(actions.save_path(self.ctx, domain)) if mode == "hibernated" else None
         role = role or ("active" if index < svc.active else "standby")
         out: dict[str, Any] = {}

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import faulthandler
+import fcntl
+import json
 import logging
+import os
 import signal
 import sys
+import time
+import uuid
 from pathlib import Path
 
 from ..config import ConfigError, load
@@ -16,6 +22,43 @@ from ..keys import KeyFileError
 from ..snapshots import StorageError
 from .registry import AppRegistryError
 from .runtime import FAULTS, AppFault, serve
+
+LOCK_NAME = "runtime.lock"  # controld/orphans.py reads it: who owns this state directory
+EXIT_LOCKED = 4
+
+
+class StateDirInUse(Exception):
+    """Another runtime holds the state directory's lock."""
+
+
+def lock_state_dir(state: Path) -> int:
+    """Take <state>/runtime.lock (fcntl.flock, exclusive, non-blocking) for the life of
+    this process and write our pid and a fresh instance id into it. Two runtimes never own
+    one state directory: the second raises StateDirInUse naming the holder. A filesystem
+    without flock (ENOLCK, EOPNOTSUPP: some 9p mounts) is logged and not enforced."""
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise StateDirInUse(
+            f"state directory {state} is in use by another runtime ({path}: {holder});"
+            " refusing to start"
+        ) from None
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            os.close(fd)
+            raise
+        logging.getLogger("zz.execution").warning("%s: no flock here (%s): not enforced", path, e)
+    me = {"pid": os.getpid(), "instance": uuid.uuid4().hex, "started": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    return fd  # stays open (and locked) until the process exits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"service {service.name!r}: app {service.app!r} runs inside the agreement"
                 " replicas, not on execution replicas"
             )
+        state_dir = Path(args.state_dir) if args.state_dir else None
+        lock_state_dir(state_dir or service.exec_state_dir(config, args.index))
         asyncio.run(
             serve(
                 config,
@@ -121,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
                 replay_skips_reads=not args.replay_all,
                 background_pause=args.background_pause,
                 asleep=args.start_asleep,
-                state_dir=Path(args.state_dir) if args.state_dir else None,
+                state_dir=state_dir,
                 status_path=Path(args.status_file) if args.status_file else None,
                 listen=args.listen,
                 drill_faults=args.drill_faults,
             )
         )
+    except StateDirInUse as e:
+        print(f"zz.execution: {e}", file=sys.stderr)
+        return EXIT_LOCKED
     except (ConfigError, KeyFileError, AppRegistryError, StorageError, ValueError) as e:
         print(f"zz.execution: {e}", file=sys.stderr)
         return 2
