@@ -24,6 +24,7 @@ from ..config import Config, Service
 from ..crypto import NULL_DIGEST, SigningKey
 from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
+from ..snapshots.crashpoint import crash_point
 from ..snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
 from ..snapshots.fileserve import SnapshotFiles
 from ..snapshots.hostzfs import HostZfsStore
@@ -347,6 +348,7 @@ class Runtime:
         else:
             raise ValueError(f"unknown store kind {self.store_kind!r}")
         self.app = create_app(self.svc.app)
+        self._recover_store()
         ckpts = sorted(
             (int(n[5:]), n)
             for n in self.store.list_snapshots()
@@ -408,6 +410,21 @@ class Runtime:
         self.files = SnapshotFiles(
             self.store, self.manifest_dir, servable=lambda seq: seq >= self._complete_from
         )
+
+    def _recover_store(self) -> None:
+        """After a crash anywhere in a checkpoint, a collection or an install: the store
+        undoes its half-made steps, and a manifest whose snapshot is not listed (written
+        before a snapshot that never completed, left by a collection or by an install that
+        did not finish) goes, so what remains is complete checkpoints only
+        (docs/checkpoints.md "Crash consistency")."""
+        removed = self.store.recover()
+        listed = {f"{n}.manifest" for n in self.store.list_snapshots()}
+        for p in self.manifest_dir.iterdir():
+            if p.name not in listed and p.is_file():
+                p.unlink()
+                removed.append(f"manifests/{p.name}")
+        if removed:
+            log.warning("removed what an interrupted checkpoint left: %s", ", ".join(removed))
 
     def stop(self) -> None:
         self._stopped.set()
@@ -797,6 +814,7 @@ class Runtime:
         if memory is not None:
             self.builder.write_memory(memory)
         self.builder.write_runtime_file(REPLIES_PATH, self.replies.encode())
+        crash_point("runtime.checkpoint.runtime-files")
         if self.inject_fault == "diverge-state":
             # A deterministic wrong state: one file no correct replica has, so this
             # replica's C differs from theirs at every checkpoint.
@@ -812,11 +830,13 @@ class Runtime:
             self.recovery["complete_at_checkpoint"] = seq
             log.info("recovery complete: checkpoint %d holds the whole state", seq)
         write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
+        crash_point("runtime.checkpoint.manifest")
         if self.inject_fault == "corrupt-snapshot":
             self._snapshot_corrupted(name, manifest)
             self._corrupted.add(seq)
         else:
             self.store.snapshot(name)
+        crash_point("runtime.checkpoint.snapshot")
         # A recovering peer's first request is this manifest: spare the decode of an entry
         # per file (~20 ms at 10,000 files) on its critical path.
         self.files.remember(seq, manifest)
@@ -949,6 +969,7 @@ class Runtime:
             if name.startswith("ckpt-") and name[5:].isdigit() and int(name[5:]) < stable:
                 self.files.release(name)  # ZFS refuses to destroy a snapshot with a clone
                 self.store.destroy_snapshot(name)
+                crash_point("runtime.gc.destroyed")
                 (self.manifest_dir / f"{name}.manifest").unlink(missing_ok=True)
                 self.counters["snapshots_destroyed"] += 1
 

@@ -10,8 +10,13 @@ Layout under ``root`` (the store owns all of it):
 * ``ORDER``             snapshot names, one a line, oldest first (directory timestamps are
   not a reliable creation order: copies inherit the source's).
 
-A snapshot is first copied to ``snapshots/.tmp-<name>`` and renamed into place, so a crash
-mid-copy never leaves a partial snapshot under a valid name.
+``ORDER`` is the commit point: a snapshot exists once ORDER lists it. Taking one copies
+to ``snapshots/.tmp-<name>``, renames it to ``snapshots/<name>``, then adds it to ORDER;
+destroying one drops it from ORDER, renames the copy to ``snapshots/.del-<name>``, then
+removes that. A crash at any step leaves at most unlisted entries under ``snapshots/``
+(``.tmp-*``, ``.del-*``, a complete copy not yet listed): :meth:`DirStore.recover` (the
+runtime's start) removes them, and :meth:`DirStore.snapshot` replaces an unlisted copy of
+the name it takes, so a killed checkpoint is as if it never started.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from ..atomicfile import write_atomic
+from .crashpoint import crash_point
 from .store import CheckpointStore, StorageError, check_snapshot_name
 
 _ORDER = "ORDER"
@@ -49,18 +55,36 @@ class DirStore(CheckpointStore):
     def root(self) -> Path:
         return self._root
 
+    def recover(self) -> list[str]:
+        listed = self.list_snapshots()
+        removed = []
+        for entry in sorted(self._snaps.iterdir()):
+            if entry.name not in listed:  # .tmp-*, .del-*, a copy renamed but not listed
+                _remove(entry)
+                removed.append(f"snapshots/{entry.name}")
+        present = [n for n in listed if (self._snaps / n).is_dir()]
+        if present != listed:  # only if something else deleted copies: list what is there
+            self._write_order(present)
+            removed += [f"ORDER: {n}" for n in listed if n not in present]
+        (self._root / f".{_ORDER}.tmp").unlink(missing_ok=True)
+        return removed
+
     def snapshot(self, name: str) -> None:
         check_snapshot_name(name)
-        dest = self._snaps / name
-        if dest.exists() or name in self.list_snapshots():
+        if name in self.list_snapshots():
             raise StorageError(f"snapshot {name!r} already exists in {self._root}")
+        dest = self._snaps / name
+        if dest.exists() or dest.is_symlink():
+            _remove(dest)  # a copy a crash left unlisted: not a snapshot, taken anew
         tmp = self._snaps / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             # symlinks=True copies a link as a link instead of following it out of the tree;
             # copy2 writes new inodes (no hard links), keeping the snapshot independent.
-            shutil.copytree(self._live, tmp, symlinks=True, copy_function=shutil.copy2)
+            shutil.copytree(self._live, tmp, symlinks=True, copy_function=_copy)
+            crash_point("dirstore.snapshot.copied")
             os.rename(tmp, dest)
+            crash_point("dirstore.snapshot.renamed")
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise StorageError(f"cannot snapshot {self._live} as {name!r}: {e}") from e
@@ -78,10 +102,16 @@ class DirStore(CheckpointStore):
         names = self.list_snapshots()
         if name not in names:
             raise StorageError(f"no snapshot {name!r} in {self._root}")
-        # Drop it from ORDER first: a crash then leaves an orphan copy, never a listed
-        # snapshot whose directory is half deleted.
+        # Drop it from ORDER first: a crash then leaves an unlisted copy (recover() removes
+        # it), never a listed snapshot whose directory is half deleted.
         self._write_order([n for n in names if n != name])
-        shutil.rmtree(self._snaps / name, ignore_errors=True)
+        crash_point("dirstore.destroy.unlisted")
+        doomed = self._snaps / f".del-{name}"
+        _remove(doomed)
+        if (self._snaps / name).exists():
+            os.rename(self._snaps / name, doomed)
+        crash_point("dirstore.destroy.renamed")
+        shutil.rmtree(doomed, ignore_errors=True)
 
     @contextmanager
     def _open(self, name: str) -> Iterator[Path]:
@@ -105,3 +135,15 @@ class DirStore(CheckpointStore):
 
     def _write_order(self, names: list[str]) -> None:
         write_atomic(self._root / _ORDER, "".join(f"{n}\n" for n in names))
+
+
+def _copy(src: str, dst: str) -> object:
+    crash_point("dirstore.snapshot.copying")  # a copy half made
+    return shutil.copy2(src, dst)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from .crashpoint import crash_point
+
 MAGIC = b"ZZMF"
 VERSION = 1
 KIND_TOMBSTONE = 0
@@ -469,6 +471,7 @@ class ManifestBuilder:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        crash_point("manifest.runtime-file.written")
         os.replace(tmp, target)
         self._dirty.add(rel)
 

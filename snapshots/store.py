@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from .crashpoint import crash_point
+
 _SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
 
 
@@ -79,6 +81,14 @@ class CheckpointStore(ABC):
         on exit, also when the body raises.
         """
 
+    def recover(self) -> list[str]:
+        """Finish or undo whatever a crash interrupted (docs/checkpoints.md "Crash
+        consistency"), so that every listed snapshot is complete and nothing half made is
+        left under a snapshot's name. Only the store's one writer (the runtime, at start,
+        before anything else) calls it; a reader (controld) never does. Returns what it
+        removed. Backends whose every step is atomic (ZFS) have nothing to do."""
+        return []
+
     def restore_live(self, name: str) -> None:
         """Make the live directory exactly snapshot ``name`` again (a restart drops what
         was written after the last checkpoint). Generic: empty it and copy the snapshot
@@ -89,6 +99,7 @@ class CheckpointStore(ABC):
                 shutil.rmtree(child)
             else:
                 child.unlink()
+        crash_point("store.restore.emptied")  # a restart empties and copies again
         with self.open_snapshot(name) as snap:
             shutil.copytree(snap, live, dirs_exist_ok=True, symlinks=True)
 
