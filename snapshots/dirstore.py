@@ -66,7 +66,8 @@ class DirStore(CheckpointStore):
         if present != listed:  # only if something else deleted copies: list what is there
             self._write_order(present)
             removed += [f"ORDER: {n}" for n in listed if n not in present]
-        (self._root / f".{_ORDER}.tmp").unlink(missing_ok=True)
+        for tmp in self._root.glob(f".{_ORDER}.*tmp"):  # write_atomic's, of a killed writer
+            tmp.unlink(missing_ok=True)
         return removed
 
     def snapshot(self, name: str) -> None:

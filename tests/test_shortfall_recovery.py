@@ -17,7 +17,7 @@ import pytest
 
 from controld.announce import Announcer
 from tests.test_execution_runtime import KV_GET, KV_PUT, _kv, _kv_ok
-from tests.test_fault_detection_e2e import (
+from tests.test_fault_detection_e2e import (  # wrong_rig: replica 1 answers wrongly
     FAST,
     SPARE,
     FaultRig,
@@ -25,19 +25,15 @@ from tests.test_fault_detection_e2e import (
     _puts,
     _start,
     _wait_resolved,
+    wrong_rig,  # noqa: F401
 )
 from zz import keys
 from zz.procrack import signal_group
 
 
-@pytest.fixture
-def liar_rig(tmp_path: Path) -> Iterator[FaultRig]:
-    yield from _start(tmp_path, {1: ["--inject-fault", "wrong-reply"]}, FAST)
-
-
 @pytest.mark.slow
-def test_partner_crash_before_the_fresh_spare_is_ready(liar_rig: FaultRig) -> None:
-    rig = liar_rig
+def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRequest) -> None:
+    rig: FaultRig = request.getfixturevalue("wrong_rig")
     c = rig.cluster
     svc = c.service
     # 1. Replica 1 lies: the spare is woken, 1 convicted; 0 and the former spare are active.

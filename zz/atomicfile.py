@@ -11,14 +11,19 @@ import os
 from pathlib import Path
 
 
-def write_atomic(path: Path | str, data: bytes | str, *, durable: bool = False) -> None:
+def write_atomic(
+    path: Path | str, data: bytes | str, *, durable: bool = False, mode: int = 0o644
+) -> None:
     """Write `data` to `path` atomically. `durable`: also survive a host crash (the file
-    and then its directory are fsynced), for records a daemon restarts from. On an error
-    the temporary file is removed and the old `path` is left as it was."""
+    and then its directory are fsynced), for records a daemon restarts from. `mode`: the
+    new file's permissions (a secret key: 0o600, never readable by others, not even
+    briefly). On an error the temporary file is removed and the old `path` is left as it
+    was. The temporary name carries the pid: several daemons may replace one file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
             if durable:
                 fh.flush()

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from . import wire
+from .atomicfile import write_atomic
 from .config import Config, Service
 from .crypto import KEY_LEN, SigningKey
 
@@ -294,25 +295,6 @@ def spare_cert_path(key_dir: Path, service_id: int, principal: int) -> Path:
     return service_dir(key_dir, service_id) / f"spare-p{principal}.msg"
 
 
-def _replace_file(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class SpareKeyError(Exception):
     """A SPARE-READY that does not vouch for a slot's key."""
 
@@ -425,8 +407,8 @@ def rotate_exec(
     lines += [f"mac {peer} {key.hex()}" for peer, key in sorted(new.macs.items())]
     # The secret first: a crash between the two leaves a key nobody trusts yet (the next
     # attempt makes another), never a trusted key without its secret.
-    _replace_file(sec_path, "\n".join(lines) + "\n", 0o600)
-    _replace_file(cert, raw.hex() + "\n", 0o644)
+    write_atomic(sec_path, "\n".join(lines) + "\n", durable=True, mode=0o600)
+    write_atomic(cert, raw.hex() + "\n", durable=True)
     return raw
 
 
