@@ -165,6 +165,35 @@ static void save_view(zz_replica *r)
                 strerror(errno));
 }
 
+/* The next line of a view or keys file with any fields, split into tok (at most FIELDS_MAX,
+ * more make the count FIELDS_MAX and fail the caller's field count): the field count, 0 at
+ * the end, -1 with err set for a line no correct zz-agreed wrote (too long, a NUL byte).
+ * Blank lines and '#' comments are skipped. */
+#define FIELDS_MAX 6
+static int next_fields(FILE *f, char **line, size_t *cap, uint32_t *lineno, char **tok,
+                       const char *path, const char *what, char *err, size_t errcap)
+{
+    ssize_t got;
+    while ((got = getline(line, cap, f)) >= 0) {
+        ++*lineno;
+        if (got > 255 || strlen(*line) != (size_t)got) {
+            if (got > 255)
+                snprintf(err, errcap, "%s:%u: line too long", path, *lineno);
+            else
+                snprintf(err, errcap, "%s:%u: NUL byte (not a %s file)", path, *lineno, what);
+            return -1;
+        }
+        char *save = NULL;
+        int nt = 0;
+        for (char *p = strtok_r(*line, " \t\r\n", &save); p && nt < FIELDS_MAX;
+             p = strtok_r(NULL, " \t\r\n", &save))
+            tok[nt++] = p;
+        if (nt > 0 && tok[0][0] != '#')
+            return nt;
+    }
+    return 0;
+}
+
 static int parse_dec(const char *s, uint64_t max, uint64_t *out)
 {
     if (!*s || strlen(s) > 20)
@@ -199,24 +228,15 @@ static int load_view(zz_replica *r, char *err, size_t errcap)
     uint64_t cseq[ZZ_MAX_EXEC] = {0};
     char *line = NULL;
     size_t cap = 0;
-    ssize_t got;
     uint32_t lineno = 0;
-    int rc = 0;
-    while (rc == 0 && (got = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (got > 255 || strlen(line) != (size_t)got) {
-            snprintf(err, errcap, "%s:%u: %s", path, lineno,
-                     got > 255 ? "line too long" : "NUL byte (not a view file)");
+    int rc = 0, nt;
+    char *tok[FIELDS_MAX];
+    while (rc == 0 && (nt = next_fields(f, &line, &cap, &lineno, tok, path, "view", err,
+                                        errcap)) != 0) {
+        if (nt < 0) {
             rc = -1;
             break;
         }
-        char *tok[5], *save = NULL;
-        int nt = 0;
-        for (char *p = strtok_r(line, " \t\r\n", &save); p && nt < 5;
-             p = strtok_r(NULL, " \t\r\n", &save))
-            tok[nt++] = p;
-        if (nt == 0 || tok[0][0] == '#')
-            continue;
         uint64_t id, seq;
         int st = 0;
         for (int k = 1; k < 4 && nt == 4; k++)
@@ -1305,24 +1325,15 @@ static int load_keys(zz_replica *r, char *err, size_t errcap)
     }
     char *line = NULL;
     size_t cap = 0;
-    ssize_t got;
     uint32_t lineno = 0;
-    int rc = 0;
-    while (rc == 0 && (got = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (got > 255 || strlen(line) != (size_t)got) {
-            snprintf(err, errcap, "%s:%u: %s", path, lineno,
-                     got > 255 ? "line too long" : "NUL byte (not a keys file)");
+    int rc = 0, nt;
+    char *tok[FIELDS_MAX];
+    while (rc == 0 && (nt = next_fields(f, &line, &cap, &lineno, tok, path, "keys", err,
+                                        errcap)) != 0) {
+        if (nt < 0) {
             rc = -1;
             break;
         }
-        char *tok[6], *save = NULL;
-        int nt = 0;
-        for (char *p = strtok_r(line, " \t\r\n", &save); p && nt < 6;
-             p = strtok_r(NULL, " \t\r\n", &save))
-            tok[nt++] = p;
-        if (nt == 0 || tok[0][0] == '#')
-            continue;
         uint64_t id, epoch;
         uint8_t pub[ZZ_KEY_LEN], dh[ZZ_KEY_LEN];
         if (nt != 5 || strcmp(tok[0], "key") != 0 || parse_dec(tok[1], ZZ_MAX_EXEC - 1, &id) ||
