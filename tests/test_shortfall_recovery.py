@@ -101,6 +101,33 @@ def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRe
         _kv_ok(b"v0"),
     ]
 
+    # 5. Slot 2 is refilled too. The awake set is {0, 1} again, the one the first round's
+    # statements name: they are settled (a decided round is above them) and must not wake
+    # the refilled spare at that old seq (controld refuses it as stale, and the agreement
+    # replicas counted 2 awake: the campaign saw stalls from it).
+    wakeups = sum(s["wakeups_sent"] for s in rig.agreement())
+    rig.execs.procs[SPARE].wait(timeout=10)
+    shutil.rmtree(svc.exec_state_dir(c.config, SPARE), ignore_errors=True)
+    rig.execs.start(SPARE)
+    rig.wait_linked(SPARE)
+    signal_group(rig.execs.procs[SPARE].pid, signal.SIGSTOP)
+
+    async def announce_2() -> None:
+        a = Announcer(c.config, host, ctl_key, counters, print)
+        a.announce(svc, SPARE, cert.seq)
+        await asyncio.wait_for(a.idle(), 30)
+
+    asyncio.run(announce_2())
+    rig.wait(
+        lambda: all(s["exec_sleeping"] == [SPARE] for s in rig.agreement()),
+        "every agreement replica counts 2 as a sleeping spare",
+    )
+    assert _puts(rig, 2, "later") == [_kv_ok()] * 2
+    assert sum(s["wakeups_sent"] for s in rig.agreement()) == wakeups
+    assert all(
+        s["exec_awake"] == [0, 1] and s["exec_sleeping"] == [SPARE] for s in rig.agreement()
+    ), [(s["exec_awake"], s["exec_sleeping"]) for s in rig.agreement()]
+
 
 @pytest.fixture
 def f2_liar_rig(tmp_path: Path) -> Iterator[FaultRig]:

@@ -534,6 +534,14 @@ static uint32_t evidence_masks(uint32_t nrows, uint32_t min, uint64_t *out, uint
 static void try_evaluate(zz_replica *r, candidate *c)
 {
     struct zz_wake *w = r->wake;
+    /* A seq at or below the last decided round is settled: controld refuses its WAKEUP as
+     * stale, so it would wake nobody while this replica counted the spare awake. Statements
+     * kept from before that round can come back here once the awake set is the one they
+     * name again (retry_candidates after a SPARE-READY; seen in the campaign). */
+    if (w->done && c->seq <= w->done_seq) {
+        cand_clear(r, c);
+        return;
+    }
     if (w->open || c->count < r->g + 1)
         return;
     uint32_t awake[ZZ_MAX_EXEC], sleeping[ZZ_MAX_EXEC];
@@ -1026,6 +1034,8 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     if (w->open && w->seq == m->u.wakeup.seq &&
         same_ids(w->awake, w->n_awake, rows[0].ids, rows[0].n))
         return; /* the round we are in */
+    if (w->done && m->u.wakeup.seq <= w->done_seq)
+        return; /* settled: controld refuses it as stale too */
     uint32_t awake[ZZ_MAX_EXEC];
     uint32_t n_awake = list_state(r, ZZ_EXEC_AWAKE, awake);
     int fits = !w->open && same_ids(awake, n_awake, rows[0].ids, rows[0].n);
