@@ -216,6 +216,11 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
 {
     if (i >= ZZ_MAX_EXEC || !r->reports)
         return;
+    /* A convicted replica's reports (until its successor's SPARE-READY) are nobody's. */
+    if (r->wake && r->exec_state[i] == ZZ_EXEC_CONVICTED) {
+        r->st.exec_reports_convicted++;
+        return;
+    }
     int w = zz_detect_window(r, seq);
     if (w > 0) {
         zz_count_window(r, 0, i); /* never ordered by anyone we keep up with */
@@ -263,6 +268,24 @@ void zz_detect_on_report(zz_replica *r, const zz_msg *m)
     r->st.exec_reports++;
     zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, q->seq, q->digest, q->refs,
                      q->replies.count);
+}
+
+/* Execution replica i was convicted at seq: what it reported for later seqs (kept before
+ * those were dispatched here) must not count for the fresh replica that later takes its
+ * index (a liar's future-seq reports convicted its successor; seen in the campaign). */
+void zz_detect_forget(zz_replica *r, uint32_t i, uint64_t seq)
+{
+    for (uint32_t j = 0; r->reports && i < ZZ_MAX_EXEC && j < r->n_reports; j++) {
+        zz_report_rec *k = &r->reports[j];
+        if (k->seq > seq && k->reported[i]) {
+            k->reported[i] = 0;
+            k->late[i] = 0;
+            memset(k->dig[i], 0, ZZ_DIGEST_LEN);
+            free(k->refs[i]);
+            k->refs[i] = NULL;
+            k->nrefs[i] = 0;
+        }
+    }
 }
 
 void zz_detect_free(zz_replica *r)

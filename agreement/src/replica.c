@@ -451,6 +451,7 @@ void zz_write_stats(zz_replica *r)
                "\"exec_commits_sent\": %llu, \"exec_reports\": %llu, \"exec_checkpoints\": %llu, "
                "\"exec_stable\": %llu, \"exec_stable_advances\": %llu, \"exec_log_overflow\": %llu, "
                "\"exec_stable_held\": %llu, \"exec_stable_by_reports\": %llu, "
+               "\"exec_reports_convicted\": %llu, "
                "\"exec_certificates\": %llu, \"exec_mismatches\": %llu, \"exec_timeouts\": %llu, "
                "\"app_digest\": \"",
             r->id, r->view, r->in_vc, (unsigned long long)r->last_exec,
@@ -467,6 +468,7 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)r->exec_stable, (unsigned long long)r->st.exec_stable_advances,
             (unsigned long long)r->st.exec_log_overflow, (unsigned long long)r->st.exec_stable_held,
             (unsigned long long)r->st.exec_stable_by_reports,
+            (unsigned long long)r->st.exec_reports_convicted,
             (unsigned long long)r->st.exec_certificates,
             (unsigned long long)r->st.exec_mismatches, (unsigned long long)r->st.exec_timeouts);
     for (int i = 0; i < ZZ_DIGEST_LEN; i++)

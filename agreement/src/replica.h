@@ -143,6 +143,7 @@ typedef struct {
     uint64_t exec_log_overflow; /* batches dropped from a full execution log */
     uint64_t exec_stable_held;  /* f+1-matched execution checkpoints held back by a fault round */
     uint64_t exec_stable_by_reports; /* checkpoints certified by f+1 matching EXEC-REPORTs */
+    uint64_t exec_reports_convicted; /* EXEC-REPORTs of a convicted replica, dropped */
     uint64_t exec_certificates, exec_mismatches, exec_timeouts;
     uint64_t exec_reports_early; /* kept for a seq not yet dispatched here */
     /* seq-indexed messages above the window, per sender (also in dropped[ZZ_DROP_WINDOW]) */
@@ -328,6 +329,7 @@ void zz_detect_dispatched(zz_replica *r, uint64_t seq);
 void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
                       const uint8_t *refs, uint32_t nrefs);
 zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
+void zz_detect_forget(zz_replica *r, uint32_t i, uint64_t seq); /* i convicted at seq */
 int zz_detect_window(const zz_replica *r, uint64_t seq);      /* zz_seq_window of reports */
 void zz_detect_on_report(zz_replica *r, const zz_msg *m); /* checks the reply digest first */
 void zz_detect_free(zz_replica *r);

@@ -821,6 +821,7 @@ static void apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convic
             continue; /* re-applied (an adopted certificate): its fresh spare stays asleep */
         r->exec_state[x] = ZZ_EXEC_CONVICTED;
         w->convicted_seq[x] = seq;
+        zz_detect_forget(r, x, seq);
         if (w->spare_pending[x] == seq) {
             /* controld's SPARE-READY for this conviction came first (held, verified) */
             r->exec_state[x] = ZZ_EXEC_SLEEPING;
