@@ -775,7 +775,8 @@ class Daemon:
                 self._note(f"fresh spare {svc.name}/{x} failed: {e}{again}")
 
     def _rekey(self, svc: Service, x: int, seq: int) -> bytes:
-        """A new key epoch for slot x (zz.keys.rotate_exec), also in our own key view."""
+        """A new key epoch for slot x (zz.keys.rotate_exec); our key view (PeerKeys) reads
+        the announcement it leaves in the key directory."""
         sign = self.keys.secret.sign
         assert sign is not None
         raw = rotate_exec(
@@ -783,7 +784,6 @@ class Daemon:
         )
         m = wire.decode(raw)
         assert isinstance(m, wire.SpareReady)
-        self.keys.services.setdefault(svc.id, {})[wire.exec_principal(x)] = m.sign_pub
         self.counters["rekeyed"] += 1
         self._note(f"{svc.name}/{x}: key epoch {m.epoch} for the successor")
         return raw

@@ -112,6 +112,8 @@ def test_python_verifiers_follow_the_slot_key(tmp_path: Path) -> None:
 
         counters: Counter[str] = Counter()
         view = keys.PeerKeys(kd, c.config, svc, counters)  # a running peer's view
+        # A running controld of another host (its view loaded before the re-keying).
+        other_controld = keys.load_controld(kd, c.config, 0)
         ff_old = wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024).signed(old.sign).encode()
         m_old = wire.decode(ff_old)
         assert isinstance(m_old, wire.FileFetch)
@@ -133,8 +135,11 @@ def test_python_verifiers_follow_the_slot_key(tmp_path: Path) -> None:
         assert not view.verify(wire.decode(cp_old))
         assert counters[f"stale_key_from_{x}"] == 2
 
-        # controld's and the certificate verifiers' view, loaded from the key directory
+        # controld's and the certificate verifiers' view, loaded from the key directory, and
+        # the view of a controld that was running already (it serves FILE-FETCHes too)
         assert keys.load_controld(kd, c.config, 0).services[SERVICE_ID][x] == new.sign.public
+        assert other_controld.services[SERVICE_ID][x] == new.sign.public
+        assert m_old.refusal(other_controld.services[SERVICE_ID], svc.n_exec) is not None
         assert certs.ServiceTrust.load(kd, svc, c.config).keys[x] == new.sign.public
         assert keys.service_publics(kd, c.config, svc)[x] == new.sign.public
 

@@ -228,7 +228,7 @@ class ControldKeys:
 
     secret: Secret
     operators: dict[int, bytes]
-    services: dict[int, dict[int, bytes]]
+    services: dict[int, Mapping[int, bytes]]
 
 
 def load_controld(key_dir: Path, config: Config, host_index: int) -> ControldKeys:
@@ -237,8 +237,14 @@ def load_controld(key_dir: Path, config: Config, host_index: int) -> ControldKey
     if sec.sign is None:
         raise KeyFileError(f"{secret_path(key_dir, RACK_SERVICE, me)}: no signing key")
     ops = {p: k for p, k in sec.macs.items() if p >= PRINCIPAL_OPERATOR}
-    # Re-keyed slots count under their current key only (key epochs, below).
-    services = {s.id: service_publics(key_dir, config, s) for s in config.services}
+    # Re-keyed slots count under their current key only (key epochs, below), also those
+    # another host's controld re-keys while this one runs: the view follows the signed
+    # announcements in the key directory (PeerKeys). A fixed view made a spare refilled by
+    # one controld unable to fetch state through the others (seen in the campaign).
+    counters: Counter[str] = Counter()
+    services: dict[int, Mapping[int, bytes]] = {
+        s.id: PeerKeys(key_dir, config, s, counters) for s in config.services
+    }
     return ControldKeys(sec, ops, services)
 
 
