@@ -105,7 +105,11 @@ KNOWN_OPEN: dict[str, str] = {
     " service stalls without a SHUTDOWN (f=1 seed 2026 rounds 15, 23)",
     "future-seq": "out-of-window reports / key epochs: reports a liar sent for seqs ahead are"
     " kept after its conviction and held against its fresh successor under the same index,"
-    " which is woken and convicted (f=2 seed 2027 round 2)",
+    " which is woken and convicted (f=2 seed 2027 round 2; e51bddf addresses it)",
+    "report-flood": "TR conviction rules: at f=2 a wake-up that is never decided, every"
+    " replica left awake (f=2 seed 2027 rounds 25, 64, 68, 76)",
+    "equivocate": "TR conviction rules: at f=2, a liar to g+1 agreement replicas wakes a"
+    " spare but the round is not decided (f=2 seed 2027 rounds 14, 58)",
 }
 # Defects that follow from the order of rounds, whatever the behaviour.
 KNOWN_OPEN_SEQUENCES: dict[str, str] = {
@@ -115,12 +119,15 @@ KNOWN_OPEN_SEQUENCES: dict[str, str] = {
     " and signs a WAKEUP at S. controld refuses it as stale, so nothing is woken, but the"
     " agreement replicas count the spare awake (and may apply a second SHUTDOWN at S"
     " convicting S's fresh successor): missed conviction, f+1 not restored, stalls (f=1 seed"
-    " 2026 rounds 4, 6, 10, 12, 18; tests: seed 14 round 2)",
+    " 2026 rounds 4, 6, 10, 12, 18; 2992b57 addresses it)",
     "fresh-spare-state-transfer": "fresh keys: a spare re-provisioned after a conviction (new"
     " key epoch), woken later, could not fetch the checkpoint's files: the peer that was"
     " itself re-provisioned refused it, the controlds timed out, the third copy was the"
     " liar's; it never reported the round's seq, the round stayed open and the service"
-    " stalled (f=1 seed 7 round 3, corrupt-snapshot)",
+    " stalled (f=1 seed 7 round 3, corrupt-snapshot; e43e7b6 addresses it)",
+    "two-faults-adjacent": "f=2, a slow replica and a crashed one: two rounds one seq apart,"
+    " the second wakes the first's fresh spare and is never decided; the agreement replicas'"
+    " views end different (f=2 seed 2027 rounds 7, 19, 20)",
 }
 # What tests/test_campaign.py runs: behaviours today's code handles.
 TESTED = ("wrong-reply", "slow", "crash-before-checkpoint", "corrupt-snapshot")
