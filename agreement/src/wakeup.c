@@ -59,6 +59,10 @@ struct zz_wake {
      * certificate for another outcome can still be adopted (docs/fault-detection.md). */
     int done;
     uint64_t done_seq;
+    /* The last seq dispatched when a round was last decided: the seqs up to it ran while
+     * the woken replicas were still recovering, so their lateness there is no evidence
+     * (their timers ran out while they replayed). Never signed or evaluated. */
+    uint64_t quiet_through;
     uint32_t done_awake[ZZ_MAX_EXEC], n_done_awake;
     uint8_t **dn_body; /* per sender (owned) */
     uint32_t *dn_len;
@@ -538,7 +542,7 @@ static void try_evaluate(zz_replica *r, candidate *c)
      * stale, so it would wake nobody while this replica counted the spare awake. Statements
      * kept from before that round can come back here once the awake set is the one they
      * name again (retry_candidates after a SPARE-READY; seen in the campaign). */
-    if (w->done && c->seq <= w->done_seq) {
+    if ((w->done && c->seq <= w->done_seq) || c->seq <= w->quiet_through) {
         cand_clear(r, c);
         return;
     }
@@ -697,7 +701,7 @@ static void send_statement(zz_replica *r, const zz_report_rec *k, int blame_firs
 
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k)
 {
-    if (!r->wake || r->wake->open || k->certified)
+    if (!r->wake || r->wake->open || k->certified || k->seq <= r->wake->quiet_through)
         return;
     send_statement(r, k, 0);
 }
@@ -846,6 +850,8 @@ static void set_done(zz_replica *r, const uint8_t *applied, uint32_t applied_len
 {
     struct zz_wake *w = r->wake;
     done_clear(r);
+    if (r->last_exec > w->quiet_through)
+        w->quiet_through = r->last_exec;
     uint8_t **tb = w->dn_body;
     uint32_t *tl = w->dn_len;
     w->dn_body = w->sd_body;
