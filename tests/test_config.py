@@ -48,6 +48,12 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
             "hosts[1].address: required",
         ),
         ("[rack]", "[extra]\nx = 1\n[rack]", "extra: unknown key"),
+        # Out-of-range settings and unknown apps (zz rack up named a generated file).
+        ("view_timeout_ms = 500", "view_timeout_ms = 99999999999", "rack.view_timeout_ms: must be"),
+        ("batch_max = 16", "batch_max = 1000000", "rack.batch_max: must be an integer in 1..65536"),
+        ("checkpoint_interval = 4", "checkpoint_interval = 4294967296", "rack.checkpoint_interval"),
+        ("base_port = 17100", 'base_port = 17100\napp = "nope"', "services[0].app: unknown app"),
+        ("base_port = 17100", 'base_port = 17100\napp = "wsgi:x"', "services[0].app: unknown app"),
     ],
 )
 def test_errors_name_the_field(
