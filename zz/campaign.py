@@ -352,6 +352,7 @@ class Options:
     settle_s: float = 90.0
     clients: int = 4
     agreed: Path | None = None  # zz-agreed binary (default: ZZ_AGREED, else the build's)
+    keep_logs: Path | None = None  # a restarted rack's logs and stats are copied here
     overrides: dict[str, Any] = field(default_factory=lambda: dict(OVERRIDES))
 
 
@@ -454,7 +455,19 @@ class Campaign:
     def restart(self, why: str) -> None:
         self.progress(f"  restarting the rack: {why}")
         down(self.config)
+        self._keep_logs()
         self.up()
+
+    def _keep_logs(self) -> None:
+        """The failed round's evidence: `up` starts every log afresh."""
+        if self.opts.keep_logs is None:
+            return
+        run = self.config.rack.run_dir
+        dest = self.opts.keep_logs / f"f{self.s.f}-round{len(self.rounds)}"
+        for src in [*run.glob("*/*.log"), *run.glob("*/*.stats.json"), *run.glob("*.log")]:
+            target = dest / src.relative_to(run)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
 
     # ---- the fault file -------------------------------------------------------------------
     def _fault_body(self, a: Attack) -> dict[str, Any]:
@@ -819,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     from .procrack import REPO
 
     out = a.out or REPO / "bench-results" / f"byzantine-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts.keep_logs = out / "logs"
     print(f"seed {seed}; writing {out / 'campaign.json'}", flush=True)
     result = run_campaign(fs, opts, seed, out, lambda x: print(x, flush=True))
     print(result["summary"])
