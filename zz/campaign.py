@@ -671,6 +671,7 @@ def run_campaign(
             **asdict(opts),
             "behaviours": list(opts.behaviours),
             "agreed": str(opts.agreed),
+            "keep_logs": str(opts.keep_logs),
         },
         "known_open": KNOWN_OPEN,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
