@@ -73,3 +73,57 @@ async def test_body_over_the_request_limit_gets_413_unread() -> None:
         assert proxy.stats["status_413"] == 2
     finally:
         await proxy.close()
+
+
+async def test_connections_over_a_cap_get_503_and_are_counted() -> None:
+    """Connections over the per-source cap (2) or the total cap (3) get 503 at once,
+    nothing read, and are counted; a freed slot serves again. Sources are told apart
+    by binding clients to other loopback addresses."""
+
+    async def invoke(op: bytes, read_only: bool, timeout: float) -> bytes:
+        raise RequestTooLarge(len(op), LIMIT)  # a 413 that keeps the connection
+
+    proxy = Proxy(
+        invoke, ProxyOptions(host="127.0.0.1", port=0, max_conns=3, max_conns_per_source=2)
+    )
+    await proxy.start()
+    port = proxy.address[1]
+    held: list[asyncio.StreamWriter] = []
+    request = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"
+
+    async def connect(source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        held.append(w)
+        return r, w
+
+    async def served(source: str) -> None:
+        r, w = await connect(source)
+        w.write(request)
+        async with asyncio.timeout(5):
+            head = await r.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413"), head  # in, and registered
+
+    async def refused(source: str) -> None:
+        r, _ = await connect(source)
+        async with asyncio.timeout(5):  # without sending anything: refused on accept
+            answer = await r.read()
+        assert answer.startswith(b"HTTP/1.1 503") and b"Connection: close" in answer
+
+    try:
+        await served("127.0.0.1")
+        await served("127.0.0.1")
+        await refused("127.0.0.1")
+        assert proxy.stats["conns_refused"] == proxy.stats["conns_refused_source"] == 1
+        await served("127.0.0.2")
+        await refused("127.0.0.3")
+        assert proxy.stats["conns_refused"] == 2 and proxy.stats["conns_refused_source"] == 1
+        held[0].close()
+        async with asyncio.timeout(5):
+            while len(proxy._conns) > 2:
+                await asyncio.sleep(0.01)
+        await served("127.0.0.1")
+        assert proxy.stats["connections"] == 4
+    finally:
+        for w in held:
+            w.close()
+        await proxy.close()

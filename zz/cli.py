@@ -87,12 +87,16 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
         raise ValueError("--timeout must be positive")
     if args.max_body < 0:
         raise ValueError("--max-body must be >= 0")
+    if args.max_conns < 1 or args.max_conns_per_source < 1:
+        raise ValueError("--max-conns and --max-conns-per-source must be at least 1")
     options = proxy.ProxyOptions(
         host=host,
         port=port,
         timeout=args.timeout,
         limits=Limits(max_body=args.max_body),
         read_only=not args.ordered_reads,
+        max_conns=args.max_conns,
+        max_conns_per_source=args.max_conns_per_source,
     )
     config = load(args.config)
     try:
@@ -325,6 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ordered-reads", action="store_true", help="never try GET/HEAD on the read-only path"
+    )
+    p.add_argument(
+        "--max-conns", type=int, default=1024, help="open connections in total (default 1024)"
+    )
+    p.add_argument(
+        "--max-conns-per-source",
+        type=int,
+        default=256,
+        help="open connections from one address (default 256)",
     )
     p.set_defaults(func=_cmd_proxy)
 

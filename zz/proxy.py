@@ -54,6 +54,9 @@ class ProxyOptions:
     read_only: bool = True  # try GET/HEAD on the read-only path first
     idle_timeout: float = 60.0  # keep-alive idle, and the time to send a head or body
     shutdown_grace: float = 5.0  # in-flight requests get this long to finish on shutdown
+    # Each connection costs a task and its buffers (docs/security.md "Connections (zz proxy)").
+    max_conns: int = 1024
+    max_conns_per_source: int = 256
 
 
 class ClientPool:
@@ -133,6 +136,7 @@ class Proxy:
         self.stats: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[None], bool] = {}  # task -> inside a request
+        self._by_source: Counter[str] = Counter()
         self._closing = False
 
     @property
@@ -168,9 +172,16 @@ class Proxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._conns[task] = False
-        self.stats["connections"] += 1
         peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) else "-"
+        if len(self._conns) >= self.options.max_conns or (
+            self._by_source[source] >= self.options.max_conns_per_source
+        ):
+            await self._refuse(writer, source)
+            return
+        self._conns[task] = False
+        self._by_source[source] += 1
+        self.stats["connections"] += 1
         peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "-"
         try:
             while not self._closing:
@@ -186,9 +197,29 @@ class Proxy:
             log.exception("connection %s failed", peer_s)
         finally:
             del self._conns[task]
+            self._by_source[source] -= 1
+            if self._by_source[source] <= 0:
+                del self._by_source[source]
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _refuse(self, writer: asyncio.StreamWriter, source: str) -> None:
+        """Over a connection cap: 503 at once, nothing read, closed. What the socket
+        buffer does not take at once is dropped, so a refusal never waits on the client."""
+        self.stats["conns_refused"] += 1
+        if len(self._conns) < self.options.max_conns:
+            self.stats["conns_refused_source"] += 1
+        headers, body = _text(503, "too many connections")
+        headers.append(("Retry-After", "1"))
+        with contextlib.suppress(Exception):
+            writer.write(format_response(503, "", headers, body, keep_alive=False))
+        if writer.transport.get_write_buffer_size():
+            writer.transport.abort()  # a client that does not even take 200 bytes
+        else:
+            writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
 
     async def _one(
         self,
