@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -39,7 +40,7 @@ from .announce import Announcer
 from .guestsnap import GuestDatasets
 from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from .ledger import Ledger
-from .rpc import RACK_SERVICE, control_reply, decode_json
+from .rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
 from .snapshots import HostSnapshots
 
 log = logging.getLogger("zz.controld")
@@ -433,6 +434,8 @@ class Daemon:
                 raise ValueError("no 'op'")
         except ValueError as e:
             self.counters["control_bad_request"] += 1
+            if isinstance(e, JsonTooDeep):
+                self.counters["control_json_too_deep"] += 1
             await reply({"ok": False, "final": True, "error": f"bad request: {e}"})
             return
         self.counters["control_ok"] += 1
@@ -475,7 +478,7 @@ class Daemon:
     def _find(self, req: dict[str, Any]) -> inv.Replica | None:
         try:
             return self.inventory.get(self._service(req).name, int(req["index"]))
-        except (KeyError, ValueError, TypeError, OpError):
+        except (KeyError, ValueError, TypeError, OverflowError, OpError):
             return None
 
     def _service(self, req: dict[str, Any]) -> Service:
@@ -615,8 +618,15 @@ class Daemon:
         """Remove the kept states of convicted replicas older than `older_than_s` seconds
         (required: forensic evidence is never dropped by default)."""
         age = req.get("older_than_s")
-        if not isinstance(age, int | float) or isinstance(age, bool) or age < 0:
-            raise OpError("older_than_s: a number of seconds >= 0 is required")
+        # NaN passes `age < 0` and makes every `now - created < age` false: it would
+        # purge every kept state.
+        if (
+            not isinstance(age, int | float)
+            or isinstance(age, bool)
+            or not math.isfinite(age)
+            or age < 0
+        ):
+            raise OpError(f"older_than_s: a finite number of seconds >= 0 is required, not {age!r}")
         items = await asyncio.to_thread(actions.forensics, self.ctx)
         now = time.time()
         purged, failed = [], []
@@ -779,9 +789,7 @@ class Daemon:
         the announcement it leaves in the key directory."""
         sign = self.keys.secret.sign
         assert sign is not None
-        raw = rotate_exec(
-            self.config.rack.key_dir, self.config, svc, x, seq, sign, self.host.index
-        )
+        raw = rotate_exec(self.config.rack.key_dir, self.config, svc, x, seq, sign, self.host.index)
         m = wire.decode(raw)
         assert isinstance(m, wire.SpareReady)
         self.counters["rekeyed"] += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,9 +32,39 @@ def encode_json(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+# No request nests more than a few levels; json.loads recurses once per level and a
+# deep enough document raises RecursionError, so depth is checked before parsing.
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+class JsonTooDeep(ValueError):
+    pass
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in `text` (brackets inside strings do not count);
+    linear, with no recursion, so it is safe on any input."""
+    depth = deepest = 0
+    for b in _JSON_BRACKETS.findall(_JSON_STRING.sub("", text)):
+        depth += 1 if b in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def decode_json(data: bytes) -> dict[str, Any]:
-    """The JSON object of a CONTROL/CONTROL-REPLY; ValueError if it is not one."""
-    obj = json.loads(data.decode("utf-8"))
+    """The JSON object of a CONTROL/CONTROL-REPLY; ValueError if it is not one (JsonTooDeep
+    if it nests deeper than MAX_JSON_DEPTH). Python's json takes NaN and Infinity: each op
+    checks its numeric fields, naming the field."""
+    text = data.decode("utf-8")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise JsonTooDeep(f"json nested {depth} deep, more than {MAX_JSON_DEPTH}")
+    try:
+        obj = json.loads(text)
+    except RecursionError:  # not expected past the depth check; never let it escape
+        raise JsonTooDeep(f"json nested too deep for the parser (> {MAX_JSON_DEPTH})") from None
     if not isinstance(obj, dict):
         raise ValueError("json body is not an object")
     return obj

@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
-from test_controld_daemon import Node, make_rack
+from test_controld_daemon import OP, SVC, Node, make_rack
 from zz.controld.daemon import ConnLimits
+from zz.controld.rpc import RACK_SERVICE, decode_json
+
+from zz import wire
 
 LIMITS = ConnLimits(
     max_conns=256, max_conns_per_source=20, max_frame=1 << 20, frame_timeout=1.0,
@@ -69,4 +73,39 @@ async def test_rpc_listener_limits(tmp_path: Path) -> None:
     finally:
         for w in writers:
             w.close()
+        await n.close()
+
+
+async def test_rpc_refuses_non_finite_ages_and_deep_json(tmp_path: Path) -> None:
+    """purge_forensics with older_than_s NaN (which purged every kept state: NaN makes
+    every age comparison false), inf or < 0 is refused naming the field, and the state
+    stays; a CONTROL whose JSON nests 100,000 deep (RecursionError in json.loads: no
+    reply at all) gets a clear error and is counted; the daemon keeps serving."""
+    rack = make_rack(tmp_path)
+    kept = rack.config.rack.run_dir / f"s{SVC}" / "exec-1.forensic-7"
+    kept.mkdir(parents=True)
+    n = Node(rack, 0, "libvirt", limits=LIMITS)
+    await n.start()
+    try:
+        for age in (float("nan"), float("inf"), -1, "3600"):
+            r = await asyncio.wait_for(n.rpc("purge_forensics", older_than_s=age), 10)
+            assert not r["ok"] and r["error"].startswith("older_than_s:"), r
+        assert kept.is_dir()
+        key = rack.op_keys[n.principal]
+        deep = b'{"op":"status","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        msg = wire.Control(RACK_SERVICE, OP, time.time_ns(), deep).with_macs({n.principal: key})
+        r_, w = await asyncio.open_connection("127.0.0.1", n.port)
+        try:
+            w.write(wire.frame(msg.encode()))
+            await w.drain()
+            reply = wire.decode(await asyncio.wait_for(wire.read_frame(r_), 10))
+        finally:
+            w.close()
+        assert isinstance(reply, wire.ControlReply) and reply.verify_mac(OP, key)
+        body = decode_json(reply.json)
+        assert not body["ok"] and "nested 100001 deep" in body["error"], body
+        c = n.daemon.counters
+        assert c["control_json_too_deep"] == 1 and c["internal_error"] == 0
+        assert (await n.rpc("status"))["ok"]
+    finally:
         await n.close()
