@@ -64,6 +64,9 @@ class ConnLimits:
     max_frame: int = 1 << 20
     frame_timeout: float = 20.0  # a frame whose length arrived must be complete within this
     unauth_timeout: float = 10.0  # a connection must authenticate a message within this
+    # A peer must take each reply (a FILE-DATA is up to 4 MiB) within this, else it is
+    # dropped: one that never reads holds at most one reply.
+    send_timeout: float = fileserve.FILE_SEND_TIMEOUT
 
 
 class Daemon:
@@ -295,8 +298,16 @@ class Daemon:
 
         async def send(frame: bytes) -> None:
             async with lock:
+                if writer.is_closing():
+                    raise ConnectionResetError("connection dropped")
                 writer.write(frame)
-                await writer.drain()
+                try:
+                    async with asyncio.timeout(lim.send_timeout):
+                        await writer.drain()
+                except TimeoutError:
+                    self.counters["send_timeouts"] += 1
+                    writer.transport.abort()
+                    raise ConnectionResetError("peer does not read") from None
 
         loop = asyncio.get_running_loop()
         auth_deadline: float | None = loop.time() + lim.unauth_timeout
@@ -395,6 +406,8 @@ class Daemon:
             self.counters[refused] += 1
             return False
         _, idx = wire.principal_kind(m.sender)
+        if fileserve.bad_range(m.offset, m.length):
+            self.counters["file_fetch_bad_range"] += 1
         r = await asyncio.to_thread(
             self.snapshots.read, svc, idx, m.seq, m.path_text(), m.offset, m.length
         )

@@ -26,7 +26,7 @@ from ..link import Link
 from ..snapshots import CheckpointStore, checkpoint_name, open_store
 from ..snapshots.crashpoint import crash_point
 from ..snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
-from ..snapshots.fileserve import SnapshotFiles
+from ..snapshots.fileserve import FILE_SEND_TIMEOUT, SnapshotFiles, bad_range
 from ..snapshots.hostzfs import HostZfsStore
 from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 from .app import App, ExecContext
@@ -1260,14 +1260,26 @@ class Runtime:
             if refused == "file_fetch_bad_sig":
                 self.publics.note_failed(m)  # a peer's replaced key is counted per sender
             return
+        if bad_range(m.offset, m.length):
+            self.counters["file_fetch_bad_range"] += 1
         async with self._store_lock:
             r = await asyncio.to_thread(self.files.read, m.seq, m.path_text(), m.offset, m.length)
         out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         out = self.byz.file_data(out)
         self.counters["file_chunks_served"] += 1
         self.counters["file_bytes_served"] += len(r.data)
-        if not writer.is_closing():
-            writer.write(wire.frame(out.encode()))
+        if writer.is_closing():
+            return
+        writer.write(wire.frame(out.encode()))
+        # Requests on a connection are served one at a time, so waiting here bounds what
+        # one requester makes us buffer to one chunk; one that does not read is dropped.
+        try:
+            async with asyncio.timeout(FILE_SEND_TIMEOUT):
+                await writer.drain()
+        except TimeoutError:
+            self.counters["file_fetch_slow_readers"] += 1
+            writer.transport.abort()
+            raise ConnectionResetError("requester does not read") from None
 
     def status(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,17 @@ ERROR = 4
 LATER = 5  # the file of a later checkpoint: `seq` was collected (docs/wire.md FILE-DATA)
 
 MAX_CHUNK = 4 << 20  # per FILE-DATA; far below the wire's 16 MiB frame limit
+# A requester gets this long to take one FILE-DATA before its connection is dropped.
+FILE_SEND_TIMEOUT = 10.0
+# The wire carries a u64 offset; os.pread takes a signed one (OverflowError past it). No
+# file comes near it, so a larger offset is refused as a bad request.
+MAX_OFFSET = (1 << 63) - 1
+
+
+def bad_range(offset: int, length: int) -> bool:
+    """Whether a requested range is one no file can have (refused, and counted by the
+    transport as `file_fetch_bad_range`)."""
+    return not (0 <= offset <= MAX_OFFSET and 0 <= length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,8 @@ class SnapshotFiles:
         return None
 
     def read(self, seq: int, path: str, offset: int, length: int) -> FileRead:
+        if bad_range(offset, length):
+            return FileRead(REFUSED)
         length = min(length, MAX_CHUNK)
         with self._lock:
             if not self.servable(seq):
@@ -143,7 +156,7 @@ class SnapshotFiles:
             # other readers' clones with it). Forget it; a later one may serve.
             self._drop(name, seq)
             return FileRead(NO_CHECKPOINT)
-        except (OSError, StorageError):
+        except (OSError, StorageError, OverflowError, ValueError):
             return FileRead(ERROR)
         return FileRead(OK, entry.size, data)
 

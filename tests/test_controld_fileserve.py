@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from test_controld_daemon import SVC, Node, Rack, make_rack
+from test_snapshots_fileserve import signed_fetch
 from zz.controld.actions import zfs_dataset
+from zz.controld.daemon import ConnLimits
 from zz.execution.recovery import PeerSource, SourceError
 from zz.snapshots.dirstore import DirStore
+from zz.snapshots.fileserve import MAX_CHUNK, REFUSED
 from zz.snapshots.manifest import scan
 from zz.snapshots.store import checkpoint_name
 from zz.snapshots.zfs import ZfsStore, run_zfs
@@ -154,3 +158,48 @@ async def test_controld_serves_a_zfs_replica_and_never_blocks_its_gc(
 
 def _datasets(pool: str) -> list[str]:
     return run_zfs(["zfs", "list", "-H", "-o", "name", "-r", pool]).split()
+
+
+async def test_controld_answers_bad_ranges_and_drops_requesters_that_never_read(
+    tmp_path: Path,
+) -> None:
+    """An offset of 2^63 gets a REFUSED FILE-DATA, counted (it raised in the handler: no
+    answer, internal_error); a requester that asks for 4 MiB chunks and never reads is
+    dropped after send_timeout and counted (its handler waited on it for good)."""
+    rack = make_rack(tmp_path)
+    _checkpoint(rack, 0)
+    big = (
+        rack.config.services[0].exec_state_dir(rack.config, 0)
+        / "store"
+        / "snapshots"
+        / checkpoint_name(SEQ)
+        / "a.txt"
+    )
+    big.write_bytes(bytes(3 * MAX_CHUNK))  # the snapshot's copy, as served
+    n = Node(rack, 1, "libvirt", limits=ConnLimits(send_timeout=1.0))
+    await n.start()
+    sock = socket.socket()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", n.port)
+        w.write(signed_fetch(rack.config, 2, SEQ, b"a.txt", 1 << 63))
+        async with asyncio.timeout(5):
+            m = wire.decode(await wire.read_frame(r))
+        assert isinstance(m, wire.FileData) and m.status == REFUSED
+        assert n.daemon.counters["file_fetch_bad_range"] == 1
+        w.close()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, ("127.0.0.1", n.port))
+        for k in range(3):
+            await loop.sock_sendall(
+                sock, signed_fetch(rack.config, 2, SEQ, b"a.txt", k * MAX_CHUNK)
+            )
+        async with asyncio.timeout(8):
+            while n.daemon.counters["send_timeouts"] == 0:
+                await asyncio.sleep(0.05)
+        assert n.daemon.counters["internal_error"] == 0
+        assert (await n.rpc("status"))["ok"]
+    finally:
+        sock.close()
+        await n.close()

@@ -2,16 +2,32 @@
 # (snapshots/fileserve.py), from a directory store and from real ZFS snapshots via clones.
 from __future__ import annotations
 
+import asyncio
+import socket
 from pathlib import Path
 
 import pytest
+from test_controld_guest_files import _ctx as guest_ctx
+from zz.execution import runtime
+from zz.execution.runtime import Runtime
 from zz.snapshots import open_store
 from zz.snapshots.fetch import SourceError, StateFetcher
-from zz.snapshots.fileserve import LATER, NO_CHECKPOINT, NO_FILE, OK, REFUSED, SnapshotFiles
+from zz.snapshots.fileserve import (
+    LATER,
+    MAX_CHUNK,
+    NO_CHECKPOINT,
+    NO_FILE,
+    OK,
+    REFUSED,
+    FileRead,
+    SnapshotFiles,
+)
 from zz.snapshots.manifest import Manifest, scan
 from zz.snapshots.store import CheckpointStore, checkpoint_name
 
 from tests import zfs_pool
+from zz import keys, wire
+from zz.config import Config
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 
@@ -118,3 +134,78 @@ def test_remembered_manifest_is_served_without_reading_its_file(tmp_path: Path) 
     assert files.read(4, "a", 0, 10).data == b"a"
     files.release(checkpoint_name(4))  # forgets the remembered copy too
     assert files.read(4, "", 0, 1 << 20).status == NO_CHECKPOINT
+
+
+def test_offsets_past_what_pread_takes_are_refused(tmp_path: Path) -> None:
+    """A u64 offset >= 2^63 made os.pread raise OverflowError out of read()."""
+    store = open_store("dir", root=tmp_path / "store")
+    (store.path / "a").write_bytes(b"abc")
+    checkpoint(store, tmp_path / "m", 1)
+    files = SnapshotFiles(store, tmp_path / "m")
+    for offset, length in ((1 << 63, 10), ((1 << 64) - 1, 10), (-1, 10), (0, -1)):
+        assert files.read(1, "a", offset, length).status == REFUSED
+    assert files.read(1, "a", 1 << 62, 10) == FileRead(OK, 3, b"")
+    assert files.read(1, "a", 1, 1 << 40).data == b"bc"
+
+
+def signed_fetch(config: Config, index: int, seq: int, path: bytes, offset: int) -> bytes:
+    """A framed FILE-FETCH for one chunk, signed by execution replica `index`."""
+    svc = config.services[0]
+    key = keys.load_secret(keys.secret_path(config.rack.key_dir, svc.id, 256 + index)).sign
+    assert key is not None
+    m = wire.FileFetch(svc.id, wire.exec_principal(index), seq, path, offset, MAX_CHUNK)
+    return wire.frame(m.signed(key).encode())
+
+
+async def test_runtime_answers_bad_ranges_and_drops_requesters_that_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime's file server over a real socket: an offset of 2^63 gets a REFUSED
+    FILE-DATA and is counted (of a file it has, it raised out of the connection task); a
+    requester that sends 8 requests for 4 MiB chunks and never reads holds at most one
+    chunk in our buffers and is dropped after FILE_SEND_TIMEOUT (every chunk was buffered
+    at once, for good)."""
+    ctx = guest_ctx(tmp_path)
+    svc = ctx.config.services[0]
+    rt = Runtime(ctx.config, svc, 0, state_dir=tmp_path / "st")
+    # What Runtime.serve sets up before it listens, without the agreement links.
+    rt.publics = keys.PeerKeys(ctx.config.rack.key_dir, ctx.config, svc, rt.counters)
+    rt.manifest_dir.mkdir(parents=True)
+    rt._open_state()
+    chunk = bytes(MAX_CHUNK)
+    real_read = rt.files.read
+    monkeypatch.setattr(
+        rt.files,
+        "read",
+        lambda seq, path, offset, length: (
+            real_read(seq, path, offset, length) if path != "big" else FileRead(OK, 1 << 30, chunk)
+        ),
+    )
+    monkeypatch.setattr(runtime, "FILE_SEND_TIMEOUT", 1.0, raising=False)
+    server = await asyncio.start_server(rt._serve_conn, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sock = socket.socket()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(signed_fetch(ctx.config, 1, 8, b"a", 1 << 63))
+        async with asyncio.timeout(5):
+            m = wire.decode(await wire.read_frame(r))
+        assert isinstance(m, wire.FileData) and m.status == REFUSED and m.offset == 1 << 63
+        assert rt.counters["file_fetch_bad_range"] == 1
+        w.close()
+
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        for k in range(8):
+            await asyncio.get_running_loop().sock_sendall(
+                sock, signed_fetch(ctx.config, 1, 8, b"big", k * MAX_CHUNK)
+            )
+        async with asyncio.timeout(8):
+            while rt.counters["file_fetch_slow_readers"] == 0:
+                await asyncio.sleep(0.05)
+        assert rt.counters["file_chunks_served"] <= 1 + 2  # the bad range's, then 1 or 2
+    finally:
+        sock.close()
+        server.close()
+        await server.wait_closed()
