@@ -424,7 +424,8 @@ enum {
     K_STATS_FILE, K_INJECT_DROP, K_INJECT_DUP, K_INJECT_DELAY, K_INJECT_SEED, K_BYZANTINE,
     K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_EXEC,
     K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
-    K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_COUNT
+    K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_CLIENT_OUT,
+    K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -434,7 +435,7 @@ static const char *const key_names[K_COUNT] = {
     "inject_seed", "byzantine", "execution", "f", "exec_log", "detect_k", "detect_floor_ms",
     "detect_ceiling_ms", "exec", "controld", "exec_view", "rack_public", "max_request",
     "batch_bytes", "max_conns", "max_conns_per_source", "frame_timeout_ms", "unauth_timeout_ms",
-    "unauth_buffer_bytes",
+    "unauth_buffer_bytes", "client_out_bytes", "client_out_total", "out_stall_timeout_ms",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -611,6 +612,13 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
     case K_UNAUTH_BUFFER:
         /* at least one largest frame, or a peer's first frame could never arrive */
         return set_u32(ps, line, k, tok[1], ZZ_MAX_MSG + 4, UINT32_MAX, &c->unauth_buffer_bytes);
+    case K_CLIENT_OUT:
+        /* one reply always goes out to a client with nothing queued, whatever its size */
+        return set_u32(ps, line, k, tok[1], 64u << 10, UINT32_MAX, &c->client_out_bytes);
+    case K_CLIENT_OUT_TOTAL:
+        return set_u32(ps, line, k, tok[1], 64u << 10, UINT32_MAX, &c->client_out_total);
+    case K_OUT_STALL:
+        return set_u32(ps, line, k, tok[1], 100, 3600000, &c->out_stall_timeout_ms);
     case K_VIEW_TIMEOUT:
         return set_u32(ps, line, k, tok[1], 1, UINT32_MAX, &c->view_timeout_ms);
     case K_STATUS_INTERVAL:
@@ -808,6 +816,9 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
     c->frame_timeout_ms = 20000;
     c->unauth_timeout_ms = 10000;
     c->unauth_buffer_bytes = 64u << 20;
+    c->client_out_bytes = 4u << 20;
+    c->client_out_total = 64u << 20;
+    c->out_stall_timeout_ms = 10000;
 
     parse_state *ps = calloc(1, sizeof *ps);
     if (!ps) {

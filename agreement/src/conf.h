@@ -67,6 +67,9 @@ typedef struct {
     uint32_t frame_timeout_ms;    /* a frame begun must be complete within this */
     uint32_t unauth_timeout_ms;   /* a connection must authenticate a message within this */
     uint32_t unauth_buffer_bytes; /* read buffers of unauthenticated connections, in total */
+    uint32_t client_out_bytes;    /* replies queued for one client, all its connections */
+    uint32_t client_out_total;    /* replies queued for all clients together */
+    uint32_t out_stall_timeout_ms; /* queued output must make progress within this */
     char stats_file[256];         /* JSON counters, rewritten every second; "" = none */
     char exec_view[256]; /* awake/sleeping/convicted view kept across restarts; "" = none */
     /* test-only fault injection on replica-to-replica sends */

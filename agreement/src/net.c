@@ -25,6 +25,7 @@
 #define READ_CHUNK (64 * 1024)
 #define READS_PER_EVENT 16             /* fairness: at most 1 MiB per connection per wakeup */
 #define OUT_LIMIT (64u * 1024 * 1024)  /* per-connection queue bound; beyond it frames drop */
+#define OUT_KEEP (64 * 1024)           /* an empty output buffer above this is given back */
 #define FLUSH_EARLY (256 * 1024)       /* write before the loop's flush once this is queued */
 #define IN_KEEP READ_CHUNK             /* an empty read buffer above this is given back */
 #define IN_FIRST 4096                  /* a connection's first read buffer; doubles as bytes arrive */
@@ -70,6 +71,10 @@ struct zz_conn {
     uint64_t frame_since_ms; /* an incomplete frame waits since; 0 = none */
     int trusted;             /* the owner authenticated a message received here */
     uint8_t src[16];         /* source address (IPv4 as v4-mapped IPv6) */
+    uint32_t owner;          /* key index + 1 of the client whose requests arrive here; 0 */
+    size_t acct;             /* queued bytes counted in the totals (out_sync) */
+    int abort;               /* closed as a slow reader: reset, unsent bytes discarded */
+    uint64_t out_since_ms;   /* queued output made its last progress (or began) at */
 };
 
 typedef struct {
@@ -117,6 +122,13 @@ struct zz_net {
     uint32_t max_conns, max_per_source, frame_timeout_ms, unauth_timeout_ms;
     uint64_t unauth_buffer_max; /* read buffers of unauthenticated connections, in total */
     uint64_t unauth_buffered;   /* ... held now */
+    /* output budgets of accepted connections (docs/security.md "Slow readers") */
+    uint64_t client_out_max;    /* bytes queued for one owner, all its connections */
+    uint64_t client_out_total;  /* bytes queued for all owners together */
+    uint32_t out_stall_ms;      /* queued output must make progress within this */
+    uint32_t n_owners;          /* conf->nkeys */
+    uint64_t *owner_out;        /* bytes queued per owner (index owner - 1) */
+    uint64_t *owner_closes;     /* connections closed as slow readers, per owner */
     uint8_t scratch[READ_CHUNK]; /* every recv lands here; only a frame's tail is kept */
 };
 
@@ -253,6 +265,8 @@ static int ep_set(zz_net *n, zz_conn *c, uint32_t events)
     return 0;
 }
 
+static void out_sync(zz_net *n, zz_conn *c);
+
 static void mark_dead(zz_net *n, zz_conn *c)
 {
     if (c->dead)
@@ -260,6 +274,7 @@ static void mark_dead(zz_net *n, zz_conn *c)
     c->dead = 1;
     c->next_dead = n->dead_head;
     n->dead_head = c;
+    out_sync(n, c); /* its queue is never written: out of the budgets at once */
 }
 
 static void mark_dirty(zz_net *n, zz_conn *c)
@@ -280,6 +295,67 @@ static void set_sockopts(int fd)
 
 /* ---- output ---- */
 
+/* Bring the totals in line with c's queue: an accepted connection that is alive counts
+ * its queued bytes, towards its owner's budget too; a dead one counts nothing (its queue
+ * is never written). Every change of out_off, out_len, dead or owner ends here. */
+static void out_sync(zz_net *n, zz_conn *c)
+{
+    if (c->kind != C_ACCEPTED)
+        return;
+    size_t now = c->dead ? 0 : c->out_len - c->out_off;
+    n->st.out_buffer_bytes = n->st.out_buffer_bytes - c->acct + now;
+    if (c->owner) {
+        n->owner_out[c->owner - 1] = n->owner_out[c->owner - 1] - c->acct + now;
+        n->st.client_out_bytes = n->st.client_out_bytes - c->acct + now;
+    }
+    c->acct = now;
+}
+
+/* A reader too slow for its budget or its timeout: closed, its queue dropped at once. */
+static void close_slow(zz_net *n, zz_conn *c, uint64_t *counter)
+{
+    (*counter)++;
+    if (c->owner)
+        n->owner_closes[c->owner - 1]++;
+    c->abort = 1;
+    mark_dead(n, c);
+}
+
+/* May `need` more bytes be queued on c? Client connections share their client's budget
+ * (client_out_max) and all clients one total (client_out_total). Over the client's
+ * budget, its other connections that hold queued replies are closed first (it reads none
+ * of them), then c; over the total, the connection with the most queued (c included).
+ * A reply to a client with nothing queued is always admitted, so one reply larger than
+ * the budget still goes out. Other connections: OUT_LIMIT each, as peer links. */
+static int out_admit(zz_net *n, zz_conn *c, size_t need)
+{
+    if (c->kind != C_ACCEPTED || !c->owner)
+        return 1;
+    uint64_t *mine = &n->owner_out[c->owner - 1];
+    if (*mine > 0 && *mine + need > n->client_out_max) {
+        for (zz_conn *o = n->accepted; o && *mine > 0 && *mine + need > n->client_out_max;
+             o = o->next)
+            if (o != c && o->owner == c->owner && !o->dead && o->acct > 0)
+                close_slow(n, o, &n->st.client_out_overflows);
+        if (*mine > 0 && *mine + need > n->client_out_max) {
+            close_slow(n, c, &n->st.client_out_overflows);
+            return 0;
+        }
+    }
+    while (n->st.client_out_bytes > 0 && n->st.client_out_bytes + need > n->client_out_total) {
+        zz_conn *big = NULL;
+        for (zz_conn *o = n->accepted; o; o = o->next)
+            if (o->owner && !o->dead && o->acct > 0 && (!big || o->acct > big->acct))
+                big = o;
+        if (!big)
+            break;
+        close_slow(n, big, &n->st.out_total_overflows);
+        if (big == c)
+            return 0;
+    }
+    return 1;
+}
+
 /* Account `w` written bytes, walking frame boundaries so out_head stays exact. */
 static void out_consumed(zz_conn *c, size_t w)
 {
@@ -291,8 +367,14 @@ static void out_consumed(zz_conn *c, size_t w)
         c->out_off += step;
         w -= step;
     }
-    if (c->out_off == c->out_len)
+    if (c->out_off == c->out_len) {
         c->out_off = c->out_len = 0;
+        if (c->out_cap > OUT_KEEP) { /* a burst's buffer is not kept for good */
+            free(c->out);
+            c->out = NULL;
+            c->out_cap = 0;
+        }
+    }
 }
 
 /* Write as much as the socket takes. Returns -1 if the connection broke. */
@@ -300,6 +382,7 @@ static int conn_flush(zz_net *n, zz_conn *c)
 {
     if (c->fd < 0 || c->dead || (c->kind == C_PEER && c->state != L_UP))
         return 0;
+    size_t wrote = 0;
     while (c->out_off < c->out_len) {
         ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -312,8 +395,12 @@ static int conn_flush(zz_net *n, zz_conn *c)
             return -1;
         }
         n->st.bytes_out += (uint64_t)w;
+        wrote += (size_t)w;
         out_consumed(c, (size_t)w);
     }
+    if (wrote > 0 && c->out_off < c->out_len)
+        c->out_since_ms = zz_net_now_ms(n); /* progress: the stall clock restarts */
+    out_sync(n, c);
     uint32_t want = EPOLLIN | (c->out_off < c->out_len ? EPOLLOUT : 0);
     if (ep_set(n, c, want) < 0) {
         mark_dead(n, c);
@@ -334,6 +421,10 @@ static int conn_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
         return -1;
     }
     size_t need = 4 + len;
+    if (!out_admit(n, c, need))
+        return -1;
+    if (c->out_off == c->out_len)
+        c->out_since_ms = zz_net_now_ms(n);
     if (c->out_cap - c->out_len < need) {
         /* Reclaim the written prefix before growing. */
         if (c->out_off > 0) {
@@ -361,6 +452,7 @@ static int conn_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
     d[3] = (uint8_t)len;
     memcpy(d + 4, msg, len);
     c->out_len += need;
+    out_sync(n, c);
     n->st.frames_out++;
     if (c->out_len - c->out_off >= FLUSH_EARLY)
         conn_flush(n, c);
@@ -818,6 +910,8 @@ static uint32_t sweep_ms(const zz_net *n)
 {
     uint32_t t = n->frame_timeout_ms < n->unauth_timeout_ms ? n->frame_timeout_ms
                                                             : n->unauth_timeout_ms;
+    if (n->out_stall_ms < t)
+        t = n->out_stall_ms;
     t /= 4;
     return t < 50 ? 50 : t > 1000 ? 1000 : t;
 }
@@ -835,6 +929,8 @@ static void on_sweep(void *ctx)
         } else if (!c->trusted && now - c->since_ms >= n->unauth_timeout_ms) {
             n->st.unauth_timeouts++;
             mark_dead(n, c);
+        } else if (c->acct > 0 && now - c->out_since_ms >= n->out_stall_ms) {
+            close_slow(n, c, &n->st.out_stall_timeouts); /* a reader that stopped reading */
         }
     }
     zz_net_timer(n, sweep_ms(n), on_sweep, n);
@@ -847,11 +943,19 @@ static void conn_destroy(zz_net *n, zz_conn *c)
 {
     if (c->fd >= 0) {
         ep_set(n, c, 0);
+        if (c->abort) {
+            /* A reset: a plain close would leave the replies in the kernel's send buffer,
+             * and the FIN behind them, for as long as the peer keeps its window shut. */
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+            setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        }
         close(c->fd);
     }
     n->st.in_buffer_bytes -= c->in_cap;
     if (counts_unauth(c))
         n->unauth_buffered -= c->in_cap;
+    c->dead = 1;
+    out_sync(n, c);
     free(c->in);
     free(c->out);
     free(c);
@@ -1079,6 +1183,16 @@ zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_clos
     n->frame_timeout_ms = c->frame_timeout_ms ? c->frame_timeout_ms : 20000;
     n->unauth_timeout_ms = c->unauth_timeout_ms ? c->unauth_timeout_ms : 10000;
     n->unauth_buffer_max = c->unauth_buffer_bytes ? c->unauth_buffer_bytes : 64u << 20;
+    n->client_out_max = c->client_out_bytes ? c->client_out_bytes : 4u << 20;
+    n->client_out_total = c->client_out_total ? c->client_out_total : 64u << 20;
+    n->out_stall_ms = c->out_stall_timeout_ms ? c->out_stall_timeout_ms : 10000;
+    n->n_owners = c->nkeys;
+    n->owner_out = calloc(c->nkeys ? c->nkeys : 1, sizeof *n->owner_out);
+    n->owner_closes = calloc(c->nkeys ? c->nkeys : 1, sizeof *n->owner_closes);
+    if (!n->owner_out || !n->owner_closes) {
+        set_err(err, errcap, "net: out of memory");
+        goto fail;
+    }
     zz_net_timer(n, sweep_ms(n), on_sweep, n);
     return n;
 fail:
@@ -1107,6 +1221,8 @@ void zz_net_free(zz_net *n)
         if (n->heap[i].fn == on_delayed)
             free(n->heap[i].ctx);
     free(n->heap);
+    free(n->owner_out);
+    free(n->owner_closes);
     if (n->listener.fd >= 0)
         close(n->listener.fd);
     if (n->wake.fd >= 0)
@@ -1132,4 +1248,29 @@ void zz_net_conn_set_trusted(zz_conn *c)
     if (counts_unauth(c) && c->net)
         c->net->unauth_buffered -= c->in_cap;
     c->trusted = 1;
+}
+
+void zz_net_conn_set_owner(zz_net *n, zz_conn *c, uint32_t owner)
+{
+    if (!c || c->kind != C_ACCEPTED || owner > n->n_owners || c->owner == owner)
+        return;
+    size_t keep = c->acct; /* the queue moves to the new owner's budget */
+    c->acct = 0;
+    n->st.out_buffer_bytes -= keep;
+    if (c->owner) {
+        n->owner_out[c->owner - 1] -= keep;
+        n->st.client_out_bytes -= keep;
+    }
+    c->owner = owner;
+    out_sync(n, c);
+}
+
+uint64_t zz_net_owner_queued(const zz_net *n, uint32_t owner)
+{
+    return owner && owner <= n->n_owners ? n->owner_out[owner - 1] : 0;
+}
+
+uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner)
+{
+    return owner && owner <= n->n_owners ? n->owner_closes[owner - 1] : 0;
 }

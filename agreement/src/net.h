@@ -37,6 +37,12 @@ typedef struct {
     uint64_t in_buffer_bytes;      /* read buffers held, all connections */
     uint64_t unauth_buffer_refusals; /* closed: unauthenticated buffers over their budget */
     uint64_t accept_backoffs; /* accept out of descriptors (EMFILE, ENFILE): listener paused */
+    /* output to accepted connections (docs/security.md "Slow readers") */
+    uint64_t out_buffer_bytes;     /* bytes queued on accepted connections now */
+    uint64_t client_out_bytes;     /* of those, on connections owned by a client */
+    uint64_t client_out_overflows; /* closed: its client over client_out_bytes */
+    uint64_t out_total_overflows;  /* closed: clients together over client_out_total */
+    uint64_t out_stall_timeouts;   /* closed: output queued, nothing written for the timeout */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
@@ -64,6 +70,16 @@ void zz_net_conn_set_tag(zz_conn *c, uint32_t tag);
 /* The owner authenticated a message received on `c` (a tag implies it): the connection no
  * longer needs to authenticate within unauth_timeout_ms. */
 void zz_net_conn_set_trusted(zz_conn *c);
+
+/* The connection carries the requests of owner `owner` (1 .. conf->nkeys: a key index + 1,
+ * 0: none): replies queued on all of an owner's connections share one budget,
+ * client_out_bytes (docs/security.md "Slow readers"). A new owner takes over the bytes
+ * already queued. */
+void zz_net_conn_set_owner(zz_net *n, zz_conn *c, uint32_t owner);
+/* Bytes queued now for `owner`, and how many of its connections were closed as slow
+ * readers (over its budget, over the total, or stalled). 0 for an unknown owner. */
+uint64_t zz_net_owner_queued(const zz_net *n, uint32_t owner);
+uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
 
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);

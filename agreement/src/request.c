@@ -82,6 +82,16 @@ static void send_reject(zz_replica *r, uint32_t ci, uint64_t t, uint32_t limit)
     zz_send_reply(r, ci, r->view, t, ZZ_REPLY_REJECTED, res, sizeof res);
 }
 
+static uint64_t largest_client_queue(const zz_replica *r)
+{
+    uint64_t most = 0;
+    for (uint32_t i = 0; i < r->conf->nkeys; i++) {
+        uint64_t q = zz_net_owner_queued(r->net, i + 1);
+        most = q > most ? q : most;
+    }
+    return most;
+}
+
 void zz_limits_write_stats(zz_replica *r, void *file)
 {
     FILE *f = file;
@@ -91,14 +101,35 @@ void zz_limits_write_stats(zz_replica *r, void *file)
                "\"conns_open\": %llu, \"conns_refused\": %llu, "
                "\"conns_refused_source\": %llu, \"frame_timeouts\": %llu, "
                "\"unauth_timeouts\": %llu, \"unauth_buffer_refusals\": %llu, "
-               "\"in_buffer_bytes\": %llu}, ",
+               "\"in_buffer_bytes\": %llu, \"client_out_budget\": %u, "
+               "\"client_out_total_budget\": %u, \"out_stall_timeout_ms\": %u, "
+               "\"out_buffer_bytes\": %llu, \"client_out_queued\": %llu, "
+               "\"client_out_largest\": %llu, \"client_out_overflows\": %llu, "
+               "\"out_total_overflows\": %llu, \"out_stall_timeouts\": %llu, "
+               "\"slow_readers\": {",
             zz_request_limit(r), r->conf->batch_bytes,
             (unsigned long long)r->st.requests_too_large,
             (unsigned long long)r->st.batches_too_large, (unsigned long long)ns->conns_open,
             (unsigned long long)ns->conns_refused, (unsigned long long)ns->conns_refused_source,
             (unsigned long long)ns->frame_timeouts, (unsigned long long)ns->unauth_timeouts,
             (unsigned long long)ns->unauth_buffer_refusals,
-            (unsigned long long)ns->in_buffer_bytes);
+            (unsigned long long)ns->in_buffer_bytes, r->conf->client_out_bytes,
+            r->conf->client_out_total, r->conf->out_stall_timeout_ms,
+            (unsigned long long)ns->out_buffer_bytes, (unsigned long long)ns->client_out_bytes,
+            (unsigned long long)largest_client_queue(r),
+            (unsigned long long)ns->client_out_overflows,
+            (unsigned long long)ns->out_total_overflows,
+            (unsigned long long)ns->out_stall_timeouts);
+    /* Per client principal: its connections closed as slow readers (only those with any). */
+    const char *sep = "";
+    for (uint32_t i = 0; i < r->conf->nkeys; i++) {
+        uint64_t k = zz_net_owner_closes(r->net, i + 1);
+        if (k) {
+            fprintf(f, "%s\"%u\": %llu", sep, r->conf->keys[i].id, (unsigned long long)k);
+            sep = ", ";
+        }
+    }
+    fprintf(f, "}}, ");
 }
 
 static void enqueue(zz_replica *r, uint32_t ci)
@@ -119,8 +150,12 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
     uint64_t t = m->u.request.timestamp;
     r->st.requests_in++;
     int relayed = zz_net_conn_tag(conn) == ZZ_TAG_PEER;
-    if (conn && !relayed)
+    if (conn && !relayed) {
         c->conn = conn;
+        /* Replies queued for this client, on every connection it used, share one budget
+         * (client_out_bytes); a connection it stopped reading is closed (net.c). */
+        zz_net_conn_set_owner(r->net, conn, (uint32_t)ci + 1);
+    }
     /* Too large to ever be ordered (docs/wire.md "Size limits"): refused here, before it
      * is pending anywhere, so it can never start a view-change timer. */
     uint32_t limit = zz_request_limit(r);
