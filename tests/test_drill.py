@@ -171,6 +171,26 @@ def test_client_flood_then_primary_drill(up_rack: Config, tmp_path: Path) -> Non
 @pytest.mark.slow
 @needs_agreed
 @needs_go
+def test_slow_reader_drill(up_rack: Config, tmp_path: Path) -> None:
+    """A client that never reads its replies, on three connections to every agreement
+    replica: honest kv clients stay within the drill's bounds of their quiet throughput and
+    p99 latency, no replica's RSS grows more than 32 MiB, and every replica drops the slow
+    reader's connections (issue 15 item 4)."""
+    r = _run(up_rack, "slow-reader", tmp_path)
+    assert r.result == "PASS", r.reasons
+    sent = r.details["slow_reader"]["sent"]
+    assert sent["bytes"] > 64 << 20, sent  # more than one replica's old per-connection bound
+    assert sent["closed_by_replica"] > 0, sent
+    honest = r.details["honest"]
+    assert honest["attack"]["ops_per_s"] >= honest["bound"]["min_ops_per_s"], honest
+    assert all(v["growth"] < 32 for v in r.details["agreed_rss_mib"].values())
+    assert all(v > 0 for v in r.details["slow_reader_conns_dropped"].values())
+    assert r.details["controld_deltas"]["woken"] == 0 and not r.woken
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
 @pytest.mark.parametrize(
     ("kind", "cp_phase"),
     # A crash right after a checkpoint, a liar right before the next one (CP = 32).

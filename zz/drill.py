@@ -28,6 +28,7 @@ import os
 import random
 import re
 import signal
+import socket
 import sys
 import time
 from collections import Counter
@@ -58,6 +59,7 @@ from .rackctl import (
 KINDS = (
     "primary",
     "client-flood",
+    "slow-reader",
     "wrong-reply",
     "crash",
     "slow",
@@ -80,6 +82,19 @@ CORRUPT_WAIT_S = 120.0
 PRIMARY_KEYS = ("view", "in_view_change", "view_changes")
 DETECT_KEYS = ("fault_statements_sent", "exec_mismatches", "wakeups_sent")
 KEYS_PER_DRILL = 4
+# slow-reader: a client that never reads its replies, on SLOW_CONNS connections to every
+# agreement replica, sending read-only requests of SLOW_OP bytes (each echoed back in a
+# reply of that size) at SLOW_RATE bytes/s per replica. The verdict's bounds, against the
+# quiet seconds before the fault: honest throughput at least SLOW_MIN_THROUGHPUT of it, p99
+# latency at most SLOW_MAX_P99 times it (or SLOW_P99_FLOOR_MS, whichever is more), and no
+# agreement replica's RSS more than SLOW_MAX_RSS_MIB above where it was.
+SLOW_CONNS = 3
+SLOW_OP = 256 << 10
+SLOW_RATE = 8 << 20
+SLOW_MIN_THROUGHPUT = 0.5
+SLOW_MAX_P99 = 3.0
+SLOW_P99_FLOOR_MS = 250.0
+SLOW_MAX_RSS_MIB = 32.0
 
 Progress = Callable[[str], None]
 
@@ -533,7 +548,7 @@ class Drill:
         self.kvs = kvs
         self.replica = 0
         if (
-            self.kind not in ("primary", "client-flood")
+            self.kind not in ("primary", "client-flood", "slow-reader")
             and self.service.n_exec <= self.service.active
         ):
             raise DrillError(f"{self.service.name} has no sleeping spare to wake")
@@ -609,6 +624,9 @@ class Drill:
             await self._kill_primary(obs)
         elif k == "client-flood":
             self.flood = asyncio.create_task(self._flood())
+        elif k == "slow-reader":
+            self._agreed_rss(self.details.setdefault("agreed_rss_mib", {}), "before")
+            self.flood = asyncio.create_task(self._slow_reader())
         elif k in ("wrong-reply", "slow"):
             await self._faulty_runtime(self.service, self.replica, RUNTIME_FAULT[k])
         elif k == "crash":
@@ -725,6 +743,77 @@ class Drill:
                     sent["invoked"] += 1
         finally:
             await c.close()
+
+    def _agreed_rss(self, into: dict[str, dict[str, float]], key: str) -> None:
+        """VmRSS (MiB) of the service's agreement replicas, as `key` (\"max\" keeps the
+        largest seen)."""
+        for r in range(self.service.n):
+            p = self._agreed_proc(self.service, r)
+            try:
+                status = Path(f"/proc/{p.pid}/status").read_text()
+            except OSError:
+                continue
+            m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+            if m and p.alive():
+                mib = int(m.group(1)) / 1024
+                row = into.setdefault(p.name, {})
+                row[key] = max(row.get(key, 0.0), mib) if key == "max" else mib
+
+    async def _slow_reader(self) -> None:
+        """A faulty client that never reads: SLOW_CONNS connections to every agreement
+        replica, each sent read-only requests whose replies (SLOW_OP bytes each) it never
+        reads, at SLOW_RATE bytes/s per replica; a connection the replica closes is opened
+        again. Every request is valid (its own key), so each one is answered."""
+        s = self.service
+        base = self.args.first_client
+        base = base if base is not None else max(0, s.clients - 16)
+        idx = base + self.args.clients
+        if idx >= s.clients:
+            raise DrillError(f"{s.name}: no client principal {idx} for the slow reader")
+        params = ClientParams.from_config(self.config, s.name, idx)
+        op = b"r" * min(SLOW_OP, (params.max_request or SLOW_OP) - 4096)
+        req = wire.Request(params.service, params.principal, time.time_ns(), wire.FLAG_READONLY, op)
+        frame = wire.frame(req.with_macs(params.keys).encode())
+        sent: Counter[str] = Counter()
+        self.details["slow_reader"] = {"client": params.principal, "conns_per_replica":
+                                       SLOW_CONNS, "op_bytes": len(op), "rate_bytes_s":
+                                       SLOW_RATE, "sent": sent}  # fmt: skip
+        rss = self.details.setdefault("agreed_rss_mib", {})
+        loop = asyncio.get_running_loop()
+
+        async def one(addr: tuple[str, int]) -> None:
+            gap = len(frame) * SLOW_CONNS / SLOW_RATE  # seconds between two frames per conn
+            while True:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                try:
+                    await loop.sock_connect(sock, addr)
+                    sent["connections"] += 1
+                    while True:  # never a recv: every reply stays queued somewhere
+                        await loop.sock_sendall(sock, frame)
+                        sent["requests"] += 1
+                        sent["bytes"] += len(frame)
+                        await asyncio.sleep(gap)
+                except OSError:
+                    sent["closed_by_replica"] += 1
+                    await asyncio.sleep(0.5)
+                finally:
+                    sock.close()
+
+        async def watch_rss() -> None:
+            while True:
+                self._agreed_rss(rss, "max")
+                await asyncio.sleep(0.5)
+
+        tasks = [asyncio.create_task(watch_rss())]
+        tasks += [asyncio.create_task(one(a)) for a in params.replicas for _ in range(SLOW_CONNS)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _exec_pids(self, s: Service, i: int) -> list[int]:
         return leftover_pids(
@@ -896,11 +985,11 @@ class Drill:
         if len(obs.controld) < len(self.config.hosts):
             raise DrillError(f"controlds not answering: {dict(obs.errors)}")
         self._choose(obs)
-        if self.kind not in ("primary", "client-flood"):
+        if self.kind not in ("primary", "client-flood", "slow-reader"):
             self._check_agreement_spares(obs)
         self.running_now = self._running(obs, self.service)
         self.spares_at_start = self._sleeping(obs)
-        if self.kind not in ("primary", "client-flood"):
+        if self.kind not in ("primary", "client-flood", "slow-reader"):
             missing = [s.name for s in self.services if not self.spares_at_start.get(s.name)]
             if missing:
                 raise DrillError(
@@ -1017,6 +1106,7 @@ class Drill:
         if self.http:
             self._check_acked(r, load)
         r.first_correct_reply_s = first_ret
+        self.samples = samples
         r.timeline = rp.buckets(samples)
         before = [x for x in samples if x.ret is not None and -self.args.before <= x.ret < 0]
         r.load_before = len(before) / self.args.before if self.args.before else None
@@ -1082,6 +1172,8 @@ class Drill:
             r.details["observer_errors"] = dict(obs.errors)
         if isinstance(r.details.get("flood_sent"), Counter):
             r.details["flood_sent"] = dict(r.details["flood_sent"])
+        if "slow_reader" in r.details:
+            r.details["slow_reader"]["sent"] = dict(r.details["slow_reader"]["sent"])
         getattr(self, f"_judge_{self.kind.replace('-', '_')}")(r, obs)
         r.reasons = self.reasons
         r.result = "FAIL" if self.reasons else "PASS"
@@ -1157,9 +1249,70 @@ class Drill:
         asleep = [f"{self.service.name}/exec-{i}" for i in after]
         self.details["spares"] = asleep
         r.detection_s = None
-        self.notes.append("client-flood: no detection, wake-up or conviction may happen;"
+        self.notes.append(f"{self.kind}: no detection, wake-up or conviction may happen;"
                           f" spares after the drill: {', '.join(asleep) or 'none'}")  # fmt: skip
         self._need_progress(r)
+
+    def _judge_slow_reader(self, r: rp.DrillReport, obs: Observer) -> None:
+        """Honest clients' throughput and latency while the slow reader runs, against the
+        quiet seconds before it, within the SLOW_* bounds; agreement replicas' memory bounded;
+        the replicas dropped the slow reader (limits.slow_readers names its principal)."""
+        self._judge_client_flood(r, obs)  # no wake-up, spares still asleep, progress
+        a = self.args
+
+        def window(lo: float, hi: float) -> dict[str, float | None]:
+            done = [x for x in self.samples if x.ret is not None and lo <= x.ret < hi]
+            lat = sorted((x.ret - x.call) * 1000 for x in done if x.ret is not None)
+
+            def pct(q: float) -> float | None:
+                return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
+
+            return {"ops_per_s": round(len(done) / (hi - lo), 1), "p50_ms": pct(0.5),
+                    "p99_ms": pct(0.99)}  # fmt: skip
+
+        quiet = window(-a.before, 0.0)
+        attack = window(0.0, a.after)
+        bound = {
+            "min_ops_per_s": SLOW_MIN_THROUGHPUT * (quiet["ops_per_s"] or 0.0),
+            "max_p99_ms": max(SLOW_MAX_P99 * (quiet["p99_ms"] or 0.0), SLOW_P99_FLOOR_MS),
+            "max_rss_growth_mib": SLOW_MAX_RSS_MIB,
+        }
+        r.details["honest"] = {"quiet": quiet, "attack": attack, "bound": bound}
+        if (attack["ops_per_s"] or 0.0) < bound["min_ops_per_s"]:
+            self.reasons.append(
+                f"honest throughput {attack['ops_per_s']:.0f} ops/s under the slow reader, below"
+                f" {SLOW_MIN_THROUGHPUT:.0%} of the quiet {quiet['ops_per_s']:.0f} ops/s"
+            )
+        p99 = attack["p99_ms"]
+        if p99 is None or p99 > bound["max_p99_ms"]:
+            self.reasons.append(
+                f"honest p99 latency {p99} ms under the slow reader, above"
+                f" {bound['max_p99_ms']:.0f} ms (quiet p99 {quiet['p99_ms']})"
+            )
+        rss = r.details.get("agreed_rss_mib", {})
+        for name, row in sorted(rss.items()):
+            grown = row.get("max", 0.0) - row.get("before", 0.0)
+            row["growth"] = round(grown, 1)
+            if "before" in row and grown > SLOW_MAX_RSS_MIB:
+                self.reasons.append(f"{name} RSS grew {grown:.0f} MiB under the slow reader"
+                                    f" (bound {SLOW_MAX_RSS_MIB:.0f} MiB)")  # fmt: skip
+        who = str(r.details.get("slow_reader", {}).get("client"))
+        dropped = {
+            n: d.get("limits", {}).get("slow_readers", {}).get(who, 0)
+            - obs.agreed_base.get(n, {}).get("limits", {}).get("slow_readers", {}).get(who, 0)
+            for n, d in obs.agreed.items()
+            if n.startswith(f"{self.service.name}/agreed-")
+        }
+        r.details["slow_reader_conns_dropped"] = dropped
+        if not any(v > 0 for v in dropped.values()):
+            self.reasons.append("no agreement replica dropped the slow reader's connections"
+                                " (stats limits.slow_readers)")  # fmt: skip
+        growth = ", ".join(f"{n} {row.get('growth')}" for n, row in sorted(rss.items()))
+        self.notes.append(
+            f"slow-reader: honest {attack['ops_per_s']:.0f} ops/s (quiet"
+            f" {quiet['ops_per_s']:.0f}), p99 {p99} ms (quiet {quiet['p99_ms']});"
+            f" agreed RSS growth {growth} MiB"
+        )
 
     def _judge_exec_fault(self, r: rp.DrillReport, obs: Observer) -> None:
         if r.detection_s is None:
