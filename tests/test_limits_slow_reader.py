@@ -152,7 +152,7 @@ def test_budget_spans_connections_and_stalls_time_out(tmp_path: Path) -> None:
             lim = limits(c, 0)
             assert lim["out_stall_timeouts"] == 1, lim
             assert lim["slow_readers"] == {str(c.client_principal(ATTACKER)): 2}, lim
-            assert waited < 1.5 + 1.0, f"closed {waited:.1f} s after the last request"
+            assert waited < 1.5 + 2.0, f"closed {waited:.1f} s after the last request"
             assert lim["out_buffer_bytes"] == 0 and lim["client_out_queued"] == 0, lim
 
             async def one() -> bytes:
