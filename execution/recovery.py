@@ -65,6 +65,14 @@ class StableVotes:
         best = [c for c, k in counts.items() if k >= self.g + 1]
         return max(best) if best else None
 
+    def floor(self, n: int) -> int:
+        """The (g+1)-th lowest stable seq the n agreement replicas last named (0 for one
+        not heard from). At most g replicas name a lower one, so no checkpoint below it
+        can gather g+1 matching claims, now or later (a correct replica's stable only
+        rises): the snapshots below it are the ones a woken spare can never be told."""
+        seqs = sorted([seq for seq, _ in self._claims.values()] + [0] * n)[-n:]
+        return seqs[self.g] if n > self.g else 0
+
 
 class CertifiedVouches:
     """Which batches of a replayed log hold execution certificates (ZZ §4.7.2)?

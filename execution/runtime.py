@@ -204,6 +204,8 @@ class Runtime:
         self._store_lock = asyncio.Lock()
         self.last_checkpoint = 0
         self.stable_checkpoint = 0
+        self._gc_wanted = 0  # snapshots below this are no longer needed here...
+        self._gc_done = 0  # ...and those below this are collected (or being collected)
         self.my_checkpoints: dict[int, bytes] = {}  # seq -> C, not yet garbage-collected
         self.ckpt_votes: dict[int, dict[int, bytes]] = {}  # seq -> exec principal -> C
         self._ckpt_msgs: dict[int, bytes] = {}  # seq -> my signed EXEC-CHECKPOINT
@@ -533,6 +535,7 @@ class Runtime:
             # The replica's log starts above us: only state transfer (recovery) can help.
             self.counters["behind_stable"] += 1
         cert = self.stable_votes.offer(m.sender, m.seq, m.digest)
+        self._maybe_collect()
         if (
             cert is not None
             and cert[0] > self.last_executed
@@ -954,7 +957,19 @@ class Runtime:
         # at a fault above it recovers from it (the certified checkpoint it was told when
         # woken) and must replay up to the fault seq to report it, or the round never
         # resolves; collecting it at once stranded such a spare above the fault.
-        asyncio.get_running_loop().create_task(self._collect_garbage(previous))
+        self._gc_wanted = max(self._gc_wanted, previous)
+        # So does every snapshot the agreement replicas may still name: they hold their
+        # stable checkpoint below an open fault round while f+1 execution replicas go on
+        # making newer ones stable among themselves. Ask them where they are (FETCH kind
+        # 3); the replies move the collection (_maybe_collect).
+        self._register_again()
+        self._maybe_collect()
+
+    def _maybe_collect(self) -> None:
+        bound = min(self._gc_wanted, self.stable_votes.floor(self.svc.n))
+        if bound > self._gc_done:
+            self._gc_done = bound
+            asyncio.get_running_loop().create_task(self._collect_garbage(bound))
 
     async def _collect_garbage(self, stable: int) -> None:
         try:

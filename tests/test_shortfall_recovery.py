@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import re
 import shutil
 import signal
 from collections import Counter
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from zz.execution.runtime import FAULT_FILE
 
 from controld.announce import Announcer
 from tests.test_execution_runtime import KV_GET, KV_PUT, _kv, _kv_ok
@@ -28,6 +31,7 @@ from tests.test_fault_detection_e2e import (  # wrong_rig: replica 1 answers wro
     wrong_rig,  # noqa: F401
 )
 from zz import keys
+from zz.atomicfile import write_atomic
 from zz.procrack import signal_group
 
 
@@ -47,6 +51,7 @@ def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRe
     signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
     rig.execs.procs[SPARE].wait(timeout=10)
     sent = rig.total("fault_statements_sent")
+
     async def put_stuck() -> bytes:
         client = c.client(0)
         try:  # long enough for the refill below on a loaded machine
@@ -152,3 +157,57 @@ def test_f2_liar_and_a_dead_spare(f2_liar_rig: FaultRig) -> None:
     # mismatch is more egregious) and put back to sleep, where a later round can judge it.
     assert cert.convict == (0,) and cert.active == (1, 2, 4) and cert.sleep == (3,), cert
     assert rig.invoke_all([_kv(KV_GET, b"w0")]) == [_kv_ok(b"v0")]
+
+
+@pytest.fixture
+def equivocator_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {0: ["--drill-faults"]}, FAST, cp=8)
+
+
+@pytest.mark.slow
+def test_woken_spare_finds_the_checkpoint_the_agreement_replicas_hold(
+    equivocator_rig: FaultRig,
+) -> None:
+    """Replica 0 answers clients correctly but sends wrong EXEC-REPORTs to agreement
+    replicas 0 and 1 (equivocation). While the round is open the agreement replicas hold
+    their stable checkpoint below the fault (exec_stable_held) and tell the woken spare to
+    recover from it; replicas 0 and 1 sign matching checkpoints and go on making newer
+    ones stable among themselves. They must keep the snapshot the agreement replicas hold:
+    before, they collected it, the spare found no source for its files, registered again,
+    was told the same checkpoint, and the round never closed (campaign seed 3001 round 5)."""
+    rig = equivocator_rig
+    c = rig.cluster
+    assert _puts(rig, 40, "a") == [_kv_ok()] * 40
+    rig.wait(lambda: rig.execs.status(1).get("stable_checkpoint", 0) >= 32, "checkpoint 32 stable")
+    rig.controld.wake_delay = 600.0  # the test resumes the spare itself, below
+    write_atomic(
+        c.service.exec_state_dir(c.config, 0) / FAULT_FILE,
+        json.dumps({"fault": "equivocate"}) + "\n",
+    )
+    rig.wait(lambda: rig.execs.status(0).get("inject_fault") == "equivocate", "0 equivocates")
+
+    def reads_and_writes(tag: str) -> None:
+        """GET and PUT of the keys checkpoint 40 holds: the spare must fetch their files."""
+        ops = [
+            op
+            for k in range(40)
+            for op in (_kv(KV_GET, b"a%d" % k), _kv(KV_PUT, b"a%d" % k, tag.encode()))
+        ]
+        assert rig.invoke_all(ops)[1::2] == [_kv_ok()] * 40
+
+    reads_and_writes("x")  # the first report mismatches: WAKEUP; clients are served
+    assert rig.controld.wakeups and rig.controld.wakeups[0].seq <= 42
+    # A guest resumes in seconds; meanwhile 0 and 1 make newer checkpoints stable.
+    rig.wait(lambda: rig.execs.status(1).get("stable_checkpoint", 0) >= 72, "checkpoint 72")
+    signal_group(rig.execs.procs[SPARE].pid, signal.SIGCONT)
+    reads_and_writes("y")
+    rig.wait(lambda: bool(rig.controld.shutdowns), "a SHUTDOWN certificate", 60)
+    cert = rig.controld.shutdowns[0]
+    assert cert.convict == (0,) and cert.active == (1, SPARE), cert
+    # The spare recovered below the fault and replayed it (the round decided on its
+    # report), not from a checkpoint above it after the overdue round closed.
+    log = rig.execs.log_path(SPARE).read_text()
+    first = re.search(r"behind the stable checkpoint (\d+)", log)
+    assert first and int(first.group(1)) <= cert.seq, log[-3000:]
+    assert "recovery to " not in log, log[-3000:]  # "... failed (will retry)"
+    assert rig.invoke_all([_kv(KV_GET, b"a39")]) == [_kv_ok(b"y")]
