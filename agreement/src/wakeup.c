@@ -59,6 +59,10 @@ struct zz_wake {
      * certificate for another outcome can still be adopted (docs/fault-detection.md). */
     int done;
     uint64_t done_seq;
+    /* The highest seq any round was decided at: at or below it everything is settled, even
+     * once done_seq moved down to a lower certified sibling (check_done). */
+    uint64_t settled_seq;
+    uint64_t done_floor; /* settled_seq before the done round: its siblings lie above */
     /* The last seq dispatched when a round was last decided: the seqs up to it ran while
      * the woken replicas were still recovering, so their lateness there is no evidence
      * (their timers ran out while they replayed). Never signed or evaluated. */
@@ -542,7 +546,7 @@ static void try_evaluate(zz_replica *r, candidate *c)
      * stale, so it would wake nobody while this replica counted the spare awake. Statements
      * kept from before that round can come back here once the awake set is the one they
      * name again (retry_candidates after a SPARE-READY; seen in the campaign). */
-    if ((w->done && c->seq <= w->done_seq) || c->seq <= w->quiet_through) {
+    if (c->seq <= w->settled_seq || c->seq <= w->quiet_through) {
         cand_clear(r, c);
         return;
     }
@@ -867,6 +871,9 @@ static void set_done(zz_replica *r, const uint8_t *applied, uint32_t applied_len
     w->applied_len = w->applied ? applied_len : 0;
     w->done = 1;
     w->done_seq = w->seq;
+    w->done_floor = w->settled_seq;
+    if (w->seq > w->settled_seq)
+        w->settled_seq = w->seq;
     w->n_done_awake = w->n_awake;
     memcpy(w->done_awake, w->awake, w->n_awake * sizeof *w->awake);
 }
@@ -1041,7 +1048,7 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     if (w->open && w->seq == m->u.wakeup.seq &&
         same_ids(w->awake, w->n_awake, rows[0].ids, rows[0].n))
         return; /* the round we are in */
-    if (w->done && m->u.wakeup.seq <= w->done_seq)
+    if (m->u.wakeup.seq <= w->settled_seq)
         return; /* settled: controld refuses it as stale too */
     uint32_t awake[ZZ_MAX_EXEC];
     uint32_t n_awake = list_state(r, ZZ_EXEC_AWAKE, awake);
@@ -1108,6 +1115,24 @@ static int body_cmp(const uint8_t *a, uint32_t la, const uint8_t *b, uint32_t lb
     return memcmp(a, b, la);
 }
 
+/* The seq a stored SHUTDOWN body starts with (bodies were checked on intake). */
+static uint64_t body_seq(const uint8_t *p, uint32_t len)
+{
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < 8 && i < len; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* Between two certified outcomes of one awake set: the lower seq, then the smaller body. */
+static int outcome_cmp(const uint8_t *a, uint32_t la, const uint8_t *b, uint32_t lb)
+{
+    uint64_t sa = body_seq(a, la), sb = body_seq(b, lb);
+    if (sa != sb)
+        return sa < sb ? -1 : 1;
+    return body_cmp(a, la, b, lb);
+}
+
 static uint32_t count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens,
                            const uint8_t *body, uint32_t len)
 {
@@ -1119,8 +1144,11 @@ static uint32_t count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens
 
 /* After this replica decided a round, g+1 identical SHUTDOWN bodies from distinct agreement
  * replicas for another outcome win over ours, unless ours is certified too; between two
- * certified outcomes (correct replicas split) the smaller body wins, so every correct
- * replica ends on the same one whatever order the bodies arrive in. */
+ * certified outcomes (correct replicas split) the lower seq, then the smaller body wins, so
+ * every correct replica ends on the same one whatever order the bodies arrive in. Another
+ * outcome may be at a lower seq of the same awake set: one fault flagged at two adjacent
+ * seqs, where some replicas gathered g+1 statements for one first and some for the other
+ * (campaign seed 3001 rounds 17, 22, 44). */
 static void check_done(zz_replica *r)
 {
     struct zz_wake *w = r->wake;
@@ -1134,7 +1162,7 @@ static void check_done(zz_replica *r)
         if (!b || body_cmp(b, bl, w->applied, w->applied_len) == 0)
             continue;
         uint32_t c = count_body(r, w->dn_body, w->dn_len, b, bl);
-        if (c >= r->g + 1 && (!best || body_cmp(b, bl, best, best_len) < 0)) {
+        if (c >= r->g + 1 && (!best || outcome_cmp(b, bl, best, best_len) < 0)) {
             best = b;
             best_len = bl;
             best_n = c;
@@ -1143,7 +1171,7 @@ static void check_done(zz_replica *r)
     if (!best)
         return;
     uint32_t own = count_body(r, w->dn_body, w->dn_len, w->applied, w->applied_len);
-    if (own >= r->g + 1 && body_cmp(w->applied, w->applied_len, best, best_len) < 0)
+    if (own >= r->g + 1 && outcome_cmp(w->applied, w->applied_len, best, best_len) < 0)
         return;
     uint32_t l[4][ZZ_MAX_EXEC], n[4];
     if (body_lists(r, best, best_len, l, n) != 0)
@@ -1151,6 +1179,7 @@ static void check_done(zz_replica *r)
     uint8_t *copy = zz_memdup(best, best_len);
     if (!copy)
         return;
+    w->done_seq = body_seq(best, best_len);
     char cs[256], ss[256], as[256];
     fmt_ids(cs, sizeof cs, l[1], n[1]);
     fmt_ids(ss, sizeof ss, l[2], n[2]);
@@ -1188,9 +1217,12 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
     }
     r->st.shutdowns_received++;
     uint32_t s = m->sender;
-    if (!w->open || q->seq != w->seq || !same_ids(awake, na, w->awake, w->n_awake)) {
-        /* not our open round: the round we decided last, or nothing for us */
-        if (!w->done || q->seq != w->done_seq ||
+    /* Our open round, or a lower seq of its awake set: one fault flagged at two adjacent
+     * seqs can open a round at either, and a certificate for the lower one settles it. */
+    if (!w->open || q->seq > w->seq || q->seq <= w->settled_seq ||
+        !same_ids(awake, na, w->awake, w->n_awake)) {
+        /* not our open round: the round we decided last (or a lower sibling), or nothing */
+        if (!w->done || q->seq > w->done_seq || q->seq <= w->done_floor ||
             !same_ids(awake, na, w->done_awake, w->n_done_awake))
             return;
         free(w->dn_body[s]);
@@ -1215,6 +1247,7 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
             r->id, (unsigned long long)q->seq, cs, as, same);
     apply_resolution(r, q->seq, convict, nc, sleep, ns, active, nact);
     set_done(r, m->body, m->body_len, NULL, 0);
+    w->done_seq = q->seq; /* a lower sibling's certificate: the open round's seq is settled */
     round_clear(r);
     check_done(r);
 }
@@ -1466,8 +1499,14 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             return;
         }
         /* controld acts on a SHUTDOWN certificate this replica may not have applied yet (a
-         * round still open here): hold the newest such announcement for that conviction. */
-        if (q->seq > w->convicted_seq[x] && q->seq > w->spare_pending[x]) {
+         * round still open here): hold the newest such announcement for that conviction.
+         * Or this replica convicted x at a higher seq than that certificate's (one fault,
+         * two adjacent seqs, check_done): it adopts the lower certificate once it has it.
+         * A key epoch above the slot's is a fresh successor, not an old announcement. */
+        int sibling = st == ZZ_EXEC_CONVICTED && q->seq < w->convicted_seq[x] &&
+                      q->seq > w->done_floor && q->epoch > w->key_epoch[x];
+        if ((q->seq > w->convicted_seq[x] && q->seq > w->spare_pending[x]) ||
+            (sibling && q->seq != w->spare_pending[x])) {
             r->st.spares_ready_held++;
             w->spare_pending[x] = q->seq;
             w->pend_epoch[x] = q->epoch;
