@@ -105,6 +105,10 @@ class Daemon:
         self.ledger = Ledger(home / "ledger.json")
         self.freshness_path = home / "freshness.json"
         self.freshness = certs.Freshness.load(self.freshness_path)
+        # Per (service, slot): the last fresh spare's SPARE-READY, and lower sibling
+        # certificates' seqs (_lower_sibling) seen before it was announced.
+        self._announced: dict[tuple[int, int], bytes] = {}
+        self._sibling_seqs: dict[tuple[int, int], set[int]] = {}
         self.counters: Counter[str] = Counter()
         self.recent: deque[str] = deque(maxlen=64)
         self.datasets = GuestDatasets(
@@ -760,6 +764,8 @@ class Daemon:
             self.freshness.check_shutdown(cert)
         except certs.CertError as e:
             self.counters[f"shutdown_{e.reason}"] += 1
+            if e.reason == "sibling" and cert.seq < self.freshness.last_shutdown(svc.id):
+                self._lower_sibling(svc, cert)
             return True
         self.freshness.acted_shutdown(cert)
         self.freshness.save(self.freshness_path)
@@ -769,6 +775,24 @@ class Daemon:
                    f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
         self._work.put_nowait(("shutdown", (svc, cert.seq, list(cert.convict), list(cert.sleep))))
         return True
+
+    def _lower_sibling(self, svc: Service, cert: certs.Shutdown) -> None:
+        """A certificate for the round we acted on, at a lower seq: the agreement replicas
+        settle on it (check_done), so a fresh spare is announced under its seq too."""
+        for x in cert.convict:
+            self._sibling_seqs.setdefault((svc.id, x), set()).add(cert.seq)
+            raw = self._announced.get((svc.id, x))
+            if raw is not None:
+                self._announce_as(svc, x, raw, cert.seq)
+
+    def _announce_as(self, svc: Service, x: int, raw: bytes, seq: int) -> None:
+        m = wire.decode(raw)
+        assert isinstance(m, wire.SpareReady)
+        sign = self.keys.secret.sign
+        assert sign is not None
+        again = wire.SpareReady(m.service, m.sender, m.replica, seq, m.epoch, m.sign_pub, m.dh_pub)
+        self.counters["spare_announced_for_sibling"] += 1
+        self.announcer.announce(svc, x, seq, again.signed(sign).encode())
 
     async def _fresh_spare(self, svc: Service, x: int, seq: int, attempts: int = 2) -> None:
         """Provision and announce the convicted replica's successor. A guest that fails to
@@ -788,6 +812,9 @@ class Daemon:
                 await self._provision(svc, x, svc.sleep, role="standby")
                 self.counters["reprovisioned"] += 1
                 self.announcer.announce(svc, x, seq, announcement)
+                self._announced[(svc.id, x)] = announcement
+                for lower in sorted(self._sibling_seqs.pop((svc.id, x), set())):
+                    self._announce_as(svc, x, announcement, lower)
                 return
             except OpError as e:
                 self._note(f"no fresh spare for {svc.name}/{x} here: {e}")

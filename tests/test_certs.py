@@ -363,10 +363,26 @@ def test_replayed_and_stale_wakeups(tmp_path: Path) -> None:
         again.check_wakeup(verify(wakeup(*_w1())))
     with pytest.raises(CertError, match="stale"):
         again.check_shutdown(cert)
+    # A later round over the awake set that SHUTDOWN changed is the same fault flagged at
+    # another seq (a sibling): not acted on again, WAKEUP or SHUTDOWN.
     ev9 = [statement(s, 9, {0: "a", 1: "b"}) for s in (0, 1)]
-    again.check_wakeup(verify(wakeup(ev9, [2], [2], seq=9)))
+    with pytest.raises(CertError, match="sibling"):
+        again.check_wakeup(verify(wakeup(ev9, [2], [2], seq=9)))
+    sib = None
+    for s in (2, 3):
+        sib = col.add(_shutdown(s, 8, [0, 1], [1], [], [0, 2])) or sib
+    assert sib is not None and again.sibling(sib)
+    with pytest.raises(CertError, match="sibling"):
+        again.check_shutdown(sib)
+    # Over the new awake set {0, 2} (slot 1 refilled, asleep) later seqs are fine, and the
+    # sibling rule survives a restart.
+    ev9 = [statement(s, 9, {0: "a", 2: "b"}) for s in (0, 1)]
+    again.check_wakeup(verify(wakeup(ev9, [1], [1], seq=9)))
+    again.save(path)
+    with pytest.raises(CertError, match="sibling"):
+        Freshness.load(path).check_shutdown(sib)
     assert Freshness.load(tmp_path / "missing.json").last_shutdown(SERVICE) == 0
-    assert Freshness.load(path).last_shutdown(SERVICE) == 0  # the file had no shutdown yet
+    assert Freshness.load(path).last_shutdown(SERVICE) == 7
     (tmp_path / "bad.json").write_text('{"1": {"rounds": 3}}')
     with pytest.raises(ValueError):
         Freshness.load(tmp_path / "bad.json")

@@ -369,6 +369,10 @@ MAX_ROUNDS_PER_SERVICE = 1024
 class _ServiceFreshness:
     shutdown_seq: int = 0  # last completed SHUTDOWN: rounds at or below it are stale
     rounds: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)  # (seq, awake) acted
+    # The last SHUTDOWN acted on: its awake and active sets, and the one before's seq.
+    last_awake: tuple[int, ...] = ()
+    last_active: tuple[int, ...] = ()
+    floor: int = 0
 
 
 class Freshness:
@@ -378,6 +382,11 @@ class Freshness:
     WAKEUP or SHUTDOWN at or below the seq of the last completed SHUTDOWN is ``stale``: a
     round is resolved at most once per seq (an undecided round is followed by another
     round at the same seq over a larger awake set, never by a second SHUTDOWN).
+
+    A certificate over the awake set of the last SHUTDOWN acted on, which that SHUTDOWN
+    changed, is a ``sibling``: the same fault flagged at another seq, where some agreement
+    replicas gathered their statements first (agreed's check_done settles every correct
+    replica on the lowest certified one). It is not acted on again.
     """
 
     def __init__(self) -> None:
@@ -386,10 +395,19 @@ class Freshness:
     def _svc(self, service: int) -> _ServiceFreshness:
         return self._s.setdefault(service, _ServiceFreshness())
 
+    def _sibling(self, service: int, seq: int, awake: tuple[int, ...]) -> bool:
+        s = self._s.get(service, _ServiceFreshness())
+        return bool(s.last_awake) and awake == s.last_awake != s.last_active and seq > s.floor
+
+    def sibling(self, c: Shutdown) -> bool:
+        return self._sibling(c.service, c.seq, c.awake)
+
     def check_wakeup(self, w: Wakeup) -> None:
         s = self._s.get(w.service, _ServiceFreshness())
         if w.seq <= s.shutdown_seq:
             raise CertError("stale", f"seq {w.seq} <= last shutdown {s.shutdown_seq}")
+        if self._sibling(w.service, w.seq, w.awake):
+            raise CertError("sibling", f"seq {w.seq}: awake {list(w.awake)} was resolved")
         if (w.seq, w.awake) in s.rounds:
             raise CertError("duplicate", f"round seq {w.seq} awake {list(w.awake)}")
 
@@ -404,13 +422,17 @@ class Freshness:
 
     def check_shutdown(self, c: Shutdown) -> None:
         s = self._s.get(c.service, _ServiceFreshness())
+        # The one acted on is stale; another of its awake set (lower or higher) a sibling.
+        if c.seq != s.shutdown_seq and self.sibling(c):
+            raise CertError("sibling", f"seq {c.seq}: awake {list(c.awake)} was resolved")
         if c.seq <= s.shutdown_seq:
             raise CertError("stale", f"seq {c.seq} <= last shutdown {s.shutdown_seq}")
 
     def acted_shutdown(self, c: Shutdown) -> None:
         self.check_shutdown(c)
         s = self._svc(c.service)
-        s.shutdown_seq = c.seq
+        s.floor, s.shutdown_seq = s.shutdown_seq, c.seq
+        s.last_awake, s.last_active = c.awake, c.active
         s.rounds = {r for r in s.rounds if r[0] > c.seq}
 
     def last_shutdown(self, service: int) -> int:
@@ -423,6 +445,9 @@ class Freshness:
                 str(svc): {
                     "shutdown_seq": s.shutdown_seq,
                     "rounds": sorted([seq, list(awake)] for seq, awake in s.rounds),
+                    "last_awake": list(s.last_awake),
+                    "last_active": list(s.last_active),
+                    "floor": s.floor,
                 }
                 for svc, s in sorted(self._s.items())
             },
@@ -437,7 +462,13 @@ class Freshness:
             out = cls()
             for svc, s in data.items():
                 rounds = {(int(seq), tuple(int(j) for j in awake)) for seq, awake in s["rounds"]}
-                out._s[int(svc)] = _ServiceFreshness(int(s["shutdown_seq"]), rounds)
+                out._s[int(svc)] = _ServiceFreshness(
+                    int(s["shutdown_seq"]),
+                    rounds,
+                    tuple(int(j) for j in s.get("last_awake", [])),
+                    tuple(int(j) for j in s.get("last_active", [])),
+                    int(s.get("floor", 0)),
+                )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"freshness state: {e}") from e
         return out

@@ -825,8 +825,11 @@ static void apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convic
     struct zz_wake *w = r->wake;
     for (uint32_t i = 0; i < nc; i++) {
         uint32_t x = convict[i];
-        if (r->exec_state[x] == ZZ_EXEC_SLEEPING && w->convicted_seq[x] == seq)
-            continue; /* re-applied (an adopted certificate): its fresh spare stays asleep */
+        /* Re-applied (an adopted certificate, or a lower sibling's: check_done), its fresh
+         * spare already announced: it stays asleep. A new conviction finds x awake. */
+        if (r->exec_state[x] == ZZ_EXEC_SLEEPING && w->convicted_seq[x] >= seq &&
+            w->convicted_seq[x] <= w->settled_seq)
+            continue;
         r->exec_state[x] = ZZ_EXEC_CONVICTED;
         w->convicted_seq[x] = seq;
         zz_detect_forget(r, x, seq);
