@@ -84,6 +84,21 @@ def test_a_wakeup_without_shutdown_is_a_missed_conviction() -> None:
     assert _kinds(r) == ["missed-conviction"]
 
 
+def test_a_sibling_wakeup_is_the_same_wake_up() -> None:
+    """One fault flagged at 100 and 101, both WAKEUPs certified before the SHUTDOWN at 100:
+    controld woke 2 once and the round at 100 convicted the liar (seed 3001 round 17)."""
+    r = _good_round()
+    r.wakeup_awake = {100: [0, 1], 101: [0, 1]}
+    r.wakeups[101] = [2]
+    assert _kinds(r) == []
+    r.wakeup_awake[101] = [1, 2]  # another awake set: another round, never decided
+    assert _kinds(r) == ["missed-conviction"]
+    r.wakeup_awake[101] = [0, 1]
+    r.wakeups, r.wakeup_awake = {100: [2], 130: [2]}, {100: [0, 1], 130: [0, 1]}
+    r.shutdowns = {100: [0], 120: [1]}  # a SHUTDOWN between: 130 is a round of its own
+    assert "missed-conviction" in _kinds(r)
+
+
 def test_no_wakeup_no_conviction_is_fine() -> None:
     """A behaviour nobody can see (a replayed old report) wakes nobody: nothing to convict."""
     r = _healthy(cp.Round(1, f=1, attacks=[cp.Attack(1, "replay-old")]), [0, 1], [2])

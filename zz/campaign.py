@@ -160,6 +160,7 @@ class Round:
     # A fault round the agreement replicas opened (g+1 of them, in their stats) counts as
     # a wake-up too, woken [] if no controld acted on its WAKEUP (e.g. refused as stale).
     wakeups: dict[int, list[int]] = field(default_factory=dict)
+    wakeup_awake: dict[int, list[int]] = field(default_factory=dict)  # seq -> awake it names
     shutdowns: dict[int, list[int]] = field(default_factory=dict)
     # The rack at the end of the round: each agreement replica's awake and sleeping sets,
     # and controld's running and sleeping replicas; crashed victims never convicted.
@@ -194,6 +195,24 @@ class Round:
         return "+".join(sorted(a.behaviour for a in self.attacks)) or "none"
 
 
+def _sibling_of(r: Round, seq: int) -> int | None:
+    """The lower seq whose WAKEUP named the same awake set and woke the same replicas,
+    with no SHUTDOWN between the two (else a new round), and was resolved."""
+    awake = r.wakeup_awake.get(seq)
+    if awake is None:
+        return None
+    for lower in sorted((s for s in r.wakeups if s < seq), reverse=True):
+        if any(lower < t < seq for t in r.shutdowns):
+            return None
+        if (
+            r.wakeup_awake.get(lower) == awake
+            and r.wakeups[lower] == r.wakeups[seq]
+            and lower in r.shutdowns
+        ):
+            return lower
+    return None
+
+
 def check_round(r: Round, bound_s: float) -> list[tuple[str, str]]:
     """The invariants of issue 14 over one round: (invariant, why) for each violation."""
     out: list[tuple[str, str]] = []
@@ -209,6 +228,11 @@ def check_round(r: Round, bound_s: float) -> list[tuple[str, str]]:
             out.append(("false-conviction", f"exec-{x}{again} convicted at seq {seq}, correct"))
     for seq, woken in sorted(r.wakeups.items()):
         conv = r.shutdowns.get(seq)
+        if conv is None and (first := _sibling_of(r, seq)) is not None:
+            # One fault flagged at two seqs, both certified before any SHUTDOWN: controld
+            # woke the replicas once, and the round of the lower seq resolved it.
+            r.notes.append(f"WAKEUP seq {seq}: the same wake-up as seq {first}")
+            continue
         if conv is None:
             out.append(("missed-conviction", f"WAKEUP seq {seq} (woke {woken}): no SHUTDOWN"))
         elif not caught[seq]:
@@ -564,9 +588,10 @@ class Campaign:
 
     def _collect(self, r: Round, obs: Observer, load: Load, t_stop: int) -> None:
         for _, line in obs.lines(r"^WAKEUP \S+ seq \d+ "):
-            m = re.search(r"seq (\d+) awake \[[\d, ]*\] wake \[([\d, ]*)\]", line)
+            m = re.search(r"seq (\d+) awake \[([\d, ]*)\] wake \[([\d, ]*)\]", line)
             if m:
-                r.wakeups[int(m.group(1))] = _ints(m.group(2))
+                r.wakeups[int(m.group(1))] = _ints(m.group(3))
+                r.wakeup_awake[int(m.group(1))] = _ints(m.group(2))
         for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict"):
             m = re.search(r"seq (\d+) convict \[([\d, ]*)\]", line)
             if m:
@@ -735,6 +760,7 @@ def _round_from_json(d: dict[str, Any]) -> Round:
     r = Round(**fields)
     r.attacks = [Attack(**a) for a in d["attacks"]]
     r.wakeups = {int(k): v for k, v in d["wakeups"].items()}
+    r.wakeup_awake = {int(k): v for k, v in d.get("wakeup_awake", {}).items()}
     r.shutdowns = {int(k): v for k, v in d["shutdowns"].items()}
     r.violations = []
     return r
