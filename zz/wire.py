@@ -33,6 +33,9 @@ MAC_ENTRY_LEN = 4 + MAC_LEN
 AUTH_NONE = 0
 AUTH_MAC = 1
 AUTH_SIG = 2
+# A MAC vector followed by the sender's signature, both over the authenticated bytes: only
+# a REQUEST may carry it, a client's signed request (docs/wire.md "Signed requests").
+AUTH_MAC_SIG = 3
 
 FLAG_READONLY = 1  # REQUEST/REPLY: unordered read at the agreement replicas (PBFT)
 FLAG_ORDERED_READ = 2  # REQUEST: ordered, run without write access (ZZ §4.7.2)
@@ -407,7 +410,7 @@ class Message:
 
     # -- verification
     def mac_entries(self) -> list[tuple[int, bytes]]:
-        if self.AUTH != AUTH_MAC or len(self.auth) < 2:
+        if self.AUTH not in (AUTH_MAC, AUTH_MAC_SIG) or len(self.auth) < 2:
             return []
         n = int.from_bytes(self.auth[:2], "big")
         out = []
@@ -427,6 +430,10 @@ class Message:
         return False
 
     def verify_sig(self, public: bytes) -> bool:
+        if self.AUTH == AUTH_MAC_SIG:  # the signature ends the authenticator
+            return len(self.auth) >= SIG_LEN and verify_signature(
+                public, self.authed(), self.auth[-SIG_LEN:]
+            )
         if self.AUTH != AUTH_SIG:
             return False
         return verify_signature(public, self.authed(), self.auth)
@@ -467,6 +474,32 @@ class Request(Message):
 
     def _dump_fields(self) -> list[str]:
         return [f"timestamp={self.timestamp}", f"flags={self.flags}", f"op={_hx(self.op)}"]
+
+    @property
+    def is_signed(self) -> bool:
+        return self.AUTH == AUTH_MAC_SIG
+
+    def signed_with_macs(self, keys: Mapping[int, bytes], key: SigningKey) -> SignedRequest:
+        """The signed form (auth kind 3): a MAC vector as with_macs, then the client's
+        signature over the same authenticated bytes."""
+        if len(keys) > MAX_MACS:
+            raise ValueError(f"{len(keys)} MAC entries > {MAX_MACS}")
+        m = SignedRequest(self.service, self.sender, self.timestamp, self.flags, self.op)
+        data = m.authed()
+        macs = _u16(len(keys)) + b"".join(
+            _u32(rcv) + hmac_sha256(k, data) for rcv, k in keys.items()
+        )
+        m.auth = macs + key.sign(data)
+        return m
+
+
+@dataclass
+class SignedRequest(Request):
+    """A REQUEST with auth kind 3 (MAC vector + the client's Ed25519 signature): what a
+    client sends when it retransmits. Every replica can check the signature, so all agree
+    whether it is authentic (docs/agreement.md "Signed requests")."""
+
+    AUTH: ClassVar[int] = AUTH_MAC_SIG
 
 
 @dataclass
@@ -1336,6 +1369,14 @@ def _check_auth_shape(kind: int, auth: bytes) -> None:
     elif kind == AUTH_SIG:
         if len(auth) != SIG_LEN:
             raise WireError("auth", f"signature of {len(auth)} bytes")
+    elif kind == AUTH_MAC_SIG:
+        if len(auth) < 2:
+            raise WireError("auth", "MAC vector without a count")
+        n = int.from_bytes(auth[:2], "big")
+        if n > MAX_MACS:
+            raise WireError("length", f"MAC vector count {n} > {MAX_MACS}")
+        if len(auth) != 2 + MAC_ENTRY_LEN * n + SIG_LEN:
+            raise WireError("auth", f"MAC vector of {n} and a signature in {len(auth)} bytes")
     elif auth:
         raise WireError("auth", "authenticator present with auth_kind none")
 
@@ -1358,6 +1399,8 @@ def decode(buf: bytes) -> Message:
     cls = MESSAGE_TYPES.get(mtype)
     if cls is None:
         raise WireError("type", f"unknown type {mtype}")
+    if cls is Request and auth_kind == AUTH_MAC_SIG:
+        cls = SignedRequest
     if auth_kind != cls.AUTH:
         raise WireError("type", f"{cls.NAME} with auth_kind {auth_kind}")
     if reserved != 0:
@@ -1434,6 +1477,7 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
 
 __all__ = [
     "AUTH_MAC",
+    "AUTH_MAC_SIG",
     "AUTH_NONE",
     "AUTH_SIG",
     "Checkpoint",
@@ -1464,6 +1508,7 @@ __all__ = [
     "Request",
     "RowEntry",
     "Shutdown",
+    "SignedRequest",
     "Status",
     "ViewChange",
     "Wakeup",

@@ -143,28 +143,47 @@ void zz_auth_mac(zz_buf *b, size_t start, const uint32_t *receivers, zz_mackey *
     }
 }
 
-int zz_auth_sign(zz_buf *b, size_t start, const zz_signkey *k)
+static int sign_bytes(const zz_signkey *k, const uint8_t *p, size_t n, uint8_t sig[ZZ_SIG_LEN])
 {
-    if (b->oom || b->len < start + ZZ_HDR_LEN)
-        return -1;
-    uint8_t sig[ZZ_SIG_LEN];
-    size_t siglen = sizeof sig;
+    size_t siglen = ZZ_SIG_LEN;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     int ok = ctx && EVP_DigestSignInit(ctx, NULL, NULL, NULL, k->pk) == 1 &&
-             EVP_DigestSign(ctx, sig, &siglen, b->p + start, b->len - start) == 1 &&
-             siglen == ZZ_SIG_LEN;
+             EVP_DigestSign(ctx, sig, &siglen, p, n) == 1 && siglen == ZZ_SIG_LEN;
     EVP_MD_CTX_free(ctx);
     if (!ok) {
         ERR_clear_error();
         return -1;
     }
+    return 0;
+}
+
+int zz_auth_sign(zz_buf *b, size_t start, const zz_signkey *k)
+{
+    if (b->oom || b->len < start + ZZ_HDR_LEN)
+        return -1;
+    uint8_t sig[ZZ_SIG_LEN];
+    if (sign_bytes(k, b->p + start, b->len - start, sig) != 0)
+        return -1;
+    zz_put_raw(b, sig, sizeof sig);
+    return b->oom ? -1 : 0;
+}
+
+int zz_auth_mac_sig(zz_buf *b, size_t start, const uint32_t *receivers, zz_mackey *const *keys,
+                    uint16_t count, const zz_signkey *k)
+{
+    if (b->oom || b->len < start + ZZ_HDR_LEN || !k)
+        return -1;
+    uint8_t sig[ZZ_SIG_LEN];
+    if (sign_bytes(k, b->p + start, b->len - start, sig) != 0)
+        return -1;
+    zz_auth_mac(b, start, receivers, keys, count);
     zz_put_raw(b, sig, sizeof sig);
     return b->oom ? -1 : 0;
 }
 
 int zz_verify_mac(const zz_msg *m, uint32_t receiver, const zz_mackey *k)
 {
-    if (m->auth_kind != ZZ_AUTH_MAC || !k)
+    if ((m->auth_kind != ZZ_AUTH_MAC && m->auth_kind != ZZ_AUTH_MAC_SIG) || !k)
         return 0;
     const uint8_t *want = zz_find_mac(m, receiver);
     if (!want)
@@ -176,11 +195,17 @@ int zz_verify_mac(const zz_msg *m, uint32_t receiver, const zz_mackey *k)
 
 int zz_verify_sig(const zz_msg *m, const zz_pubkey *k)
 {
-    if (m->auth_kind != ZZ_AUTH_SIG || m->auth_len != ZZ_SIG_LEN || !k)
+    /* kind 2: the authenticator is the signature; kind 3 (a signed REQUEST): it ends the
+     * authenticator, after the MAC vector (the decoder checked both sizes). */
+    if (!k || m->auth_len < ZZ_SIG_LEN)
         return 0;
+    if (!(m->auth_kind == ZZ_AUTH_SIG && m->auth_len == ZZ_SIG_LEN) &&
+        m->auth_kind != ZZ_AUTH_MAC_SIG)
+        return 0;
+    const uint8_t *sig = m->auth + m->auth_len - ZZ_SIG_LEN;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     int ok = ctx && EVP_DigestVerifyInit(ctx, NULL, NULL, NULL, k->pk) == 1 &&
-             EVP_DigestVerify(ctx, m->auth, ZZ_SIG_LEN, m->raw, m->authed_len) == 1;
+             EVP_DigestVerify(ctx, sig, ZZ_SIG_LEN, m->raw, m->authed_len) == 1;
     EVP_MD_CTX_free(ctx);
     if (!ok)
         ERR_clear_error(); /* a forged signature is routine, not an error to keep queued */

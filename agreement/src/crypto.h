@@ -33,9 +33,15 @@ void zz_auth_mac(zz_buf *b, size_t start, const uint32_t *receivers, zz_mackey *
 /* Append an Ed25519 signature. Returns 0 on success, -1 on an OpenSSL failure. */
 int zz_auth_sign(zz_buf *b, size_t start, const zz_signkey *k);
 
+/* A signed REQUEST's authenticator (auth kind 3): the MAC vector as zz_auth_mac, then the
+ * signature over the same authenticated bytes. The message must have been started with
+ * ZZ_AUTH_MAC_SIG. Returns 0 on success, -1 on an OpenSSL failure or out of memory. */
+int zz_auth_mac_sig(zz_buf *b, size_t start, const uint32_t *receivers, zz_mackey *const *keys,
+                    uint16_t count, const zz_signkey *k);
+
 /* Verify this receiver's MAC entry of a decoded MAC-vector message. 1 = valid. */
 int zz_verify_mac(const zz_msg *m, uint32_t receiver, const zz_mackey *k);
-/* Verify the signature of a decoded signed message. 1 = valid. */
+/* Verify the signature of a decoded signed message (auth kind 2, or 3's). 1 = valid. */
 int zz_verify_sig(const zz_msg *m, const zz_pubkey *k);
 
 /* Key epochs (docs/wire.md "Key epochs"): the MAC key that principal `a` (holding `own`)

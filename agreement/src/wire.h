@@ -58,7 +58,10 @@ enum zz_type {
 #define ZZ_FILE_MAX_CHUNK 4194304u /* FILE-FETCH length and FILE-DATA data, at most */
 int zz_type_known(uint8_t type);
 
-enum zz_auth_kind { ZZ_AUTH_NONE = 0, ZZ_AUTH_MAC = 1, ZZ_AUTH_SIG = 2 };
+/* ZZ_AUTH_MAC_SIG: a MAC vector followed by the sender's Ed25519 signature, both over the
+ * authenticated bytes; only a REQUEST may carry it (a client's signed request, which every
+ * replica can check: docs/wire.md "Signed requests"). */
+enum zz_auth_kind { ZZ_AUTH_NONE = 0, ZZ_AUTH_MAC = 1, ZZ_AUTH_SIG = 2, ZZ_AUTH_MAC_SIG = 3 };
 
 /* Decode errors; names match the `error =` values of tests/vectors/wire.txt. */
 enum zz_err {
@@ -378,6 +381,9 @@ size_t zz_begin(zz_buf *b, uint8_t type, uint8_t auth_kind, uint16_t service, ui
 void zz_end_body(zz_buf *b, size_t start);
 
 /* Convenience encoders: header + body (no authenticator yet). Return the start offset. */
+/* A REQUEST header and body with the given auth kind (ZZ_AUTH_MAC or ZZ_AUTH_MAC_SIG). */
+size_t zz_enc_request_kind(zz_buf *b, uint8_t auth_kind, uint16_t svc, uint32_t sender,
+                           uint64_t ts, uint8_t flags, const void *op, uint32_t op_len);
 size_t zz_enc_request(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts, uint8_t flags,
                       const void *op, uint32_t op_len);
 size_t zz_enc_reply(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t ts,

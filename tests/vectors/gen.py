@@ -57,11 +57,14 @@ def valid(name: str, m: wire.Message, receivers: list[int] | None = None) -> Blo
         m = m.with_macs(macs(m.sender, receivers))
     elif m.AUTH == wire.AUTH_SIG:
         m = m.signed(sign_key(m.sender))
+    elif m.AUTH == wire.AUTH_MAC_SIG and not m.auth:
+        assert receivers is not None and isinstance(m, wire.Request)
+        m = m.signed_with_macs(macs(m.sender, receivers), sign_key(m.sender))
     b = Block(name, m.encode())
     b.dump = m.dump()
-    if m.AUTH == wire.AUTH_MAC:
+    if m.AUTH in (wire.AUTH_MAC, wire.AUTH_MAC_SIG):
         b.mac_keys = [(r, mac_key(m.sender, r)) for r in (receivers or [])]
-    elif m.AUTH == wire.AUTH_SIG:
+    if m.AUTH in (wire.AUTH_SIG, wire.AUTH_MAC_SIG):
         b.sign_pub = sign_key(m.sender).public
     return b
 
@@ -111,6 +114,10 @@ def generate() -> str:
     add(valid("request-read-only", wire.Request(SVC, c3, 42, 1, b"get k"), replicas))
     add(valid("request-ordered-read", wire.Request(SVC, c3, 43, 2, b"get k"), replicas))
     add(valid("request-empty-op", wire.Request(SVC, c0, 7, 0, b""), [0]))
+    # A client's signed retransmission (auth kind 3): MAC vector, then the signature.
+    req_s = wire.Request(SVC, c3, 1700000000000000778, 0, b"put k w")
+    add(valid("request-signed", req_s.signed_with_macs({}, sign_key(c3)), []))
+    add(valid("request-signed-with-macs", req_s, replicas))
     add(
         valid(
             "reply",
@@ -128,6 +135,9 @@ def generate() -> str:
     pp = wire.PrePrepare(SVC, 0, 0, 1, t, seed, [req_a.encode(), req_b.encode()])
     d1 = pp.digest()
     add(valid("pre-prepare-batch-of-2", pp, [1, 2, 3]))
+    signed_b = req_s.signed_with_macs(macs(c3, replicas), sign_key(c3)).encode()
+    pp_s = wire.PrePrepare(SVC, 0, 0, 2, t, seed, [req_a.encode(), signed_b])
+    add(valid("pre-prepare-signed-request", pp_s, [1, 2, 3]))
     pp_empty = wire.PrePrepare(SVC, 1, 1, 130, t + 5, 7, [])
     d2 = pp_empty.digest()
     add(valid("pre-prepare-empty-batch", pp_empty, [0, 2, 3]))
@@ -281,6 +291,18 @@ def generate() -> str:
     signed_req += sign_key(c0).sign(signed_req)
     add(invalid("type-request-with-signature", signed_req, "type"))
     add(invalid("type-request-with-no-auth", raw_msg(1, wire.AUTH_NONE, c0, req_body, b""), "type"))
+    # Signed requests (auth kind 3): a wrong signature decodes but must not verify; a kind-3
+    # authenticator without its signature is malformed; no other type admits kind 3.
+    bad_sig = bytearray(req_s.signed_with_macs({}, sign_key(c3)).encode())
+    bad_sig[-1] ^= 0x01
+    blk = invalid("auth-request-signed-bad-signature", bytes(bad_sig), "auth")
+    blk.sign_pub = sign_key(c3).public
+    add(blk)
+    no_sig = wire.Request(SVC, c3, 5, 0, b"x").with_macs(macs(c3, [0])).encode()
+    add(invalid("auth-request-signed-without-signature", patch(no_sig, 4, b"\x03"), "auth"))
+    reply_ms = wire.Reply(SVC, 1, 0, 44, c3, 0, b"r").with_macs(macs(1, [c3])).encode()
+    reply_ms = patch(reply_ms, 4, b"\x03") + bytes(64)
+    add(invalid("type-reply-with-mac-and-signature", reply_ms, "type"))
     add(invalid("type-auth-kind-3", patch(status, 4, b"\x03"), "type"))
 
     # Execution messages: each with a well-formed authenticator of the wrong kind.
