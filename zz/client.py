@@ -1,5 +1,6 @@
 # zz/client.py - asyncio client library for one ZZ service (PBFT client side, docs/wire.md).
-# Sends MAC'd REQUESTs, retransmits to all replicas on timeout, accepts g+1 matching REPLYs
+# Sends MAC'd REQUESTs, retransmits them signed to all replicas on timeout (docs/agreement.md
+# "Signed requests"), accepts g+1 matching REPLYs
 # (echo services) or f+1 matching REPLYs from execution replicas (every other app), or g+1
 # matching REPLY-AFFIRMs from agreement replicas plus one REPLY with the affirmed result.
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from . import keys, wire
 from .config import Config, request_limit
-from .crypto import sha256
+from .crypto import SIG_LEN, SigningKey, sha256
 from .link import Link
 
 
@@ -54,6 +55,10 @@ class ClientParams:
     # The largest REQUEST message the replicas accept (zz.config.request_limit); None: not
     # known here, the replicas' REJECTED replies tell.
     max_request: int | None = None
+    # The client's Ed25519 key: it signs its retransmissions (auth kind 3), the only requests
+    # that make backups suspect the primary. None: retransmissions go unsigned, and a faulty
+    # primary that ignores this client is not replaced on its account.
+    sign: SigningKey | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = 3 * self.g + 1
@@ -113,6 +118,7 @@ class ClientParams:
             exec_replicas=exec_addrs,
             exec_keys=exec_keys,
             max_request=request_limit(config.rack, svc.clients, svc.app == "echo"),
+            sign=secret.sign,
         )
 
 
@@ -273,9 +279,12 @@ class Client:
         macs = {r: p.keys[r] for r in range(p.n)}
         macs |= {wire.exec_principal(i): k for i, k in sorted(p.exec_keys.items())}
         msg = req.with_macs(macs).encode()
-        if p.max_request is not None and len(msg) > p.max_request:
+        # The signed retransmission is SIG_LEN bytes longer: it must fit the limit too.
+        size = len(msg) + (SIG_LEN if p.sign is not None and not read_only else 0)
+        if p.max_request is not None and size > p.max_request:
             self.stats["too_large_refused"] += 1
-            raise RequestTooLarge(len(msg), p.max_request)
+            raise RequestTooLarge(size, p.max_request)
+        signed: bytes | None = None
         faulty = p.f if p.uses_execution_replicas else p.g
         pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty, size=len(msg))
         self._pending = pend
@@ -307,9 +316,14 @@ class Client:
                     if loop.time() >= deadline:
                         continue
                     # The primary may be faulty or the request lost: tell everyone, so
-                    # backups forward it and start their view-change timers.
+                    # backups forward it and start their view-change timers, which only a
+                    # signed request does (every replica can check a signature, so no
+                    # client can make backups suspect a primary that rightly refused it).
                     self.stats["retransmits"] += 1
-                    self._send(msg, everyone, all_exec)
+                    if signed is None and p.sign is not None:
+                        signed = req.signed_with_macs(macs, p.sign).encode()
+                        self.stats["signed"] += 1
+                    self._send(signed or msg, everyone, all_exec)
                     interval = min(interval * 2, p.max_timeout)
         finally:
             self._pending = None

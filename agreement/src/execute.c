@@ -41,6 +41,7 @@ static void execute_request(zz_replica *r, const zz_bytes *raw)
         free(c->pend_raw);
         c->pend_raw = NULL;
         c->pend_len = 0;
+        c->pend_signed = 0;
     }
     r->st.executed++;
     if (r->conf->external_exec)

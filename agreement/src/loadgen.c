@@ -373,23 +373,37 @@ static void client_send(lg *L, lg_client *cl, int to_all, uint64_t now) {
     }
 }
 
-static int client_issue(lg *L, lg_client *cl, uint64_t now) {
-    cl->t++;
-    cl->seq++;
-    /* Distinct op bytes per request so a stale or misrouted reply cannot match. */
-    for (uint32_t i = 0; i < L->payload; i++)
-        cl->op[i] = (uint8_t)((cl->seq >> (8 * (i % 8))) ^ (cl->principal >> (8 * (i % 4))) ^ i);
+/* Encode the outstanding request into cl->req (u32 frame prefix + message): MACs only, or
+ * signed too (auth kind 3), as a client does when it retransmits (docs/agreement.md
+ * "Signed requests": only a signed request makes backups suspect the primary). */
+static int client_encode(lg *L, lg_client *cl, int sign) {
     zz_buf_reset(&cl->req);
     zz_put_u32(&cl->req, 0);
-    size_t start = zz_enc_request(&cl->req, L->service, cl->principal, cl->t, 0, cl->op,
-                                  L->payload);
-    zz_auth_mac(&cl->req, start, cl->rcv, cl->mac, (uint16_t)L->n);
+    size_t start = zz_enc_request_kind(&cl->req, sign ? ZZ_AUTH_MAC_SIG : ZZ_AUTH_MAC,
+                                       L->service, cl->principal, cl->t, 0, cl->op, L->payload);
+    if (sign) {
+        if (!cl->keys->sign ||
+            zz_auth_mac_sig(&cl->req, start, cl->rcv, cl->mac, (uint16_t)L->n, cl->keys->sign))
+            return -1;
+    } else {
+        zz_auth_mac(&cl->req, start, cl->rcv, cl->mac, (uint16_t)L->n);
+    }
     if (cl->req.oom || cl->req.len - 4 > ZZ_MAX_MSG) return -1;
     uint32_t flen = (uint32_t)(cl->req.len - 4);
     cl->req.p[0] = (uint8_t)(flen >> 24);
     cl->req.p[1] = (uint8_t)(flen >> 16);
     cl->req.p[2] = (uint8_t)(flen >> 8);
     cl->req.p[3] = (uint8_t)flen;
+    return 0;
+}
+
+static int client_issue(lg *L, lg_client *cl, uint64_t now) {
+    cl->t++;
+    cl->seq++;
+    /* Distinct op bytes per request so a stale or misrouted reply cannot match. */
+    for (uint32_t i = 0; i < L->payload; i++)
+        cl->op[i] = (uint8_t)((cl->seq >> (8 * (i % 8))) ^ (cl->principal >> (8 * (i % 4))) ^ i);
+    if (client_encode(L, cl, 0) < 0) return -1;
     memset(cl->have, 0, sizeof cl->have);
     cl->busy = 1;
     cl->start_ns = now;
@@ -680,6 +694,10 @@ int main(int argc, char **argv) {
             /* Lost, or the primary is faulty or gone: to everyone, backing off to 8x. */
             cl->retries++;
             L->retransmits++;
+            if (cl->retries == 1 && client_encode(L, cl, 1) < 0) {
+                fprintf(stderr, "zz-loadgen: cannot sign a request\n");
+                goto out;
+            }
             client_send(L, cl, 1, now);
             uint32_t shift = cl->retries < 3 ? cl->retries : 3;
             cl->retry_ns = now + ((uint64_t)L->timeout_ms << shift) * 1000000ull;

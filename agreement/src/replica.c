@@ -270,17 +270,41 @@ void zz_bcast_signed(zz_replica *r, zz_buf *b, size_t start)
 
 static void drop(zz_replica *r, int why) { r->st.dropped[why]++; }
 
+/* A client's REQUEST. Unsigned (auth kind 1): our MAC entry. Signed (kind 3): the
+ * signature decides, as it does for every replica (docs/agreement.md "Signed requests");
+ * from the client itself our MAC entry is checked first, so that only a client holding its
+ * keys makes us verify a signature. A copy relayed by a peer replica (whose MAC entry for
+ * us may be what the client broke) is judged by the signature alone. */
+static int authenticate_request(zz_replica *r, const zz_msg *m, int relayed)
+{
+    if (zz_client_index(r, m->sender) < 0)
+        return ZZ_DROP_SENDER;
+    if (m->auth_kind == ZZ_AUTH_MAC_SIG) {
+        if (!relayed && !zz_verify_mac(m, r->id, zz_mac_for(r, m->sender))) {
+            r->st.req_bad_mac++;
+            return ZZ_DROP_AUTH;
+        }
+        if (!zz_verify_sig(m, zz_pub_for(r, m->sender))) {
+            r->st.req_bad_sig++;
+            return ZZ_DROP_AUTH;
+        }
+        r->st.req_signed_in++;
+        return 0;
+    }
+    if (!zz_verify_mac(m, r->id, zz_mac_for(r, m->sender))) {
+        r->st.req_bad_mac++;
+        return ZZ_DROP_AUTH;
+    }
+    return 0;
+}
+
 /* Which principals may send which type, and with which authenticator check. */
-static int authenticate(zz_replica *r, const zz_msg *m)
+static int authenticate(zz_replica *r, const zz_msg *m, int relayed)
 {
     int from_replica = m->sender < r->n;
     switch (m->type) {
-    case ZZ_REQUEST: {
-        int ci = zz_client_index(r, m->sender);
-        if (ci < 0)
-            return ZZ_DROP_SENDER;
-        return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
-    }
+    case ZZ_REQUEST:
+        return authenticate_request(r, m, relayed);
     case ZZ_FETCH: {
         /* Agreement peers fetch batches and state; execution replicas fetch the log. */
         int from_exec = m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_CLIENT;
@@ -342,7 +366,7 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
         drop(r, ZZ_DROP_SENDER);
         return;
     }
-    int why = authenticate(r, &m);
+    int why = authenticate(r, &m, conn && zz_net_conn_tag(conn) == ZZ_TAG_PEER);
     if (why) {
         if (why == ZZ_DROP_AUTH)
             zz_exec_auth_failed(r, &m); /* a replaced key: counted per slot (wakeup.c) */
@@ -497,6 +521,7 @@ void zz_write_stats(zz_replica *r)
     for (uint32_t i = 0; i < nx && i < ZZ_MAX_EXEC; i++)
         fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->st.exec_window[i]);
     fprintf(f, "], ");
+    zz_signed_write_stats(r, f);
     zz_limits_write_stats(r, f);
     zz_wake_write_stats(r, f);
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "

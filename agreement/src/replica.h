@@ -112,6 +112,8 @@ typedef struct {
     uint32_t pend_len;
     uint64_t pend_t;
     uint64_t pend_since_ms;
+    int pend_signed;     /* the pending copy carries a valid client signature (auth kind 3):
+                          * only such a request runs the view-change timer (request.c) */
     uint64_t proposed_t; /* primary: highest t put in a batch in the current view */
     int queued;          /* primary: in the proposal queue */
     /* external execution: the newest request of this client in a batch with an execution
@@ -158,6 +160,14 @@ typedef struct {
     uint64_t spares_ready_received, spares_ready_rejected, spares_ready_held;
     uint64_t shutdowns_adopted_over_own; /* a certified outcome replaced our own resolution */
     /* Request size limits (request.c, normal.c; docs/security.md "Resource limits"). */
+    /* client signatures (docs/agreement.md "Signed requests") */
+    uint64_t req_signed_in;      /* signed REQUESTs authenticated at intake */
+    uint64_t req_bad_sig;        /* signed REQUESTs whose signature failed (also dropped.auth) */
+    uint64_t req_bad_mac;        /* REQUESTs whose MAC entry for us failed (also dropped.auth) */
+    uint64_t req_upgraded;       /* a pending unsigned copy replaced by the signed one */
+    uint64_t req_timer_exempt;   /* unsigned requests that went pending without a timer */
+    uint64_t pp_sig_checked;     /* signed requests whose signature a pre-prepare made us check */
+    uint64_t pp_unverifiable;    /* pre-prepares refused: an unsigned request failed our MAC */
     uint64_t requests_too_large;   /* REQUESTs over the limit: dropped, REPLY rejected sent */
     uint64_t batches_too_large;    /* PRE-PREPAREs whose batch is over a limit: refused */
 } zz_rstats;
@@ -280,6 +290,7 @@ int zz_has_pending(const zz_replica *r, uint64_t older_than_ms);
 uint32_t zz_request_limit(const zz_replica *r);
 /* The stats of the resource limits, a JSON fragment ending in ", " (request.c). */
 void zz_limits_write_stats(zz_replica *r, void *file); /* FILE * */
+void zz_signed_write_stats(zz_replica *r, void *file); /* FILE *: "signed_requests" */
 
 /* normal.c */
 void zz_on_pre_prepare(zz_replica *r, const zz_msg *m);

@@ -132,6 +132,18 @@ void zz_limits_write_stats(zz_replica *r, void *file)
     fprintf(f, "}}, ");
 }
 
+void zz_signed_write_stats(zz_replica *r, void *file)
+{
+    FILE *f = file;
+    fprintf(f, "\"signed_requests\": {\"in\": %llu, \"bad_signature\": %llu, \"bad_mac\": %llu, "
+               "\"upgraded\": %llu, \"timer_exempt\": %llu, \"pp_checked\": %llu, "
+               "\"pp_unverifiable\": %llu}, ",
+            (unsigned long long)r->st.req_signed_in, (unsigned long long)r->st.req_bad_sig,
+            (unsigned long long)r->st.req_bad_mac, (unsigned long long)r->st.req_upgraded,
+            (unsigned long long)r->st.req_timer_exempt, (unsigned long long)r->st.pp_sig_checked,
+            (unsigned long long)r->st.pp_unverifiable);
+}
+
 static void enqueue(zz_replica *r, uint32_t ci)
 {
     zz_client *c = &r->clients[ci];
@@ -179,7 +191,12 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
             send_affirm(r, (uint32_t)ci);
         return;
     }
-    if (t > c->pend_t) {
+    int is_signed = m->auth_kind == ZZ_AUTH_MAC_SIG;
+    /* A newer request, or the signed copy of the pending one (a client signs when it
+     * retransmits): the signed copy replaces the unsigned one, so that it is the one this
+     * replica proposes or relays and the one whose wait runs the view-change timer. */
+    int upgrade = t == c->pend_t && c->pend_raw && is_signed && !c->pend_signed;
+    if (t > c->pend_t || upgrade) {
         uint8_t *copy = zz_memdup(m->raw, m->raw_len);
         if (!copy)
             return;
@@ -187,9 +204,16 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
         c->pend_raw = copy;
         c->pend_len = m->raw_len;
         c->pend_t = t;
+        c->pend_signed = is_signed;
         c->pend_since_ms = zz_now_ms(r);
-        /* A backup relays a request it hears of first to the primary (PBFT): a client
-         * that talks only to backups must not be able to force a view change. */
+        if (upgrade)
+            r->st.req_upgraded++;
+        else if (!is_signed && !zz_is_primary(r))
+            r->st.req_timer_exempt++;
+        /* A backup relays a request it hears of first to the primary (PBFT), and the
+         * signed copy too. Only a signed request can make a backup suspect the primary
+         * (zz_has_pending): every replica, the primary included, can check a signature,
+         * so a client that breaks the primary's MAC entry cannot force a view change. */
         if (!zz_is_primary(r) && !relayed && r->conf->byzantine != ZZ_BYZ_SILENT)
             zz_net_send_peer(r->net, zz_primary(r, r->view), m->raw, m->raw_len);
     } else if (t < c->pend_t) {
@@ -206,7 +230,11 @@ int zz_has_pending(const zz_replica *r, uint64_t older_than_ms)
 {
     for (uint32_t i = 0; i < r->conf->nkeys; i++) {
         const zz_client *c = &r->clients[i];
-        if (c->pend_raw && c->pend_t > c->last_t && c->pend_since_ms <= older_than_ms)
+        /* Signed requests only: whether an unsigned one is authentic depends on whose MAC
+         * entry is checked, so a backup could be waiting for one the primary rightly
+         * dropped. A correct client signs its retransmission, which then counts. */
+        if (c->pend_raw && c->pend_signed && c->pend_t > c->last_t &&
+            c->pend_since_ms <= older_than_ms)
             return 1;
     }
     return 0;
