@@ -17,7 +17,7 @@ void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq)
     s->batch_len = s->pp_raw_len = 0;
     s->seq = seq;
     s->view = 0;
-    s->has_pp = s->is_null = 0;
+    s->has_pp = s->is_null = s->held = 0;
     s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
     s->has_p = s->has_q = 0;
     s->fetch_sent_ms = 0;
@@ -51,8 +51,32 @@ static void send_phase(zz_replica *r, zz_slot *s, uint8_t type)
     zz_bcast_mac(r, b, st);
 }
 
+/* Our PREPARE for the slot's pre-prepare, which also enters it in our Q set (the
+ * pre-prepared batches a VIEW-CHANGE lists). */
+static void prepare(zz_replica *r, zz_slot *s)
+{
+    s->has_q = 1;
+    s->q_view = s->view;
+    memcpy(s->q_dig, s->digest, ZZ_DIGEST_LEN);
+    if (zz_primary(r, s->view) != r->id) {
+        s->prep_view[r->id] = s->view;
+        memcpy(s->prep_dig[r->id], s->digest, ZZ_DIGEST_LEN);
+        s->sent_prepare = 1;
+        send_phase(r, s, ZZ_PREPARE);
+    }
+}
+
+static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,
+                   const uint8_t *batch, uint32_t batch_len, int held);
+
 void zz_accept_proposal(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,
                         const uint8_t *batch, uint32_t batch_len)
+{
+    accept(r, s, view, digest, batch, batch_len, 0);
+}
+
+static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,
+                   const uint8_t *batch, uint32_t batch_len, int held)
 {
     int same_digest = s->batch && memcmp(s->digest, digest, ZZ_DIGEST_LEN) == 0;
     if (!same_digest && s->batch) {
@@ -68,28 +92,22 @@ void zz_accept_proposal(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t 
     memcpy(s->digest, digest, ZZ_DIGEST_LEN);
     s->view = view;
     s->has_pp = 1;
+    s->held = held;
     s->is_null = memcmp(digest, null_digest, ZZ_DIGEST_LEN) == 0;
     s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
-    s->has_q = 1;
-    s->q_view = view;
-    memcpy(s->q_dig, digest, ZZ_DIGEST_LEN);
     s->pp_time_ms = zz_now_ms(r);
     if (batch && !s->batch)
         zz_slot_set_batch(r, s, batch, batch_len);
-    if (zz_primary(r, view) != r->id) {
-        s->prep_view[r->id] = view;
-        memcpy(s->prep_dig[r->id], digest, ZZ_DIGEST_LEN);
-        s->sent_prepare = 1;
-        send_phase(r, s, ZZ_PREPARE);
-    }
+    if (!held)
+        prepare(r, s);
     zz_check_slot(r, s);
 }
 
-/* Is a request of a proposed batch authentic for us? A signed one (auth kind 3) by its
- * signature, the same answer at every correct replica (Aardvark's rule); we skip the check
- * when it is byte for byte the pending copy we already verified at intake. An unsigned one
- * by our MAC entry: a client can make that good for the primary and bad for us (the
- * "MAC-split" limit of docs/agreement.md), so a correct client signs when it retransmits. */
+/* Is a request of a proposed batch authentic for us? 1 yes, 0 no, 2 cannot tell. A signed
+ * one (auth kind 3) by its signature, the same answer at every correct replica (Aardvark's
+ * rule); we skip the check when it is byte for byte the pending copy we already verified at
+ * intake. An unsigned one by our MAC entry; a client can make that good for the primary and
+ * bad for us (docs/agreement.md "Signed requests"): 2, the pre-prepare is held. */
 static int request_ok(zz_replica *r, const zz_msg *m)
 {
     int ci = zz_client_index(r, m->sender);
@@ -106,11 +124,12 @@ static int request_ok(zz_replica *r, const zz_msg *m)
     if (zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)))
         return 1;
     r->st.pp_unverifiable++;
-    return 0;
+    return 2;
 }
 
 /* Backups check what the primary proposes: every request authentic for us (request_ok),
- * and the proposed time close to our clock (the non-deterministic inputs of §3 step 2). */
+ * and the proposed time close to our clock (the non-deterministic inputs of §3 step 2).
+ * 1: accept; 0: refuse; 2: accept but hold (an unsigned request we cannot check). */
 static int batch_ok(zz_replica *r, const zz_bytes *batch)
 {
     uint64_t nd_time, nd_seed;
@@ -128,6 +147,7 @@ static int batch_ok(zz_replica *r, const zz_bytes *batch)
     uint64_t tol = r->conf->time_tolerance_ms;
     if (nd_time + tol < now || nd_time > now + tol)
         return 0;
+    int held = 0;
     zz_blist_iter it;
     zz_bytes item;
     zz_blist_begin(&reqs, &it);
@@ -140,10 +160,12 @@ static int batch_ok(zz_replica *r, const zz_bytes *batch)
         if (zz_decode(item.p, item.len, &m) != ZZ_OK || m.type != ZZ_REQUEST ||
             m.service != r->conf->service || (m.u.request.flags & ZZ_REQ_READONLY))
             return 0;
-        if (!request_ok(r, &m))
+        int ok = request_ok(r, &m);
+        if (!ok)
             return 0;
+        held |= ok == 2;
     }
-    return 1;
+    return held ? 2 : 1;
 }
 
 /* The slot for seq, or NULL after counting why there is none: below the low watermark a
@@ -185,11 +207,13 @@ void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
             zz_slot_set_batch(r, s, pp->batch.p, pp->batch.len);
         return;
     }
-    if (!batch_ok(r, &pp->batch)) {
+    int ok = batch_ok(r, &pp->batch);
+    if (!ok) {
         r->st.dropped[ZZ_DROP_BADPP]++;
         return;
     }
-    zz_accept_proposal(r, s, pp->view, d, pp->batch.p, pp->batch.len);
+    r->st.pp_held += ok == 2;
+    accept(r, s, pp->view, d, pp->batch.p, pp->batch.len, ok == 2);
     if (s->seq == pp->seq && !s->pp_raw) {
         s->pp_raw = zz_memdup(m->raw, m->raw_len);
         s->pp_raw_len = s->pp_raw ? m->raw_len : 0;
@@ -239,6 +263,24 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
 {
     if (!s->has_pp || s->view != r->view || r->in_vc)
         return;
+    if (s->held) {
+        /* An unsigned request we cannot authenticate (its MAC entry for us fails). We
+         * prepare once g other backups have: with the primary that is g+1 replicas, so at
+         * least one correct one that checked the request itself (by induction: the first
+         * correct backup to prepare saw at most g-1 faulty PREPAREs if the primary is
+         * faulty, and a correct primary proposes only what it authenticated). A MAC good
+         * for one correct replica comes from the client, so the request is authentic. */
+        uint32_t c = 0, primary = zz_primary(r, s->view);
+        for (uint32_t i = 0; i < r->n; i++)
+            if (i != primary && i != r->id && s->prep_view[i] == s->view &&
+                memcmp(s->prep_dig[i], s->digest, ZZ_DIGEST_LEN) == 0)
+                c++;
+        if (c < r->g)
+            return;
+        s->held = 0;
+        r->st.pp_vouched++;
+        prepare(r, s);
+    }
     if (!s->prepared) {
         uint32_t p = count_votes(r, s, s->prep_view, s->prep_dig, zz_primary(r, s->view));
         if (p < 2 * r->g)

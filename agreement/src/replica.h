@@ -19,6 +19,8 @@ typedef struct {
     uint64_t seq;      /* 0 = unused */
     uint32_t view;     /* view of the accepted pre-prepare (meaningful if has_pp) */
     int has_pp;        /* a pre-prepare (or NEW-VIEW choice) was accepted in `view` */
+    int held;          /* has_pp, but an unsigned request in it failed our MAC entry: no
+                        * PREPARE (nor Q entry) until g other backups prepare it (normal.c) */
     int is_null;       /* the NEW-VIEW chose the null request for this seq */
     uint8_t digest[ZZ_DIGEST_LEN];
     uint8_t *batch;    /* batch encoding (owned); NULL until known */
@@ -167,7 +169,9 @@ typedef struct {
     uint64_t req_upgraded;       /* a pending unsigned copy replaced by the signed one */
     uint64_t req_timer_exempt;   /* unsigned requests that went pending without a timer */
     uint64_t pp_sig_checked;     /* signed requests whose signature a pre-prepare made us check */
-    uint64_t pp_unverifiable;    /* pre-prepares refused: an unsigned request failed our MAC */
+    uint64_t pp_unverifiable;    /* unsigned requests in pre-prepares that failed our MAC */
+    uint64_t pp_held;            /* pre-prepares held for such a request */
+    uint64_t pp_vouched;         /* held pre-prepares prepared once g other backups had */
     uint64_t requests_too_large;   /* REQUESTs over the limit: dropped, REPLY rejected sent */
     uint64_t batches_too_large;    /* PRE-PREPAREs whose batch is over a limit: refused */
 } zz_rstats;
