@@ -103,6 +103,10 @@ typedef struct {
     int have_own;
 } zz_ckpt;
 
+/* How long a replica skips the signed requests of a client that sent it a wrong signature
+ * under a good MAC (replica.c). */
+#define ZZ_SIG_BAN_MS 10000u
+
 /* Per client principal (indexed like conf->keys): exactly-once and reply cache. */
 typedef struct {
     uint64_t last_t;    /* timestamp of the last executed request (state) */
@@ -116,6 +120,8 @@ typedef struct {
     uint64_t pend_since_ms;
     int pend_signed;     /* the pending copy carries a valid client signature (auth kind 3):
                           * only such a request runs the view-change timer (request.c) */
+    uint64_t sig_banned_until_ms; /* its MAC for us was good and its signature wrong: a
+                                   * faulty client, whose signed requests we skip till then */
     uint64_t proposed_t; /* primary: highest t put in a batch in the current view */
     int queued;          /* primary: in the proposal queue */
     /* external execution: the newest request of this client in a batch with an execution
@@ -166,6 +172,7 @@ typedef struct {
     uint64_t req_signed_in;      /* signed REQUESTs authenticated at intake */
     uint64_t req_bad_sig;        /* signed REQUESTs whose signature failed (also dropped.auth) */
     uint64_t req_bad_mac;        /* REQUESTs whose MAC entry for us failed (also dropped.auth) */
+    uint64_t req_sig_banned;     /* signed REQUESTs skipped: their client sent a wrong one */
     uint64_t req_upgraded;       /* a pending unsigned copy replaced by the signed one */
     uint64_t req_timer_exempt;   /* unsigned requests that went pending without a timer */
     uint64_t pp_sig_checked;     /* signed requests whose signature a pre-prepare made us check */

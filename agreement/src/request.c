@@ -135,11 +135,13 @@ void zz_limits_write_stats(zz_replica *r, void *file)
 void zz_signed_write_stats(zz_replica *r, void *file)
 {
     FILE *f = file;
-    fprintf(f, "\"signed_requests\": {\"in\": %llu, \"bad_signature\": %llu, \"bad_mac\": %llu, "
-               "\"upgraded\": %llu, \"timer_exempt\": %llu, \"pp_checked\": %llu, "
+    fprintf(f, "\"signed_requests\": {\"in\": %llu, \"bad_signature\": %llu, "
+               "\"bad_mac\": %llu, \"sig_banned\": %llu, \"upgraded\": %llu, "
+               "\"timer_exempt\": %llu, \"pp_checked\": %llu, "
                "\"pp_unverifiable\": %llu, \"pp_held\": %llu, \"pp_vouched\": %llu}, ",
             (unsigned long long)r->st.req_signed_in, (unsigned long long)r->st.req_bad_sig,
-            (unsigned long long)r->st.req_bad_mac, (unsigned long long)r->st.req_upgraded,
+            (unsigned long long)r->st.req_bad_mac, (unsigned long long)r->st.req_sig_banned,
+            (unsigned long long)r->st.req_upgraded,
             (unsigned long long)r->st.req_timer_exempt, (unsigned long long)r->st.pp_sig_checked,
             (unsigned long long)r->st.pp_unverifiable, (unsigned long long)r->st.pp_held,
             (unsigned long long)r->st.pp_vouched);
