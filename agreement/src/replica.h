@@ -294,7 +294,9 @@ void zz_try_propose(zz_replica *r);
 void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_t flags,
                    const uint8_t *res, uint32_t len);
 void zz_requeue_pending(zz_replica *r); /* after a view change */
-int zz_has_pending(const zz_replica *r, uint64_t older_than_ms);
+/* A pending request older than the given time; only signed ones with signed_only (the
+ * view-change timer). */
+int zz_has_pending(const zz_replica *r, uint64_t older_than_ms, int signed_only);
 /* The largest REQUEST message accepted (request.c): max_request, capped so that a batch of
  * one fits batch_bytes and, with the echo service, every client's cached result fits one
  * state encoding (docs/wire.md "Size limits"). */

@@ -229,14 +229,15 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
     }
 }
 
-int zz_has_pending(const zz_replica *r, uint64_t older_than_ms)
+int zz_has_pending(const zz_replica *r, uint64_t older_than_ms, int signed_only)
 {
     for (uint32_t i = 0; i < r->conf->nkeys; i++) {
         const zz_client *c = &r->clients[i];
-        /* Signed requests only: whether an unsigned one is authentic depends on whose MAC
-         * entry is checked, so a backup could be waiting for one the primary rightly
-         * dropped. A correct client signs its retransmission, which then counts. */
-        if (c->pend_raw && c->pend_signed && c->pend_t > c->last_t &&
+        /* The view-change timer counts signed requests only: whether an unsigned one is
+         * authentic depends on whose MAC entry is checked, so a backup could be waiting
+         * for one the primary rightly dropped. A correct client signs its retransmission,
+         * which then counts. (Asking peers to retransmit, status.c, counts any.) */
+        if (c->pend_raw && (c->pend_signed || !signed_only) && c->pend_t > c->last_t &&
             c->pend_since_ms <= older_than_ms)
             return 1;
     }

@@ -12,7 +12,7 @@ static int waiting(zz_replica *r)
     uint64_t seq = r->last_exec + 1;
     if (zz_in_window(r, seq) && r->slots[seq % r->L].seq == seq && r->slots[seq % r->L].has_pp)
         return 1;
-    return zz_has_pending(r, UINT64_MAX);
+    return zz_has_pending(r, UINT64_MAX, 0);
 }
 
 void zz_status_tick(zz_replica *r)

@@ -324,6 +324,6 @@ void zz_vc_tick(zz_replica *r)
      * progress. A replica that lags but keeps executing is catching up, not suspecting;
      * suspecting alone would strand it in a view the others never join. */
     uint64_t t = r->conf->view_timeout_ms;
-    if (now > t && now - r->last_progress_ms >= t && zz_has_pending(r, now - t))
+    if (now > t && now - r->last_progress_ms >= t && zz_has_pending(r, now - t, 1))
         zz_start_view_change(r, r->view + 1);
 }
