@@ -307,7 +307,7 @@ base_port = {self.base_port}
                 keys[int(parts[1])] = bytes.fromhex(parts[2])
         return keys
 
-    def write_loadgen_conf(self, timeout_ms: int = 1000) -> Path:
+    def write_loadgen_conf(self, timeout_ms: int = 1000, sign_always: bool = False) -> Path:
         """The zz-loadgen client file (docs/config.md, "Load generator")."""
         path = self.run_dir / "loadgen.conf"
         lines = [
@@ -319,6 +319,7 @@ base_port = {self.base_port}
             f"public {self.key_dir / 'public'}",
             f"clients {self.nclients}",
             f"timeout_ms {timeout_ms}",
+            *(["sign_always 1"] if sign_always else []),
         ]
         path.write_text("\n".join(lines) + "\n")
         return path

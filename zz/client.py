@@ -59,6 +59,9 @@ class ClientParams:
     # that make backups suspect the primary. None: retransmissions go unsigned, and a faulty
     # primary that ignores this client is not replaced on its account.
     sign: SigningKey | None = field(default=None, repr=False)
+    # Sign every request, not only retransmissions (rack client_signatures = "always": the
+    # agreement replicas then order signed requests only).
+    sign_always: bool = False
 
     def __post_init__(self) -> None:
         n = 3 * self.g + 1
@@ -119,6 +122,7 @@ class ClientParams:
             exec_keys=exec_keys,
             max_request=request_limit(config.rack, svc.clients, svc.app == "echo"),
             sign=secret.sign,
+            sign_always=config.rack.client_signatures == "always",
         )
 
 
@@ -285,6 +289,9 @@ class Client:
             self.stats["too_large_refused"] += 1
             raise RequestTooLarge(size, p.max_request)
         signed: bytes | None = None
+        if p.sign_always and p.sign is not None and not read_only:
+            signed = msg = req.signed_with_macs(macs, p.sign).encode()
+            self.stats["signed"] += 1
         faulty = p.f if p.uses_execution_replicas else p.g
         pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty, size=len(msg))
         self._pending = pend

@@ -70,9 +70,14 @@ class Rack:
     # Size limits (docs/wire.md "Size limits"): the largest REQUEST message and batch.
     max_request: int = 1 << 20
     batch_bytes: int = 4 << 20
+    # When clients sign their requests (docs/agreement.md "Signed requests"): "retransmit"
+    # (MACs first, signed retransmissions) or "always" (every request, and the agreement
+    # replicas order signed requests only).
+    client_signatures: str = "retransmit"
 
 
 PLACEMENTS = ("spread", "rotate")
+CLIENT_SIGNATURES = ("retransmit", "always")
 
 
 def placement_shift(placement: str, index: int, services: int, hosts: int) -> int:
@@ -316,6 +321,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         placement=rt.get_str("placement", "spread"),
         max_request=rt.get_int("max_request", 1 << 20, lo=MIN_MAX_REQUEST),
         batch_bytes=rt.get_int("batch_bytes", 4 << 20, lo=MIN_MAX_REQUEST + BATCH_HDR_LEN + 4),
+        client_signatures=rt.get_str("client_signatures", "retransmit"),
     )
     if rack.batch_bytes > MAX_BATCH_BYTES:
         raise ConfigError(
@@ -326,6 +332,11 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         raise ConfigError(
             f"rack.max_request: {rack.max_request} does not fit batch_bytes {rack.batch_bytes}"
             f" (a batch of one needs {BATCH_HDR_LEN + 4} bytes more)"
+        )
+    if rack.client_signatures not in CLIENT_SIGNATURES:
+        raise ConfigError(
+            f"rack.client_signatures: must be one of {', '.join(CLIENT_SIGNATURES)},"
+            f" got {rack.client_signatures!r}"
         )
     if rack.placement not in PLACEMENTS:
         raise ConfigError(

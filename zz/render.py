@@ -32,6 +32,7 @@ OVERRIDABLE = {
     "client_out_bytes",
     "client_out_total",
     "out_stall_timeout_ms",
+    "require_signed",
     "stats_file",
     "inject_drop",
     "inject_dup",
@@ -90,6 +91,8 @@ def replica_conf(
         "batch_bytes": rack.batch_bytes,
         "stats_file": run / f"agreed-{r}.stats.json",
     }
+    if rack.client_signatures == "always":  # only then: the default needs no line
+        values["require_signed"] = 1
     if service.uses_execution_replicas:
         values |= {
             # The awake/sleeping/convicted view, kept across restarts; controlds' keys

@@ -425,7 +425,7 @@ enum {
     K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_EXEC,
     K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
     K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_CLIENT_OUT,
-    K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_COUNT
+    K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_REQUIRE_SIGNED, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -436,6 +436,7 @@ static const char *const key_names[K_COUNT] = {
     "detect_ceiling_ms", "exec", "controld", "exec_view", "rack_public", "max_request",
     "batch_bytes", "max_conns", "max_conns_per_source", "frame_timeout_ms", "unauth_timeout_ms",
     "unauth_buffer_bytes", "client_out_bytes", "client_out_total", "out_stall_timeout_ms",
+    "require_signed",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -619,6 +620,8 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
         return set_u32(ps, line, k, tok[1], 64u << 10, UINT32_MAX, &c->client_out_total);
     case K_OUT_STALL:
         return set_u32(ps, line, k, tok[1], 100, 3600000, &c->out_stall_timeout_ms);
+    case K_REQUIRE_SIGNED:
+        return set_u32(ps, line, k, tok[1], 0, 1, &c->require_signed);
     case K_VIEW_TIMEOUT:
         return set_u32(ps, line, k, tok[1], 1, UINT32_MAX, &c->view_timeout_ms);
     case K_STATUS_INTERVAL:

@@ -70,6 +70,8 @@ typedef struct {
     uint32_t client_out_bytes;    /* replies queued for one client, all its connections */
     uint32_t client_out_total;    /* replies queued for all clients together */
     uint32_t out_stall_timeout_ms; /* queued output must make progress within this */
+    uint32_t require_signed;      /* 1: only signed requests are ordered (client_signatures =
+                                   * "always", docs/agreement.md "Signed requests") */
     char stats_file[256];         /* JSON counters, rewritten every second; "" = none */
     char exec_view[256]; /* awake/sleeping/convicted view kept across restarts; "" = none */
     /* test-only fault injection on replica-to-replica sends */

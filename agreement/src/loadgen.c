@@ -68,6 +68,7 @@ typedef struct {
     char public_path[600];
     uint32_t client_base, clients_avail;
     uint32_t timeout_ms;
+    uint32_t sign_always; /* 1: every request signed (client_signatures = "always") */
     int have_peer[ZZ_MAX_REPLICAS];
     /* run */
     lg_conn conns[ZZ_MAX_REPLICAS];
@@ -207,6 +208,12 @@ static int load_client_conf(lg *L, const char *path, char *err, size_t errcap) {
                 goto fail;
             }
             L->timeout_ms = v;
+        } else if (!strcmp(key, "sign_always")) {
+            if (parse_u32(a1, 1, &v)) {
+                snprintf(err, errcap, "%s:%u: sign_always: must be 0 or 1", path, lineno);
+                goto fail;
+            }
+            L->sign_always = v;
         } else {
             snprintf(err, errcap, "%s:%u: unknown key %s", path, lineno, key);
             goto fail;
@@ -403,7 +410,7 @@ static int client_issue(lg *L, lg_client *cl, uint64_t now) {
     /* Distinct op bytes per request so a stale or misrouted reply cannot match. */
     for (uint32_t i = 0; i < L->payload; i++)
         cl->op[i] = (uint8_t)((cl->seq >> (8 * (i % 8))) ^ (cl->principal >> (8 * (i % 4))) ^ i);
-    if (client_encode(L, cl, 0) < 0) return -1;
+    if (client_encode(L, cl, (int)L->sign_always) < 0) return -1;
     memset(cl->have, 0, sizeof cl->have);
     cl->busy = 1;
     cl->start_ns = now;
@@ -694,7 +701,7 @@ int main(int argc, char **argv) {
             /* Lost, or the primary is faulty or gone: to everyone, backing off to 8x. */
             cl->retries++;
             L->retransmits++;
-            if (cl->retries == 1 && client_encode(L, cl, 1) < 0) {
+            if (cl->retries == 1 && !L->sign_always && client_encode(L, cl, 1) < 0) {
                 fprintf(stderr, "zz-loadgen: cannot sign a request\n");
                 goto out;
             }

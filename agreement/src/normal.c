@@ -121,6 +121,8 @@ static int request_ok(zz_replica *r, const zz_msg *m)
         r->st.pp_sig_checked++;
         return zz_verify_sig(m, zz_pub_for(r, m->sender));
     }
+    if (r->conf->require_signed)
+        return 0; /* a correct primary orders signed requests only: every backup can check */
     if (zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)))
         return 1;
     r->st.pp_unverifiable++;

@@ -280,7 +280,10 @@ static uint32_t build_batch(zz_replica *r, zz_buf *b, uint64_t nd_time, uint64_t
     while (r->q_len > 0 && count < r->conf->batch_max) {
         uint32_t ci = r->queue[r->q_head];
         zz_client *c = &r->clients[ci];
-        int live = c->pend_raw && c->pend_t > c->last_t && c->pend_t > c->proposed_t;
+        /* With require_signed an unsigned request waits for its signed copy (on_request
+         * queues it again when that comes). */
+        int live = c->pend_raw && c->pend_t > c->last_t && c->pend_t > c->proposed_t &&
+                   (c->pend_signed || !r->conf->require_signed);
         if (live && (uint64_t)b->len + 4 + c->pend_len > r->conf->batch_bytes && count > 0)
             break; /* next batch */
         r->q_head = (r->q_head + 1) % cap;
