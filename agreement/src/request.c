@@ -222,6 +222,12 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
     } else if (t < c->pend_t) {
         r->st.requests_dup++;
         return;
+    } else if (is_signed && !zz_is_primary(r) && !relayed &&
+               r->conf->byzantine != ZZ_BYZ_SILENT) {
+        /* The client retransmits its signed request: it is still waiting, so relay it
+         * again (the primary may have missed the first relay, e.g. one that came before
+         * anything marked our link to it as a peer's, when only the signature counts). */
+        zz_net_send_peer(r->net, zz_primary(r, r->view), m->raw, m->raw_len);
     }
     if (zz_is_primary(r) && !r->in_vc && c->proposed_t < c->pend_t) {
         enqueue(r, (uint32_t)ci);
