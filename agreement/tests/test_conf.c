@@ -181,6 +181,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, strcmp(c.peers[3].host, "localhost") == 0);
     CHECK(t, c.checkpoint_interval == 64 && c.log_window == 192 && c.batch_max == 50);
     CHECK(t, c.max_inflight == 4 && c.view_timeout_ms == 1000); /* defaults */
+    CHECK(t, c.require_signed == 0);
     CHECK(t, c.status_interval_ms == 100 && c.time_tolerance_ms == 2000);
     CHECK(t, c.inject_drop == 0.25 && c.inject_dup == 1.0 && c.inject_delay_ms == 40);
     CHECK(t, c.inject_seed == UINT64_MAX);
@@ -313,6 +314,7 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"bad number", 0, "batch_max 12x", 15, "batch_max", "not a non-negative integer"},
         {"negative number", 0, "view_timeout_ms -5", 15, "view_timeout_ms", NULL},
         {"number too large", 0, "max_inflight 99999999999", 15, "max_inflight", "out of range"},
+        {"require_signed 2", 0, "require_signed 2", 15, "require_signed", "out of range"},
         {"id >= n", 3, "id 4", 3, "id", "not below n"},
         {"g = 0", 4, "g 0", 4, "g", "out of range"},
         {"3g+1 > max replicas", 4, "g 22", 4, "g", "out of range"},
