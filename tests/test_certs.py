@@ -381,6 +381,11 @@ def test_replayed_and_stale_wakeups(tmp_path: Path) -> None:
     again.save(path)
     with pytest.raises(CertError, match="sibling"):
         Freshness.load(path).check_shutdown(sib)
+    # Once a round over another awake set was acted on, the old set is a new round's again
+    # (that round closed undecided and was judged over the larger set, say).
+    again.acted_wakeup(verify(wakeup(ev9, [1], [1], seq=9)))
+    ev11 = [statement(s, 11, {0: "a", 1: "b"}) for s in (0, 1)]
+    again.check_wakeup(verify(wakeup(ev11, [2], [2], seq=11)))
     assert Freshness.load(tmp_path / "missing.json").last_shutdown(SERVICE) == 0
     assert Freshness.load(path).last_shutdown(SERVICE) == 7
     (tmp_path / "bad.json").write_text('{"1": {"rounds": 3}}')

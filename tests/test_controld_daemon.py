@@ -95,7 +95,8 @@ class Rack:
         return self.wakeup(sender, seq, ev, [2], [2])
 
     def shutdown(self, r: int, seq: int, convict: list[int], sleep: list[int]) -> bytes:
-        active = [j for j in (0, 2) if j not in convict and j not in sleep]
+        # The round's awake set [0, 1] plus the woken spare 2, less the convicted and sleeping.
+        active = [j for j in (0, 1, 2) if j not in convict and j not in sleep]
         m = wire.Shutdown(SVC, r, seq, [0, 1], convict, sleep, active)
         return m.signed(self.signers[r]).encode()
 

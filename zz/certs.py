@@ -415,6 +415,10 @@ class Freshness:
         self.check_wakeup(w)
         s = self._svc(w.service)
         s.rounds.add((w.seq, w.awake))
+        if w.awake != s.last_awake:
+            # The membership moved on (a round over another awake set, which may close
+            # undecided and be judged again over a larger one): no longer a sibling guard.
+            s.last_awake = s.last_active = ()
         if len(s.rounds) > MAX_ROUNDS_PER_SERVICE:
             oldest = min(s.rounds)
             s.shutdown_seq = max(s.shutdown_seq, oldest[0])
