@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import pytest
 
 from zz import wire
 from zz.client import Client, ClientParams, ClientTimeout
-from zz.crypto import sha256
+from zz.crypto import SigningKey, sha256
 
 G = 1
 N = 3 * G + 1
@@ -122,6 +123,28 @@ async def test_silent_primary_triggers_retransmission_to_all(rig: Rig) -> None:
     assert 0.2 <= elapsed < 2.0
     assert all(len(r.received) == 2 for r in rig.replicas[1:])  # warm-up + retransmission
     assert len(rig.replicas[0].received) == 3  # warm-up, first send, retransmission
+
+
+async def test_retransmissions_are_signed(rig: Rig) -> None:
+    """First sends carry MACs only; a retransmission is the same request signed (auth kind
+    3), its MACs still good, so that backups run their view-change timers on it (docs/
+    agreement.md "Signed requests"). With sign_always every request is signed."""
+    sign = SigningKey(os.urandom(32))
+    params = dataclasses.replace(rig.params, sign=sign)
+    async with Client(params) as c:
+        assert await c.invoke(b"warm-up", timeout=5) == b"warm-up"
+        rig.replicas[0].mode = "silent"
+        assert await c.invoke(b"op", timeout=5) == b"op"
+    first, again = rig.replicas[0].received[1:3]
+    assert not first.is_signed and again.is_signed and again.verify_sig(sign.public)
+    assert (again.timestamp, again.op) == (first.timestamp, first.op)
+    assert all(m.is_signed for m in rig.replicas[1].received[1:])
+    assert c.stats["signed"] == 1
+    rig.replicas[0].mode = "echo"
+    async with Client(dataclasses.replace(params, sign_always=True)) as c:
+        assert await c.invoke(b"signed", timeout=5) == b"signed"
+    m = rig.replicas[0].received[-1]
+    assert m.op == b"signed" and m.is_signed and m.verify_sig(sign.public)
 
 
 async def test_bad_mac_replies_are_ignored_and_counted(rig: Rig) -> None:

@@ -54,6 +54,7 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
         ("checkpoint_interval = 4", "checkpoint_interval = 4294967296", "rack.checkpoint_interval"),
         ("base_port = 17100", 'base_port = 17100\napp = "nope"', "services[0].app: unknown app"),
         ("base_port = 17100", 'base_port = 17100\napp = "wsgi:x"', "services[0].app: unknown app"),
+        ("batch_max = 16", 'batch_max = 16\nclient_signatures = "never"', "rack.client_signatures"),
     ],
 )
 def test_errors_name_the_field(
@@ -108,6 +109,22 @@ def test_render_with_overrides(rack_config: Path) -> None:
             render_service(c, s, bad)
     with pytest.raises(ConfigError, match="no replica 9"):
         render_service(c, s, {"byzantine": {9: "silent"}})
+
+
+def test_client_signatures_always_renders_require_signed(
+    write_rack: Callable[[str], Path],
+) -> None:
+    """docs/agreement.md "Signed requests": the default renders no require_signed line (an
+    older zz-agreed would refuse the key); "always" renders require_signed 1."""
+    c = load(write_rack(BASE))
+    assert c.rack.client_signatures == "retransmit"
+    text = render_service(c, c.service("web"))[0].read_text()
+    assert "require_signed" not in text
+    c = load(
+        write_rack(BASE.replace("batch_max = 16", 'batch_max = 16\nclient_signatures = "always"'))
+    )
+    assert c.rack.client_signatures == "always"
+    assert "require_signed 1" in render_service(c, c.service("web"))[0].read_text().splitlines()
 
 
 def test_execution_replica_placement(write_rack: Callable[[str], Path]) -> None:
