@@ -94,6 +94,8 @@ def test_a_sibling_wakeup_is_the_same_wake_up() -> None:
     r.wakeup_awake[101] = [1, 2]  # another awake set: another round, never decided
     assert _kinds(r) == ["missed-conviction"]
     r.wakeup_awake[101] = [0, 1]
+    r.shutdowns = {101: [0]}  # controld acted on the higher one: the lower is the same
+    assert _kinds(r) == []
     r.wakeups, r.wakeup_awake = {100: [2], 130: [2]}, {100: [0, 1], 130: [0, 1]}
     r.shutdowns = {100: [0], 120: [1]}  # a SHUTDOWN between: 130 is a round of its own
     assert "missed-conviction" in _kinds(r)

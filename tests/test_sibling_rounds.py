@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.cluster import SERVICE_ID, Cluster
 from zz import keys, wire
 from zz.crypto import SigningKey
@@ -51,7 +53,12 @@ def _shutdowns(kd: Path, seq: int) -> list[bytes]:
     ]
 
 
-def test_the_lower_sibling_certificate_wins_and_its_spare_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("announced", [S, S + 1])
+def test_the_lower_sibling_certificate_wins_and_its_spare_is_taken(
+    tmp_path: Path, announced: int
+) -> None:
+    """`announced`: the seq of the certificate controld acted on, which names the fresh
+    spare in its SPARE-READY (the lower one, or the higher one that came first there)."""
     with Cluster(tmp_path, app="kv", f=1) as c:
         c.start()
         kd = c.dir / "keys"
@@ -59,28 +66,33 @@ def test_the_lower_sibling_certificate_wins_and_its_spare_is_taken(tmp_path: Pat
             keys.secret_path(kd, keys.RACK_SERVICE, keys.controld_principal(0))
         ).sign
         assert ctl is not None
-        # Replica 3 is in the round at S+1; replica 2 decided S+1 (a certificate) already.
+        # Replica 3 is in the round at S+1; replica 2 decided S+1 (a certificate) already;
+        # replica 1 decides S.
         _send(c.port(3), _wakeup(kd, S + 1))
         _send(c.port(2), _wakeup(kd, S + 1), *_shutdowns(kd, S + 1))
+        _send(c.port(1), _wakeup(kd, S), *_shutdowns(kd, S))
         c.wait_for(
             lambda: (
                 c.stats(3).get("fault_round_seq") == S + 1
                 and c.stats(2).get("exec_convicted") == [0]
+                and c.stats(1).get("exec_convicted") == [0]
             ),
-            what="3 in the round at S+1, 2 decided it",
+            what="3 in the round at S+1, 2 decided it, 1 decided S",
         )
-        # The certificate at S, then controld's announcement of 0's successor for it.
-        spare = keys.rotate_exec(kd, c.config, c.service, 0, S, ctl, 0)
+        # The certificate at S, then controld's announcement of 0's successor.
+        spare = keys.rotate_exec(kd, c.config, c.service, 0, announced, ctl, 0)
         for r in (2, 3):
-            _send(c.port(r), *_shutdowns(kd, S), spare)
+            _send(c.port(r), *_shutdowns(kd, S))
+        for r in (1, 2, 3):
+            _send(c.port(r), spare)
         c.wait_for(
             lambda: all(
                 c.stats(r)["exec_awake"] == [1, 2] and c.stats(r)["exec_sleeping"] == [0]
-                for r in (2, 3)
+                for r in (1, 2, 3)
             ),
-            what="2 and 3 convicted 0 at S and took its fresh spare",
+            what="1, 2 and 3 convicted 0 and took its fresh spare",
         )
-        for r in (2, 3):
+        for r in (1, 2, 3):
             s = c.stats(r)
             assert s["exec_key_epoch"][0] == 1 and not s["fault_round_open"], s
             assert s["spares_ready_rejected"] == 0, s

@@ -196,20 +196,23 @@ class Round:
 
 
 def _sibling_of(r: Round, seq: int) -> int | None:
-    """The lower seq whose WAKEUP named the same awake set and woke the same replicas,
-    with no SHUTDOWN between the two (else a new round), and was resolved."""
+    """Another seq whose WAKEUP named the same awake set and woke the same replicas, was
+    resolved, and has no SHUTDOWN between the two (else a round of its own): one fault
+    flagged at adjacent seqs, where controld acted on one certificate, the lower or the
+    higher (docs/fault-detection.md "Siblings")."""
     awake = r.wakeup_awake.get(seq)
     if awake is None:
         return None
-    for lower in sorted((s for s in r.wakeups if s < seq), reverse=True):
-        if any(lower < t < seq for t in r.shutdowns):
-            return None
+    for other in sorted(r.wakeups, key=lambda s: abs(s - seq)):
+        lo, hi = min(other, seq), max(other, seq)
         if (
-            r.wakeup_awake.get(lower) == awake
-            and r.wakeups[lower] == r.wakeups[seq]
-            and lower in r.shutdowns
+            other != seq
+            and other in r.shutdowns
+            and r.wakeup_awake.get(other) == awake
+            and r.wakeups[other] == r.wakeups[seq]
+            and not any(lo < t < hi for t in r.shutdowns)
         ):
-            return lower
+            return other
     return None
 
 

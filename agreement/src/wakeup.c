@@ -1489,7 +1489,12 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             take_key(r, x, q->epoch, q->sign_pub, q->dh_pub);
             return;
         }
-        if (st == ZZ_EXEC_CONVICTED && q->seq == w->convicted_seq[x]) {
+        /* Convicted by the SHUTDOWN at seq, or a key epoch above the slot's: controld made
+         * that key only for a successor, after a SHUTDOWN certificate convicting x (one
+         * fault flagged at two seqs may leave this replica on a sibling's seq, check_done,
+         * while controld acted on the other's: CI, a slow replica at 1563 and 1564). */
+        if (st == ZZ_EXEC_CONVICTED &&
+            (q->seq == w->convicted_seq[x] || q->epoch > w->key_epoch[x])) {
             r->st.spares_ready_received++;
             r->exec_state[x] = ZZ_EXEC_SLEEPING;
             w->spare_pending[x] = 0;
@@ -1502,14 +1507,8 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             return;
         }
         /* controld acts on a SHUTDOWN certificate this replica may not have applied yet (a
-         * round still open here): hold the newest such announcement for that conviction.
-         * Or this replica convicted x at a higher seq than that certificate's (one fault,
-         * two adjacent seqs, check_done): it adopts the lower certificate once it has it.
-         * A key epoch above the slot's is a fresh successor, not an old announcement. */
-        int sibling = st == ZZ_EXEC_CONVICTED && q->seq < w->convicted_seq[x] &&
-                      q->seq > w->done_floor && q->epoch > w->key_epoch[x];
-        if ((q->seq > w->convicted_seq[x] && q->seq > w->spare_pending[x]) ||
-            (sibling && q->seq != w->spare_pending[x])) {
+         * round still open here): hold the newest such announcement for that conviction. */
+        if (q->seq > w->convicted_seq[x] && q->seq > w->spare_pending[x]) {
             r->st.spares_ready_held++;
             w->spare_pending[x] = q->seq;
             w->pend_epoch[x] = q->epoch;
