@@ -289,7 +289,7 @@ class Client:
             self.stats["too_large_refused"] += 1
             raise RequestTooLarge(size, p.max_request)
         signed: bytes | None = None
-        if p.sign_always and p.sign is not None and not read_only:
+        if p.sign_always and p.sign is not None and not read_only and size <= wire.MAX_MSG:
             signed = msg = req.signed_with_macs(macs, p.sign).encode()
             self.stats["signed"] += 1
         faulty = p.f if p.uses_execution_replicas else p.g
@@ -327,7 +327,8 @@ class Client:
                     # signed request does (every replica can check a signature, so no
                     # client can make backups suspect a primary that rightly refused it).
                     self.stats["retransmits"] += 1
-                    if signed is None and p.sign is not None:
+                    # (Not one that would not fit a frame signed: no replica orders it.)
+                    if signed is None and p.sign is not None and len(msg) + SIG_LEN <= wire.MAX_MSG:
                         signed = req.signed_with_macs(macs, p.sign).encode()
                         self.stats["signed"] += 1
                     self._send(signed or msg, everyone, all_exec)
