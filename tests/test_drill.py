@@ -191,6 +191,25 @@ def test_slow_reader_drill(up_rack: Config, tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_agreed
 @needs_go
+def test_mac_split_drill(up_rack: Config, tmp_path: Path) -> None:
+    """A client whose requests authenticate at the backups but not at the primary (and their
+    signed copies with a wrong signature): no view change, honest kv clients within the
+    drill's bounds of their quiet throughput and p99 latency (issue 15 item 5)."""
+    r = _run(up_rack, "mac-split", tmp_path)
+    assert r.result == "PASS", r.reasons
+    sent = r.details["mac_split"]["sent"]
+    assert sent["mac_split"] > 100 and sent["bad_signature"] > 50, sent
+    rows = r.details["mac_split_replicas"]
+    assert all(row["view_changes"] == 0 for row in rows.values()), rows
+    assert sum(row["timer_exempt"] for row in rows.values()) > 100, rows
+    honest = r.details["honest"]
+    assert honest["attack"]["ops_per_s"] >= honest["bound"]["min_ops_per_s"], honest
+    assert r.details["controld_deltas"]["woken"] == 0 and not r.woken
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
 @pytest.mark.parametrize(
     ("kind", "cp_phase"),
     # A crash right after a checkpoint, a liar right before the next one (CP = 32).

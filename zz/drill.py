@@ -60,6 +60,7 @@ KINDS = (
     "primary",
     "client-flood",
     "slow-reader",
+    "mac-split",
     "wrong-reply",
     "crash",
     "slow",
@@ -95,6 +96,15 @@ SLOW_MIN_THROUGHPUT = 0.5
 SLOW_MAX_P99 = 3.0
 SLOW_P99_FLOOR_MS = 250.0
 SLOW_MAX_RSS_MIB = 32.0
+# mac-split: a client whose requests authenticate at the backups but not at the primary
+# (its MAC entry for the current primary is garbage), MAC_SPLIT_RATE new ones a second to
+# every agreement replica, every other one also as a signed copy with a wrong signature.
+# Before signed requests each such request made the backups suspect a correct primary
+# (22 view changes in 30 s). Bounds: no view change at all, and honest throughput and p99
+# as for slow-reader (SLOW_MIN_THROUGHPUT, SLOW_MAX_P99, SLOW_P99_FLOOR_MS).
+MAC_SPLIT_RATE = 50.0
+# Drills with no execution fault: nothing may be detected, no spare woken.
+CLIENT_FAULTS = ("primary", "client-flood", "slow-reader", "mac-split")
 
 Progress = Callable[[str], None]
 
@@ -547,10 +557,7 @@ class Drill:
         self.services = [self.service]
         self.kvs = kvs
         self.replica = 0
-        if (
-            self.kind not in ("primary", "client-flood", "slow-reader")
-            and self.service.n_exec <= self.service.active
-        ):
+        if self.kind not in CLIENT_FAULTS and self.service.n_exec <= self.service.active:
             raise DrillError(f"{self.service.name} has no sleeping spare to wake")
 
     def _running(self, obs: Observer, s: Service) -> list[int]:
@@ -627,6 +634,8 @@ class Drill:
         elif k == "slow-reader":
             self._agreed_rss(self.details.setdefault("agreed_rss_mib", {}), "before")
             self.flood = asyncio.create_task(self._slow_reader())
+        elif k == "mac-split":
+            self.flood = asyncio.create_task(self._mac_split(obs))
         elif k in ("wrong-reply", "slow"):
             await self._faulty_runtime(self.service, self.replica, RUNTIME_FAULT[k])
         elif k == "crash":
@@ -815,6 +824,44 @@ class Drill:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _mac_split(self, obs: Observer) -> None:
+        """A faulty client (the principal after the honest ones) whose requests carry MAC
+        entries good for every agreement replica but the current primary (the highest view
+        in the stats files): MAC_SPLIT_RATE new requests a second, each to every agreement
+        replica, every other one followed by its signed copy (auth kind 3) with the same MAC
+        split and a wrong signature. Each is a kv read of a key nobody writes."""
+        s = self.service
+        base = self.args.first_client
+        base = base if base is not None else max(0, s.clients - 16)
+        idx = base + self.args.clients
+        if idx >= s.clients:
+            raise DrillError(f"{s.name}: no client principal {idx} for the mac-split client")
+        params = ClientParams.from_config(self.config, s.name, idx)
+        c = Client(params)
+        c.start()
+        sent: Counter[str] = Counter()
+        self.details["mac_split"] = {"client": params.principal, "rate_per_s": MAC_SPLIT_RATE,
+                                     "sent": sent}  # fmt: skip
+        everyone = list(range(params.n))
+        try:
+            while True:
+                views = [d.get("view", 0) for n, d in obs.agreed.items()
+                         if n.startswith(f"{s.name}/agreed-")]  # fmt: skip
+                primary = max(views, default=0) % params.n
+                req = wire.Request(params.service, params.principal, time.time_ns(), 0,
+                                   kv.encode_get(b"mac-split"))  # fmt: skip
+                macs = {r: params.keys[r] if r != primary else os.urandom(32) for r in everyone}
+                c._send(req.with_macs(macs).encode(), everyone)
+                sent["mac_split"] += 1
+                if sent["mac_split"] % 2 == 0 and params.sign is not None:
+                    signed = bytearray(req.signed_with_macs(macs, params.sign).encode())
+                    signed[-1] ^= 0x01  # a wrong signature
+                    c._send(bytes(signed), everyone)
+                    sent["bad_signature"] += 1
+                await asyncio.sleep(1.0 / MAC_SPLIT_RATE)
+        finally:
+            await c.close()
+
     def _exec_pids(self, s: Service, i: int) -> list[int]:
         return leftover_pids(
             ["zz.execution"],
@@ -985,11 +1032,11 @@ class Drill:
         if len(obs.controld) < len(self.config.hosts):
             raise DrillError(f"controlds not answering: {dict(obs.errors)}")
         self._choose(obs)
-        if self.kind not in ("primary", "client-flood", "slow-reader"):
+        if self.kind not in CLIENT_FAULTS:
             self._check_agreement_spares(obs)
         self.running_now = self._running(obs, self.service)
         self.spares_at_start = self._sleeping(obs)
-        if self.kind not in ("primary", "client-flood", "slow-reader"):
+        if self.kind not in CLIENT_FAULTS:
             missing = [s.name for s in self.services if not self.spares_at_start.get(s.name)]
             if missing:
                 raise DrillError(
@@ -1174,6 +1221,8 @@ class Drill:
             r.details["flood_sent"] = dict(r.details["flood_sent"])
         if "slow_reader" in r.details:
             r.details["slow_reader"]["sent"] = dict(r.details["slow_reader"]["sent"])
+        if "mac_split" in r.details:
+            r.details["mac_split"]["sent"] = dict(r.details["mac_split"]["sent"])
         getattr(self, f"_judge_{self.kind.replace('-', '_')}")(r, obs)
         r.reasons = self.reasons
         r.result = "FAIL" if self.reasons else "PASS"
@@ -1253,11 +1302,12 @@ class Drill:
                           f" spares after the drill: {', '.join(asleep) or 'none'}")  # fmt: skip
         self._need_progress(r)
 
-    def _judge_slow_reader(self, r: rp.DrillReport, obs: Observer) -> None:
-        """Honest clients' throughput and latency while the slow reader runs, against the
-        quiet seconds before it, within the SLOW_* bounds; agreement replicas' memory bounded;
-        the replicas dropped the slow reader (limits.slow_readers names its principal)."""
-        self._judge_client_flood(r, obs)  # no wake-up, spares still asleep, progress
+    def _honest_windows(
+        self, r: rp.DrillReport, what: str
+    ) -> tuple[dict[str, float | None], dict[str, float | None], dict[str, float]]:
+        """Honest clients' throughput and latency during the attack against the quiet
+        `--before` seconds, checked against SLOW_MIN_THROUGHPUT and SLOW_MAX_P99 /
+        SLOW_P99_FLOOR_MS (kept as details["honest"]); returns quiet, attack, bound."""
         a = self.args
 
         def window(lo: float, hi: float) -> dict[str, float | None]:
@@ -1275,20 +1325,29 @@ class Drill:
         bound = {
             "min_ops_per_s": SLOW_MIN_THROUGHPUT * (quiet["ops_per_s"] or 0.0),
             "max_p99_ms": max(SLOW_MAX_P99 * (quiet["p99_ms"] or 0.0), SLOW_P99_FLOOR_MS),
-            "max_rss_growth_mib": SLOW_MAX_RSS_MIB,
         }
         r.details["honest"] = {"quiet": quiet, "attack": attack, "bound": bound}
         if (attack["ops_per_s"] or 0.0) < bound["min_ops_per_s"]:
             self.reasons.append(
-                f"honest throughput {attack['ops_per_s']:.0f} ops/s under the slow reader, below"
+                f"honest throughput {attack['ops_per_s']:.0f} ops/s under the {what}, below"
                 f" {SLOW_MIN_THROUGHPUT:.0%} of the quiet {quiet['ops_per_s']:.0f} ops/s"
             )
         p99 = attack["p99_ms"]
         if p99 is None or p99 > bound["max_p99_ms"]:
             self.reasons.append(
-                f"honest p99 latency {p99} ms under the slow reader, above"
+                f"honest p99 latency {p99} ms under the {what}, above"
                 f" {bound['max_p99_ms']:.0f} ms (quiet p99 {quiet['p99_ms']})"
             )
+        return quiet, attack, bound
+
+    def _judge_slow_reader(self, r: rp.DrillReport, obs: Observer) -> None:
+        """Honest clients' throughput and latency while the slow reader runs, against the
+        quiet seconds before it, within the SLOW_* bounds; agreement replicas' memory bounded;
+        the replicas dropped the slow reader (limits.slow_readers names its principal)."""
+        self._judge_client_flood(r, obs)  # no wake-up, spares still asleep, progress
+        quiet, attack, bound = self._honest_windows(r, "slow reader")
+        bound["max_rss_growth_mib"] = SLOW_MAX_RSS_MIB
+        p99 = attack["p99_ms"]
         rss = r.details.get("agreed_rss_mib", {})
         for name, row in sorted(rss.items()):
             grown = row.get("max", 0.0) - row.get("before", 0.0)
@@ -1312,6 +1371,48 @@ class Drill:
             f"slow-reader: honest {attack['ops_per_s']:.0f} ops/s (quiet"
             f" {quiet['ops_per_s']:.0f}), p99 {p99} ms (quiet {quiet['p99_ms']});"
             f" agreed RSS growth {growth} MiB"
+        )
+
+    def _judge_mac_split(self, r: rp.DrillReport, obs: Observer) -> None:
+        """No view change while the mac-split client runs (its requests, unsigned or with a
+        wrong signature, never run a backup's view-change timer), honest throughput and p99
+        within the SLOW_* bounds of the quiet seconds, and the backups saw the attack
+        (signed_requests.timer_exempt and bad_signature grew)."""
+        self._judge_client_flood(r, obs)  # no wake-up, spares still asleep, progress
+        quiet, attack, _bound = self._honest_windows(r, "mac-split client")
+
+        def delta(d: dict[str, Any], base: dict[str, Any], *path: str) -> int:
+            for k in path[:-1]:
+                d, base = d.get(k, {}), base.get(k, {})
+            return int(d.get(path[-1], 0)) - int(base.get(path[-1], 0))
+
+        rows = {
+            n: {
+                "view": d.get("view"),
+                "view_changes": delta(d, obs.agreed_base.get(n, {}), "view_changes"),
+                "timer_exempt": delta(
+                    d, obs.agreed_base.get(n, {}), "signed_requests", "timer_exempt"
+                ),
+                "bad_signature": delta(
+                    d, obs.agreed_base.get(n, {}), "signed_requests", "bad_signature"
+                ),
+                "sig_banned": delta(d, obs.agreed_base.get(n, {}), "signed_requests", "sig_banned"),
+                "dropped_auth": delta(d, obs.agreed_base.get(n, {}), "dropped", "auth"),
+            }
+            for n, d in sorted(obs.agreed.items())
+            if n.startswith(f"{self.service.name}/agreed-")
+        }
+        r.details["mac_split_replicas"] = rows
+        changes = sum(row["view_changes"] for row in rows.values())
+        if changes:
+            self.reasons.append(f"{changes} view changes under the mac-split client: {rows}")
+        if not any(row["timer_exempt"] > 0 for row in rows.values()):
+            self.reasons.append("no backup took a mac-split request (signed_requests.timer_exempt)")
+        if not any(row["bad_signature"] > 0 for row in rows.values()):
+            self.reasons.append("no replica refused a wrong signature (bad_signature)")
+        self.notes.append(
+            f"mac-split: {changes} view changes; honest {attack['ops_per_s']:.0f} ops/s (quiet"
+            f" {quiet['ops_per_s']:.0f}), p99 {attack['p99_ms']} ms (quiet {quiet['p99_ms']})"
         )
 
     def _judge_exec_fault(self, r: rp.DrillReport, obs: Observer) -> None:
