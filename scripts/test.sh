@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
 # test.sh - the project's whole test suite, the command the README and CI run.
 # Lint, C unit tests and short fuzz runs (two targets, FUZZ_SECONDS each, 25 s by default),
-# then pytest (whose summary line ends the output).
+# then pytest without the tests marked `long` (whose summary line ends the output).
+# test.sh --long: set-up, then only the `long` tests (the real-VM drills on racks of their
+# own, ~10 min on the 2-core development machine; README "Tests", docs/operations.md).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+long=0
+case "${1:-}" in
+  "") ;;
+  --long) long=1 ;;
+  *) echo "usage: $0 [--long]" >&2; exit 2 ;;
+esac
 bash scripts/setup.sh
 
 PY=${PYTHON:-python3}
+if [ "$long" = 1 ]; then
+  echo "[test] pytest -m long"
+  exec $PY -m pytest -q --durations=25 -m long
+fi
 echo "[test] ruff check ."
 $PY -m ruff check .
 echo "[test] make -C agreement test"
 make -C agreement test
 echo "[test] make -C agreement fuzz-run FUZZ_SECONDS=${FUZZ_SECONDS:-25} (per target)"
 make -C agreement fuzz-run FUZZ_SECONDS="${FUZZ_SECONDS:-25}"
-echo "[test] pytest"
-exec $PY -m pytest -q --durations=25
+echo "[test] pytest -m 'not long'"
+exec $PY -m pytest -q --durations=25 -m "not long"

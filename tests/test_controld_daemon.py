@@ -740,6 +740,7 @@ async def test_real_guest_wakeup(real_vm_rack: Rack) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_real_guest_hibernated_shutdown_restart(tmp_path: Path) -> None:
     """A real hibernated replica: provision (boot, balloon, save), a forged WAKEUP does
     nothing, a valid one restores it and grows it back; a SHUTDOWN certificate convicting

@@ -1,6 +1,9 @@
 # tests/test_vm_drills.py - the drills end to end on a rack of real QEMU/libvirt guests (zz rack
 # up --backend libvirt): the execution runtimes run inside the VMs, the spare is a paused VM.
 # Slow (TCG guests boot in ~25 s on a busy 2-core host); skipped without libvirt and an image.
+# The default test command runs the f = 1 rack (runtimes in the guests, the crash drill); the
+# drills on racks of their own (f = 2, ZFS, byzantine-host: ~8 min) are marked `long` and run
+# with `scripts/test.sh --long` (README "Tests").
 from __future__ import annotations
 
 import contextlib
@@ -187,6 +190,7 @@ def test_vm_execution_fault_drill(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @needs_vms
 @needs_agreed
 @needs_go
@@ -201,6 +205,7 @@ def test_vm_wrong_reply_drill_f2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @needs_vms
 @needs_agreed
 @needs_go
@@ -238,6 +243,7 @@ def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @needs_vms
 @needs_agreed
 @needs_go
