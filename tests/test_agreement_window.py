@@ -9,6 +9,7 @@ replicas" are the test itself (docs/fault-detection.md, "Bounded evidence")."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -46,17 +47,37 @@ def _exec_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def _order_until(c: Cluster, target: int) -> None:
-    """Order requests of client 1, one batch each, until every replica executed `target`."""
-    client = c.client_principal(1)
-    keys = _secret(c, client)
-    with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
-        while c.stats(0)["last_exec"] < target:
-            last = c.stats(0)["last_exec"]
-            req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"op%d" % last)
-            cs.sendall(wire.frame(req.with_macs({r: keys[r] for r in range(c.n)}).encode()))
-            c.wait_for(lambda last=last: c.stats(0)["last_exec"] > last, timeout=15, what="order")
+    """Order requests until every replica executed `target`, never past it. Each round sends
+    one request per seq still missing, each from a client of its own and all at once (a
+    replica's stats are rewritten once a second: one request per round trip took ~3 s a
+    seq); a batch may hold several of them, so a round orders at most that many seqs, and
+    the next round starts once the primary executed them all. The requests go 50 ms apart,
+    so that most make a batch of their own (a merged batch only costs another round)."""
+    with contextlib.ExitStack() as stack:
+        conns: dict[int, socket.socket] = {}
+        while (s := c.stats(0))["last_exec"] < target:
+            want = target - s["last_exec"]
+            assert want < c.nclients, "one client per missing seq"
+            done = s["executed"]
+            for k in range(1, want + 1):
+                client = c.client_principal(k)
+                if k not in conns:
+                    conns[k] = stack.enter_context(
+                        socket.create_connection(("127.0.0.1", c.port(0)), timeout=5)
+                    )
+                keys = _secret(c, client)
+                req = wire.Request(1, client, timestamp=time.time_ns(), flags=0, op=b"op%d" % k)
+                conns[k].sendall(
+                    wire.frame(req.with_macs({r: keys[r] for r in range(c.n)}).encode())
+                )
+                time.sleep(0.05)
+            c.wait_for(
+                lambda done=done, want=want: c.stats(0)["executed"] >= done + want,
+                timeout=30,
+                what=f"{want} requests ordered",
+            )
     c.wait_for(
-        lambda: all(c.stats(r)["last_exec"] >= target for r in range(c.n)),
+        lambda: all(s["last_exec"] >= target for s in c.stats_all()),
         timeout=15,
         what=f"all at {target}",
     )
@@ -91,35 +112,35 @@ def test_report_for_a_seq_never_ordered_is_dropped_and_starts_no_timer(tmp_path:
     with _exec_cluster(tmp_path) as c:
         _order_until(c, 2)
         # Just above the window: as far as one sender's report can be from being dropped, and
-        # few enough seqs to order below (each is a round trip).
-        far = max(c.stats(r)["stable_seq"] for r in range(c.n)) + WINDOW + 1
+        # few enough seqs to order below.
+        far = max(s["stable_seq"] for s in c.stats_all()) + WINDOW + 1
         _send_all(c, {r: [_report(c, 0, far, r)] for r in range(c.n)})
         c.wait_for(
-            lambda: all(c.stats(r)["exec_window_drops"][0] == 1 for r in range(c.n)),
+            lambda: all(s["exec_window_drops"][0] == 1 for s in c.stats_all()),
             timeout=10,
             what="the far report dropped and counted for exec 0 everywhere",
         )
-        for r in range(c.n):
-            s = c.stats(r)
+        for s in c.stats_all():
             assert s["exec_window_drops"] == [1, 0, 0], s
             assert s["dropped"]["window"] >= 1, s
         # Ordering up to `far` takes far longer than the detection ceiling (300 ms): a timer
         # started by the dropped report would have expired meanwhile.
         _order_until(c, far - 1)
-        for r in range(c.n):
-            assert _quiet(c.stats(r)), c.stats(r)
+        for s in c.stats_all():
+            assert _quiet(s), s
         # The seq is reached for real; both awake replicas report it on time (sent before it
         # is dispatched, so no deadline race on a loaded machine): a certificate, no fault.
         _send_all(c, {r: [_report(c, i, far, r) for i in (0, 1)] for r in range(c.n)})
-        before = [c.stats(r)["exec_certificates"] for r in range(c.n)]
+        before = [s["exec_certificates"] for s in c.stats_all()]
         _order_until(c, far)
         c.wait_for(
-            lambda: all(c.stats(r)["exec_certificates"] > before[r] for r in range(c.n)),
+            lambda: all(
+                s["exec_certificates"] > b for s, b in zip(c.stats_all(), before, strict=True)
+            ),
             timeout=10,
             what="the far seq certified",
         )
-        for r in range(c.n):
-            s = c.stats(r)
+        for s in c.stats_all():
             assert _quiet(s), s
             assert s["exec_awake"] == [0, 1] and s["exec_convicted"] == [], s
 
@@ -135,15 +156,14 @@ def test_early_report_in_the_window_waits_for_dispatch(tmp_path: Path) -> None:
         # A fast exec 0 reports first ...
         _send_all(c, {r: [_report(c, 0, seq, r)] for r in range(c.n)})
         c.wait_for(
-            lambda: all(c.stats(r)["exec_reports"] >= 1 for r in range(c.n)),
+            lambda: all(s["exec_reports"] >= 1 for s in c.stats_all()),
             timeout=10,
             what="the early report taken",
         )
         # ... and for longer than the detection ceiling (300 ms) nothing else happens: the
         # old code's timer, started by the early report, fires meanwhile (exec 1 "silent").
         time.sleep(1.0)
-        for r in range(c.n):
-            s = c.stats(r)
+        for s in c.stats_all():
             assert _quiet(s), s
             assert s["exec_window_drops"] == [0, 0, 0], s
             assert s["exec_certificates"] == 0, s
@@ -151,18 +171,18 @@ def test_early_report_in_the_window_waits_for_dispatch(tmp_path: Path) -> None:
         # a loaded machine); at dispatch the two kept reports make the certificate.
         _send_all(c, {r: [_report(c, 1, seq, r)] for r in range(c.n)})
         c.wait_for(
-            lambda: all(c.stats(r)["exec_reports"] >= 2 for r in range(c.n)),
+            lambda: all(s["exec_reports"] >= 2 for s in c.stats_all()),
             timeout=10,
             what="the second early report taken",
         )
         _order_until(c, seq)
         c.wait_for(
-            lambda: all(c.stats(r)["exec_certificates"] == 1 for r in range(c.n)),
+            lambda: all(s["exec_certificates"] == 1 for s in c.stats_all()),
             timeout=10,
             what="certified at dispatch from the kept early reports",
         )
-        for r in range(c.n):
-            assert _quiet(c.stats(r)), c.stats(r)
+        for s in c.stats_all():
+            assert _quiet(s), s
 
 
 def test_far_fault_statement_is_dropped_and_counted(tmp_path: Path) -> None:
@@ -245,7 +265,9 @@ def test_checkpoints_become_stable_under_a_far_vote_flood(tmp_path: Path) -> Non
             with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as cs:
                 k = 0
                 deadline = time.monotonic() + 60
-                while not all(c.stats(r)["stable_seq"] >= 3 * CP for r in range(c.n)):
+                # The stats files as last written (once a second), not a fresh rewrite per
+                # replica and round: the flood and the requests go on between two writes.
+                while not all(c.stats(r, fresh=False)["stable_seq"] >= 3 * CP for r in range(c.n)):
                     assert time.monotonic() < deadline, c.summary()
                     for s in socks.values():
                         seqs = range(10_000 + 100 * k, 10_000 + 100 * k + 100, CP)
