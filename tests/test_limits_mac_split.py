@@ -277,3 +277,61 @@ def test_with_every_request_signed_mac_entries_good_for_the_primary_alone_change
                 assert st["signed_requests"]["pp_checked"] > 0, st["signed_requests"]
                 assert st["signed_requests"]["pp_held"] == 0, st["signed_requests"]
         assert len({c.stats(r)["app_digest"] for r in range(c.n)}) == 1, c.summary()
+
+
+def test_mac_entries_good_for_the_primary_alone_cost_one_view_change(tmp_path: Path) -> None:
+    """The case no backup can vouch for (MAC entries good for the current primary alone):
+    the slot stalls and one view change follows, but every backup that held the request
+    marks its client must-sign (ZZ_MUST_SIGN_MS) and, as the next primary, orders none of
+    its unsigned requests: the client cannot do it again to them. Without the marks it
+    stalled every primary in turn (scripts/bench/mac-split: view 28 within 15 s, honest
+    requests unserved for 30 s), as the zz-agreed before signed requests did."""
+    with running_cluster(tmp_path, clients=4) as c:
+        principal = c.client_principal(ATTACKER)
+        macs = c.client_secret(ATTACKER)
+        sent = 0
+        socks: dict[int, socket.socket] = {}
+
+        def attack() -> None:
+            nonlocal sent
+            end = time.monotonic() + 2 * ATTACK_S
+            while time.monotonic() < end:
+                p = _current_primary(c)
+                if p not in socks:
+                    socks[p] = socket.create_connection(("127.0.0.1", c.port(p)), timeout=5)
+                req = wire.Request(c.service.id, principal, time.time_ns(), 0, b"primary only")
+                only = {r: macs[r] if r == p else os.urandom(32) for r in range(c.n)}
+                socks[p].sendall(wire.frame(req.with_macs(only).encode()))
+                sent += 1
+                time.sleep(0.05)
+
+        async def honest() -> list[float]:
+            lat: list[float] = []
+            async with c.client(1) as cl:
+                loop = asyncio.get_running_loop()
+                t_end = loop.time() + 2 * ATTACK_S
+                while loop.time() < t_end:
+                    op = f"honest {len(lat)}".encode()
+                    t0 = loop.time()
+                    assert await cl.invoke(op, timeout=20) == op
+                    lat.append(loop.time() - t0)
+            return lat
+
+        async def both() -> list[float]:
+            attacker = asyncio.ensure_future(asyncio.to_thread(attack))
+            lat = await honest()
+            await attacker
+            return lat
+
+        lat = asyncio.run(both())
+        for s in socks.values():
+            s.close()
+        time.sleep(2.5)
+        views = [c.stats(r)["view_changes"] for r in range(c.n)]
+        assert max(views) <= 1, c.summary()
+        assert len(lat) >= 40, f"honest client completed only {len(lat)} requests"
+        assert sorted(lat)[len(lat) // 2] < 0.5, f"median honest latency {sorted(lat)}"
+        marks = [c.stats(r)["signed_requests"]["must_sign_marks"] for r in range(c.n)]
+        deferred = sum(c.stats(r)["signed_requests"]["unsigned_deferred"] for r in range(c.n))
+        assert sum(m > 0 for m in marks) >= 2 * c.g + 1 - 1, marks  # the backups of view 0
+        assert deferred > 0 or max(views) == 0, deferred

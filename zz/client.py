@@ -16,6 +16,8 @@ from .config import Config, request_limit
 from .crypto import SIG_LEN, SigningKey, sha256
 from .link import Link
 
+SIGN_AFTER_RETRY_S = 60.0
+
 
 class ClientTimeout(Exception):
     """No reply certificate before the caller's deadline."""
@@ -204,6 +206,11 @@ class Client:
         self._exec_conns: list[_Conn] = []
         self._pending: _Pending | None = None
         self._lock = asyncio.Lock()
+        # After a request that needed its signed retransmission, sign first sends too for
+        # SIGN_AFTER_RETRY_S: a replica that could not check one of our MACs in a
+        # PRE-PREPARE (a faulty primary forging us) orders only our signed requests for a
+        # while (docs/agreement.md "Signed requests").
+        self._sign_until = 0.0
 
     @classmethod
     def from_file(cls, config_path: str | Path, service: str | int, client_index: int) -> Client:
@@ -289,7 +296,8 @@ class Client:
             self.stats["too_large_refused"] += 1
             raise RequestTooLarge(size, p.max_request)
         signed: bytes | None = None
-        if p.sign_always and p.sign is not None and not read_only and size <= wire.MAX_MSG:
+        sign_now = p.sign_always or loop.time() < self._sign_until
+        if sign_now and p.sign is not None and not read_only and size <= wire.MAX_MSG:
             signed = msg = req.signed_with_macs(macs, p.sign).encode()
             self.stats["signed"] += 1
         faulty = p.f if p.uses_execution_replicas else p.g
@@ -312,9 +320,12 @@ class Client:
                 if remaining <= 0:
                     raise ClientTimeout(f"no reply certificate for timestamp {ts}")
                 try:
-                    return await asyncio.wait_for(
+                    result = await asyncio.wait_for(
                         asyncio.shield(pend.future), min(interval, remaining)
                     )
+                    if signed is not None and not sign_now:
+                        self._sign_until = loop.time() + SIGN_AFTER_RETRY_S
+                    return result
                 except TimeoutError:
                     if pend.future.done():
                         return pend.future.result()

@@ -126,6 +126,13 @@ static int request_ok(zz_replica *r, const zz_msg *m)
     if (zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)))
         return 1;
     r->st.pp_unverifiable++;
+    /* The client (or a primary forging it) is faulty. Should no g backups be able to
+     * vouch, the slot stalls and a view change follows; as a primary we will not order
+     * this client's unsigned requests again for a while, so it cannot do it to us. */
+    zz_client *mc = &r->clients[ci];
+    if (zz_now_ms(r) >= mc->must_sign_until_ms)
+        r->st.must_sign_marks++;
+    mc->must_sign_until_ms = zz_now_ms(r) + ZZ_MUST_SIGN_MS;
     return 2;
 }
 

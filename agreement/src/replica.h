@@ -106,6 +106,9 @@ typedef struct {
 /* How long a replica skips the signed requests of a client that sent it a wrong signature
  * under a good MAC (replica.c). */
 #define ZZ_SIG_BAN_MS 10000u
+/* How long a replica, as primary, orders only signed requests of a client one of whose
+ * unsigned requests it could not check in a PRE-PREPARE (normal.c, request.c). */
+#define ZZ_MUST_SIGN_MS 60000u
 
 /* Per client principal (indexed like conf->keys): exactly-once and reply cache. */
 typedef struct {
@@ -122,6 +125,8 @@ typedef struct {
                           * only such a request runs the view-change timer (request.c) */
     uint64_t sig_banned_until_ms; /* its MAC for us was good and its signature wrong: a
                                    * faulty client, whose signed requests we skip till then */
+    uint64_t must_sign_until_ms;  /* an unsigned request of it failed our MAC entry in a
+                                   * PRE-PREPARE: as primary we order only its signed ones */
     uint64_t proposed_t; /* primary: highest t put in a batch in the current view */
     int queued;          /* primary: in the proposal queue */
     /* external execution: the newest request of this client in a batch with an execution
@@ -179,6 +184,8 @@ typedef struct {
     uint64_t pp_unverifiable;    /* unsigned requests in pre-prepares that failed our MAC */
     uint64_t pp_held;            /* pre-prepares held for such a request */
     uint64_t pp_vouched;         /* held pre-prepares prepared once g other backups had */
+    uint64_t must_sign_marks;    /* clients marked must-sign (ZZ_MUST_SIGN_MS) */
+    uint64_t unsigned_deferred;  /* primary: unsigned requests left for their signed copy */
     uint64_t requests_too_large;   /* REQUESTs over the limit: dropped, REPLY rejected sent */
     uint64_t batches_too_large;    /* PRE-PREPAREs whose batch is over a limit: refused */
 } zz_rstats;

@@ -138,13 +138,15 @@ void zz_signed_write_stats(zz_replica *r, void *file)
     fprintf(f, "\"signed_requests\": {\"in\": %llu, \"bad_signature\": %llu, "
                "\"bad_mac\": %llu, \"sig_banned\": %llu, \"upgraded\": %llu, "
                "\"timer_exempt\": %llu, \"pp_checked\": %llu, "
-               "\"pp_unverifiable\": %llu, \"pp_held\": %llu, \"pp_vouched\": %llu}, ",
+               "\"pp_unverifiable\": %llu, \"pp_held\": %llu, \"pp_vouched\": %llu, "
+               "\"must_sign_marks\": %llu, \"unsigned_deferred\": %llu}, ",
             (unsigned long long)r->st.req_signed_in, (unsigned long long)r->st.req_bad_sig,
             (unsigned long long)r->st.req_bad_mac, (unsigned long long)r->st.req_sig_banned,
             (unsigned long long)r->st.req_upgraded,
             (unsigned long long)r->st.req_timer_exempt, (unsigned long long)r->st.pp_sig_checked,
             (unsigned long long)r->st.pp_unverifiable, (unsigned long long)r->st.pp_held,
-            (unsigned long long)r->st.pp_vouched);
+            (unsigned long long)r->st.pp_vouched, (unsigned long long)r->st.must_sign_marks,
+            (unsigned long long)r->st.unsigned_deferred);
 }
 
 static void enqueue(zz_replica *r, uint32_t ci)
@@ -286,10 +288,14 @@ static uint32_t build_batch(zz_replica *r, zz_buf *b, uint64_t nd_time, uint64_t
     while (r->q_len > 0 && count < r->conf->batch_max) {
         uint32_t ci = r->queue[r->q_head];
         zz_client *c = &r->clients[ci];
-        /* With require_signed an unsigned request waits for its signed copy (on_request
-         * queues it again when that comes). */
-        int live = c->pend_raw && c->pend_t > c->last_t && c->pend_t > c->proposed_t &&
-                   (c->pend_signed || !r->conf->require_signed);
+        /* With require_signed, or for a client marked must-sign (normal.c), an unsigned
+         * request waits for its signed copy (on_request queues it again when it comes). */
+        int live = c->pend_raw && c->pend_t > c->last_t && c->pend_t > c->proposed_t;
+        if (live && !c->pend_signed &&
+            (r->conf->require_signed || zz_now_ms(r) < c->must_sign_until_ms)) {
+            r->st.unsigned_deferred++;
+            live = 0;
+        }
         if (live && (uint64_t)b->len + 4 + c->pend_len > r->conf->batch_bytes && count > 0)
             break; /* next batch */
         r->q_head = (r->q_head + 1) % cap;
