@@ -96,3 +96,29 @@ def test_the_lower_sibling_certificate_wins_and_its_spare_is_taken(
             s = c.stats(r)
             assert s["exec_key_epoch"][0] == 1 and not s["fault_round_open"], s
             assert s["spares_ready_rejected"] == 0, s
+
+
+def test_a_shutdown_before_its_wakeup_is_kept(tmp_path: Path) -> None:
+    """Peers that adopted the WAKEUP first decide and send their SHUTDOWN before the WAKEUP
+    reaches this replica (campaign seed 3101 round 26: the bodies were dropped, the round
+    opened after them, waited for a report it never got and closed undecided). Replica 3
+    gets a certificate with no round open; replica 2 one body, then the WAKEUP, then the
+    other body."""
+    with Cluster(tmp_path, app="kv", f=1) as c:
+        c.start()
+        kd = c.dir / "keys"
+        first, second = _shutdowns(kd, S)
+        _send(c.port(3), first, second)
+        _send(c.port(2), first)
+        c.wait_for(lambda: c.stats(2)["shutdowns_received"] == 1, what="2 holds one body")
+        _send(c.port(2), _wakeup(kd, S))
+        c.wait_for(lambda: c.stats(2).get("fault_round_seq") == S, what="2 in the round")
+        _send(c.port(2), second)
+        c.wait_for(
+            lambda: all(
+                c.stats(r)["exec_convicted"] == [0] and c.stats(r)["exec_awake"] == [1, 2]
+                for r in (2, 3)
+            ),
+            what="2 and 3 adopted the certificate",
+        )
+        assert not any(c.stats(r)["fault_round_open"] for r in (2, 3))

@@ -774,6 +774,14 @@ static void serve_log(zz_replica *r, uint32_t i)
 }
 
 static void try_resolve(zz_replica *r);
+static uint64_t body_seq(const uint8_t *p, uint32_t len);
+static int body_lists(zz_replica *r, const uint8_t *p, uint32_t len,
+                      uint32_t out[4][ZZ_MAX_EXEC], uint32_t n[4]);
+static uint32_t count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens,
+                           const uint8_t *body, uint32_t len);
+static void adopt(zz_replica *r, const uint8_t *body, uint32_t len, uint64_t seq,
+                  const uint32_t *convict, uint32_t nc, const uint32_t *sleep, uint32_t ns,
+                  const uint32_t *active, uint32_t nact);
 
 static void on_round_tick(void *ctx)
 {
@@ -797,7 +805,25 @@ static void open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint3
                        uint32_t nrows, const uint8_t *raw, uint32_t len)
 {
     struct zz_wake *w = r->wake;
+    /* SHUTDOWN bodies for this round that came before it (zz_on_shutdown) stay. */
+    uint8_t *early[ZZ_MAX_REPLICAS] = {0};
+    uint32_t early_len[ZZ_MAX_REPLICAS] = {0};
+    for (uint32_t s = 0; s < r->n && s < ZZ_MAX_REPLICAS; s++) {
+        uint32_t l[4][ZZ_MAX_EXEC], n[4];
+        const uint8_t *b = w->sd_body[s];
+        if (b && body_seq(b, w->sd_len[s]) == seq &&
+            body_lists(r, b, w->sd_len[s], l, n) == 0 && same_ids(l[0], n[0], awake, n_awake)) {
+            early[s] = w->sd_body[s];
+            early_len[s] = w->sd_len[s];
+            w->sd_body[s] = NULL;
+            w->sd_len[s] = 0;
+        }
+    }
     round_clear(r);
+    for (uint32_t s = 0; s < r->n && s < ZZ_MAX_REPLICAS; s++) {
+        w->sd_body[s] = early[s];
+        w->sd_len[s] = early_len[s];
+    }
     w->wakeup_raw = zz_memdup(raw, len);
     w->wakeup_len = w->wakeup_raw ? len : 0;
     w->open = 1;
@@ -815,6 +841,20 @@ static void open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint3
     }
     save_view(r);
     w->resend_timer = zz_net_timer(r->net, WAKE_RESEND_MS, on_round_tick, r);
+    for (uint32_t s = 0; s < r->n && s < ZZ_MAX_REPLICAS; s++) {
+        uint32_t l[4][ZZ_MAX_EXEC], n[4];
+        const uint8_t *b = w->sd_body[s];
+        uint32_t bl = w->sd_len[s];
+        if (b && count_body(r, w->sd_body, w->sd_len, b, bl) >= r->g + 1 &&
+            body_lists(r, b, bl, l, n) == 0) {
+            uint8_t *copy = zz_memdup(b, bl); /* adopt() frees the table it comes from */
+            if (!copy)
+                return;
+            adopt(r, copy, bl, seq, l[1], n[1], l[2], n[2], l[3], n[3]);
+            free(copy);
+            return;
+        }
+    }
     try_resolve(r);
 }
 
@@ -1200,6 +1240,28 @@ static void check_done(zz_replica *r)
     w->applied_len = best_len;
 }
 
+/* Apply a SHUTDOWN certificate (g+1 identical bodies in sd_body) for the round w->seq /
+ * w->awake, or for a lower sibling of it (its seq becomes the decided one). */
+static void adopt(zz_replica *r, const uint8_t *body, uint32_t len, uint64_t seq,
+                  const uint32_t *convict, uint32_t nc, const uint32_t *sleep, uint32_t ns,
+                  const uint32_t *active, uint32_t nact)
+{
+    struct zz_wake *w = r->wake;
+    uint32_t same = count_body(r, w->sd_body, w->sd_len, body, len);
+    char cs[256], as[256];
+    fmt_ids(cs, sizeof cs, convict, nc);
+    fmt_ids(as, sizeof as, active, nact);
+    fprintf(stderr,
+            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
+            "certificate of %u\n",
+            r->id, (unsigned long long)seq, cs, as, same);
+    apply_resolution(r, seq, convict, nc, sleep, ns, active, nact);
+    set_done(r, body, len, NULL, 0);
+    w->done_seq = seq; /* a lower sibling's certificate: the open round's seq is settled */
+    round_clear(r);
+    check_done(r);
+}
+
 void zz_on_shutdown(zz_replica *r, const zz_msg *m)
 {
     struct zz_wake *w = r->wake;
@@ -1220,6 +1282,25 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
     }
     r->st.shutdowns_received++;
     uint32_t s = m->sender;
+    uint32_t cur[ZZ_MAX_EXEC];
+    uint32_t ncur = list_state(r, ZZ_EXEC_AWAKE, cur);
+    if (!w->open && q->seq > w->settled_seq && same_ids(awake, na, cur, ncur)) {
+        /* A round not open here yet: peers that adopted the WAKEUP first may decide and
+         * send their SHUTDOWN before the WAKEUP or the statements reach us (campaign seed
+         * 3101 round 26: the bodies were dropped, the round opened after them and closed
+         * undecided). Kept for that round (open_round keeps them); g+1 identical bodies
+         * are a certificate whether or not it ever opens. */
+        free(w->sd_body[s]);
+        w->sd_body[s] = zz_memdup(m->body, m->body_len);
+        w->sd_len[s] = w->sd_body[s] ? m->body_len : 0;
+        if (count_body(r, w->sd_body, w->sd_len, m->body, m->body_len) < r->g + 1)
+            return;
+        w->seq = q->seq;
+        w->n_awake = na;
+        memcpy(w->awake, awake, na * sizeof *awake);
+        adopt(r, m->body, m->body_len, q->seq, convict, nc, sleep, ns, active, nact);
+        return;
+    }
     /* Our open round, or a lower seq of its awake set: one fault flagged at two adjacent
      * seqs can open a round at either, and a certificate for the lower one settles it. */
     if (!w->open || q->seq > w->seq || q->seq <= w->settled_seq ||
@@ -1238,21 +1319,9 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
     free(w->sd_body[s]);
     w->sd_body[s] = zz_memdup(m->body, m->body_len);
     w->sd_len[s] = w->sd_body[s] ? m->body_len : 0;
-    uint32_t same = count_body(r, w->sd_body, w->sd_len, m->body, m->body_len);
-    if (same < r->g + 1)
+    if (count_body(r, w->sd_body, w->sd_len, m->body, m->body_len) < r->g + 1)
         return;
-    char cs[256], as[256];
-    fmt_ids(cs, sizeof cs, convict, nc);
-    fmt_ids(as, sizeof as, active, nact);
-    fprintf(stderr,
-            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
-            "certificate of %u\n",
-            r->id, (unsigned long long)q->seq, cs, as, same);
-    apply_resolution(r, q->seq, convict, nc, sleep, ns, active, nact);
-    set_done(r, m->body, m->body_len, NULL, 0);
-    w->done_seq = q->seq; /* a lower sibling's certificate: the open round's seq is settled */
-    round_clear(r);
-    check_done(r);
+    adopt(r, m->body, m->body_len, q->seq, convict, nc, sleep, ns, active, nact);
 }
 
 /* ---- key epochs (docs/wire.md "Key epochs") ----
