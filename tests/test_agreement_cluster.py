@@ -97,11 +97,11 @@ def _check_echo(results: dict[int, list]) -> int:
 
 
 def _up_to_date(c: Cluster, replicas: list[int], target: int) -> Callable[[], bool]:
-    return lambda: all(c.stats(r)["last_exec"] >= target for r in replicas)
+    return lambda: all(s["last_exec"] >= target for s in c.stats_all(replicas))
 
 
 def _max_exec(c: Cluster, replicas: list[int]) -> int:
-    return max(c.stats(r)["last_exec"] for r in replicas)
+    return max(s["last_exec"] for s in c.stats_all(replicas))
 
 
 # ---- normal case ----------------------------------------------------------------------
@@ -121,13 +121,13 @@ def test_normal_case_g1(make_cluster: Callable[..., Cluster]) -> None:
     assert _check_echo(results) == 100
     # Every replica executes each request exactly once, in the same order (same app digest).
     c.wait_for(
-        lambda: all(c.stats(r)["executed"] == 100 for r in range(c.n)),
+        lambda: all(s["executed"] == 100 for s in c.stats_all()),
         timeout=20,
         what="all replicas executed 100",
     )
-    digests = {c.stats(r)["app_digest"] for r in range(c.n)}
+    digests = {s["app_digest"] for s in c.stats_all()}
     assert len(digests) == 1, digests
-    assert all(c.stats(r)["view"] == 0 for r in range(c.n))
+    assert all(s["view"] == 0 for s in c.stats_all())
     # SIGTERM is a clean exit (under ASan this also means no leak and no memory error).
     codes = c.close()
     assert all(code == 0 for code in codes.values()), codes
@@ -140,11 +140,11 @@ def test_g2_seven_replicas(make_cluster: Callable[..., Cluster]) -> None:
     results = asyncio.run(_workload(c, [0, 1, 2], 20, "g2"))
     assert _check_echo(results) == 60
     c.wait_for(
-        lambda: all(c.stats(r)["executed"] == 60 for r in range(7)),
+        lambda: all(s["executed"] == 60 for s in c.stats_all(range(7))),
         timeout=20,
         what="7 replicas executed 60",
     )
-    assert len({c.stats(r)["app_digest"] for r in range(7)}) == 1
+    assert len({s["app_digest"] for s in c.stats_all(range(7))}) == 1
 
 
 # ---- faults ----------------------------------------------------------------------------
@@ -159,12 +159,11 @@ def test_primary_crash_view_change(make_cluster: Callable[..., Cluster]) -> None
     results = asyncio.run(_workload(c, [0, 1], 10, "after"))
     elapsed = time.monotonic() - t0
     assert _check_echo(results) == 20
-    for r in (1, 2, 3):
-        s = c.stats(r)
+    for s in c.stats_all((1, 2, 3)):
         assert s["view"] >= 1, c.summary()
         assert s["view"] % c.n != 0, f"progress under a dead primary? {c.summary()}"
     c.wait_for(
-        lambda: all(c.stats(r)["executed"] == 40 for r in (1, 2, 3)),
+        lambda: all(s["executed"] == 40 for s in c.stats_all((1, 2, 3))),
         timeout=20,
         what="survivors executed 40",
     )
@@ -179,13 +178,13 @@ def test_byzantine_primary(make_cluster: Callable[..., Cluster], mode: str) -> N
     assert _check_echo(results) == 20
     correct = [1, 2, 3]
     c.wait_for(
-        lambda: all(c.stats(r)["executed"] == 20 for r in correct),
+        lambda: all(s["executed"] == 20 for s in c.stats_all(correct)),
         timeout=20,
         what="correct replicas executed 20",
     )
     for r in correct:
         assert c.stats(r)["view"] >= 1, c.summary()
-    assert len({c.stats(r)["app_digest"] for r in correct}) == 1
+    assert len({s["app_digest"] for s in c.stats_all(correct)}) == 1
 
 
 @pytest.mark.slow
@@ -208,7 +207,7 @@ def test_backup_restart_catches_up(make_cluster: Callable[..., Cluster]) -> None
     # Caught up by state transfer (it never saw most of the batches) to the same state.
     assert s3["state_transfers"] >= 1 or s3["executed"] >= 170, s3
     c.wait_for(
-        lambda: len({c.stats(r)["app_digest"] for r in range(4)}) == 1,
+        lambda: len({s["app_digest"] for s in c.stats_all(range(4))}) == 1,
         timeout=10,
         what="equal app digests",
     )
@@ -230,15 +229,14 @@ def test_loss_duplication_delay(make_cluster: Callable[..., Cluster]) -> None:
     top = _max_exec(c, list(range(4)))
     c.wait_for(_up_to_date(c, list(range(4)), top), timeout=30, what="all replicas up to date")
     full = []
-    for r in range(4):
-        s = c.stats(r)
+    for r, s in enumerate(c.stats_all(range(4))):
         assert s["executed"] <= 200, f"replica {r} executed a request twice: {s}"
         assert s["net"]["injected_drops"] > 0 and s["net"]["injected_dups"] > 0, s
         if s["state_transfers"] == 0:
             full.append(r)
             assert s["executed"] == 200, f"replica {r}: {s}"
     assert full, "every replica needed a state transfer: no exactly-once evidence"
-    assert len({c.stats(r)["app_digest"] for r in range(4)}) == 1
+    assert len({s["app_digest"] for s in c.stats_all(range(4))}) == 1
 
 
 # ---- hostile input -------------------------------------------------------------------
@@ -304,7 +302,7 @@ def test_garbage_is_dropped_and_counted(make_cluster: Callable[..., Cluster]) ->
     results = asyncio.run(_workload(c, [0, 1], 5, "after-garbage"))
     assert _check_echo(results) == 10
     c.wait_for(
-        lambda: all(c.stats(r)["executed"] == 10 for r in range(c.n)),
+        lambda: all(s["executed"] == 10 for s in c.stats_all()),
         timeout=10,
         what="10 requests executed (and not the forged one)",
     )
