@@ -440,6 +440,15 @@ class Campaign:
         running, asleep = self._controld(obs)
         if len(running) != f + 1 or len(asleep) != f:
             out.append(f"controld: running {running}, asleep {asleep}")
+        # A runtime that has not registered with every agreement replica yet (just started
+        # after a restart) would be late for the first seqs: that is the harness's doing.
+        for i in running:
+            try:
+                st = json.loads(self.s.exec_status_path(self.config, i).read_text())
+            except (OSError, ValueError):
+                st = {}
+            if st.get("agreement_links_up") != self.s.n:
+                out.append(f"exec-{i} not linked to every agreement replica yet")
         return out
 
     async def _poll(self, obs: Observer) -> None:
@@ -491,7 +500,7 @@ class Campaign:
             return
         run = self.config.rack.run_dir
         dest = self.opts.keep_logs / f"f{self.s.f}-round{len(self.rounds)}"
-        for src in [*run.glob("*/*.log"), *run.glob("*/*.stats.json"), *run.glob("*.log")]:
+        for src in [*run.rglob("*.log"), *run.glob("*/*.stats.json")]:
             target = dest / src.relative_to(run)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
