@@ -135,7 +135,8 @@ class FaultRig(Rig):
     controld: FakeControld
 
     def agreement(self) -> list[dict[str, Any]]:
-        return [self.cluster.stats(r) for r in range(self.cluster.n) if self.cluster.alive(r)]
+        cl = self.cluster
+        return cl.stats_all([r for r in range(cl.n) if cl.alive(r)])
 
     def total(self, key: str) -> int:
         return sum(s.get(key, 0) for s in self.agreement())

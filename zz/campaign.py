@@ -490,8 +490,8 @@ class Campaign:
 
     def restart(self, why: str) -> None:
         self.progress(f"  restarting the rack: {why}")
+        self._keep_logs()  # before down: it removes the replicas' directories, logs too
         down(self.config)
-        self._keep_logs()
         self.up()
 
     def _keep_logs(self) -> None:

@@ -409,6 +409,25 @@ static void fz_sign(zz_buf *b, size_t st, int idx)
         abort();
 }
 
+/* A client's signed request (auth kind 3): MACs as fz_mac, then its signature, flipped in
+ * its last byte when `bad` (a wrong signature). */
+static void fz_mac_sig(fz_in *in, zz_buf *b, size_t st, int idx, int bad)
+{
+    uint32_t recv[FZ_N];
+    zz_mackey *keys[FZ_N];
+    uint16_t k = 0;
+    int all = u8(in) & 1;
+    for (uint32_t j = 0; j < FZ_N; j++)
+        if (all || j == fz_r.id) {
+            recv[k] = j;
+            keys[k++] = fz_mk[idx][j];
+        }
+    if (zz_auth_mac_sig(b, st, recv, keys, k, fz_sk[idx]) != 0)
+        abort();
+    if (bad && b->len > st)
+        b->p[b->len - 1] ^= 1;
+}
+
 /* A list<u32> of ids below `below`, ascending, from a bit mask. */
 static void put_ids(zz_buf *b, uint8_t mask, uint32_t below)
 {
@@ -435,12 +454,17 @@ static void build_request(fz_in *in, zz_buf *b, int ci)
         ts = fz_r.clients[cix].last_t + tb % 4; /* a retransmission, the next one, ... */
     else
         ts = tb == 255 ? u64(in) : tb;
-    size_t st = zz_enc_request(b, FZ_SVC, ZZ_PRINCIPAL_CLIENT + (uint32_t)ci, ts,
-                               fl % 4 == 3 ? 0 : fl % 4 == 1 ? ZZ_REQ_READONLY
-                               : fl % 4 == 2               ? ZZ_REQ_ORDERED_READ
-                                                           : 0,
-                               op, len);
-    fz_mac(in, b, st, FZ_N + FZ_EXEC + ci);
+    int sign = fl & 4; /* signed (a retransmission), wrongly so with fl & 8 */
+    size_t st = zz_enc_request_kind(b, sign ? ZZ_AUTH_MAC_SIG : ZZ_AUTH_MAC, FZ_SVC,
+                                    ZZ_PRINCIPAL_CLIENT + (uint32_t)ci, ts,
+                                    fl % 4 == 3 ? 0 : fl % 4 == 1 ? ZZ_REQ_READONLY
+                                    : fl % 4 == 2               ? ZZ_REQ_ORDERED_READ
+                                                                : 0,
+                                    op, len);
+    if (sign)
+        fz_mac_sig(in, b, st, FZ_N + FZ_EXEC + ci, fl & 8);
+    else
+        fz_mac(in, b, st, FZ_N + FZ_EXEC + ci);
 }
 
 /* A batch: nd_time near the wall clock, requests from clients (or pending ones). */

@@ -79,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     default:
         break;
     }
-    if (m.auth_kind == ZZ_AUTH_MAC)
+    if (m.auth_kind == ZZ_AUTH_MAC || m.auth_kind == ZZ_AUTH_MAC_SIG)
         (void)zz_find_mac(&m, 1);
 
     /* Dump: hex doubles the size; a u32 list item (4 bytes) takes up to 11 characters, so
