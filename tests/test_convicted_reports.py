@@ -33,20 +33,20 @@ def test_reports_of_a_convicted_replica_count_for_nobody(tmp_path: Path) -> None
         for r in range(c.n):
             _send(c.port(r), early)
         c.wait_for(
-            lambda: all(c.stats(r)["exec_reports_early"] >= 1 for r in range(c.n)),
+            lambda: all(s["exec_reports_early"] >= 1 for s in c.stats_all()),
             what="the early report kept",
         )
         for r in range(c.n):
             _send(c.port(r), _wakeup(kd, S), *_shutdowns(kd, S))
         c.wait_for(
-            lambda: all(c.stats(r)["exec_convicted"] == [0] for r in range(c.n)),
+            lambda: all(s["exec_convicted"] == [0] for s in c.stats_all()),
             what="0 convicted everywhere",
         )
         # Until its successor is announced, whatever it reports is dropped and counted.
         for r in range(c.n):
             _send(c.port(r), _report(kd, c.n, S + 4, b"more"))
         c.wait_for(
-            lambda: all(c.stats(r)["exec_reports_convicted"] == 1 for r in range(c.n)),
+            lambda: all(s["exec_reports_convicted"] == 1 for s in c.stats_all()),
             what="a convicted replica's report dropped and counted",
         )
-        assert all(c.stats(r)["exec_mismatches"] == 0 for r in range(c.n))
+        assert all(s["exec_mismatches"] == 0 for s in c.stats_all())

@@ -21,9 +21,7 @@ def _send(port: int, *msgs: bytes) -> None:
 
 
 def _controld_key(key_dir: Path, h: int = 0) -> SigningKey:
-    sec = keys.load_secret(
-        keys.secret_path(key_dir, keys.RACK_SERVICE, keys.controld_principal(h))
-    )
+    sec = keys.load_secret(keys.secret_path(key_dir, keys.RACK_SERVICE, keys.controld_principal(h)))
     assert sec.sign is not None
     return sec.sign
 
@@ -66,20 +64,20 @@ def test_agreed_refuses_the_replaced_key_of_a_slot(tmp_path: Path) -> None:
         for r in range(c.n):
             _send(c.port(r), bad, raw)
         c.wait_for(
-            lambda: all(c.stats(r).get("exec_key_epoch", [0] * 3)[spare] == 1 for r in range(c.n)),
+            lambda: all(s.get("exec_key_epoch", [0] * 3)[spare] == 1 for s in c.stats_all()),
             what="every agreement replica holds epoch 1 for the spare",
         )
-        assert all(c.stats(r)["spares_ready_rejected"] == 1 for r in range(c.n))
+        assert all(s["spares_ready_rejected"] == 1 for s in c.stats_all())
 
         old_cp, old_rep = _exec_msgs(old, c.n, 128)
         new_cp, new_rep = _exec_msgs(new, c.n, 128)
-        auth0 = [c.stats(r)["dropped"]["auth"] for r in range(c.n)]
+        auth0 = [s["dropped"]["auth"] for s in c.stats_all()]
         for r in range(c.n):
             # In order on one connection: the last old-key message is processed after the
             # new-key ones, so its count shows they were seen too.
             _send(c.port(r), old_cp, old_rep, new_cp, new_rep, old_cp)
         c.wait_for(
-            lambda: all(c.stats(r)["exec_stale_key_drops"][spare] == 3 for r in range(c.n)),
+            lambda: all(s["exec_stale_key_drops"][spare] == 3 for s in c.stats_all()),
             what="old-key messages dropped and counted for the spare's slot",
         )
         for r in range(c.n):
@@ -231,8 +229,7 @@ def test_fresh_spare_has_new_keys_end_to_end(tmp_path: Path) -> None:
         assert counters["spare_ready_sent"] == c.n, (counters, notes)
         rig.wait(
             lambda: all(
-                s["exec_sleeping"] == [1] and s["exec_key_epoch"][1] == 1
-                for s in rig.agreement()
+                s["exec_sleeping"] == [1] and s["exec_key_epoch"][1] == 1 for s in rig.agreement()
             ),
             "every agreement replica has the fresh spare asleep under key epoch 1",
         )
