@@ -84,6 +84,7 @@ class Cluster:
             self.control_port = free_port_range(1)
         active_line = f"active = {active}\n" if active is not None else ""
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.started_ns: dict[int, int] = {}  # wall clock at each replica's last start
         self.all_pids: list[int] = []
         self._clients: list[Any] = []
         self.config_path = self.dir / "rack.toml"
@@ -166,6 +167,7 @@ base_port = {self.base_port}
             env.setdefault("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
             # Own session = own process group, so a kill reaches anything it spawns.
             cmd = [str(self.binary), "--conf", str(self.conf_path(i))]
+            self.started_ns[i] = time.time_ns()
             p = spawn(cmd, self.log_path(i), env, cwd=None)
             self.procs[i] = p
             self.all_pids.append(p.pid)
@@ -236,8 +238,9 @@ base_port = {self.base_port}
         path = self.stats_path(r)
         before = path.stat().st_mtime_ns if path.exists() else 0
         if fresh and self.alive(r):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
+            if self._handles_usr1(r, before):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.procs[r].pid, signal.SIGUSR1)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if path.exists() and path.stat().st_mtime_ns != before:
@@ -252,6 +255,13 @@ base_port = {self.base_port}
                     raise
                 time.sleep(0.05)
 
+    def _handles_usr1(self, r: int, stats_mtime_ns: int) -> bool:
+        """Whether replica r has its SIGUSR1 handler: it wrote its stats file since it was
+        started (the first write comes after the handler is installed, but the replica
+        accepts connections before that, and SIGUSR1's default action would kill it).
+        Without it, a fresh read waits for the once-a-second rewrite."""
+        return stats_mtime_ns >= self.started_ns.get(r, 0)
+
     def stats_all(
         self, replicas: Iterable[int] | None = None, timeout: float = 3.0
     ) -> list[dict[str, Any]]:
@@ -263,8 +273,9 @@ base_port = {self.base_port}
         before = {r: p.stat().st_mtime_ns if p.exists() else 0 for r, p in paths.items()}
         todo = [r for r in rs if self.alive(r)]
         for r in todo:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
+            if self._handles_usr1(r, before[r]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.procs[r].pid, signal.SIGUSR1)
         deadline = time.monotonic() + timeout
         while todo and time.monotonic() < deadline:
             todo = [
