@@ -66,6 +66,9 @@ SLOW_REPORT_SECONDS = 0.5
 DIVERGE_PATH = "zz-fault-diverge"
 # controld writes this into the state directory when it wakes the replica (controld/actions.py).
 WAKE_NOTICE = "controld-wakeup.json"
+# How long a woken replica waits for g+1 agreement replicas to name a stable checkpoint
+# below its round's seq before it takes one at or above it (and cannot report that seq).
+_FAULT_SEQ_PATIENCE = 5.0
 FAULT_FILE = "zz-fault.json"  # read only with drill_faults (python -m zz.execution --drill-faults)
 _WAKE_POLL = 0.02
 # How long a request waiting for a file keeps asking the peers before the replica gives up.
@@ -241,6 +244,10 @@ class Runtime:
         self.replay: dict[str, Any] = {}
         self._replay_t0: float | None = None
         self._recover_target: tuple[int, bytes] | None = None
+        # The seq of the fault round this replica was woken for (controld's wake notice):
+        # it must recover below it and replay it, or its report never comes.
+        self._fault_seq: int | None = None
+        self._fault_seq_at = 0.0
         # The seq of a batch abandoned half-run because the checkpoint being recovered was
         # collected (StaleCheckpoint): nothing executes until a newer one is installed.
         self._stranded_at: int | None = None
@@ -534,8 +541,22 @@ class Runtime:
         if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
             # The replica's log starts above us: only state transfer (recovery) can help.
             self.counters["behind_stable"] += 1
-        cert = self.stable_votes.offer(m.sender, m.seq, m.digest)
+        self.stable_votes.offer(m.sender, m.seq, m.digest)
         self._maybe_collect()
+        if self._fault_seq is not None and self.last_executed >= self._fault_seq:
+            self._fault_seq = None
+        # Agreement replicas that saw no fault may have made the checkpoint at the fault
+        # seq stable before the round opened (an equivocating replica's right reports
+        # certify it there); those that saw it hold theirs below (campaign seed 3101
+        # round 93: the spare recovered at the fault seq and never reported it).
+        cert = self.stable_votes.certified(below=self._fault_seq)
+        if (
+            cert is not None
+            and self._fault_seq is not None
+            and cert[0] >= self._fault_seq
+            and time.monotonic() < self._fault_seq_at + _FAULT_SEQ_PATIENCE
+        ):
+            cert = None  # the replicas that hold below it have not answered yet
         if (
             cert is not None
             and cert[0] > self.last_executed
@@ -668,6 +689,11 @@ class Runtime:
                     # A batch already certified without us (a replayed log): its clients
                     # hold their replies and nobody waits for our report (ZZ §4.7.2).
                     vouched = self.vouches.take(cert.seq)
+                    if self._fault_seq is not None and cert.seq >= self._fault_seq:
+                        # The round we were woken for decides on our report of its seq,
+                        # though g+1 agreement replicas that got an equivocating
+                        # replica's right reports vouch for it.
+                        vouched = False
                     replay = vouched and self.replay_skips_reads
                     t_batch = time.monotonic()
                     try:
@@ -1034,6 +1060,9 @@ class Runtime:
             except (OSError, ValueError):
                 notice = {}
             self.counters["wake_notices"] += 1
+            fault = notice.get("recovering_from_seq")
+            if type(fault) is int and fault > self.last_executed:
+                self._fault_seq, self._fault_seq_at = fault, time.monotonic()
             self.recovery["woken_at"] = notice.get("woken_at")
             self.recovery["noticed_at"] = time.time()
             log.info(

@@ -261,10 +261,20 @@ def test_execution_log_is_kept_until_an_execution_checkpoint_is_stable(tmp_path:
             if i == 0:
                 assert st["exec_stable"] == 0
                 assert _fetch_log(c, 1, me, 0).seq == 0
-        # ... f+1 matching ones are: the log now starts after 8 and names that checkpoint.
+        # ... f+1 matching ones are: the reply names that checkpoint, and the log is kept
+        # from the stable checkpoint before it (a woken spare may have to start there).
         c.wait_for(lambda: c.stats(1)["exec_stable"] == 8, timeout=5, what="exec stable")
         reply = _fetch_log(c, 1, me, 0)
         assert (reply.seq, reply.digest) == (8, digest)
+        assert [e.seq for e in wire.log_entries(reply.data)] == list(range(1, s1["last_exec"] + 1))
+        for i in (0, 1):
+            p = wire.exec_principal(i)
+            msg = wire.ExecCheckpoint(1, p, seq=16, checkpoint=sha256(b"checkpoint at 16"))
+            with socket.create_connection(("127.0.0.1", c.port(1)), timeout=5) as s:
+                s.sendall(wire.frame(msg.signed(SigningKey(_sign_seed(c, p))).encode()))
+        c.wait_for(lambda: c.stats(1)["exec_stable"] == 16, timeout=5, what="exec stable 16")
+        reply = _fetch_log(c, 1, me, 0)
+        assert reply.seq == 16
         assert [e.seq for e in wire.log_entries(reply.data)] == list(range(9, s1["last_exec"] + 1))
         # A forged execution checkpoint (wrong key) is dropped and counted.
         before = c.stats(1)["dropped"]["auth"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ import pytest
 from tests.cluster import SERVICE_ID, Cluster, _port_free
 from tests.test_execution_runtime import KV_GET, KV_PUT, ExecReplicas, Rig, _kv, _kv_ok
 from zz import certs, wire
+from zz.atomicfile import write_atomic
 from zz.client import ClientParams
 from zz.crypto import sha256
 from zz.procrack import signal_group
@@ -80,6 +82,15 @@ class FakeControld:
                     for i in w.wake:
                         if i not in self.woken_at and i in self.execs.procs:
                             self.woken_at[i] = time.monotonic() + self.wake_delay
+                            # As controld does (actions.wake_notice): the runtime learns
+                            # the round's seq, which it must recover below and replay.
+                            svc, cfg = self.cluster.service, self.cluster.config
+                            notice = svc.exec_state_dir(cfg, i) / "controld-wakeup.json"
+                            notice.parent.mkdir(parents=True, exist_ok=True)
+                            write_atomic(notice, json.dumps({
+                                "service": svc.id, "index": i, "recovering_from_seq": w.seq,
+                                "awake": list(w.awake), "woken_at": time.time(),
+                            }) + "\n")  # fmt: skip
                             pid = self.execs.procs[i].pid
                             if self.wake_delay > 0:
                                 t = threading.Timer(self.wake_delay, signal_group,

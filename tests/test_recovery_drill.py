@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import time
@@ -119,7 +120,7 @@ def _drill(
         execs.procs[faulty].wait(timeout=10)
     elif in_place:
         (rig.cluster.run_dir / f"exec-{faulty}" / "zz-fault.json").write_text(
-            '{"fault": "wrong-reply"}'
+            json.dumps({"fault": fault})
         )
         rig.wait(lambda: execs.status(faulty).get("inject_fault") == fault, "the fault")
     else:
@@ -207,6 +208,21 @@ def test_wrong_reply_at_a_checkpoint_with_a_slow_wake(drill_faults_rig: FaultRig
     assert out["recovered_checkpoint"] <= out["fault_at_seq"], out
     keys = ("exec_stable", "exec_stable_held", "exec_mismatches", "wakeups_sent", "last_exec")
     assert rig.total("exec_stable_held") > 0, [{k: a.get(k) for k in keys} for a in rig.agreement()]
+
+
+@pytest.mark.slow
+@needs_go
+def test_equivocation_at_a_checkpoint_with_a_slow_wake(drill_faults_rig: FaultRig) -> None:
+    """The liar's first wrong report is at a checkpoint seq S and goes to agreement
+    replicas 0 and 1 only; 2 and 3 get right reports, so f+1 matching reports certify S's
+    checkpoint there before any round is open, and they name S as their stable checkpoint.
+    The spare, woken 2 s late, must still recover below S (the seq its wake notice names)
+    and replay S to report it, or the round never decides (campaign seed 3101 round 93)."""
+    rig = drill_faults_rig
+    rig.controld.wake_delay = 2.0
+    out = _drill(rig, 1, 2, "equivocate", phase=CP - 1, in_place=True)
+    print(out)
+    assert out["recovered_checkpoint"] <= out["fault_at_seq"], out
 
 
 @pytest.mark.slow

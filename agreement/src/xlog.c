@@ -105,10 +105,16 @@ uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders
 
 static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
 {
+    /* The log is kept from the stable checkpoint before this one, as the execution
+     * replicas keep that one's snapshot: a spare woken for a round at S recovers from the
+     * checkpoint below S that the replicas which saw the fault hold, and needs 2g+1 copies
+     * of the log from there, also from replicas that made S stable before the round
+     * opened (an equivocating replica's right reports certify S at them). */
+    uint64_t keep = r->exec_stable;
     r->exec_stable = seq;
     memcpy(r->exec_stable_dig, digest, ZZ_DIGEST_LEN);
     r->st.exec_stable_advances++;
-    xlog_collect(r, seq < r->last_exec ? seq : r->last_exec);
+    xlog_collect(r, keep < r->last_exec ? keep : r->last_exec);
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
         for (int j = 0; j < ZZ_XCKPT_VOTES; j++)
             if (r->xvotes[i][j].seq <= seq)
@@ -135,8 +141,18 @@ static int must_hold(zz_replica *r, uint64_t seq)
     uint64_t round = zz_fault_round_seq(r);
     if (round != 0 && seq >= round)
         return 1;
+    /* Nor before seq's own reports are certified here: EXEC-CHECKPOINTs can come before
+     * the reports that show a mismatch at seq, and an equivocating replica's checkpoint
+     * is right while its report is not (campaign seed 3101 round 93: the checkpoint at
+     * the fault seq became stable everywhere, the woken spare recovered at it and never
+     * reported it). The certifying reports make it stable (zz_xlog_report_certified). */
     const zz_report_rec *k = zz_detect_record(r, seq);
-    return k && k->flagged && !k->certified;
+    if (!k || k->certified)
+        return 0;
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        if (k->reported[i])
+            return 1;
+    return 0; /* nobody reported it here: checkpoints are all there is to go on */
 }
 
 /* A signed EXEC-CHECKPOINT from execution replica i (signature already checked). Taken
