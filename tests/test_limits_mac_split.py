@@ -14,7 +14,9 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cluster import Cluster, running_cluster
 
@@ -63,6 +65,32 @@ def _read_replies(socks: list[socket.socket], ts: int, timeout: float) -> set[in
     return got
 
 
+def _honest_during(c: Any, attack: Callable[[], None], latencies: list[float]) -> int:
+    """An honest client (client 1) invoking one request after another while `attack` runs
+    in a thread, for ATTACK_S; its latencies are appended. Returns how many it completed."""
+
+    async def honest() -> int:
+        done = 0
+        async with c.client(1) as cl:
+            loop = asyncio.get_running_loop()
+            t_end = loop.time() + ATTACK_S
+            while loop.time() < t_end:
+                op = f"honest {done}".encode()
+                t0 = loop.time()
+                assert await cl.invoke(op, timeout=20) == op
+                latencies.append(loop.time() - t0)
+                done += 1
+        return done
+
+    async def both() -> int:
+        attacker = asyncio.ensure_future(asyncio.to_thread(attack))
+        n = await honest()
+        await attacker
+        return n
+
+    return asyncio.run(both())
+
+
 def test_a_client_breaking_the_primarys_mac_changes_no_view(tmp_path: Path) -> None:
     with running_cluster(tmp_path, clients=4) as c:
         principal = c.client_principal(ATTACKER)
@@ -89,26 +117,7 @@ def test_a_client_breaking_the_primarys_mac_changes_no_view(tmp_path: Path) -> N
                 sent["bad_signature"] += 1
                 time.sleep(0.05)
 
-        async def honest() -> int:
-            done = 0
-            async with c.client(1) as cl:
-                loop = asyncio.get_running_loop()
-                t_end = loop.time() + ATTACK_S
-                while loop.time() < t_end:
-                    op = f"honest {done}".encode()
-                    t0 = loop.time()
-                    assert await cl.invoke(op, timeout=20) == op
-                    latencies.append(loop.time() - t0)
-                    done += 1
-            return done
-
-        async def both() -> int:
-            attacker = asyncio.ensure_future(asyncio.to_thread(attack))
-            n = await honest()
-            await attacker
-            return n
-
-        done = asyncio.run(both())
+        done = _honest_during(c, attack, latencies)
         # The view timer is 1 s: let any timer the attack started run out before looking.
         time.sleep(2.5)
         for r in range(c.n):
@@ -174,24 +183,7 @@ def test_a_client_breaking_one_backups_mac_stalls_no_backup(tmp_path: Path) -> N
                 sent += 1
                 time.sleep(0.05)
 
-        async def honest() -> int:
-            done = 0
-            async with c.client(1) as cl:
-                loop = asyncio.get_running_loop()
-                t_end = loop.time() + ATTACK_S
-                while loop.time() < t_end:
-                    op = f"honest {done}".encode()
-                    assert await cl.invoke(op, timeout=20) == op
-                    done += 1
-            return done
-
-        async def both() -> int:
-            attacker = asyncio.ensure_future(asyncio.to_thread(attack))
-            n = await honest()
-            await attacker
-            return n
-
-        done = asyncio.run(both())
+        done = _honest_during(c, attack, [])
         to_primary.close()
         assert done >= 20, f"honest client completed only {done} requests"
         target = max(c.stats(r)["last_exec"] for r in range(c.n))
