@@ -99,11 +99,10 @@ DETECTABLE = frozenset(
 # give seed and round of each). The test suite's short run leaves them out;
 # `zz bench byzantine` runs them all and reports what they break.
 KNOWN_OPEN: dict[str, str] = {
-    "equivocate": "f = 2 (seed 3102, build d680123, rounds 17, 69, 92): a wake-up never"
-    " decided or views not back to f+1. The f = 1 rounds of that build with the same"
-    " symptoms (seed 3101 rounds 26, 93) are fixed by 63081d4 (SHUTDOWN bodies before the"
-    " round) and 937fa35 (a spare woken for F recovers below F and reports F); the f = 2"
-    " ones were not run again against them",
+    "equivocate": "f = 2 with two equivocating replicas in one round (HEAD of 2026-11-25,"
+    " seed 3202 --behaviours equivocate, rounds 14 and 18 of 20): a wake-up never decided,"
+    " or one agreement replica's view not back to f+1. One equivocating replica per round"
+    " passed 20 of 20 at f = 1 (seed 3201) and the other 18 rounds at f = 2",
 }
 # Defects that follow from the order or the combination of faults, whatever the behaviour.
 KNOWN_OPEN_SEQUENCES: dict[str, str] = {
