@@ -59,13 +59,12 @@ class StableVotes:
 
     def certified(self, below: int | None = None) -> tuple[int, bytes] | None:
         """The highest (seq, C) claimed by at least g+1 distinct agreement replicas (with
-        `below`: the highest below that seq, if there is one, else the highest)."""
+        `below`: the highest below that seq)."""
         counts: dict[tuple[int, bytes], int] = {}
         for claim in self._claims.values():
             counts[claim] = counts.get(claim, 0) + 1
-        best = [c for c, k in counts.items() if k >= self.g + 1]
-        under = [c for c in best if below is not None and c[0] < below]
-        return max(under or best) if best else None
+        best = [c for c, k in counts.items() if k >= self.g + 1 and (below is None or c[0] < below)]
+        return max(best) if best else None
 
     def floor(self, n: int) -> int:
         """The (g+1)-th lowest stable seq the n agreement replicas last named (0 for one

@@ -549,14 +549,13 @@ class Runtime:
         # seq stable before the round opened (an equivocating replica's right reports
         # certify it there); those that saw it hold theirs below (campaign seed 3101
         # round 93: the spare recovered at the fault seq and never reported it).
-        cert = self.stable_votes.certified(below=self._fault_seq)
-        if (
-            cert is not None
-            and self._fault_seq is not None
-            and cert[0] >= self._fault_seq
-            and time.monotonic() < self._fault_seq_at + _FAULT_SEQ_PATIENCE
-        ):
-            cert = None  # the replicas that hold below it have not answered yet
+        cert = self.stable_votes.certified()
+        if self._fault_seq is not None:
+            below = self.stable_votes.certified(below=self._fault_seq)
+            if below is not None:
+                cert = below
+            elif time.monotonic() < self._fault_seq_at + _FAULT_SEQ_PATIENCE:
+                cert = None  # the replicas that hold below it have not answered yet
         if (
             cert is not None
             and cert[0] > self.last_executed
