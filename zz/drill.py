@@ -768,18 +768,22 @@ class Drill:
                 row = into.setdefault(p.name, {})
                 row[key] = max(row.get(key, 0.0), mib) if key == "max" else mib
 
-    async def _slow_reader(self) -> None:
-        """A faulty client that never reads: SLOW_CONNS connections to every agreement
-        replica, each sent read-only requests whose replies (SLOW_OP bytes each) it never
-        reads, at SLOW_RATE bytes/s per replica; a connection the replica closes is opened
-        again. Every request is valid (its own key), so each one is answered."""
+    def _faulty_client(self, role: str) -> ClientParams:
+        """The client principal right after the honest load's clients, for a faulty one."""
         s = self.service
         base = self.args.first_client
         base = base if base is not None else max(0, s.clients - 16)
         idx = base + self.args.clients
         if idx >= s.clients:
-            raise DrillError(f"{s.name}: no client principal {idx} for the slow reader")
-        params = ClientParams.from_config(self.config, s.name, idx)
+            raise DrillError(f"{s.name}: no client principal {idx} for {role}")
+        return ClientParams.from_config(self.config, s.name, idx)
+
+    async def _slow_reader(self) -> None:
+        """A faulty client that never reads: SLOW_CONNS connections to every agreement
+        replica, each sent read-only requests whose replies (SLOW_OP bytes each) it never
+        reads, at SLOW_RATE bytes/s per replica; a connection the replica closes is opened
+        again. Every request is valid (its own key), so each one is answered."""
+        params = self._faulty_client("the slow reader")
         op = b"r" * min(SLOW_OP, (params.max_request or SLOW_OP) - 4096)
         req = wire.Request(params.service, params.principal, time.time_ns(), wire.FLAG_READONLY, op)
         frame = wire.frame(req.with_macs(params.keys).encode())
@@ -830,13 +834,7 @@ class Drill:
         in the stats files): MAC_SPLIT_RATE new requests a second, each to every agreement
         replica, every other one followed by its signed copy (auth kind 3) with the same MAC
         split and a wrong signature. Each is a kv read of a key nobody writes."""
-        s = self.service
-        base = self.args.first_client
-        base = base if base is not None else max(0, s.clients - 16)
-        idx = base + self.args.clients
-        if idx >= s.clients:
-            raise DrillError(f"{s.name}: no client principal {idx} for the mac-split client")
-        params = ClientParams.from_config(self.config, s.name, idx)
+        params = self._faulty_client("the mac-split client")
         c = Client(params)
         c.start()
         sent: Counter[str] = Counter()
@@ -846,7 +844,7 @@ class Drill:
         try:
             while True:
                 views = [d.get("view", 0) for n, d in obs.agreed.items()
-                         if n.startswith(f"{s.name}/agreed-")]  # fmt: skip
+                         if n.startswith(f"{self.service.name}/agreed-")]  # fmt: skip
                 primary = max(views, default=0) % params.n
                 req = wire.Request(params.service, params.principal, time.time_ns(), 0,
                                    kv.encode_get(b"mac-split"))  # fmt: skip
