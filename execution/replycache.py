@@ -1,4 +1,4 @@
-"""execution/replycache.py - per-client last reply, for exactly-once execution (DESIGN §3.1).
+"""execution/replycache.py - per-client last reply, for exactly-once (docs/design.md §3.4).
 Checkpointed as `.zz/replies` with one canonical encoding, so correct replicas hash it alike.
 A read's result is not checkpointed (only its timestamp): a replica replaying a certified log
 skips reads (ZZ §4.7.2) and could not write it, so no replica does."""

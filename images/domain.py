@@ -1,5 +1,5 @@
 # domain.py - libvirt domain XML of a ZZ guest from images/domain.xml (string.Template), and
-# the domain type check (kvm only where a guest really boots under it; DESIGN.md §4, §7).
+# the domain type check (kvm only where a guest really boots under it; docs/design.md §8, §9).
 # docs/images.md.
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def render_domain(
     hosts reach the execution replica there, while the agent stays local). state_dir: a host
     directory shared as 9p tag "state" (the guest mounts it at /state); accessmode 'squash'
     needs it owned by libvirt-qemu, 'passthrough' adds a static DAC seclabel +0:+0 so QEMU
-    runs as root (DESIGN.md §7)."""
+    runs as root (docs/design.md §9)."""
     if domain_type not in ("qemu", "kvm"):
         raise ValueError(f"domain type {domain_type!r}")
     fwd = "".join(

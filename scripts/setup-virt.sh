@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup-virt.sh - idempotent virtualization setup for ZZ guests (run as root): QEMU, libvirt,
 # the tools images/build.py uses, the libvirt daemons (no systemd here: started by hand),
-# the /dev/kvm group/mode fix and the libvirt-python binding. DESIGN.md §4, §7; docs/images.md.
+# the /dev/kvm group/mode fix and the libvirt-python binding. docs/design.md §9; docs/images.md.
 set -euo pipefail
 
 say() { printf '[setup-virt] %s\n' "$*"; }
@@ -48,7 +48,7 @@ fi
 
 # ---- /dev/kvm ---------------------------------------------------------------------------
 # libvirt probes KVM even for <domain type='qemu'>: unless /dev/kvm is group kvm, mode 0660,
-# every domain start re-probes the capabilities and takes ~60 s (DESIGN.md §7).
+# every domain start re-probes the capabilities and takes ~60 s (docs/design.md §9).
 if [ -e /dev/kvm ]; then
     getent group kvm >/dev/null || groupadd -r kvm
     chgrp kvm /dev/kvm

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup-zfs.sh - idempotent ZFS setup for ZZ checkpoints: install zfs-fuse, start its daemon.
-# No ZFS kernel module and no systemd on the development machines (DESIGN.md §7): user space it is.
+# No ZFS kernel module and no systemd on the development machines: user space it is
+# (docs/design.md §9).
 set -euo pipefail
 
 say() { printf '[setup-zfs] %s\n' "$*"; }

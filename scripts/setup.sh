@@ -11,12 +11,9 @@ say() { printf '[setup] %s\n' "$*"; }
 # Build and test dependencies of the agreement daemon (C11 + OpenSSL, ASan/UBSan, libFuzzer).
 APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-config xxd curl)
 
-# ---- later issues: virtualization and storage -------------------------------------------
-# The execution/controld/snapshots issues add their packages here (DESIGN.md §7):
-# qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev zfs-fuse
-# cpio kmod busybox-static debootstrap; plus the daemon start-up (virtlogd -d, libvirtd -d,
-# zfs-fuse) and the /dev/kvm group/mode fix. Keep them in this block.
-# APT_PACKAGES+=( ... )
+# ---- storage, Go, virtualization: their own scripts ---------------------------------------
+# Each installs its packages and starts its daemons by hand (no systemd on these machines;
+# docs/design.md §9): zfs-fuse; Go for tools/lincheck; QEMU/libvirt and the /dev/kvm fix.
 bash "$ROOT/scripts/setup-zfs.sh"  # after the cd above, $(dirname "$0") may be stale
 bash "$ROOT/scripts/setup-go.sh"   # the linearizability checker (tools/lincheck) is Go
 bash "$ROOT/scripts/setup-virt.sh"  # QEMU/libvirt, virtlogd+libvirtd, /dev/kvm fix, libvirt-python

@@ -139,7 +139,7 @@ def test_read_only_requests(tmp_path: Path) -> None:
 
 def test_committed_batches_are_pushed_to_registered_execution_replicas(tmp_path: Path) -> None:
     """`execution external`: after FETCH kind 3 an execution replica gets an EXEC-COMMIT
-    for every batch, in order, from every agreement replica (ZZ §3 step 3)."""
+    for every batch, in order, from every agreement replica (docs/design.md §3.3)."""
     import time
 
     with running_cluster(tmp_path, g=1, app="kv") as c:
@@ -234,7 +234,7 @@ def _sign_seed(c: Cluster, principal: int) -> bytes:
 def test_execution_log_is_kept_until_an_execution_checkpoint_is_stable(tmp_path: Path) -> None:
     """With external execution the agreement replicas keep every committed batch since the
     last stable execution checkpoint (f+1 matching signed EXEC-CHECKPOINTs), even past
-    their own checkpoints, so execution replicas can replay (ZZ §3 step 5)."""
+    their own checkpoints, so execution replicas can replay (docs/design.md §4.3)."""
     import time
 
     from zz.crypto import SigningKey

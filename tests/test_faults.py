@@ -278,7 +278,7 @@ def test_agreeing_ontime_reports_never_wake(seed: int) -> None:
 
 
 def test_no_client_input() -> None:
-    # The decision may depend on statements, f, g and replica ids only (DESIGN.md §1).
+    # The decision may depend on statements, f, g and replica ids only (docs/design.md §1).
     allowed = {"statements", "reports", "f", "g", "service", "seq", "awake", "sleeping", "woken"}
     for fn in (faults.evaluate_evidence, faults.resolve):
         assert set(inspect.signature(fn).parameters) <= allowed, fn.__name__

@@ -1,4 +1,4 @@
-# zz/faults.py - fault detection decisions of the agreement cluster (DESIGN.md §3 steps 6, 7, 9).
+# zz/faults.py - fault detection decisions of the agreement cluster (docs/design.md §5.2-§5.6).
 # Pure functions: is a wake-up justified, whom to wake, whom to convict and put back to sleep.
 """ZZ fault detection, as decisions over already-verified fault statements.
 
@@ -7,12 +7,13 @@ worked scenarios are in tests/vectors/faults.txt, shared with the C implementati
 
 Everything here is a function of the statements, ``f``, ``g`` and replica ids; there
 is deliberately no client input anywhere: a faulty client must never be able to wake
-a sleeping replica (DESIGN.md §1), so nothing a client says can reach these rules.
+a sleeping replica (docs/design.md §1), so nothing a client says can reach these rules.
 
-Signatures are checked by the caller (Ed25519, later): a ``FaultStatement`` handed in
-here is trusted to come from ``signer``.  What is *not* trusted is that signers are
-distinct, in range, talk about the same ``(service, seq)`` and replica set, or that a
-signer is correct; all of that is checked here.
+Signatures are checked by the caller (Ed25519: zz/certs.py for controld, zz-agreed for its
+peers): a ``FaultStatement`` handed in here is trusted to come from ``signer``.  What is
+*not* trusted is that signers are distinct, in range, talk about the same
+``(service, seq)`` and replica set, or that a signer is correct; all of that is checked
+here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-/* execute.c - in-order execution of committed batches and the built-in echo state machine.
- * The echo machine is a null service (result = op) for tests and the agreement benchmark,
- * used until execution replicas (a later issue) take over; its state is a hash chain. */
+/* execute.c - in-order execution of committed batches: the built-in echo state machine (a
+ * null service, result = op, state a hash chain: `echo` services, tests and the agreement
+ * benchmark), or, with `execution external`, the hand-off of each batch to the execution
+ * log and to the awake execution replicas as EXEC-COMMIT (docs/design.md §3.3). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,7 +83,7 @@ static void fetch_batch(zz_replica *r, zz_slot *s)
     r->st.fetches_sent++;
 }
 
-/* ZZ §3 step 3: every committed batch goes, in order, to the execution replicas that
+/* docs/design.md §3.3: every committed batch goes, in order, to the execution replicas that
  * registered (FETCH kind 3); they execute on 2g+1 matching EXEC-COMMITs. */
 static void push_exec_commit(zz_replica *r, zz_slot *s)
 {

@@ -137,8 +137,8 @@ static int request_ok(zz_replica *r, const zz_msg *m)
 }
 
 /* Backups check what the primary proposes: every request authentic for us (request_ok),
- * and the proposed time close to our clock (the non-deterministic inputs of §3 step 2).
- * 1: accept; 0: refuse; 2: accept but hold (an unsigned request we cannot check). */
+ * and the proposed time close to our clock (the non-deterministic inputs, docs/design.md
+ * §3.2). 1: accept; 0: refuse; 2: accept but hold (an unsigned request we cannot check). */
 static int batch_ok(zz_replica *r, const zz_bytes *batch)
 {
     uint64_t nd_time, nd_seed;

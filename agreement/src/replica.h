@@ -1,7 +1,10 @@
 /* replica.h - the one replica struct of zz-agreed and the functions of each protocol step.
  * Each step lives in its own file: request.c (clients, batching, replies), normal.c
- * (pre-prepare/prepare/commit), execute.c (in-order execution, echo state machine),
- * checkpoint.c (checkpoints, GC, state transfer), viewchange.c, status.c (retransmission). */
+ * (pre-prepare/prepare/commit), execute.c (in-order execution, echo state machine,
+ * EXEC-COMMIT push), checkpoint.c (checkpoints, GC, state transfer, FETCH), viewchange.c,
+ * status.c (retransmission); with external execution xlog.c (execution log and checkpoints),
+ * detect.c (EXEC-REPORTs) and wakeup.c (fault statements, WAKEUP, SHUTDOWN, SPARE-READY).
+ * docs/design.md §3-§5 follows a request and a fault through them. */
 #ifndef ZZ_REPLICA_H
 #define ZZ_REPLICA_H
 
@@ -325,7 +328,9 @@ int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t 
 /* execute.c */
 void zz_try_execute(zz_replica *r);
 void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
-void zz_on_exec_message(zz_replica *r, const zz_msg *m);
+
+/* xlog.c */
+void zz_on_exec_message(zz_replica *r, const zz_msg *m); /* EXEC-REPORT, EXEC-CHECKPOINT */
 void zz_xlog_append(zz_replica *r, const zz_slot *s);
 const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
 void zz_xlog_free(zz_replica *r);
@@ -335,13 +340,13 @@ void zz_xlog_free(zz_replica *r);
 int zz_xvote_put(zz_xvote *own, uint64_t low, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN]);
 uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders, uint64_t seq,
                         const uint8_t dig[ZZ_DIGEST_LEN]);
+void zz_xlog_release_held(zz_replica *r); /* a suspected fault settled */
+void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs);
 
 /* wakeup.c */
 int zz_wake_init(zz_replica *r, char *err, size_t errcap);
 void zz_wake_free(zz_replica *r);
 uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
-void zz_xlog_release_held(zz_replica *r);          /* a suspected fault settled (xlog.c) */
-void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs);
 int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */

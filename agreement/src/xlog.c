@@ -1,6 +1,8 @@
-/* xlog.c - the execution log of external execution: committed batches kept from the last
- * stable execution checkpoint (f+1 matching signed EXEC-CHECKPOINTs) on, served to execution
- * replicas that replay after a restart or a wake-up (ZZ §4.2 step 5, §4.4). */
+/* xlog.c - external execution's checkpoints and log: the stable execution checkpoint (f+1
+ * matching signed EXEC-CHECKPOINTs, or f+1 matching EXEC-REPORTs carrying its digest; held
+ * while its seq may be a fault's), and the committed batches kept from the stable execution
+ * checkpoint before it on, served to execution replicas that replay after a restart or a
+ * wake-up (ZZ §4.2 step 5, §4.4; docs/design.md §4.3). */
 #include <stdlib.h>
 #include <string.h>
 

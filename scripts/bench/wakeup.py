@@ -263,7 +263,7 @@ def main() -> int:
     dataset = f"{pool}/replica"
     mnt = tmp / "replica"
     port = free_port()
-    # passthrough: QEMU (as root) reads the FUSE mount of zfs-fuse (DESIGN.md §7).
+    # passthrough: QEMU (as root) reads the FUSE mount of zfs-fuse (docs/design.md §9).
     hv: Any = open_backend("libvirt", uri=args.uri, domain_type=dtype,
                            state_accessmode="passthrough")  # fmt: skip
     created = False
