@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from zz.config import Config, ConfigError, Host, load
+from zz.controld.hypervisor import BACKENDS, HypervisorError, open_backend
+from zz.controld.rpc import RACK_SERVICE, RpcError, call
 from zz.keys import (
     KeyFileError,
     controld_principal,
@@ -30,9 +32,6 @@ from zz.keys import (
     operator_principal,
     secret_path,
 )
-
-from .hypervisor import BACKENDS, HypervisorError, open_backend
-from .rpc import RACK_SERVICE, RpcError, call
 
 
 def _host(config: Config, name: str) -> Host:
@@ -47,7 +46,7 @@ def default_home(config: Config, host: Host) -> Path:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from .daemon import Daemon
+    from zz.controld.daemon import Daemon
 
     config = load(args.config)
     host = _host(config, args.host)

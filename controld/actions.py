@@ -32,20 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zz.snapshots import StorageError
-
 from zz.atomicfile import write_atomic
 from zz.config import EXEC_PORT_OFFSET, GUEST_STATUS, Config, Host, Service
-from zz.keys import RACK_SERVICE, public_path, secret_path, service_dir
-from zz.wire import exec_principal
-
-from .hypervisor import (
+from zz.controld.hypervisor import (
     GUEST_AGENT_PORT,
     DomainNotFound,
     Hypervisor,
     HypervisorError,
     ReplicaSpec,
 )
+from zz.keys import RACK_SERVICE, public_path, secret_path, service_dir
+from zz.snapshots import StorageError
+from zz.wire import exec_principal
 
 # A spare boots at this nice level: under TCG a boot takes a core for ~30 s.
 SPARE_BOOT_NICE = 10

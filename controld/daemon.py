@@ -27,21 +27,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from zz.snapshots import StorageError, fileserve
-
 from zz import certs, wire
 from zz.config import Config, ConfigError, Host, Service
+from zz.controld import actions, orphans
+from zz.controld import inventory as inv
+from zz.controld.actions import HostContext
+from zz.controld.announce import Announcer
+from zz.controld.guestsnap import GuestDatasets
+from zz.controld.hypervisor import DomainNotFound, Hypervisor, HypervisorError
+from zz.controld.ledger import Ledger
+from zz.controld.rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
+from zz.controld.snapshots import HostSnapshots
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
-
-from . import actions, orphans
-from . import inventory as inv
-from .actions import HostContext
-from .announce import Announcer
-from .guestsnap import GuestDatasets
-from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
-from .ledger import Ledger
-from .rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
-from .snapshots import HostSnapshots
+from zz.snapshots import StorageError, fileserve
 
 log = logging.getLogger("zz.controld")
 

@@ -24,15 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zz import wire
+from zz.config import Service
+from zz.controld.actions import HostContext, replica_dataset
+from zz.crypto import verify_signature
 from zz.snapshots import StorageError, check_snapshot_name
 from zz.snapshots.hostzfs import ANSWER, OPS, REQUEST, request_bytes, write_json_atomic
 from zz.snapshots.zfs import ZfsStore
-
-from zz import wire
-from zz.config import Service
-from zz.crypto import verify_signature
-
-from .actions import HostContext, replica_dataset
 
 log = logging.getLogger("zz.controld.guestsnap")
 

@@ -36,9 +36,7 @@ from xml.sax.saxutils import escape
 
 import libvirt  # type: ignore[import-not-found]
 
-from zz.procrack import leftover_pids
-
-from .hypervisor import (
+from zz.controld.hypervisor import (
     DEFAULT_BALLOON_MIB,
     GUEST_AGENT_PORT,
     OTHER,
@@ -51,6 +49,7 @@ from .hypervisor import (
     ReplicaSpec,
     guest_request,
 )
+from zz.procrack import leftover_pids
 
 T = TypeVar("T")
 # Where images/ lives in the source tree (it is not installed: docs/images.md).

@@ -41,9 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from zz.atomicfile import write_atomic
-from zz.procrack import reap, repo_env, signal_group, spawn
-
-from .hypervisor import (
+from zz.controld.hypervisor import (
     DEFAULT_BALLOON_MIB,
     GUEST_AGENT_PORT,
     PAUSED,
@@ -55,6 +53,7 @@ from .hypervisor import (
     ReplicaSpec,
     guest_request,
 )
+from zz.procrack import reap, repo_env, signal_group, spawn
 
 RECORD_FORMAT = "zz-process-save/1"
 

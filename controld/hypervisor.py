@@ -188,11 +188,11 @@ def open_backend(kind: str, **opts: Any) -> Hypervisor:
     "process" (opts: env). Imports lazily so the process backend works without
     libvirt-python installed."""
     if kind == "libvirt":
-        from .hv_libvirt import LibvirtHypervisor
+        from zz.controld.hv_libvirt import LibvirtHypervisor
 
         return LibvirtHypervisor(**opts)
     if kind == "process":
-        from .hv_process import ProcessHypervisor
+        from zz.controld.hv_process import ProcessHypervisor
 
         return ProcessHypervisor(**opts)
     raise ValueError(f"hypervisor backend {kind!r}: one of {', '.join(BACKENDS)}")

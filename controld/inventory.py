@@ -38,10 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from zz.atomicfile import write_atomic
-
-from .hypervisor import PAUSED as HV_PAUSED
-from .hypervisor import RUNNING as HV_RUNNING
-from .hypervisor import DomainNotFound, Hypervisor, HypervisorError
+from zz.controld.hypervisor import PAUSED as HV_PAUSED
+from zz.controld.hypervisor import RUNNING as HV_RUNNING
+from zz.controld.hypervisor import DomainNotFound, Hypervisor, HypervisorError
 
 ACTIVE = "active"
 PAUSED = "paused"

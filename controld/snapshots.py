@@ -20,15 +20,13 @@ import os
 import threading
 from pathlib import Path
 
+from zz.config import Config, Host, Service
+from zz.controld.actions import replica_dataset, zfs_dataset
 from zz.snapshots import StorageError
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import NO_CHECKPOINT, OK, FileRead, SnapshotFiles
 from zz.snapshots.store import CheckpointStore
 from zz.snapshots.zfs import ZfsStore
-
-from zz.config import Config, Host, Service
-
-from .actions import replica_dataset, zfs_dataset
 
 
 class HostSnapshots:

@@ -17,11 +17,11 @@ import time
 import uuid
 from pathlib import Path
 
-from ..config import ConfigError, load
-from ..keys import KeyFileError
-from ..snapshots import StorageError
-from .registry import AppRegistryError
-from .runtime import FAULTS, AppFault, serve
+from zz.config import ConfigError, load
+from zz.execution.registry import AppRegistryError
+from zz.execution.runtime import FAULTS, AppFault, serve
+from zz.keys import KeyFileError
+from zz.snapshots import StorageError
 
 LOCK_NAME = "runtime.lock"  # controld/orphans.py reads it: who owns this state directory
 EXIT_LOCKED = 4

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from hashlib import sha256
 
-from .state import StateDir
+from zz.execution.state import StateDir
 
 
 @dataclass(frozen=True)

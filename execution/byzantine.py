@@ -47,10 +47,10 @@ import random
 import signal
 from typing import TYPE_CHECKING, Any
 
-from .. import wire
+from zz import wire
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from zz.execution.runtime import Runtime
 
 log = logging.getLogger("zz.execution.byzantine")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..crypto import NULL_DIGEST, sha256
+from zz.crypto import NULL_DIGEST, sha256
 
 # How far above the last executed seq votes are kept. Agreement replicas never commit
 # beyond their log window, so a seq this far ahead is garbage (or an attack on memory).

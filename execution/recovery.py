@@ -23,11 +23,11 @@ import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from .. import wire
-from ..crypto import NULL_DIGEST, SigningKey
-from ..snapshots.fetch import LaterBytes, Source, SourceError, SourceRanking
-from ..snapshots.fileserve import LATER, MAX_CHUNK, OK
-from ..snapshots.manifest import Manifest, ManifestError
+from zz import wire
+from zz.crypto import NULL_DIGEST, SigningKey
+from zz.snapshots.fetch import LaterBytes, Source, SourceError, SourceRanking
+from zz.snapshots.fileserve import LATER, MAX_CHUNK, OK
+from zz.snapshots.manifest import Manifest, ManifestError
 
 log = logging.getLogger("zz.execution.recovery")
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .app import App, EchoApp
+from zz.execution.app import App, EchoApp
 
 _WSGI_TARGET_RE = re.compile(r"^wsgi:([A-Za-z_][\w.]*):([A-Za-z_]\w*)$")
 
@@ -58,25 +58,25 @@ class AppSpec:
 
 
 def _kv(opts: dict[str, Any]) -> App:
-    from .apps.kv import KvApp
+    from zz.execution.apps.kv import KvApp
 
     return KvApp(**opts)
 
 
 def _microbench(opts: dict[str, Any]) -> App:
-    from .apps.microbench import MicrobenchApp
+    from zz.execution.apps.microbench import MicrobenchApp
 
     return MicrobenchApp(**opts)
 
 
 def _wsgi(name: str, application: Any, opts: dict[str, Any]) -> App:
-    from .apps.wsgi import WsgiApp
+    from zz.execution.apps.wsgi import WsgiApp
 
     return WsgiApp(application, name=name, **opts)
 
 
 def _guestbook(opts: dict[str, Any]) -> App:
-    from .apps import guestbook
+    from zz.execution.apps import guestbook
 
     return _wsgi("wsgi:guestbook", guestbook.application, opts)
 

@@ -18,26 +18,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import keys, wire
-from ..atomicfile import write_atomic
-from ..config import Config, Service
-from ..crypto import NULL_DIGEST, SigningKey
-from ..link import Link
-from ..snapshots import CheckpointStore, checkpoint_name, open_store
-from ..snapshots.crashpoint import crash_point
-from ..snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
-from ..snapshots.fileserve import FILE_SEND_TIMEOUT, SnapshotFiles, bad_range
-from ..snapshots.hostzfs import HostZfsStore
-from ..snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
-from .app import App, ExecContext
-from .byzantine import BEHAVIOURS as BYZANTINE_BEHAVIOURS
-from .byzantine import Byzantine
-from .certificates import DEFAULT_WINDOW, Certificate, CommitCollector
-from .recovery import CertifiedVouches, PeerSource, RecoveryError, StableVotes, fetch_manifest
-from .registry import create_app
-from .replycache import PATH as REPLIES_PATH
-from .replycache import ReplyCache
-from .state import StateDir
+from zz import keys, wire
+from zz.atomicfile import write_atomic
+from zz.config import Config, Service
+from zz.crypto import NULL_DIGEST, SigningKey
+from zz.execution.app import App, ExecContext
+from zz.execution.byzantine import BEHAVIOURS as BYZANTINE_BEHAVIOURS
+from zz.execution.byzantine import Byzantine
+from zz.execution.certificates import DEFAULT_WINDOW, Certificate, CommitCollector
+from zz.execution.recovery import (
+    CertifiedVouches,
+    PeerSource,
+    RecoveryError,
+    StableVotes,
+    fetch_manifest,
+)
+from zz.execution.registry import create_app
+from zz.execution.replycache import PATH as REPLIES_PATH
+from zz.execution.replycache import ReplyCache
+from zz.execution.state import StateDir
+from zz.link import Link
+from zz.snapshots import CheckpointStore, checkpoint_name, open_store
+from zz.snapshots.crashpoint import crash_point
+from zz.snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
+from zz.snapshots.fileserve import FILE_SEND_TIMEOUT, SnapshotFiles, bad_range
+from zz.snapshots.hostzfs import HostZfsStore
+from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 
 log = logging.getLogger("zz.execution")
 

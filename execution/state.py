@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 # The manifest's path rules, shared so a path the app may write is one it can record.
-from ..snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR
+from zz.snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR
 
 # Modes that can change a file; "r" and "rb" alone cannot.
 _WRITE_FLAGS = frozenset("wax+")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .store import CheckpointStore, StorageError, check_snapshot_name, checkpoint_name
+from zz.snapshots.store import CheckpointStore, StorageError, check_snapshot_name, checkpoint_name
 
 __all__ = [
     "CheckpointStore",
@@ -33,13 +33,13 @@ def open_store(
     if kind == "dir":
         if root is None:
             raise ValueError("open_store('dir') needs root")
-        from .dirstore import DirStore
+        from zz.snapshots.dirstore import DirStore
 
         return DirStore(root)
     if kind == "zfs":
         if pool is None or dataset is None:
             raise ValueError("open_store('zfs') needs pool and dataset")
-        from .zfs import ZfsStore
+        from zz.snapshots.zfs import ZfsStore
 
         return ZfsStore(pool, dataset, mountpoint)
     raise ValueError(f"unknown store kind {kind!r}: use 'dir' or 'zfs'")

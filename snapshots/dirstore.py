@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from ..atomicfile import write_atomic
-from .crashpoint import crash_point
-from .store import CheckpointStore, StorageError, check_snapshot_name
+from zz.atomicfile import write_atomic
+from zz.snapshots.crashpoint import crash_point
+from zz.snapshots.store import CheckpointStore, StorageError, check_snapshot_name
 
 _ORDER = "ORDER"
 

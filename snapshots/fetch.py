@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from .manifest import RESERVED_DIR, FileEntry, Manifest, hash_file
+from zz.snapshots.manifest import RESERVED_DIR, FileEntry, Manifest, hash_file
 
 log = logging.getLogger("zz.snapshots.fetch")
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .manifest import Manifest, ManifestError, normalize_path
-from .store import CheckpointStore, StorageError, checkpoint_name
+from zz.snapshots.manifest import Manifest, ManifestError, normalize_path
+from zz.snapshots.store import CheckpointStore, StorageError, checkpoint_name
 
 OK = 0
 NO_CHECKPOINT = 1

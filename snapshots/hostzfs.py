@@ -34,9 +34,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ..atomicfile import write_atomic
-from ..crypto import SigningKey
-from .store import CheckpointStore, StorageError, check_snapshot_name
+from zz.atomicfile import write_atomic
+from zz.crypto import SigningKey
+from zz.snapshots.store import CheckpointStore, StorageError, check_snapshot_name
 
 REQUEST = "zz-snap-req.json"
 ANSWER = "zz-snap-done.json"

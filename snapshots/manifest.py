@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from .crashpoint import crash_point
+from zz.snapshots.crashpoint import crash_point
 
 MAGIC = b"ZZMF"
 VERSION = 1

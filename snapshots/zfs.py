@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from .store import CheckpointStore, StorageError, check_snapshot_name
+from zz.snapshots.store import CheckpointStore, StorageError, check_snapshot_name
 
 # ZFS component names: a letter first for pools; datasets allow digits first too.
 _POOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from zz.execution.app import ExecContext
 from zz.execution.apps import kv
 from zz.execution.registry import create_app

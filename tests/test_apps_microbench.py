@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from zz.execution.app import ExecContext
 from zz.execution.apps import microbench as mb
 from zz.execution.registry import AppOptionError, create_app

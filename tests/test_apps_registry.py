@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from zz.execution.app import App, EchoApp, ExecContext
 from zz.execution.apps.wsgi import WsgiApp, decode_response, encode_request
 from zz.execution.registry import (

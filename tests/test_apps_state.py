@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from zz.execution.state import (
     DirtySet,
     ReadOnlyStateError,

@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from wsgiref.validate import validator
 
 import pytest
+
 from zz.execution.app import ExecContext
 from zz.execution.apps import guestbook
 from zz.execution.apps.wsgi import (

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from zz.execution.apps import microbench as mb
 
 from tests.cluster import free_port_range
 from zz import config as zconfig
 from zz import keys as zkeys
 from zz.client import Client
+from zz.execution.apps import microbench as mb
 from zz.procrack import DEFAULT_AGREED, ProcRack
 
 

@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from zz.execution import byzantine
 
 from tests.test_execution_runtime import needs_agreed
 from zz import campaign as cp
 from zz import rackctl
 from zz.config import load
+from zz.execution import byzantine
 from zz.procrack import DEFAULT_AGREED
 
 needs_go = pytest.mark.skipif(

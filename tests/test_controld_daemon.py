@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 import zfs_pool
+
+from zz import keys, wire
+from zz.config import Config, load
 from zz.controld import actions
 from zz.controld import inventory as inv
 from zz.controld.daemon import Daemon
 from zz.controld.hypervisor import DomainNotFound, HypervisorError, open_backend
 from zz.controld.rpc import RpcError, call, control_request
-
-from zz import keys, wire
-from zz.config import Config, load
 from zz.crypto import SigningKey
 from zz.ports import free_base
 from zz.procrack import REPO, repo_env

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 from test_controld_daemon import SVC, Node, Rack, make_rack
 from test_snapshots_fileserve import signed_fetch
+
+from tests import zfs_pool
+from zz import keys, wire
 from zz.controld.actions import zfs_dataset
 from zz.controld.daemon import ConnLimits
+from zz.crypto import SigningKey
 from zz.execution.recovery import PeerSource, SourceError
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import MAX_CHUNK, REFUSED
 from zz.snapshots.manifest import scan
 from zz.snapshots.store import checkpoint_name
 from zz.snapshots.zfs import ZfsStore, run_zfs
-
-from tests import zfs_pool
-from zz import keys, wire
-from zz.crypto import SigningKey
 
 SEQ = 8
 FILES = {"a.txt": b"alpha\n", "dir/b.bin": bytes(range(256)) * 40}

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from conftest import RACK_TOML
-from zz.controld import actions
-from zz.execution.runtime import FAULT_FILE, SLOW_REPORT_SECONDS, Runtime
 
 from zz import keys
 from zz.config import load
+from zz.controld import actions
+from zz.execution.runtime import FAULT_FILE, SLOW_REPORT_SECONDS, Runtime
 
 
 def _ctx(tmp_path: Path, **kw: Any) -> actions.HostContext:

@@ -16,6 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 from test_controld_daemon import SVC, make_rack
+
+from tests import zfs_pool
+from zz import keys, wire
+from zz.config import Service
 from zz.controld.actions import (
     HostContext,
     make_guest_dataset,
@@ -27,10 +31,6 @@ from zz.controld.guestsnap import GuestDatasets
 from zz.snapshots import StorageError
 from zz.snapshots.hostzfs import ANSWER, REQUEST, HostZfsStore, request_bytes, write_json_atomic
 from zz.snapshots.zfs import run_zfs
-
-from tests import zfs_pool
-from zz import keys, wire
-from zz.config import Service
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from zz.controld.hv_process import proc_state
 from zz.controld.hypervisor import (
     PAUSED,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from zz.controld import inventory as inv
 from zz.controld.hv_process import ProcessHypervisor, proc_state
 from zz.controld.hypervisor import PAUSED, RUNNING, HypervisorError, ReplicaSpec, open_backend

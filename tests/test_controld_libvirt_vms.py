@@ -16,6 +16,7 @@ import pytest
 import test_images
 import zfs_pool
 from test_images import _all_domains, _answers, _free_port, _wait_ok
+
 from zz.controld.hypervisor import (
     GUEST_AGENT_PORT,
     PAUSED,

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 from test_controld_daemon import OP, Node, Rack, _procs_with, make_rack
-from zz.controld import actions
-from zz.controld.rpc import call
 
 from zz import keys
+from zz.controld import actions
+from zz.controld.rpc import call
 from zz.procrack import REPO, repo_env, spawn
 
 RUNTIME = "--service web --index 2"

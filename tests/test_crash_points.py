@@ -71,9 +71,8 @@ def _check_consistent(rt: Any) -> dict[str, Any]:
 
 
 def _drive(state_dir: str, rack: str, kind: str, pool: str) -> None:
-    from zz.execution.runtime import Runtime
-
     from zz.config import load
+    from zz.execution.runtime import Runtime
 
     config = load(rack)
     rt = Runtime(

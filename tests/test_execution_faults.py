@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from zz.snapshots.manifest import Manifest
 
 from tests.cluster import REPO, Cluster, _port_free
 from tests.test_execution_runtime import (
@@ -23,6 +22,7 @@ from tests.test_execution_runtime import (
     needs_agreed,
 )
 from zz.crypto import sha256
+from zz.snapshots.manifest import Manifest
 
 FAULTY = 2
 DIVERGE_PATH = "zz-fault-diverge"  # execution/runtime.py DIVERGE_PATH

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from zz.execution.certificates import CommitCollector
-from zz.execution.replycache import ReplyCache, ReplyCacheError
 
 from tests.cluster import REPO, SERVICE_ID, Cluster, _port_free
 from zz import wire
 from zz.crypto import NULL_DIGEST, sha256
+from zz.execution.certificates import CommitCollector
+from zz.execution.replycache import ReplyCache, ReplyCacheError
 from zz.procrack import reap, signal_group, spawn, terminate
 
 # ---- certificates ---------------------------------------------------------------------

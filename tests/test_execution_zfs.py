@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from zz.snapshots.manifest import Manifest, scan
-from zz.snapshots.zfs import ZfsStore, run_zfs
 
 from tests import zfs_pool
 from tests.test_execution_faults import start_rig
@@ -22,6 +20,8 @@ from tests.test_execution_runtime import (
     restart_after_checkpoint,
 )
 from zz.crypto import sha256
+from zz.snapshots.manifest import Manifest, scan
+from zz.snapshots.zfs import ZfsStore, run_zfs
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 

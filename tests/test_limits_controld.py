@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from test_controld_daemon import OP, SVC, Node, make_rack
-from zz.controld.daemon import ConnLimits
-from zz.controld.rpc import RACK_SERVICE, decode_json
 
 from zz import wire
+from zz.controld.daemon import ConnLimits
+from zz.controld.rpc import RACK_SERVICE, decode_json
 
 LIMITS = ConnLimits(
     max_conns=256, max_conns_per_source=20, max_frame=1 << 20, frame_timeout=1.0,

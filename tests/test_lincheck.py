@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from zz.execution.app import ExecContext
-from zz.execution.apps import kv
-from zz.execution.state import StateDir
 
 from zz import history as zh
 from zz.client import ClientTimeout
+from zz.execution.app import ExecContext
+from zz.execution.apps import kv
+from zz.execution.state import StateDir
 from zz.history import History, HistoryRecorder, Op, Output
 
 pytestmark = pytest.mark.skipif(

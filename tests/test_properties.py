@@ -22,6 +22,9 @@ import hypothesis
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from zz import keys, wire
+from zz.config import ConfigError, load
 from zz.controld.daemon import Daemon
 from zz.controld.hypervisor import open_backend
 from zz.controld.rpc import RACK_SERVICE
@@ -29,9 +32,6 @@ from zz.snapshots import open_store
 from zz.snapshots.fileserve import LATER, MAX_CHUNK, OK, SnapshotFiles
 from zz.snapshots.manifest import scan
 from zz.snapshots.store import checkpoint_name
-
-from zz import keys, wire
-from zz.config import ConfigError, load
 
 BOUNDED = settings(
     max_examples=150,

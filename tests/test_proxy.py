@@ -22,14 +22,14 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from zz.execution.app import ExecContext
-from zz.execution.apps.wsgi import WsgiApp, decode_request
-from zz.execution.registry import create_app
-from zz.execution.state import StateDir
 
 from tests.cluster import REPO, Cluster, _port_free, default_binary
 from tests.test_execution_runtime import ExecReplicas
 from zz.client import ClientTimeout
+from zz.execution.app import ExecContext
+from zz.execution.apps.wsgi import WsgiApp, decode_request
+from zz.execution.registry import create_app
+from zz.execution.state import StateDir
 from zz.http import Limits
 from zz.proxy import ClientPool, Proxy, ProxyOptions, parse_listen
 

@@ -16,9 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from zz.execution.runtime import FAULT_FILE
 
-from controld.announce import Announcer
 from tests.test_execution_runtime import KV_GET, KV_PUT, _kv, _kv_ok
 from tests.test_fault_detection_e2e import (  # wrong_rig: replica 1 answers wrongly
     FAST,
@@ -32,6 +30,8 @@ from tests.test_fault_detection_e2e import (  # wrong_rig: replica 1 answers wro
 )
 from zz import keys
 from zz.atomicfile import write_atomic
+from zz.controld.announce import Announcer
+from zz.execution.runtime import FAULT_FILE
 from zz.procrack import signal_group
 
 

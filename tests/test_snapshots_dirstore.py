@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from zz.snapshots import CheckpointStore, StorageError, checkpoint_name, open_store
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.manifest import ManifestBuilder, scan

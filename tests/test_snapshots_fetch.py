@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 import zz.snapshots.fetch as fetch_mod
 from zz.execution.state import StateDir, StateError
 from zz.snapshots.fetch import FetchError, SourceError, StateFetcher

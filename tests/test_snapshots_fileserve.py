@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 from test_controld_guest_files import _ctx as guest_ctx
+
+from tests import zfs_pool
+from zz import keys, wire
+from zz.config import Config
 from zz.execution import runtime
 from zz.execution.runtime import Runtime
 from zz.snapshots import open_store
@@ -24,10 +28,6 @@ from zz.snapshots.fileserve import (
 )
 from zz.snapshots.manifest import Manifest, scan
 from zz.snapshots.store import CheckpointStore, checkpoint_name
-
-from tests import zfs_pool
-from zz import keys, wire
-from zz.config import Config
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from zz.snapshots.manifest import (
     MEMORY_PATH,
     FileEntry,

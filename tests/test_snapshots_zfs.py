@@ -7,6 +7,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests import zfs_pool
+from tests.zfs_pool import POOL_SIZE
 from zz.snapshots import StorageError, checkpoint_name, open_store
 from zz.snapshots.manifest import ManifestBuilder, scan
 from zz.snapshots.zfs import (
@@ -18,9 +21,6 @@ from zz.snapshots.zfs import (
     pool_vdevs,
     run_zfs,
 )
-
-from tests import zfs_pool
-from tests.zfs_pool import POOL_SIZE
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
 

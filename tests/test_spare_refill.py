@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from controld.announce import Announcer, spare_ready
 from tests.cluster import SERVICE_ID
 from tests.test_execution_runtime import KV_GET, _kv, _kv_ok
 from tests.test_fault_detection_e2e import (
@@ -29,6 +28,7 @@ from tests.test_fault_detection_e2e import (
     _wait_resolved,
 )
 from zz import keys, wire
+from zz.controld.announce import Announcer, spare_ready
 from zz.crypto import SigningKey
 from zz.procrack import signal_group
 

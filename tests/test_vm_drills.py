@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from zz.controld.actions import zfs_dataset
 
 from tests.test_drill import _args, needs_go
 from tests.test_execution_runtime import needs_agreed
@@ -25,6 +24,7 @@ from tests.test_rackctl import leftovers, write_rack
 from zz import drill, rackctl
 from zz import report as rp
 from zz.config import Config, load
+from zz.controld.actions import zfs_dataset
 
 try:
     import libvirt  # type: ignore[import-not-found]  # noqa: F401

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from zz.snapshots.zfs import (
     ZfsMissingError,
     create_file_pool,

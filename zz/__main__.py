@@ -2,6 +2,6 @@
 # Kept separate from cli.py so importing zz.cli never has side effects.
 import sys
 
-from .cli import main
+from zz.cli import main
 
 sys.exit(main())

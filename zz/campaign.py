@@ -52,13 +52,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import history as zh
-from . import rackctl
-from .atomicfile import write_atomic
-from .config import Config, Service, load
-from .drill import Load, Observer, _awaiting_spares, _open_rounds, _start_load
-from .execution.runtime import FAULT_FILE
-from .ports import free_base
+from zz import history as zh
+from zz import rackctl
+from zz.atomicfile import write_atomic
+from zz.config import Config, Service, load
+from zz.drill import Load, Observer, _awaiting_spares, _open_rounds, _start_load
+from zz.execution.runtime import FAULT_FILE
+from zz.ports import free_base
 
 Progress = Callable[[str], None]
 
@@ -852,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         clients=a.clients,
         agreed=a.agreed or (Path(os.environ["ZZ_AGREED"]) if os.environ.get("ZZ_AGREED") else None),
     )
-    from .procrack import REPO
+    from zz.procrack import REPO
 
     out = a.out or REPO / "bench-results" / f"byzantine-{time.strftime('%Y%m%d-%H%M%S')}"
     opts.keep_logs = out / "logs"

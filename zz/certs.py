@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults, keys, wire
-from .atomicfile import write_atomic
-from .config import Config, Service
+from zz import faults, keys, wire
+from zz.atomicfile import write_atomic
+from zz.config import Config, Service
 
 __all__ = [
     "CertError",

@@ -9,9 +9,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from . import __version__, keys, placement, render
-from .client import Client, ClientParams, ClientTimeout
-from .config import ConfigError, load
+from zz import __version__, keys, placement, render
+from zz.client import Client, ClientParams, ClientTimeout
+from zz.config import ConfigError, load
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
@@ -76,8 +76,8 @@ def _cmd_client(args: argparse.Namespace) -> int:
 def _cmd_proxy(args: argparse.Namespace) -> int:
     import logging
 
-    from . import proxy
-    from .http import Limits
+    from zz import proxy
+    from zz.http import Limits
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s zz-proxy %(message)s", stream=sys.stderr
@@ -108,7 +108,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def _cmd_rack_up(args: argparse.Namespace) -> int:
-    from . import rackctl
+    from zz import rackctl
 
     config = load(args.config)
     t0 = time.monotonic()
@@ -142,7 +142,7 @@ def _key_value(text: str) -> tuple[str, int | str]:
 
 
 def _cmd_rack_down(args: argparse.Namespace) -> int:
-    from . import rackctl
+    from zz import rackctl
 
     try:
         report = rackctl.down(load(args.config), progress=_progress)
@@ -153,7 +153,7 @@ def _cmd_rack_down(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from . import drill
+    from zz import drill
 
     return drill.main_cli(args, _progress)
 
@@ -161,7 +161,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
 
-    from .procrack import REPO
+    from zz.procrack import REPO
 
     script = REPO / "scripts" / "bench" / args.name
     if not script.exists():
@@ -177,7 +177,7 @@ def _progress(line: str) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .status import format_rows, rack_status
+    from zz.status import format_rows, rack_status
 
     print(format_rows(rack_status(load(args.config), stale_after=args.stale_after)))
     return 0
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     rd.set_defaults(func=_cmd_rack_down)
 
-    from .drill import KINDS, add_arguments
+    from zz.drill import KINDS, add_arguments
 
     dr = sub.add_parser(
         "drill",
@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_controld(args: argparse.Namespace) -> int:
-    from .controld.__main__ import main as controld_main
+    from zz.controld.__main__ import main as controld_main
 
     return controld_main(args.args)
 

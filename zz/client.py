@@ -11,10 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import keys, wire
-from .config import Config, request_limit
-from .crypto import SIG_LEN, SigningKey, sha256
-from .link import Link
+from zz import keys, wire
+from zz.config import Config, request_limit
+from zz.crypto import SIG_LEN, SigningKey, sha256
+from zz.link import Link
 
 SIGN_AFTER_RETRY_S = 60.0
 
@@ -214,7 +214,7 @@ class Client:
 
     @classmethod
     def from_file(cls, config_path: str | Path, service: str | int, client_index: int) -> Client:
-        from .config import load
+        from zz.config import load
 
         return cls(ClientParams.from_config(load(config_path), service, client_index))
 

@@ -284,7 +284,7 @@ def _range(lo: int | None, hi: int | None) -> str:
 def _check_app(t: _Table, app: str) -> str:
     """An app the registry knows (execution/registry.py), so `rack plan` refuses what the
     runtime would refuse only once started."""
-    from .execution.registry import AppRegistryError, get_spec
+    from zz.execution.registry import AppRegistryError, get_spec
 
     try:
         get_spec(app)

@@ -37,17 +37,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import history as zh
-from . import report as rp
-from . import wire
-from .atomicfile import write_atomic
-from .client import Client, ClientParams, ClientTimeout
-from .config import Config, Service, load
-from .controld.actions import domain_name
-from .execution.apps import kv
-from .execution.runtime import FAULT_FILE
-from .procrack import DEFAULT_AGREED, leftover_pids, signal_group
-from .rackctl import (
+from zz import history as zh
+from zz import report as rp
+from zz import wire
+from zz.atomicfile import write_atomic
+from zz.client import Client, ClientParams, ClientTimeout
+from zz.config import Config, Service, load
+from zz.controld.actions import domain_name
+from zz.execution.apps import kv
+from zz.execution.runtime import FAULT_FILE
+from zz.procrack import DEFAULT_AGREED, leftover_pids, signal_group
+from zz.rackctl import (
     ProcRecord,
     RackError,
     _save_state,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .execution.apps import kv
+from zz.execution.apps import kv
 
 LINCHECK_SRC = Path(__file__).resolve().parent.parent / "tools" / "lincheck"
 _SOURCES = ("main.go", "go.mod", "go.sum")

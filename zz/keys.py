@@ -16,10 +16,10 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from . import wire
-from .atomicfile import write_atomic
-from .config import Config, Service
-from .crypto import KEY_LEN, SigningKey
+from zz import wire
+from zz.atomicfile import write_atomic
+from zz.config import Config, Service
+from zz.crypto import KEY_LEN, SigningKey
 
 
 class KeyFileError(Exception):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from . import wire
+from zz import wire
 
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 1.0

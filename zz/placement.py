@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .config import Config, Host, Service
+from zz.config import Config, Host, Service
 
 AGREEMENT = "agreement"
 EXECUTION = "execution"

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import render
-from .config import Config, Service
+from zz import render
+from zz.config import Config, Service
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_AGREED = REPO / "agreement" / "build" / "zz-agreed"

@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from .client import Client, ClientParams, ClientTimeout, RequestTooLarge
-from .config import Config, ConfigError, Service
-from .execution.apps.wsgi import (
+from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge
+from zz.config import Config, ConfigError, Service
+from zz.execution.apps.wsgi import (
     EXCLUDED_HEADERS,
     READ_ONLY_METHODS,
     READ_ONLY_REJECTED_HEADER,
@@ -25,8 +25,8 @@ from .execution.apps.wsgi import (
     decode_response,
     encode_request,
 )
-from .http import HttpError, Limits, Request, body_length, format_response, read_body, read_head
-from .http import text_response as _text
+from zz.http import HttpError, Limits, Request, body_length, format_response, read_body, read_head
+from zz.http import text_response as _text
 
 log = logging.getLogger("zz.proxy")
 

@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import keys, placement, render
-from .atomicfile import write_atomic
-from .config import Config, Host, Service, is_loopback
-from .procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
+from zz import keys, placement, render
+from zz.atomicfile import write_atomic
+from zz.config import Config, Host, Service, is_loopback
+from zz.procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
 
 STATE_NAME = "rack.json"
 BACKENDS = ("process", "libvirt")
@@ -290,8 +290,8 @@ def _provision_all(
 ) -> list[ReplicaRecord]:
     """Every execution replica through its host's controld, hosts in parallel (one host
     provisions its replicas one after the other: controld's own order)."""
-    from .controld import actions
-    from .controld.rpc import RpcError
+    from zz.controld import actions
+    from zz.controld.rpc import RpcError
 
     jobs: dict[int, list[tuple[Service, int, str]]] = {}
     for s in config.services:
@@ -352,7 +352,7 @@ async def operator_call(
     config: Config, host: Host, op: dict[str, Any], timeout: float = 120.0
 ) -> dict[str, Any]:
     """One CONTROL RPC to `host`'s controld as operator 0 (keys/s0)."""
-    from .controld.rpc import RACK_SERVICE, call
+    from zz.controld.rpc import RACK_SERVICE, call
 
     me = keys.operator_principal(0)
     ctl = keys.controld_principal(host.index)
@@ -454,7 +454,7 @@ def up(
 def _clear_stale_pool(name: str, vdev: Path, progress: Progress) -> None:
     """A pool of this rack's name on this rack's vdev file outlived a bring-up that died
     (the rack is not up: `up` checked): destroy it. One on another file is not ours."""
-    from .snapshots.zfs import destroy_pool, pool_exists, pool_vdevs
+    from zz.snapshots.zfs import destroy_pool, pool_exists, pool_vdevs
 
     if not pool_exists(name):
         remove_file(vdev, vdev.parent)  # a vdev without its pool holds nothing
@@ -474,7 +474,7 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
     run = config.rack.run_dir
     pools: dict[str, str] = {}
     if state.store == "zfs":
-        from .snapshots.zfs import create_file_pool, ensure_zfs_daemon
+        from zz.snapshots.zfs import create_file_pool, ensure_zfs_daemon
 
         ensure_zfs_daemon()
         for h in config.hosts:
@@ -672,7 +672,7 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
     report.leftovers = pids
     pools = list(state.pools) if state else []
     if pools:
-        from .snapshots.zfs import destroy_pool, pool_exists
+        from zz.snapshots.zfs import destroy_pool, pool_exists
 
         # The state file is data: only this rack's pool names on vdevs in run/zfs count.
         ours = {pool_name(config, h) for h in config.hosts}

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import keys
-from .atomicfile import write_atomic
-from .config import Config, ConfigError, Service
+from zz import keys
+from zz.atomicfile import write_atomic
+from zz.config import Config, ConfigError, Service
 
 # Keys a caller may set or replace; structural keys (service, id, g, listen, peer)
 # come from the rack config only, so a harness cannot render an inconsistent cluster.

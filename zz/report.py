@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomicfile import write_atomic
+from zz.atomicfile import write_atomic
 
 BUCKET_S = 0.1
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Config, Service
+from zz.config import Config, Service
 
 
 @dataclass

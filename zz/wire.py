@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Self
 
-from .crypto import (
+from zz.crypto import (
     DIGEST_LEN,
     KEY_LEN,
     MAC_LEN,

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..state import StateDir
+from zz.execution.state import StateDir
 
 INDEX = "guestbook/index.json"
 ENTRY_DIR = "guestbook/entries"

@@ -7,8 +7,8 @@ import struct
 from dataclasses import dataclass
 from hashlib import sha256
 
-from ..app import App, ExecContext
-from ..state import ReadOnlyStateError
+from zz.execution.app import App, ExecContext
+from zz.execution.state import ReadOnlyStateError
 
 # Op codes (docs/apps.md "kv"). Every op: u8 code, then u32-length-prefixed fields.
 GET = 1

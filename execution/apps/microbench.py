@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from hashlib import sha256
 
-from ..app import App, ExecContext
-from ..state import ReadOnlyStateError
+from zz.execution.app import App, ExecContext
+from zz.execution.state import ReadOnlyStateError
 
 # Op header (docs/apps.md "microbench"), then a payload that only pads the request.
 _HDR = struct.Struct(">BIIHI")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from ..app import App, ExecContext
-from ..state import ReadOnlyStateError
+from zz.execution.app import App, ExecContext
+from zz.execution.state import ReadOnlyStateError
 
 log = logging.getLogger("zz.execution.wsgi")
 

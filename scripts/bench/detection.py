@@ -56,13 +56,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from zz.execution.apps import microbench as mb  # noqa: E402
-
 from tests.cluster import free_port_range  # noqa: E402
 from zz import certs, faults, procrack, wire  # noqa: E402
 from zz import config as zconfig  # noqa: E402
 from zz import keys as zkeys  # noqa: E402
 from zz.client import Client, ClientParams, ClientTimeout  # noqa: E402
+from zz.execution.apps import microbench as mb  # noqa: E402
 from zz.procrack import DEFAULT_AGREED, ProcRack  # noqa: E402
 
 # The project's detection timer: the defaults of a service in the rack config (zz/config.py,
