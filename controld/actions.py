@@ -47,7 +47,7 @@ from zz.wire import exec_principal
 
 # A spare boots at this nice level: under TCG a boot takes a core for ~30 s.
 SPARE_BOOT_NICE = 10
-# DESIGN.md §7: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
+# docs/design.md §9: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
 NOTICE_NAME = "controld-wakeup.json"  # execution/runtime.py WAKE_NOTICE reads it
 # A guest's view (images/zz_guest.py, images/init): the share is mounted at /state, the

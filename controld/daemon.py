@@ -541,7 +541,7 @@ class Daemon:
 
     def _placement_check(self, svc: Service, index: int) -> None:
         """Only replicas the config places here, and at most one execution replica of a
-        service per host (DESIGN.md §1): one faulty host can then take down one replica
+        service per host (docs/design.md §1): one faulty host can then take down one replica
         of a service, not two."""
         placed = svc.exec_host(self.config, index)
         if placed.index != self.host.index:

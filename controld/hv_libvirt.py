@@ -1,7 +1,7 @@
 # controld/hv_libvirt.py - the libvirt backend of controld/hypervisor.py: one thin wrapper per
 # lifecycle action over libvirt-python, every libvirtError mapped to HypervisorError naming
 # the domain. Real guests get images/domain.py's XML; test:/// URIs a minimal one.
-"""libvirt backend. URI configurable, qemu:///system by default (DESIGN.md §4).
+"""libvirt backend. URI configurable, qemu:///system by default (docs/design.md §8).
 
 Domains are transient (createXML): destroy() or a guest power-off removes them, save()
 stops and removes them until restore(). On a test:/// URI (libvirt's in-process test

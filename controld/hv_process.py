@@ -1,6 +1,6 @@
 # controld/hv_process.py - the process backend of controld/hypervisor.py: a replica is an OS
 # process (zz.procrack.spawn, its own process group); pause = SIGSTOP/SIGCONT of the group.
-# For protocol tests and for hosts without virtualization (DESIGN.md §4).
+# For protocol tests and for hosts without virtualization (docs/design.md §8).
 """Process backend.
 
     create   spawn spec.command in its own session; output to run_dir/replica.log,

@@ -1,6 +1,6 @@
 # controld/hypervisor.py - the one narrow interface controld drives replicas through, the
 # replica spec, the project's hypervisor exception and open_backend(), the one place a
-# backend (hv_libvirt.py, hv_process.py) is chosen. DESIGN.md §4, docs/controld.md.
+# backend (hv_libvirt.py, hv_process.py) is chosen. docs/design.md §8, docs/controld.md.
 """Hypervisor interface (in the shape of Redis' ae.c: one set of calls, a file per backend).
 
 Every call is synchronous and short, one lifecycle action each; the daemon runs them with
@@ -47,7 +47,7 @@ STATES = (RUNNING, PAUSED, SHUTOFF, OTHER)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 GUEST_AGENT_PORT = 7000  # images/zz_guest.py listens here inside the guest
-DEFAULT_BALLOON_MIB = 192  # DESIGN.md §7: 192 MiB is safe, 128 MiB can lock the guest up
+DEFAULT_BALLOON_MIB = 192  # docs/design.md §9: 192 MiB is safe, 128 MiB can lock the guest up
 MAX_AGENT_REPLY = 1 << 20
 
 

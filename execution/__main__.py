@@ -1,5 +1,5 @@
 """execution/__main__.py - `python -m zz.execution --rack RACK.toml --service NAME --index I`.
-Runs one execution replica as an OS process (the process backend, DESIGN §4)."""
+Runs one execution replica as an OS process (the process backend, docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""execution/certificates.py - commit certificates for an execution replica (ZZ §4.1, DESIGN §3.3).
+"""execution/certificates.py - commit certificates of an execution replica (docs/design.md §3.3).
 A batch runs only once 2g+1 distinct agreement replicas vouch for the same (seq, digest)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # execution/recovery.py - how a woken execution replica catches up (ZZ §4.5, §5.2 steps 3-6;
-# DESIGN.md §3 step 8): a certified checkpoint, its manifest from any peer, then files on
+# docs/design.md §5.5): a certified checkpoint, its manifest from any peer, then files on
 # first touch and the rest in the background. docs/recovery.md is the narrative.
 """Recovery of an execution replica that is behind the agreement cluster's log.
 

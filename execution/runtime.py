@@ -1,4 +1,4 @@
-"""execution/runtime.py - one execution replica (ZZ §4.1-4.2, DESIGN §3 steps 3-5).
+"""execution/runtime.py - one execution replica (ZZ §4.1-4.2, docs/design.md §3.3-§5.5).
 Executes batches on 2g+1-replica commit certificates, replies to clients, checkpoints every CP."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # snapshots/fetch.py - a recovering replica's state, fetched file by file on first touch.
-# ZZ §4.5 / DESIGN.md §3 step 8: execute at once, verify every file against the certified
+# ZZ §4.5 / docs/design.md §5.5: execute at once, verify every file against the certified
 # manifest, fetch the rest in the background. docs/recovery.md describes the protocol.
 """On-demand, hash-verified state fetching for a woken execution replica.
 

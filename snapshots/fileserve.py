@@ -1,6 +1,6 @@
 # snapshots/fileserve.py - serve the files of a replica's checkpoint snapshots to peers that
-# recover (ZZ §4.5, DESIGN.md §3 step 8). The transport (FILE-FETCH / FILE-DATA, docs/wire.md)
-# and the authentication live with whoever runs this: the runtime or controld.
+# recover (ZZ §4.5, docs/design.md §5.5). The transport (FILE-FETCH / FILE-DATA,
+# docs/wire.md) and the authentication live with whoever runs this: the runtime or controld.
 """Read ranges of checkpoint files out of snapshots, for recovering peers.
 
 Only what a checkpoint manifest lists is served: the requester names a path of the

@@ -1,4 +1,4 @@
-# snapshots/hostzfs.py - a guest's checkpoint store on the host's ZFS (DESIGN.md §4: one
+# snapshots/hostzfs.py - a guest's checkpoint store on the host's ZFS (docs/design.md §8: one
 # dataset per execution replica, shared into the guest; @ckpt-n taken by the host). The
 # guest writes its state on the share; the host's controld snapshots it when asked.
 """HostZfsStore: the guest side of a ZFS dataset that lives on the host.

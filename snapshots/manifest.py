@@ -1,5 +1,5 @@
 # snapshots/manifest.py - per-file SHA-256 manifests of a replica's state and checkpoint digests.
-# DESIGN.md §3 step 5: re-hash only files written since the last checkpoint; C = SHA-256(encoding).
+# docs/design.md §4.2: re-hash only files written since the last checkpoint; C = SHA-256(encoding).
 """Checkpoint manifests: sorted path -> (size, SHA-256), plus tombstones for deletions.
 
 Invariants of a :class:`Manifest`:

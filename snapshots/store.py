@@ -38,7 +38,7 @@ class StorageError(Exception):
 
 
 def checkpoint_name(seq: int) -> str:
-    """Snapshot name for the checkpoint at sequence number ``seq`` (DESIGN.md §3 step 5)."""
+    """Snapshot name for the checkpoint at sequence number ``seq`` (docs/design.md §4.2)."""
     if seq < 0:
         raise ValueError(f"checkpoint sequence number must be >= 0, got {seq}")
     return f"ckpt-{seq}"

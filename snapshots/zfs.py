@@ -1,5 +1,6 @@
 # snapshots/zfs.py - CheckpointStore on OpenZFS through the zpool/zfs command line.
-# Works with zfs-fuse (DESIGN.md §7): no .zfs/snapshot dir there, so snapshots are read via clones.
+# Works with zfs-fuse (docs/design.md §9): no .zfs/snapshot dir there, so snapshots are read
+# through clones.
 """ZFS backend: one pool per host (a file vdev is fine), one dataset per execution replica.
 
 Calls are synchronous subprocesses (each ~5-50 ms on zfs-fuse); an asyncio daemon runs them

@@ -210,7 +210,7 @@ def test_vm_wrong_reply_drill_f2(tmp_path: Path) -> None:
 @needs_agreed
 @needs_go
 def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
-    """A rack on ZFS (DESIGN.md §4): each guest's state is a dataset of its host's pool
+    """A rack on ZFS (docs/design.md §8): each guest's state is a dataset of its host's pool
     mounted in its share, its checkpoints are snapshots its controld takes on its signed
     request, and the woken guest fetches its peers' files from their controlds (zfs
     clone; a guest cannot read its own snapshots). The liar's dataset is kept for

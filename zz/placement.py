@@ -1,7 +1,7 @@
 # zz/placement.py - which host carries each replica of each service (docs/placement.md).
 # The placement rule itself lives in zz/config.py (Config.replica_host, Service.exec_host);
 # this module applies it to a whole rack, checks the fault-model constraint "at most one
-# agreement and one execution replica of a service per host" (DESIGN.md §1) and reports
+# agreement and one execution replica of a service per host" (docs/design.md §1) and reports
 # the load per host, so an operator sees the ZZ Table 2 layout before starting anything.
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""zz/proxy.py - `zz proxy`: the HTTP/1.1 front of a BFT web app (DESIGN §6, docs/proxy.md).
+"""zz/proxy.py - `zz proxy`: the HTTP/1.1 front of a BFT web app (docs/proxy.md).
 Turns each HTTP request into one canonical WSGI op, gets it certified through a Client pool."""
 
 from __future__ import annotations

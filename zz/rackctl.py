@@ -493,7 +493,7 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
         # A rack on one machine is a drill ground: zz drill switches runtimes' faults.
         cmd += ["--host", h.name, "--backend", state.backend, "--drill-faults"]
         if state.backend == "libvirt":
-            # A guest boots under TCG here (DESIGN.md §7): tens of seconds on a busy host.
+            # A guest boots under TCG here (docs/design.md §9): tens of seconds on a busy host.
             cmd += ["--ready-timeout", "300"]
         if state.store == "zfs":
             cmd += ["--store", "zfs", "--zfs-pool", pools[h.name]]
