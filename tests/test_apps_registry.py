@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from zz.execution.app import App, EchoApp, ExecContext
-from zz.execution.apps.wsgi import WsgiApp, decode_response, encode_request
+from zz.execution.apps.wsgi import WsgiApp
 from zz.execution.registry import (
     AppOptionError,
     UnknownAppError,
@@ -17,6 +17,7 @@ from zz.execution.registry import (
     validate_options,
 )
 from zz.execution.state import StateDir
+from zz.httpop import decode_response, encode_request
 
 
 def test_bundled_names() -> None:

@@ -16,18 +16,18 @@ import pytest
 
 from zz.execution.app import ExecContext
 from zz.execution.apps import guestbook
-from zz.execution.apps.wsgi import (
+from zz.execution.apps.wsgi import WsgiApp
+from zz.execution.registry import create_app
+from zz.execution.state import StateDir
+from zz.httpop import (
     HttpRequest,
     HttpResponse,
-    WsgiApp,
     WsgiCodecError,
     decode_request,
     decode_response,
     encode_request,
     encode_response,
 )
-from zz.execution.registry import create_app
-from zz.execution.state import StateDir
 
 T0 = 1_700_000_000_000
 FORM = [("Content-Type", "application/x-www-form-urlencoded")]

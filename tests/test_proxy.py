@@ -27,10 +27,11 @@ from tests.cluster import REPO, Cluster, _port_free, default_binary
 from tests.test_execution_runtime import ExecReplicas
 from zz.client import ClientTimeout
 from zz.execution.app import ExecContext
-from zz.execution.apps.wsgi import WsgiApp, decode_request
+from zz.execution.apps.wsgi import WsgiApp
 from zz.execution.registry import create_app
 from zz.execution.state import StateDir
 from zz.http import Limits
+from zz.httpop import decode_request
 from zz.proxy import ClientPool, Proxy, ProxyOptions, parse_listen
 
 T0 = 1_700_000_000_000

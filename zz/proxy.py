@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge
 from zz.config import Config, ConfigError, Service
-from zz.execution.apps.wsgi import (
+from zz.http import HttpError, Limits, Request, body_length, format_response, read_body, read_head
+from zz.http import text_response as _text
+from zz.httpop import (
     EXCLUDED_HEADERS,
     READ_ONLY_METHODS,
     READ_ONLY_REJECTED_HEADER,
@@ -25,8 +27,6 @@ from zz.execution.apps.wsgi import (
     decode_response,
     encode_request,
 )
-from zz.http import HttpError, Limits, Request, body_length, format_response, read_body, read_head
-from zz.http import text_response as _text
 
 log = logging.getLogger("zz.proxy")
 
