@@ -939,13 +939,14 @@ static void send_shutdown(zz_replica *r, const zz_fresolution *res)
         return;
     const uint8_t *msg = b->p + st;
     size_t len = b->len - st;
-    /* Every host with a replica of the round: convicted ones are destroyed, surplus ones put
-     * back to sleep, and the others' controld learns the outcome. */
+    /* The controld of every host with a replica of the service, not only of the round's:
+     * convicted ones are destroyed, surplus ones put back to sleep, and every controld's
+     * replay guard (zz/certs.py Freshness) follows every round. One that missed the rounds
+     * since the last it saw took a later round over that round's awake set for a sibling of
+     * it and refused its WAKEUP: the spare it hosts never woke (campaign seed 3202 round 14). */
     uint8_t hosts[ZZ_MAX_HOSTS] = {0};
-    for (uint32_t i = 0; i < w->n_awake; i++)
-        send_controld(r, w->awake[i], msg, len, hosts);
-    for (uint32_t i = 0; i < w->n_woken; i++)
-        send_controld(r, w->woken[i], msg, len, hosts);
+    for (uint32_t i = 0; i < r->conf->n_exec && i < ZZ_MAX_EXEC; i++)
+        send_controld(r, i, msg, len, hosts);
     bcast_raw(r, msg, len);
     r->st.shutdowns_sent++;
     char cs[256], ss[256], as[256];
