@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from zz import kvop
 from zz.execution.app import ExecContext
 from zz.execution.apps import kv
 from zz.execution.registry import create_app
@@ -30,20 +31,20 @@ def _open(root: Path, **opts: int) -> tuple[kv.KvApp, StateDir]:
     return app, state
 
 
-def _run(app: kv.KvApp, op: bytes, seq: int = 1, read_only: bool = False) -> kv.KvReply:
-    return kv.decode_reply(app.execute(op, _ctx(seq, read_only)))
+def _run(app: kv.KvApp, op: bytes, seq: int = 1, read_only: bool = False) -> kvop.KvReply:
+    return kvop.decode_reply(app.execute(op, _ctx(seq, read_only)))
 
 
 def test_put_get_delete(tmp_path: Path) -> None:
     app, state = _open(tmp_path / "s")
-    assert _run(app, kv.encode_get(b"k")) == kv.KvReply(kv.NOT_FOUND)
-    assert _run(app, kv.encode_put(b"k", b"v1")).ok
-    assert _run(app, kv.encode_get(b"k")) == kv.KvReply(kv.OK, b"v1")
-    assert _run(app, kv.encode_put(b"k", b"")).ok  # empty value is a value, not absence
-    assert _run(app, kv.encode_get(b"k")) == kv.KvReply(kv.OK, b"")
-    assert _run(app, kv.encode_delete(b"k")).ok
-    assert _run(app, kv.encode_delete(b"k")).status == kv.NOT_FOUND
-    assert _run(app, kv.encode_get(b"k")).status == kv.NOT_FOUND
+    assert _run(app, kvop.encode_get(b"k")) == kvop.KvReply(kvop.NOT_FOUND)
+    assert _run(app, kvop.encode_put(b"k", b"v1")).ok
+    assert _run(app, kvop.encode_get(b"k")) == kvop.KvReply(kvop.OK, b"v1")
+    assert _run(app, kvop.encode_put(b"k", b"")).ok  # empty value is a value, not absence
+    assert _run(app, kvop.encode_get(b"k")) == kvop.KvReply(kvop.OK, b"")
+    assert _run(app, kvop.encode_delete(b"k")).ok
+    assert _run(app, kvop.encode_delete(b"k")).status == kvop.NOT_FOUND
+    assert _run(app, kvop.encode_get(b"k")).status == kvop.NOT_FOUND
     dirty = state.take_dirty()
     assert dirty.deleted == {kv.key_path(b"k")} and not dirty.written
 
@@ -51,36 +52,36 @@ def test_put_get_delete(tmp_path: Path) -> None:
 def test_cas(tmp_path: Path) -> None:
     app, _ = _open(tmp_path / "s")
     # expected=None means "only if absent": a create-once primitive.
-    assert _run(app, kv.encode_cas(b"c", None, b"1")).ok
-    r = _run(app, kv.encode_cas(b"c", None, b"2"))
-    assert r == kv.KvReply(kv.CAS_MISMATCH, b"1", present=True)
-    assert _run(app, kv.encode_cas(b"c", b"1", b"2")).ok
-    assert _run(app, kv.encode_cas(b"c", b"1", b"3")) == kv.KvReply(kv.CAS_MISMATCH, b"2")
-    assert _run(app, kv.encode_get(b"c")).value == b"2"
-    r = _run(app, kv.encode_cas(b"absent", b"x", b"y"))
-    assert r == kv.KvReply(kv.CAS_MISMATCH, b"", present=False)
+    assert _run(app, kvop.encode_cas(b"c", None, b"1")).ok
+    r = _run(app, kvop.encode_cas(b"c", None, b"2"))
+    assert r == kvop.KvReply(kvop.CAS_MISMATCH, b"1", present=True)
+    assert _run(app, kvop.encode_cas(b"c", b"1", b"2")).ok
+    assert _run(app, kvop.encode_cas(b"c", b"1", b"3")) == kvop.KvReply(kvop.CAS_MISMATCH, b"2")
+    assert _run(app, kvop.encode_get(b"c")).value == b"2"
+    r = _run(app, kvop.encode_cas(b"absent", b"x", b"y"))
+    assert r == kvop.KvReply(kvop.CAS_MISMATCH, b"", present=False)
 
 
 def test_append_and_limits(tmp_path: Path) -> None:
     app, _ = _open(tmp_path / "s", max_key=4, max_value=6)
-    assert _run(app, kv.encode_append(b"a", b"abc")).ok
-    assert _run(app, kv.encode_append(b"a", b"def")).ok
-    assert _run(app, kv.encode_get(b"a")).value == b"abcdef"
-    assert _run(app, kv.encode_append(b"a", b"g")).status == kv.TOO_LARGE
-    assert _run(app, kv.encode_get(b"a")).value == b"abcdef"
-    assert _run(app, kv.encode_put(b"toolong", b"")).status == kv.TOO_LARGE
+    assert _run(app, kvop.encode_append(b"a", b"abc")).ok
+    assert _run(app, kvop.encode_append(b"a", b"def")).ok
+    assert _run(app, kvop.encode_get(b"a")).value == b"abcdef"
+    assert _run(app, kvop.encode_append(b"a", b"g")).status == kvop.TOO_LARGE
+    assert _run(app, kvop.encode_get(b"a")).value == b"abcdef"
+    assert _run(app, kvop.encode_put(b"toolong", b"")).status == kvop.TOO_LARGE
 
 
 def test_state_files_hold_the_data(tmp_path: Path) -> None:
     app, state = _open(tmp_path / "s")
-    _run(app, kv.encode_put(b"user:1", b"alice"))
+    _run(app, kvop.encode_put(b"user:1", b"alice"))
     path = kv.key_path(b"user:1")
     assert path.startswith("kv/") and state.exists(path)
     assert state.take_dirty().written == {path}
     # A fresh instance on the same directory (a restarted replica) sees the data.
     again = create_app("kv")
     again.open(StateDir(state.root))
-    assert kv.decode_reply(again.execute(kv.encode_get(b"user:1"), _ctx())).value == b"alice"
+    assert kvop.decode_reply(again.execute(kvop.encode_get(b"user:1"), _ctx())).value == b"alice"
 
 
 @pytest.mark.parametrize(
@@ -88,45 +89,45 @@ def test_state_files_hold_the_data(tmp_path: Path) -> None:
     [
         b"",
         b"\x09",
-        bytes([kv.GET]),
-        bytes([kv.GET]) + b"\x00\x00\x00\x05ab",
-        kv.encode_get(b"k") + b"x",
-        bytes([kv.CAS]) + b"\x00\x00\x00\x01k" + b"\x02" + b"\x00" * 8,
-        bytes([kv.CAS]) + b"\x00\x00\x00\x01k" + b"\x00\x00\x00\x00\x01e\x00\x00\x00\x00",
+        bytes([kvop.GET]),
+        bytes([kvop.GET]) + b"\x00\x00\x00\x05ab",
+        kvop.encode_get(b"k") + b"x",
+        bytes([kvop.CAS]) + b"\x00\x00\x00\x01k" + b"\x02" + b"\x00" * 8,
+        bytes([kvop.CAS]) + b"\x00\x00\x00\x01k" + b"\x00\x00\x00\x00\x01e\x00\x00\x00\x00",
     ],
 )
 def test_malformed_ops_get_bad_op_reply(tmp_path: Path, op: bytes) -> None:
     app, state = _open(tmp_path / "s")
     r = _run(app, op)
-    assert r.status == kv.BAD_OP and r.value
+    assert r.status == kvop.BAD_OP and r.value
     assert not state.take_dirty()
 
 
 def test_read_only(tmp_path: Path) -> None:
     app, state = _open(tmp_path / "s")
-    _run(app, kv.encode_put(b"k", b"v"))
+    _run(app, kvop.encode_put(b"k", b"v"))
     state.take_dirty()
-    assert app.is_read_only(kv.encode_get(b"k"))
-    assert not app.is_read_only(kv.encode_put(b"k", b"v"))
+    assert app.is_read_only(kvop.encode_get(b"k"))
+    assert not app.is_read_only(kvop.encode_put(b"k", b"v"))
     with state.read_only():
-        assert _run(app, kv.encode_get(b"k"), read_only=True).value == b"v"
-        assert _run(app, kv.encode_put(b"k", b"w"), read_only=True).status == kv.READ_ONLY
-    assert _run(app, kv.encode_get(b"k")).value == b"v"
+        assert _run(app, kvop.encode_get(b"k"), read_only=True).value == b"v"
+        assert _run(app, kvop.encode_put(b"k", b"w"), read_only=True).status == kvop.READ_ONLY
+    assert _run(app, kvop.encode_get(b"k")).value == b"v"
     assert not state.take_dirty()
 
 
 def test_reply_codec_round_trip() -> None:
     for r in (
-        kv.KvReply(kv.OK, b"value"),
-        kv.KvReply(kv.NOT_FOUND),
-        kv.KvReply(kv.CAS_MISMATCH, b"", present=False),
-        kv.KvReply(kv.BAD_OP, b"msg"),
+        kvop.KvReply(kvop.OK, b"value"),
+        kvop.KvReply(kvop.NOT_FOUND),
+        kvop.KvReply(kvop.CAS_MISMATCH, b"", present=False),
+        kvop.KvReply(kvop.BAD_OP, b"msg"),
     ):
-        assert kv.decode_reply(r.encode()) == r
-    with pytest.raises(kv.KvDecodeError):
-        kv.decode_reply(b"\x63\x00\x00\x00\x00")
-    with pytest.raises(kv.KvDecodeError):
-        kv.decode_reply(kv.KvReply(kv.OK, b"v").encode() + b"!")
+        assert kvop.decode_reply(r.encode()) == r
+    with pytest.raises(kvop.KvDecodeError):
+        kvop.decode_reply(b"\x63\x00\x00\x00\x00")
+    with pytest.raises(kvop.KvDecodeError):
+        kvop.decode_reply(kvop.KvReply(kvop.OK, b"v").encode() + b"!")
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -147,11 +148,11 @@ def test_two_replicas_agree(tmp_path: Path) -> None:
         ops.append(
             rng.choice(
                 [
-                    kv.encode_get(k),
-                    kv.encode_put(k, v),
-                    kv.encode_delete(k),
-                    kv.encode_append(k, v),
-                    kv.encode_cas(k, rng.choice([None, b"", v]), v),
+                    kvop.encode_get(k),
+                    kvop.encode_put(k, v),
+                    kvop.encode_delete(k),
+                    kvop.encode_append(k, v),
+                    kvop.encode_cas(k, rng.choice([None, b"", v]), v),
                 ]
             )
         )
@@ -168,10 +169,10 @@ def test_two_replicas_agree(tmp_path: Path) -> None:
     for i, op in enumerate(ops[:-1]):
         c.execute(op, _ctx(i + 1))
     last = ops[-1]
-    c.execute(kv.encode_put(b"key0", b"diverged"), _ctx(len(ops)))
-    a_last = a.execute(kv.encode_get(b"key0"), _ctx(len(ops) + 1))
-    c_last = c.execute(kv.encode_get(b"key0"), _ctx(len(ops) + 1))
-    assert last != kv.encode_put(b"key0", b"diverged")
+    c.execute(kvop.encode_put(b"key0", b"diverged"), _ctx(len(ops)))
+    a_last = a.execute(kvop.encode_get(b"key0"), _ctx(len(ops) + 1))
+    c_last = c.execute(kvop.encode_get(b"key0"), _ctx(len(ops) + 1))
+    assert last != kvop.encode_put(b"key0", b"diverged")
     assert a_last != c_last and _tree(sc.root) != _tree(sa.root)
 
 
@@ -219,17 +220,17 @@ def test_put_is_applied_without_reading_the_old_value(tmp_path: Path) -> None:
     lazy = _Pending(root, old)
     app = create_app("kv")
     app.open(StateDir(root, lazy=lazy))  # type: ignore[arg-type]
-    assert _run(app, kv.encode_put(b"a", b"new")) == kv.KvReply(kv.OK)
+    assert _run(app, kvop.encode_put(b"a", b"new")) == kvop.KvReply(kvop.OK)
     assert lazy.fetched == [] and not lazy.is_pending(kv.key_path(b"a"))
-    assert _run(app, kv.encode_get(b"a")).value == b"new"
-    assert _run(app, kv.encode_append(b"b", b"+")) == kv.KvReply(kv.OK)
-    assert _run(app, kv.encode_cas(b"c", b"old", b"x")) == kv.KvReply(kv.OK)
+    assert _run(app, kvop.encode_get(b"a")).value == b"new"
+    assert _run(app, kvop.encode_append(b"b", b"+")) == kvop.KvReply(kvop.OK)
+    assert _run(app, kvop.encode_cas(b"c", b"old", b"x")) == kvop.KvReply(kvop.OK)
     assert lazy.fetched == [kv.key_path(b"b"), kv.key_path(b"c")]
-    assert _run(app, kv.encode_get(b"b")).value == b"old+"
+    assert _run(app, kvop.encode_get(b"b")).value == b"old+"
     # The limit still holds, and a too-large PUT leaves the pending file alone.
     small = create_app("kv", {"max_value": 4})
     lazy2 = _Pending(tmp_path, {})
     small.open(StateDir(root, lazy=lazy2))  # type: ignore[arg-type]
-    assert kv.decode_reply(small.execute(kv.encode_put(b"a", b"12345"), _ctx())).status == (
-        kv.TOO_LARGE
+    assert kvop.decode_reply(small.execute(kvop.encode_put(b"a", b"12345"), _ctx())).status == (
+        kvop.TOO_LARGE
     )

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from zz import history as zh
+from zz import kvop
 from zz.client import ClientTimeout
 from zz.execution.app import ExecContext
 from zz.execution.apps import kv
@@ -244,12 +245,12 @@ class LocalKv:
         await asyncio.sleep(self.rng.random() * 0.004)
         self.seq += 1
         ctx = ExecContext(seq=self.seq, client=0, timestamp=self.seq, time_ms=0, seed=0)
-        key = kv.decode_op(op).key
-        if self.stale and op[0] == kv.GET and key in self.cache:
+        key = kvop.decode_op(op).key
+        if self.stale and op[0] == kvop.GET and key in self.cache:
             reply = self.cache[key]
         else:
             reply = self.app.execute(op, ctx)
-            if op[0] == kv.GET:
+            if op[0] == kvop.GET:
                 self.cache[key] = reply
         await asyncio.sleep(self.rng.random() * 0.004)
         return reply

@@ -16,10 +16,10 @@ import pytest
 from tests.test_execution_faults import start_rig
 from tests.test_execution_runtime import CP, KV_PUT, Rig, _kv, _kv_ok, needs_agreed
 from zz.controld.actions import NOTICE_NAME
-from zz.execution.apps.kv import APPEND as KV_APPEND
-from zz.execution.apps.kv import GET as KV_GET
 from zz.execution.apps.kv import key_path
 from zz.execution.runtime import WAKE_NOTICE
+from zz.kvop import APPEND as KV_APPEND
+from zz.kvop import GET as KV_GET
 
 SPARE = 2
 KEYS = 3 * CP + 1

@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from zz import history as zh
+from zz import kvop, wire
 from zz import report as rp
-from zz import wire
 from zz.atomicfile import write_atomic
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service, load
 from zz.controld.actions import domain_name
-from zz.execution.apps import kv
 from zz.execution.runtime import FAULT_FILE
 from zz.procrack import DEFAULT_AGREED, leftover_pids, signal_group
 from zz.rackctl import (
@@ -733,7 +732,7 @@ class Drill:
         try:
             while True:
                 ts = time.time_ns()
-                req = wire.Request(params.service, params.principal, ts, 0, kv.encode_get(b"k0"))
+                req = wire.Request(params.service, params.principal, ts, 0, kvop.encode_get(b"k0"))
                 macs = {r: params.keys[r] for r in everyone}
                 macs |= {wire.exec_principal(i): k for i, k in params.exec_keys.items()}
                 good = req.with_macs(macs).encode()
@@ -748,7 +747,7 @@ class Drill:
                     await asyncio.sleep(0.002)
                 with contextlib.suppress(ClientTimeout, ValueError):
                     # And its own pending requests on a 2 ms retransmission timer.
-                    await c.invoke(kv.encode_get(b"k1"), timeout=0.05)
+                    await c.invoke(kvop.encode_get(b"k1"), timeout=0.05)
                     sent["invoked"] += 1
         finally:
             await c.close()
@@ -847,7 +846,7 @@ class Drill:
                          if n.startswith(f"{self.service.name}/agreed-")]  # fmt: skip
                 primary = max(views, default=0) % params.n
                 req = wire.Request(params.service, params.principal, time.time_ns(), 0,
-                                   kv.encode_get(b"mac-split"))  # fmt: skip
+                                   kvop.encode_get(b"mac-split"))  # fmt: skip
                 macs = {r: params.keys[r] if r != primary else os.urandom(32) for r in everyone}
                 c._send(req.with_macs(macs).encode(), everyone)
                 sent["mac_split"] += 1

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from zz.execution.apps import kv
+from zz import kvop
 
 LINCHECK_SRC = Path(__file__).resolve().parent.parent / "tools" / "lincheck"
 _SOURCES = ("main.go", "go.mod", "go.sum")
-_STATUS = {kv.OK: "ok", kv.NOT_FOUND: "not_found", kv.CAS_MISMATCH: "mismatch"}
+_STATUS = {kvop.OK: "ok", kvop.NOT_FOUND: "not_found", kvop.CAS_MISMATCH: "mismatch"}
 EXIT_OK, EXIT_ILLEGAL, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
@@ -44,7 +44,7 @@ class Output:
     present: bool | None = None  # mismatch: whether the key exists
 
     @classmethod
-    def from_reply(cls, op: str, reply: kv.KvReply) -> Output:
+    def from_reply(cls, op: str, reply: kvop.KvReply) -> Output:
         status = _STATUS.get(reply.status, "error")
         if status == "mismatch":
             return cls(status, reply.value, reply.present)
@@ -164,7 +164,7 @@ class HistoryRecorder:
         self.operations.append(rec)
         return rec
 
-    def finish(self, rec: Op, reply: kv.KvReply) -> None:
+    def finish(self, rec: Op, reply: kvop.KvReply) -> None:
         rec.ret = self.clock()
         rec.output = Output.from_reply(rec.op, reply)
 
@@ -195,11 +195,11 @@ class RecordingKvClient:
         key: bytes,
         value: bytes | None = None,
         expected: bytes | None = None,
-    ) -> kv.KvReply:
+    ) -> kvop.KvReply:
         rec = self.recorder.begin(self.process, kind, key, value, expected)
         try:
             raw = await self.invoker.invoke(op, read_only=kind == "get", timeout=self.timeout)
-            reply = kv.decode_reply(raw)
+            reply = kvop.decode_reply(raw)
         except BaseException:
             # The pending op is still "in flight" forever; later ops come from a fresh
             # process id so that no process has two overlapping ops (Jepsen's rule,
@@ -209,20 +209,20 @@ class RecordingKvClient:
         self.recorder.finish(rec, reply)
         return reply
 
-    async def get(self, key: bytes) -> kv.KvReply:
-        return await self._run("get", kv.encode_get(key), key)
+    async def get(self, key: bytes) -> kvop.KvReply:
+        return await self._run("get", kvop.encode_get(key), key)
 
-    async def put(self, key: bytes, value: bytes) -> kv.KvReply:
-        return await self._run("put", kv.encode_put(key, value), key, value)
+    async def put(self, key: bytes, value: bytes) -> kvop.KvReply:
+        return await self._run("put", kvop.encode_put(key, value), key, value)
 
-    async def delete(self, key: bytes) -> kv.KvReply:
-        return await self._run("delete", kv.encode_delete(key), key)
+    async def delete(self, key: bytes) -> kvop.KvReply:
+        return await self._run("delete", kvop.encode_delete(key), key)
 
-    async def cas(self, key: bytes, expected: bytes | None, new: bytes) -> kv.KvReply:
-        return await self._run("cas", kv.encode_cas(key, expected, new), key, new, expected)
+    async def cas(self, key: bytes, expected: bytes | None, new: bytes) -> kvop.KvReply:
+        return await self._run("cas", kvop.encode_cas(key, expected, new), key, new, expected)
 
-    async def append(self, key: bytes, value: bytes) -> kv.KvReply:
-        return await self._run("append", kv.encode_append(key, value), key, value)
+    async def append(self, key: bytes, value: bytes) -> kvop.KvReply:
+        return await self._run("append", kvop.encode_append(key, value), key, value)
 
 
 # ---- the checker --------------------------------------------------------------------------
