@@ -42,6 +42,7 @@ from zz.controld.hypervisor import (
     ReplicaSpec,
 )
 from zz.keys import RACK_SERVICE, public_path, secret_path, service_dir
+from zz.naming import domain_name, zfs_dataset
 from zz.snapshots import StorageError
 from zz.wire import exec_principal
 
@@ -80,10 +81,6 @@ class HostContext:
         return bool(getattr(self.hv, "is_test", False))
 
 
-def domain_name(config: Config, service: Service, index: int) -> str:
-    return f"zz-{config.rack.name}-{service.name}-x{index}"
-
-
 def run_dir(ctx: HostContext, domain: str) -> Path:
     return ctx.home / "replicas" / domain
 
@@ -94,11 +91,6 @@ def save_path(ctx: HostContext, domain: str) -> Path:
 
 def exec_port(service: Service, index: int) -> int:
     return service.base_port + EXEC_PORT_OFFSET + index
-
-
-def zfs_dataset(service: Service, index: int) -> str:
-    """The runtime's default dataset name (python -m zz.execution --zfs-dataset)."""
-    return f"s{service.id}-exec-{index}"
 
 
 def runtime_command(

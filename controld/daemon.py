@@ -39,6 +39,7 @@ from zz.controld.ledger import Ledger
 from zz.controld.rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
 from zz.controld.snapshots import HostSnapshots
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
+from zz.naming import domain_name
 from zz.snapshots import StorageError, fileserve
 
 log = logging.getLogger("zz.controld")
@@ -211,7 +212,7 @@ class Daemon:
             state = svc.exec_state_dir(self.config, i)
             port = actions.exec_port(svc, i)
             ours = getattr(self.hv, "pid", None)
-            domain = actions.domain_name(self.config, svc, i)
+            domain = domain_name(self.config, svc, i)
             mine: set[int] = set()
             with contextlib.suppress(HypervisorError):
                 if ours is not None:
@@ -563,7 +564,7 @@ class Daemon:
         role: str | None = None,
         inject_fault: str | None = None,
     ) -> dict[str, Any]:
-        domain = actions.domain_name(self.config, svc, index)
+        domain = domain_name(self.config, svc, index)
         with contextlib.suppress(KeyError):
             old = self.inventory.get(svc.name, index)
             if old.state == inv.CONVICTED and old.pending is None:

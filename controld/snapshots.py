@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 
 from zz.config import Config, Host, Service
-from zz.controld.actions import replica_dataset, zfs_dataset
+from zz.controld.actions import replica_dataset
+from zz.naming import zfs_dataset
 from zz.snapshots import StorageError
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import NO_CHECKPOINT, OK, FileRead, SnapshotFiles

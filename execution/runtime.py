@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zz import keys, wire
+from zz import keys, naming, wire
 from zz.atomicfile import write_atomic
 from zz.config import Config, Service
 from zz.crypto import NULL_DIGEST, SigningKey
@@ -203,7 +203,7 @@ class Runtime:
         self.manifest_dir = self.state_dir / "manifests"
         self.store_kind = store_kind
         self.zfs_pool = zfs_pool
-        self.zfs_dataset = zfs_dataset or f"s{service.id}-exec-{index}"
+        self.zfs_dataset = zfs_dataset or naming.zfs_dataset(service, index)
         self.window = window
         self.collector = CommitCollector(service.n, service.g, window)
         self.replies = ReplyCache()

@@ -32,6 +32,7 @@ from zz.controld.daemon import Daemon
 from zz.controld.hypervisor import DomainNotFound, HypervisorError, open_backend
 from zz.controld.rpc import RpcError, call, control_request
 from zz.crypto import SigningKey
+from zz.naming import domain_name
 from zz.ports import free_base
 from zz.procrack import REPO, repo_env
 
@@ -705,7 +706,7 @@ async def test_real_guest_wakeup(real_vm_rack: Rack) -> None:
     image = (await asyncio.to_thread(build.build)).directory
     n = Node(rack, 0, "libvirt", uri="qemu:///system", image=image, ready_timeout=180)
     await n.start()
-    domain = actions.domain_name(rack.config, rack.config.service("web"), 2)
+    domain = domain_name(rack.config, rack.config.service("web"), 2)
     try:
         r = await n.rpc("provision", service="web", index=2, mode="paused")
         assert r["ok"], r
@@ -763,7 +764,7 @@ async def test_real_guest_hibernated_shutdown_restart(tmp_path: Path) -> None:
 
     image = (await asyncio.to_thread(build.build)).directory
     opts: dict[str, Any] = {"uri": "qemu:///system", "image": image, "ready_timeout": 180}
-    domain = actions.domain_name(rack.config, rack.config.service("web"), 2)
+    domain = domain_name(rack.config, rack.config.service("web"), 2)
     n = Node(rack, 0, "libvirt", **opts)
     n2: Node | None = None
     try:

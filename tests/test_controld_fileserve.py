@@ -15,10 +15,10 @@ from test_snapshots_fileserve import signed_fetch
 
 from tests import zfs_pool
 from zz import keys, wire
-from zz.controld.actions import zfs_dataset
 from zz.controld.daemon import ConnLimits
 from zz.crypto import SigningKey
 from zz.execution.recovery import PeerSource, SourceError
+from zz.naming import zfs_dataset
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import MAX_CHUNK, REFUSED
 from zz.snapshots.manifest import scan

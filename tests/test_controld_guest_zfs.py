@@ -25,9 +25,9 @@ from zz.controld.actions import (
     make_guest_dataset,
     replica_dataset,
     set_aside_state,
-    zfs_dataset,
 )
 from zz.controld.guestsnap import GuestDatasets
+from zz.naming import zfs_dataset
 from zz.snapshots import StorageError
 from zz.snapshots.hostzfs import ANSWER, REQUEST, HostZfsStore, request_bytes, write_json_atomic
 from zz.snapshots.zfs import run_zfs

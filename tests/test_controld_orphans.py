@@ -26,6 +26,7 @@ from test_controld_daemon import OP, Node, Rack, _procs_with, make_rack
 from zz import keys
 from zz.controld import actions
 from zz.controld.rpc import call
+from zz.naming import domain_name
 from zz.procrack import REPO, repo_env, spawn
 
 RUNTIME = "--service web --index 2"
@@ -147,7 +148,7 @@ async def test_orphan_found_before_provision(rack: Rack) -> None:
             assert r["ok"], r
             assert n.counters().get("orphans_destroyed") == 1, n.counters()
             assert stray.wait(timeout=15) is not None
-            assert _runtimes(rack) == [n.hv.pid(actions.domain_name(rack.config, svc, 2))]  # type: ignore[attr-defined]
+            assert _runtimes(rack) == [n.hv.pid(domain_name(rack.config, svc, 2))]  # type: ignore[attr-defined]
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(stray.pid, signal.SIGKILL)

@@ -24,7 +24,7 @@ from tests.test_rackctl import leftovers, write_rack
 from zz import drill, rackctl
 from zz import report as rp
 from zz.config import Config, load
-from zz.controld.actions import zfs_dataset
+from zz.naming import zfs_dataset
 
 try:
     import libvirt  # type: ignore[import-not-found]  # noqa: F401

@@ -43,8 +43,8 @@ from zz import report as rp
 from zz.atomicfile import write_atomic
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service, load
-from zz.controld.actions import domain_name
 from zz.execution.runtime import FAULT_FILE
+from zz.naming import domain_name
 from zz.procrack import DEFAULT_AGREED, leftover_pids, signal_group
 from zz.rackctl import (
     ProcRecord,

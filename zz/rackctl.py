@@ -41,6 +41,7 @@ from typing import Any
 from zz import keys, placement, render
 from zz.atomicfile import write_atomic
 from zz.config import Config, Host, Service, is_loopback
+from zz.naming import domain_name
 from zz.procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
 
 STATE_NAME = "rack.json"
@@ -290,7 +291,6 @@ def _provision_all(
 ) -> list[ReplicaRecord]:
     """Every execution replica through its host's controld, hosts in parallel (one host
     provisions its replicas one after the other: controld's own order)."""
-    from zz.controld import actions
     from zz.controld.rpc import RpcError
 
     jobs: dict[int, list[tuple[Service, int, str]]] = {}
@@ -321,7 +321,7 @@ def _provision_all(
             progress(f"  {s.name}/exec-{i} on {h.name} {addr[0]}:{addr[1]}: {mode}"
                      f" ({time.monotonic() - t0:.1f} s)")  # fmt: skip
             done.append(
-                ReplicaRecord(s.name, i, h.name, mode, actions.domain_name(config, s, i), *addr)
+                ReplicaRecord(s.name, i, h.name, mode, domain_name(config, s, i), *addr)
             )
         return done
 
