@@ -38,6 +38,7 @@ from zz.controld.hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from zz.controld.ledger import Ledger
 from zz.controld.rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
 from zz.controld.snapshots import HostSnapshots
+from zz.drillfaults import FAULTS
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
 from zz.naming import domain_name
 from zz.snapshots import StorageError, fileserve
@@ -605,8 +606,6 @@ class Daemon:
         # Drills (zz drill): start the runtime with --inject-fault (process backend only).
         fault = req.get("inject_fault")
         if fault is not None:
-            from zz.execution.runtime import FAULTS
-
             if fault not in FAULTS or mode != "active":
                 raise OpError(f"inject_fault must be one of {', '.join(FAULTS)}, mode active")
         self._placement_check(svc, index)

@@ -18,8 +18,9 @@ import uuid
 from pathlib import Path
 
 from zz.config import ConfigError, load
+from zz.drillfaults import FAULTS
 from zz.execution.registry import AppRegistryError
-from zz.execution.runtime import FAULTS, AppFault, serve
+from zz.execution.runtime import AppFault, serve
 from zz.keys import KeyFileError
 from zz.snapshots import StorageError
 

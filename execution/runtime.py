@@ -22,6 +22,7 @@ from zz import keys, naming, wire
 from zz.atomicfile import write_atomic
 from zz.config import Config, Service
 from zz.crypto import NULL_DIGEST, SigningKey
+from zz.drillfaults import FAULT_FILE, FAULTS
 from zz.execution.app import App, ExecContext
 from zz.execution.byzantine import BEHAVIOURS as BYZANTINE_BEHAVIOURS
 from zz.execution.byzantine import Byzantine
@@ -57,8 +58,6 @@ _STALL_SECONDS = 1.0
 _DIGEST_HISTORY = 16
 # Mismatches listed in the status file (the counter keeps the total).
 _MISMATCH_LIST = 64
-# Test-only fault switches (tests/test_execution_faults.py); see docs/execution.md.
-FAULTS = ("diverge-state", "wrong-reply", "slow-report", "corrupt-snapshot")
 # corrupt-snapshot: Byzantine storage. The replica certifies the right digest but every
 # snapshot it takes has one byte of each file flipped (its live state is put back after),
 # so a recovering peer gets wrong bytes from it; once one such checkpoint is stable and
@@ -75,7 +74,6 @@ WAKE_NOTICE = "controld-wakeup.json"
 # How long a woken replica waits for g+1 agreement replicas to name a stable checkpoint
 # below its round's seq before it takes one at or above it (and cannot report that seq).
 _FAULT_SEQ_PATIENCE = 5.0
-FAULT_FILE = "zz-fault.json"  # read only with drill_faults (python -m zz.execution --drill-faults)
 _WAKE_POLL = 0.02
 # How long a request waiting for a file keeps asking the peers before the replica gives up.
 _FETCH_PATIENCE = 60.0

@@ -13,7 +13,8 @@ from conftest import RACK_TOML
 from zz import keys
 from zz.config import load
 from zz.controld import actions
-from zz.execution.runtime import FAULT_FILE, SLOW_REPORT_SECONDS, Runtime
+from zz.drillfaults import FAULT_FILE
+from zz.execution.runtime import SLOW_REPORT_SECONDS, Runtime
 
 
 def _ctx(tmp_path: Path, **kw: Any) -> actions.HostContext:

@@ -31,7 +31,7 @@ from tests.test_fault_detection_e2e import (  # wrong_rig: replica 1 answers wro
 from zz import keys
 from zz.atomicfile import write_atomic
 from zz.controld.announce import Announcer
-from zz.execution.runtime import FAULT_FILE
+from zz.drillfaults import FAULT_FILE
 from zz.procrack import signal_group
 
 

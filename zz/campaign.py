@@ -57,12 +57,12 @@ from zz import rackctl
 from zz.atomicfile import write_atomic
 from zz.config import Config, Service, load
 from zz.drill import Load, Observer, _awaiting_spares, _open_rounds, _start_load
-from zz.execution.runtime import FAULT_FILE
+from zz.drillfaults import FAULT_FILE
 from zz.ports import free_base
 
 Progress = Callable[[str], None]
 
-# Every behaviour of the menu: the runtime's own faults (execution/runtime.py FAULTS) and
+# Every behaviour of the menu: the runtime's own faults (zz/drillfaults.py FAULTS) and
 # execution/byzantine.py's. "slow" is slow but correct: reports later than the K·t1
 # timer's ceiling (so it is timed out and may be convicted: it is faulty).
 BEHAVIOURS = (

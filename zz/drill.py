@@ -43,7 +43,7 @@ from zz import report as rp
 from zz.atomicfile import write_atomic
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service, load
-from zz.execution.runtime import FAULT_FILE
+from zz.drillfaults import FAULT_FILE
 from zz.naming import domain_name
 from zz.procrack import DEFAULT_AGREED, leftover_pids, signal_group
 from zz.rackctl import (
@@ -66,7 +66,7 @@ KINDS = (
     "corrupt-snapshot",
     "byzantine-host",
 )
-# Drill kind -> the runtime's --inject-fault (execution/runtime.py FAULTS).
+# Drill kind -> the runtime's --inject-fault (zz/drillfaults.py FAULTS).
 RUNTIME_FAULT = {
     "wrong-reply": "wrong-reply",
     "slow": "slow-report",
