@@ -17,9 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
+from zz.appspec import AppRegistryError
 from zz.config import ConfigError, load
 from zz.drillfaults import FAULTS
-from zz.execution.registry import AppRegistryError
 from zz.execution.runtime import AppFault, serve
 from zz.keys import KeyFileError
 from zz.snapshots import StorageError

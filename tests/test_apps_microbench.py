@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from zz.appspec import AppOptionError
 from zz.execution.app import ExecContext
 from zz.execution.apps import microbench as mb
-from zz.execution.registry import AppOptionError, create_app
+from zz.execution.registry import create_app
 from zz.execution.state import StateDir
 
 

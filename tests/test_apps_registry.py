@@ -7,15 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from zz.appspec import AppOptionError, UnknownAppError, app_names, validate_options
 from zz.execution.app import App, EchoApp, ExecContext
 from zz.execution.apps.wsgi import WsgiApp
-from zz.execution.registry import (
-    AppOptionError,
-    UnknownAppError,
-    app_names,
-    create_app,
-    validate_options,
-)
+from zz.execution.registry import create_app
 from zz.execution.state import StateDir
 from zz.httpop import decode_response, encode_request
 

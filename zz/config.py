@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from zz.appspec import AppRegistryError, get_spec
+
 # Rack, host and service names: they become file names (run/controld/<host>), libvirt
 # domain names (zz-<rack>-...), ZFS pool names and command-line arguments, so a letter or
 # digit first (never `-`, never a path), at most 63 characters; matched whole (fullmatch).
@@ -282,10 +284,8 @@ def _range(lo: int | None, hi: int | None) -> str:
 
 
 def _check_app(t: _Table, app: str) -> str:
-    """An app the registry knows (execution/registry.py), so `rack plan` refuses what the
-    runtime would refuse only once started."""
-    from zz.execution.registry import AppRegistryError, get_spec
-
+    """An app the catalogue knows (zz/appspec.py), so `rack plan` refuses what the runtime
+    would refuse only once started."""
     try:
         get_spec(app)
     except AppRegistryError as e:
