@@ -91,9 +91,13 @@ def _report(c: Cluster, i: int, replies: list[wire.ReplyRef], to: int) -> bytes:
     return msg.with_macs({to: _secret(c, p)[to]}).encode()
 
 
-def _reports(c: Cluster, rows: dict[int, list[wire.ReplyRef]]) -> dict[int, list[bytes]]:
-    """The same reports (execution replica -> reply list) to every agreement replica."""
-    return {r: [_report(c, i, rep, r) for i, rep in rows.items()] for r in range(c.n)}
+def _reports(
+    c: Cluster, rows: dict[int, list[wire.ReplyRef]], to: list[int] | None = None
+) -> dict[int, list[bytes]]:
+    """The same reports (execution replica -> reply list) to the agreement replicas `to`
+    (default: all)."""
+    to = list(range(c.n)) if to is None else to
+    return {r: [_report(c, i, rep, r) for i, rep in rows.items()] for r in to}
 
 
 def test_every_controld_learns_a_rounds_outcome(tmp_path: Path) -> None:
@@ -125,3 +129,70 @@ def test_every_controld_learns_a_rounds_outcome(tmp_path: Path) -> None:
             assert len(done) == 1, f"{host}: {len(listener.shutdowns())} SHUTDOWN votes"
             assert done[0].seq == SEQ and done[0].convict == (1,), done[0]
             assert done[0].active == (0, 2, 3), done[0]
+
+
+def test_the_follow_up_rounds_certificate_is_adopted(tmp_path: Path) -> None:
+    """Replicas 0 and 2 equivocate at SEQ with the same wrong digest, to agreement replicas
+    0 and 2; agreement replica 3 is down. 0 and 2 see e0 Q, e1 P, e2 Q and wake 3; 1 saw
+    every report right (a certificate) and adopts that WAKEUP. Spare 3 reports P: 1 decides
+    at once (convict 0 and 2: the evidence shows both wrong; active 1 and 3, one short),
+    while 0 and 2 have P twice and Q twice, close the round undecided, and the follow-up
+    round at SEQ over the larger awake set [0, 1, 2, 3] wakes 4 and decides: convict 0 and
+    2, active 1, 3, 4, a certificate of two. Replica 1 must take it over its own outcome,
+    which nobody else voted for: it kept awake [1, 3] for good (campaign seed 3202
+    round 18)."""
+    live = [0, 1, 2]
+    with _f2_cluster(tmp_path) as (c, _, _):
+        _send_all(c, _reports(c, {0: Q, 1: P, 2: Q}, to=[0, 2]))
+        _send_all(c, _reports(c, {0: P, 1: P, 2: P}, to=[1]))
+        _order_until(c, SEQ)
+        c.kill(3)  # it saw no report: no row, and nothing to decide
+        c.wait_for(
+            lambda: all(3 in s["exec_awake"] for s in c.stats_all(live)),
+            what="the round at SEQ woke 3 at 0, 1 and 2",
+        )
+        _send_all(c, _reports(c, {3: P}, to=live))
+        c.wait_for(
+            lambda: all(4 in s["exec_awake"] for s in c.stats_all([0, 2])),
+            what="0 and 2: the follow-up round woke 4",
+        )
+        _send_all(c, _reports(c, {4: P}, to=live))
+        c.wait_for(
+            lambda: all(
+                s["exec_convicted"] == [0, 2] and not s["fault_round_open"]
+                for s in c.stats_all(live)
+            ),
+            what="0 and 2 convicted at 0, 1 and 2",
+        )
+        c.wait_for(
+            lambda: all(s["exec_awake"] == [1, 3, 4] for s in c.stats_all(live)),
+            timeout=10,
+            what="one awake set [1, 3, 4] at 0, 1 and 2",
+        )
+        assert c.stats(1)["shutdowns_adopted_over_own"] == 1, c.stats(1)
+
+
+def test_a_certified_round_wins_over_its_certified_follow_up(tmp_path: Path) -> None:
+    """As above, but agreement replica 3 is up and, like 1, saw every report right: 1 and 3
+    decide the first round (convict 0 and 2, active 1 and 3), a certificate of two, while
+    0 and 2 close it undecided and go on over [0, 1, 2, 3]. Their bodies for the first
+    round reach 0 and 2 after that (their awake set is larger now) and must still count;
+    two certified outcomes of one seq end on the same one everywhere, the lower body (the
+    first round's), and the spare only the follow-up woke (4) goes back to sleep."""
+    with _f2_cluster(tmp_path) as (c, _, _):
+        _send_all(c, _reports(c, {0: Q, 1: P, 2: Q}, to=[0, 2]))
+        _send_all(c, _reports(c, {0: P, 1: P, 2: P}, to=[1, 3]))
+        _order_until(c, SEQ)
+        c.wait_for(
+            lambda: all(3 in s["exec_awake"] for s in c.stats_all()),
+            what="the round at SEQ woke 3 everywhere",
+        )
+        _send_all(c, _reports(c, {3: P}))
+        c.wait_for(
+            lambda: all(
+                s["exec_convicted"] == [0, 2] and not s["fault_round_open"] for s in c.stats_all()
+            ),
+            what="0 and 2 convicted everywhere, no round open",
+        )
+        for s in c.stats_all():
+            assert s["exec_awake"] == [1, 3] and s["exec_sleeping"] == [4], s

@@ -118,6 +118,22 @@ static int same_ids(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t 
     return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
 }
 
+/* Whether one ascending id list holds every id of the other (equal lists too): the awake
+ * sets of a round and of the follow-up at its seq, after it closed undecided (w6 -> w7). */
+static int nested_ids(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t nb)
+{
+    const uint32_t *in = na <= nb ? a : b, *out = na <= nb ? b : a;
+    uint32_t nin = na <= nb ? na : nb, nout = na <= nb ? nb : na, j = 0;
+    for (uint32_t i = 0; i < nin; i++) {
+        while (j < nout && out[j] < in[i])
+            j++;
+        if (j == nout || out[j] != in[i])
+            return 0;
+        j++;
+    }
+    return 1;
+}
+
 /* ids from a wire list<u32>: ascending, distinct, below ZZ_MAX_EXEC. */
 static int ids_from(const zz_flist *l, uint32_t *out, uint32_t *n)
 {
@@ -812,7 +828,7 @@ static void open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint3
         uint32_t l[4][ZZ_MAX_EXEC], n[4];
         const uint8_t *b = w->sd_body[s];
         if (b && body_seq(b, w->sd_len[s]) == seq &&
-            body_lists(r, b, w->sd_len[s], l, n) == 0 && same_ids(l[0], n[0], awake, n_awake)) {
+            body_lists(r, b, w->sd_len[s], l, n) == 0 && nested_ids(l[0], n[0], awake, n_awake)) {
             early[s] = w->sd_body[s];
             early_len[s] = w->sd_len[s];
             w->sd_body[s] = NULL;
@@ -1186,13 +1202,31 @@ static uint32_t count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens
     return same;
 }
 
+/* A certified outcome names every replica of its round. One of a round over a smaller
+ * awake set than ours (the round before a follow-up at the same seq) does not name the
+ * replicas only ours woke: they go back to sleep, as in that outcome they never woke. */
+static void sleep_unnamed(zz_replica *r, const uint32_t *ours, uint32_t n_ours,
+                          uint32_t theirs[4][ZZ_MAX_EXEC], const uint32_t tn[4])
+{
+    for (uint32_t i = 0; i < n_ours; i++) {
+        uint32_t x = ours[i];
+        int named = 0;
+        for (int b = 1; b < 4 && !named; b++)
+            for (uint32_t j = 0; j < tn[b] && !named; j++)
+                named = theirs[b][j] == x;
+        if (!named && x < ZZ_MAX_EXEC && r->exec_state[x] == ZZ_EXEC_AWAKE)
+            r->exec_state[x] = ZZ_EXEC_SLEEPING;
+    }
+}
+
 /* After this replica decided a round, g+1 identical SHUTDOWN bodies from distinct agreement
  * replicas for another outcome win over ours, unless ours is certified too; between two
  * certified outcomes (correct replicas split) the lower seq, then the smaller body wins, so
  * every correct replica ends on the same one whatever order the bodies arrive in. Another
  * outcome may be at a lower seq of the same awake set: one fault flagged at two adjacent
  * seqs, where some replicas gathered g+1 statements for one first and some for the other
- * (campaign seed 3001 rounds 17, 22, 44). */
+ * (campaign seed 3001 rounds 17, 22, 44); or at the same seq over a larger or smaller awake
+ * set: the follow-up of a round that closed undecided elsewhere (seed 3202 round 18). */
 static void check_done(zz_replica *r)
 {
     struct zz_wake *w = r->wake;
@@ -1223,6 +1257,10 @@ static void check_done(zz_replica *r)
     uint8_t *copy = zz_memdup(best, best_len);
     if (!copy)
         return;
+    uint32_t ol[4][ZZ_MAX_EXEC], on[4];
+    if (body_lists(r, w->applied, w->applied_len, ol, on) == 0)
+        for (int a = 1; a < 4; a++)
+            sleep_unnamed(r, ol[a], on[a], l, n);
     w->done_seq = body_seq(best, best_len);
     char cs[256], ss[256], as[256];
     fmt_ids(cs, sizeof cs, l[1], n[1]);
@@ -1256,6 +1294,13 @@ static void adopt(zz_replica *r, const uint8_t *body, uint32_t len, uint64_t seq
             "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
             "certificate of %u\n",
             r->id, (unsigned long long)seq, cs, as, same);
+    if (w->open) { /* the certificate may be of the round before our follow-up at seq */
+        uint32_t tl[4][ZZ_MAX_EXEC], tn[4] = {0, nc, ns, nact};
+        memcpy(tl[1], convict, nc * sizeof *convict);
+        memcpy(tl[2], sleep, ns * sizeof *sleep);
+        memcpy(tl[3], active, nact * sizeof *active);
+        sleep_unnamed(r, w->woken, w->n_woken, tl, tn);
+    }
     apply_resolution(r, seq, convict, nc, sleep, ns, active, nact);
     set_done(r, body, len, NULL, 0);
     w->done_seq = seq; /* a lower sibling's certificate: the open round's seq is settled */
@@ -1285,12 +1330,13 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
     uint32_t s = m->sender;
     uint32_t cur[ZZ_MAX_EXEC];
     uint32_t ncur = list_state(r, ZZ_EXEC_AWAKE, cur);
-    if (!w->open && q->seq > w->settled_seq && same_ids(awake, na, cur, ncur)) {
+    if (!w->open && q->seq > w->settled_seq && nested_ids(awake, na, cur, ncur)) {
         /* A round not open here yet: peers that adopted the WAKEUP first may decide and
          * send their SHUTDOWN before the WAKEUP or the statements reach us (campaign seed
          * 3101 round 26: the bodies were dropped, the round opened after them and closed
          * undecided). Kept for that round (open_round keeps them); g+1 identical bodies
-         * are a certificate whether or not it ever opens. */
+         * are a certificate whether or not it ever opens. Nested awake sets: peers that
+         * decided a round we just closed undecided (our awake set is larger now). */
         free(w->sd_body[s]);
         w->sd_body[s] = zz_memdup(m->body, m->body_len);
         w->sd_len[s] = w->sd_body[s] ? m->body_len : 0;
@@ -1303,12 +1349,16 @@ void zz_on_shutdown(zz_replica *r, const zz_msg *m)
         return;
     }
     /* Our open round, or a lower seq of its awake set: one fault flagged at two adjacent
-     * seqs can open a round at either, and a certificate for the lower one settles it. */
+     * seqs can open a round at either, and a certificate for the lower one settles it. The
+     * awake sets may be nested: a round that closed undecided at some replicas is followed
+     * at its seq by a round over the larger set (w6 -> w7), while others decided it (campaign
+     * seed 3202 round 18: one replica decided the first round alone, two the follow-up; the
+     * one kept its own outcome for good). */
     if (!w->open || q->seq > w->seq || q->seq <= w->settled_seq ||
-        !same_ids(awake, na, w->awake, w->n_awake)) {
+        !nested_ids(awake, na, w->awake, w->n_awake)) {
         /* not our open round: the round we decided last (or a lower sibling), or nothing */
         if (!w->done || q->seq > w->done_seq || q->seq <= w->done_floor ||
-            !same_ids(awake, na, w->done_awake, w->n_done_awake))
+            !nested_ids(awake, na, w->done_awake, w->n_done_awake))
             return;
         free(w->dn_body[s]);
         w->dn_body[s] = zz_memdup(m->body, m->body_len);
