@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - the project's whole test suite, the command the README and CI run.
-# Lint, C unit tests and short fuzz runs (two targets, FUZZ_SECONDS each, 25 s by default),
-# then pytest without the tests marked `long` (whose summary line ends the output).
+# Lint (ruff; the import layers of docs/layout.md), C unit tests and short fuzz runs (two
+# targets, FUZZ_SECONDS each, 25 s by default), then pytest without the tests marked `long`
+# (whose summary line ends the output).
 # test.sh --long: set-up, then only the `long` tests (the real-VM drills on racks of their
 # own, ~10 min on the 2-core development machine; README "Tests", docs/operations.md).
 set -euo pipefail
@@ -22,6 +23,8 @@ if [ "$long" = 1 ]; then
 fi
 echo "[test] ruff check ."
 $PY -m ruff check .
+echo "[test] lint-imports (scripts/lint_imports.py: the import layers of docs/layout.md)"
+$PY scripts/lint_imports.py
 echo "[test] make -C agreement test"
 make -C agreement test
 echo "[test] make -C agreement fuzz-run FUZZ_SECONDS=${FUZZ_SECONDS:-25} (per target)"
