@@ -299,6 +299,7 @@ class Daemon:
         self._conns_open += 1
         self._conns_by_source[source] += 1
         lock = asyncio.Lock()  # replies of concurrent operations never interleave bytes
+        challenge = fileserve.Challenge()  # FILE-FETCHes on this connection carry it
 
         async def send(frame: bytes) -> None:
             async with lock:
@@ -328,7 +329,7 @@ class Daemon:
                     self.counters[str(e)] += 1
                     return
                 try:
-                    if await self._on_message(raw, send):
+                    if await self._on_message(raw, send, challenge):
                         auth_deadline = None
                 except (ConnectionError, OSError):
                     return
@@ -378,9 +379,15 @@ class Daemon:
             )
             raise TimeoutError("unauth_timeouts" if unauth else "frame_timeouts") from None
 
-    async def _on_message(self, raw: bytes, send: Callable[[bytes], Awaitable[None]]) -> bool:
+    async def _on_message(
+        self,
+        raw: bytes,
+        send: Callable[[bytes], Awaitable[None]],
+        challenge: fileserve.Challenge | None = None,
+    ) -> bool:
         """Handle one message; whether it authenticated (then the connection no longer
-        needs to within unauth_timeout)."""
+        needs to within unauth_timeout). `challenge` is the connection's (none: a fresh
+        one, as for a connection of this one message)."""
         try:
             m = wire.decode(raw)
         except (wire.WireError, ValueError):
@@ -393,22 +400,32 @@ class Daemon:
         if isinstance(m, wire.Shutdown):
             return self._on_shutdown(m, raw)
         if isinstance(m, wire.FileFetch):
-            return await self._on_file_fetch(m, send)
+            return await self._on_file_fetch(m, send, challenge or fileserve.Challenge())
         self.counters["unexpected_type"] += 1
         return False
 
     # ---- FILE-FETCH: checkpoint files of this host's replicas -------------------------------
     async def _on_file_fetch(
-        self, m: wire.FileFetch, send: Callable[[bytes], Awaitable[None]]
+        self,
+        m: wire.FileFetch,
+        send: Callable[[bytes], Awaitable[None]],
+        challenge: fileserve.Challenge,
     ) -> bool:
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["file_fetch_wrong_sender"] += 1
             return False
         refused = m.refusal(self.keys.services.get(svc.id, {}), svc.n_exec)
-        if refused is not None:
+        if refused is not None:  # not from a replica of the service: no answer
             self.counters[refused] += 1
             return False
+        unbound = challenge.check(self.me, m.target, m.challenge)
+        if unbound is not None:  # for another server or connection, or the first one
+            counter, r = unbound
+            self.counters[counter] += 1
+            out = wire.FileData(svc.id, self.me, m.seq, m.path, m.offset, r.status, 0, r.data)
+            await send(wire.frame(out.encode()))
+            return True
         _, idx = wire.principal_kind(m.sender)
         if fileserve.bad_range(m.offset, m.length):
             self.counters["file_fetch_bad_range"] += 1

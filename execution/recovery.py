@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from zz import wire
 from zz.crypto import NULL_DIGEST, SigningKey
 from zz.snapshots.fetch import LaterBytes, Source, SourceError, SourceRanking
-from zz.snapshots.fileserve import LATER, MAX_CHUNK, OK
+from zz.snapshots.fileserve import CHALLENGE, LATER, MAX_CHUNK, OK
 from zz.snapshots.manifest import Manifest, ManifestError
 
 log = logging.getLogger("zz.execution.recovery")
@@ -111,7 +111,12 @@ class CertifiedVouches:
 
 
 class PeerSource(Source):
-    """One peer execution replica's checkpoint files, over the wire (docs/wire.md 25/26)."""
+    """One peer execution replica's checkpoint files, over the wire (docs/wire.md 25/26).
+
+    `target` is the server's principal (the peer's, or its host controld's): every request
+    names it, and carries the challenge the server gave this connection, so that a
+    captured request is refused anywhere else (docs/security.md "Snapshot file server").
+    The first request on a connection gets the challenge and is sent again with it."""
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class PeerSource(Source):
         *,
         service: int,
         me: int,
+        target: int,
         sign_key: SigningKey,
         timeout: float = 2.0,
     ) -> None:
@@ -127,9 +133,11 @@ class PeerSource(Source):
         self.addr = addr
         self.service = service
         self.me = me
+        self.target = target
         self.sign_key = sign_key
         self.timeout = timeout
         self._sock: socket.socket | None = None
+        self._challenge = b""  # the server's, for the connection in _sock
         self._lock = threading.Lock()  # one request at a time on the connection
 
     def close(self) -> None:
@@ -140,6 +148,7 @@ class PeerSource(Source):
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._challenge = b""
 
     def fetch(self, seq: int, path: str, size: int) -> bytes:
         out = bytearray()
@@ -156,24 +165,40 @@ class PeerSource(Source):
                 raise SourceError(f"{path}: more than the {size} bytes expected")
 
     def _chunk(self, seq: int, path: str, offset: int) -> tuple[bytes, int, int]:
-        req = wire.FileFetch(self.service, self.me, seq, path.encode(), offset, MAX_CHUNK)
-        raw = wire.frame(req.signed(self.sign_key).encode())
         with self._lock:
+            may_reconnect = True
             while True:
                 kept = self._sock is not None
                 try:
                     if self._sock is None:
                         self._sock = socket.create_connection(self.addr, timeout=self.timeout)
                         self._sock.settimeout(self.timeout)
-                    self._sock.sendall(raw)
+                    req = wire.FileFetch(
+                        self.service,
+                        self.me,
+                        seq,
+                        path.encode(),
+                        offset,
+                        MAX_CHUNK,
+                        self.target,
+                        self._challenge,
+                    )
+                    self._sock.sendall(wire.frame(req.signed(self.sign_key).encode()))
                     m = self._read_answer(seq, path.encode(), offset)
-                    break
                 except (OSError, wire.FrameError) as e:
                     self._drop()
                     # A kept connection may have died since its last use: one fresh try.
                     # Not after a timeout: a paused peer would cost the timeout twice.
-                    if not kept or isinstance(e, TimeoutError):
+                    if not (kept and may_reconnect) or isinstance(e, TimeoutError):
                         raise SourceError(f"{self.addr[0]}:{self.addr[1]}: {e}") from e
+                    may_reconnect = False
+                    continue
+                if m.status != CHALLENGE:
+                    break
+                if self._challenge:  # a server that challenges the answer to its challenge
+                    self._drop()
+                    raise SourceError(f"{self.addr[0]}:{self.addr[1]}: challenged again")
+                self._challenge = m.data  # this connection's: sign the request again
         if m.status not in (OK, LATER):
             raise SourceError(_STATUS_TEXT.get(m.status, f"status {m.status}"))
         return m.data, m.size, m.status

@@ -42,7 +42,13 @@ from zz.link import Link
 from zz.snapshots import CheckpointStore, checkpoint_name, open_store
 from zz.snapshots.crashpoint import crash_point
 from zz.snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
-from zz.snapshots.fileserve import FILE_SEND_TIMEOUT, SnapshotFiles, bad_range
+from zz.snapshots.fileserve import (
+    FILE_SEND_TIMEOUT,
+    Challenge,
+    FileRead,
+    SnapshotFiles,
+    bad_range,
+)
 from zz.snapshots.hostzfs import HostZfsStore
 from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
 
@@ -599,6 +605,7 @@ class Runtime:
     async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._conn_writers.add(writer)
         known: set[int] = set()
+        challenge = Challenge()  # FILE-FETCHes on this connection carry it
         try:
             while True:
                 raw = await wire.read_frame(reader)
@@ -612,7 +619,7 @@ class Runtime:
                 elif isinstance(m, wire.ExecCheckpoint):
                     self._on_exec_checkpoint(m)
                 elif isinstance(m, wire.FileFetch):
-                    await self._serve_file(m, writer)
+                    await self._serve_file(m, writer, challenge)
                 else:
                     self.counters["unexpected"] += 1
         except wire.FrameError:
@@ -1136,15 +1143,20 @@ class Runtime:
             n = self.svc.n_exec
             order = [(self.index + k) % n for k in range(1, n)]  # spread the load
             for j in order:
-                self._sources.append(self._source(f"x{j}", self.svc.exec_address(self.config, j)))
+                addr = self.svc.exec_address(self.config, j)
+                self._sources.append(self._source(f"x{j}", addr, wire.exec_principal(j)))
             for j in order:
                 h = self.svc.exec_host(self.config, j)
                 addr = (h.address, h.control_port)
-                self._sources.append(self._source(f"controld-{h.name}", addr))
+                target = wire.host_principal(h.index)
+                self._sources.append(self._source(f"controld-{h.name}", addr, target))
         return self._sources
 
-    def _source(self, name: str, addr: tuple[str, int]) -> PeerSource:
-        return PeerSource(name, addr, service=self.svc.id, me=self.me, sign_key=self.sign_key)
+    def _source(self, name: str, addr: tuple[str, int], target: int) -> PeerSource:
+        """A peer or controld at `addr`, whose principal is `target`."""
+        return PeerSource(
+            name, addr, service=self.svc.id, me=self.me, target=target, sign_key=self.sign_key
+        )
 
     def _fetcher(self, manifest: Manifest, seq: int) -> StateFetcher:
         """A fetcher of checkpoint `seq`'s files into the live directory, from the peers."""
@@ -1300,21 +1312,32 @@ class Runtime:
             self.recovery["background_files"] = n
             log.info("background fetch done: %d files in %.2f s", n, time.monotonic() - t0)
 
-    async def _serve_file(self, m: wire.FileFetch, writer: asyncio.StreamWriter) -> None:
+    async def _serve_file(
+        self, m: wire.FileFetch, writer: asyncio.StreamWriter, challenge: Challenge
+    ) -> None:
         refused = m.refusal(self.publics, self.svc.n_exec, server=self.me)
-        if refused is not None:
+        if refused is not None:  # not from a peer: no answer
             self.counters[refused] += 1
             if refused == "file_fetch_bad_sig":
                 self.publics.note_failed(m)  # a peer's replaced key is counted per sender
             return
-        if bad_range(m.offset, m.length):
-            self.counters["file_fetch_bad_range"] += 1
-        async with self._store_lock:
-            r = await asyncio.to_thread(self.files.read, m.seq, m.path_text(), m.offset, m.length)
+        r: FileRead
+        unbound = challenge.check(self.me, m.target, m.challenge)
+        if unbound is not None:  # for another server or connection, or the first one
+            self.counters[unbound[0]] += 1
+            r = unbound[1]
+        else:
+            if bad_range(m.offset, m.length):
+                self.counters["file_fetch_bad_range"] += 1
+            async with self._store_lock:
+                r = await asyncio.to_thread(
+                    self.files.read, m.seq, m.path_text(), m.offset, m.length
+                )
         out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
-        out = self.byz.file_data(out)
-        self.counters["file_chunks_served"] += 1
-        self.counters["file_bytes_served"] += len(r.data)
+        if unbound is None:
+            out = self.byz.file_data(out)  # a drill's forged bytes; never the challenge
+            self.counters["file_chunks_served"] += 1
+            self.counters["file_bytes_served"] += len(r.data)
         if writer.is_closing():
             return
         writer.write(wire.frame(out.encode()))

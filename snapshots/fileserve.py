@@ -17,6 +17,7 @@ before it destroys a snapshot, because ZFS refuses to destroy a snapshot with a 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import threading
 from collections import OrderedDict
@@ -33,6 +34,7 @@ NO_FILE = 2
 REFUSED = 3
 ERROR = 4
 LATER = 5  # the file of a later checkpoint: `seq` was collected (docs/wire.md FILE-DATA)
+CHALLENGE = 6  # not served: sign the request again with this connection's challenge (data)
 
 MAX_CHUNK = 4 << 20  # per FILE-DATA; far below the wire's 16 MiB frame limit
 # A requester gets this long to take one FILE-DATA before its connection is dropped.
@@ -40,6 +42,9 @@ FILE_SEND_TIMEOUT = 10.0
 # The wire carries a u64 offset; os.pread takes a signed one (OverflowError past it). No
 # file comes near it, so a larger offset is refused as a bad request.
 MAX_OFFSET = (1 << 63) - 1
+# A connection's challenge (docs/wire.md "State fetching", docs/security.md "Snapshot file
+# server"): random, so a FILE-FETCH signed for one connection is refused on any other.
+CHALLENGE_LEN = 16
 
 
 def bad_range(offset: int, length: int) -> bool:
@@ -53,6 +58,42 @@ class FileRead:
     status: int
     size: int = 0
     data: bytes = b""
+
+
+class Challenge:
+    """What binds FILE-FETCHes to one server and one connection to it, so that a captured
+    request cannot be replayed to another server, or on a connection of the replayer's
+    own, to read the file (docs/security.md "Snapshot file server").
+
+    The transport keeps one per connection. The server's challenge is 16 random bytes,
+    made at the connection's first FILE-FETCH; a request is served only if it names this
+    server (`target`) and carries that challenge. One with no challenge (a requester's
+    first on the connection) is answered CHALLENGE with it, and the requester signs again;
+    one with another challenge was signed for another connection: refused. Requests on a
+    connection may repeat or come in any order (a retried chunk, several fetch threads),
+    and a requester may hold any number of connections: each has its own challenge."""
+
+    __slots__ = ("_nonce",)
+
+    def __init__(self) -> None:
+        self._nonce = b""
+
+    @property
+    def nonce(self) -> bytes:
+        if not self._nonce:
+            self._nonce = os.urandom(CHALLENGE_LEN)
+        return self._nonce
+
+    def check(self, server: int, target: int, challenge: bytes) -> tuple[str, FileRead] | None:
+        """None if a request for `target` carrying `challenge` may be served here; else
+        the counter to count it under and the answer to send instead."""
+        if target != server:
+            return "file_fetch_wrong_target", FileRead(REFUSED)
+        if not challenge:
+            return "file_fetch_challenges", FileRead(CHALLENGE, 0, self.nonce)
+        if not hmac.compare_digest(challenge, self.nonce):
+            return "file_fetch_replayed", FileRead(REFUSED)
+        return None
 
 
 class SnapshotFiles:

@@ -7,11 +7,18 @@ import asyncio
 import hashlib
 import socket
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from test_controld_daemon import SVC, Node, Rack, make_rack
-from test_snapshots_fileserve import signed_fetch
+from test_snapshots_fileserve import (
+    Recorder,
+    answer,
+    challenge_of,
+    signed_fetch,
+    sock_challenge_of,
+)
 
 from tests import zfs_pool
 from zz import keys, wire
@@ -20,13 +27,14 @@ from zz.crypto import SigningKey
 from zz.execution.recovery import PeerSource, SourceError
 from zz.naming import zfs_dataset
 from zz.snapshots.dirstore import DirStore
-from zz.snapshots.fileserve import MAX_CHUNK, REFUSED
+from zz.snapshots.fileserve import CHALLENGE, MAX_CHUNK, REFUSED
 from zz.snapshots.manifest import scan
 from zz.snapshots.store import checkpoint_name
 from zz.snapshots.zfs import ZfsStore, run_zfs
 
 SEQ = 8
 FILES = {"a.txt": b"alpha\n", "dir/b.bin": bytes(range(256)) * 40}
+H1 = wire.host_principal(1)  # the controld the tests run (Node(rack, 1))
 
 
 def _exec_key(rack: Rack, i: int) -> SigningKey:
@@ -66,10 +74,20 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Rack, Node]]:
         n.hv.close()
 
 
-def _fetch(port: int, me: int, key: SigningKey, path: str, size: int = 0) -> bytes:
-    src = PeerSource(
-        "controld-h1", ("127.0.0.1", port), service=SVC, me=me, sign_key=key, timeout=1.0
+def _source(port: int, me: int, key: SigningKey, target: int = H1) -> PeerSource:
+    return PeerSource(
+        "controld-h1",
+        ("127.0.0.1", port),
+        service=SVC,
+        me=me,
+        target=target,
+        sign_key=key,
+        timeout=1.0,
     )
+
+
+def _fetch(port: int, me: int, key: SigningKey, path: str, size: int = 0) -> bytes:
+    src = _source(port, me, key)
     try:
         return src.fetch(SEQ, path, size)
     finally:
@@ -181,19 +199,21 @@ async def test_controld_answers_bad_ranges_and_drops_requesters_that_never_read(
     sock = socket.socket()
     try:
         r, w = await asyncio.open_connection("127.0.0.1", n.port)
-        w.write(signed_fetch(rack.config, 2, SEQ, b"a.txt", 1 << 63))
-        async with asyncio.timeout(5):
-            m = wire.decode(await wire.read_frame(r))
-        assert isinstance(m, wire.FileData) and m.status == REFUSED
+        c = await challenge_of(r, w, rack.config, 2, H1)
+        w.write(signed_fetch(rack.config, 2, SEQ, b"a.txt", 1 << 63, target=H1, challenge=c))
+        m = await answer(r)
+        assert m.status == REFUSED
         assert n.daemon.counters["file_fetch_bad_range"] == 1
         w.close()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_connect(sock, ("127.0.0.1", n.port))
+        c = await sock_challenge_of(sock, rack.config, 2, H1)
         for k in range(3):
             await loop.sock_sendall(
-                sock, signed_fetch(rack.config, 2, SEQ, b"a.txt", k * MAX_CHUNK)
+                sock,
+                signed_fetch(rack.config, 2, SEQ, b"a.txt", k * MAX_CHUNK, target=H1, challenge=c),
             )
         async with asyncio.timeout(8):
             while n.daemon.counters["send_timeouts"] == 0:
@@ -203,3 +223,73 @@ async def test_controld_answers_bad_ranges_and_drops_requesters_that_never_read(
     finally:
         sock.close()
         await n.close()
+
+
+async def test_controld_refuses_replayed_and_misaddressed_fetches(
+    node: tuple[Rack, Node],
+) -> None:
+    """Replica 2 fetches a.txt from controld through a relay that keeps its frames. Each
+    captured frame replayed on a connection of the replayer's own, while the requester's
+    connection is open and after it closed (stale), gets no byte of the file; a FILE-FETCH
+    for another server (replica 0's own runtime) is refused even with this connection's
+    challenge. All counted, and controld keeps serving. Before, every replay was answered
+    with the file."""
+    rack, n = node
+    _checkpoint(rack, 0)
+    me, key = wire.exec_principal(2), _exec_key(rack, 2)
+    rec = Recorder(("127.0.0.1", n.port))
+    src = _source((await rec.start())[1], me, key)
+    try:
+        assert await asyncio.to_thread(src.fetch, SEQ, "a.txt", 6) == FILES["a.txt"]
+        assert len(rec.frames) == 2  # the first without a challenge, then with it
+        for closed in (False, True):
+            if closed:
+                src.close()
+            for frame in rec.frames:
+                r, w = await asyncio.open_connection("127.0.0.1", n.port)
+                w.write(frame)
+                m = await answer(r)
+                assert m.status in (CHALLENGE, REFUSED) and FILES["a.txt"] not in m.data, m
+                w.close()
+        assert n.daemon.counters["file_fetch_replayed"] == 2
+        assert n.daemon.counters["file_chunks_served"] == 1  # the requester's own
+
+        r, w = await asyncio.open_connection("127.0.0.1", n.port)
+        c = await challenge_of(r, w, rack.config, 2, H1)
+        x0 = wire.exec_principal(0)
+        w.write(signed_fetch(rack.config, 2, SEQ, b"a.txt", 0, target=x0, challenge=c))
+        assert (await answer(r)).status == REFUSED
+        w.write(signed_fetch(rack.config, 2, SEQ, b"a.txt", 0, target=H1, challenge=c))
+        assert (await answer(r)).data == FILES["a.txt"]
+        w.close()
+        with pytest.raises(SourceError, match="refused"):
+            await asyncio.to_thread(_source(n.port, me, key, target=x0).fetch, SEQ, "a.txt", 6)
+        assert n.daemon.counters["file_fetch_wrong_target"] == 2
+        assert n.daemon.counters["internal_error"] == 0
+        assert (await n.rpc("status"))["ok"]
+    finally:
+        src.close()
+        await rec.close()
+
+
+async def test_controld_serves_a_requester_on_parallel_connections(
+    node: tuple[Rack, Node],
+) -> None:
+    """Three connections of one requester, two threads on each, all files at once: never
+    refused (each connection has its own challenge)."""
+    rack, n = node
+    _checkpoint(rack, 0)
+    me, key = wire.exec_principal(2), _exec_key(rack, 2)
+    sources = [_source(n.port, me, key) for _ in range(3)]
+    jobs = [(src, rel) for src in sources for _ in range(2) for rel in FILES]
+    try:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = await asyncio.to_thread(
+                lambda: list(pool.map(lambda j: j[0].fetch(SEQ, j[1], len(FILES[j[1]])), jobs))
+            )
+        assert got == [FILES[rel] for _, rel in jobs]
+        assert n.daemon.counters["file_fetch_challenges"] == 3
+        assert n.daemon.counters["file_fetch_replayed"] == 0
+    finally:
+        for src in sources:
+            src.close()

@@ -112,7 +112,11 @@ def test_python_verifiers_follow_the_slot_key(tmp_path: Path) -> None:
         view = keys.PeerKeys(kd, c.config, svc, counters)  # a running peer's view
         # A running controld of another host (its view loaded before the re-keying).
         other_controld = keys.load_controld(kd, c.config, 0)
-        ff_old = wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024).signed(old.sign).encode()
+        ff_old = (
+            wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024, wire.exec_principal(0))
+            .signed(old.sign)
+            .encode()
+        )
         m_old = wire.decode(ff_old)
         assert isinstance(m_old, wire.FileFetch)
         assert m_old.refusal(view, svc.n_exec, server=wire.exec_principal(0)) is None
@@ -121,7 +125,9 @@ def test_python_verifiers_follow_the_slot_key(tmp_path: Path) -> None:
         new = _secret(kd, x)
         assert new.sign is not None
         ff_new = wire.decode(
-            wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024).signed(new.sign).encode()
+            wire.FileFetch(SERVICE_ID, x, 8, b"", 0, 1024, wire.exec_principal(0))
+            .signed(new.sign)
+            .encode()
         )
         # the peer view picked up the new key without a restart
         assert m_old.refusal(view, svc.n_exec, server=wire.exec_principal(0)) == (
@@ -249,7 +255,11 @@ def test_fresh_spare_has_new_keys_end_to_end(tmp_path: Path) -> None:
             lambda: all(s["exec_stale_key_drops"] == [0, 2, 0] for s in rig.agreement()),
             "old-key messages dropped and counted for slot 1 at every agreement replica",
         )
-        ff = wire.FileFetch(SERVICE_ID, x, 0, b"", 0, 1024).signed(old.sign).encode()
+        ff = (
+            wire.FileFetch(SERVICE_ID, x, 0, b"", 0, 1024, wire.exec_principal(0))
+            .signed(old.sign)
+            .encode()
+        )
         _send(svc.exec_address(c.config, 0)[1], ff)
         rig.wait(
             lambda: rig.execs.status(0).get("counters", {}).get(f"stale_key_from_{x}") == 1,

@@ -1098,12 +1098,18 @@ class ControlReply(_ControlBase):
 # ---- state fetching (ZZ §4.5, docs/recovery.md) -------------------------------------
 
 FILE_MAX_CHUNK = 4194304
+# The server's challenge on one connection (FILE-DATA status 6), which every FILE-FETCH
+# on that connection carries (docs/wire.md "State fetching", docs/security.md).
+FILE_CHALLENGE_LEN = 16
+FILE_STATUS_CHALLENGE = 6
 
 
 @dataclass
 class FileFetch(Message):
     """A recovering execution replica asks a peer for a range of one checkpoint file
-    (empty path: the manifest encoding)."""
+    (empty path: the manifest encoding). Bound to one server (`target`, its principal)
+    and to one connection to it (`challenge`, the server's challenge on that connection;
+    empty to ask for it), so a captured request cannot be replayed elsewhere."""
 
     TYPE: ClassVar[int] = 25
     NAME: ClassVar[str] = "FILE-FETCH"
@@ -1113,9 +1119,20 @@ class FileFetch(Message):
     path: bytes
     offset: int
     length: int
+    target: int
+    challenge: bytes = b""
 
     def body(self) -> bytes:
-        return _u64(self.seq) + _bytes(self.path) + _u64(self.offset) + _u32(self.length)
+        if len(self.challenge) not in (0, FILE_CHALLENGE_LEN):
+            raise ValueError(f"FILE-FETCH challenge must be 0 or {FILE_CHALLENGE_LEN} bytes")
+        return (
+            _u64(self.seq)
+            + _bytes(self.path)
+            + _u64(self.offset)
+            + _u32(self.length)
+            + _u32(self.target)
+            + _bytes(self.challenge)
+        )
 
     @classmethod
     def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
@@ -1125,7 +1142,11 @@ class FileFetch(Message):
         length = r.u32("length")
         if length > FILE_MAX_CHUNK:
             raise WireError("field", f"length: {length} > {FILE_MAX_CHUNK}")
-        return cls(service, sender, seq, path, offset, length)
+        target = r.u32("target")
+        challenge = r.bytes_("challenge")
+        if len(challenge) not in (0, FILE_CHALLENGE_LEN):
+            raise WireError("field", f"challenge: {len(challenge)} bytes, not 0 or 16")
+        return cls(service, sender, seq, path, offset, length, target, challenge)
 
     def _dump_fields(self) -> list[str]:
         return [
@@ -1133,6 +1154,8 @@ class FileFetch(Message):
             f"path={_hx(self.path)}",
             f"offset={self.offset}",
             f"length={self.length}",
+            f"target={self.target}",
+            f"challenge={_hx(self.challenge)}",
         ]
 
     def refusal(
@@ -1191,10 +1214,14 @@ class FileData(Message):
         status = r.u8("status")
         size = r.u64("size")
         data = r.bytes_("data")
-        if status > 5:
-            raise WireError("field", f"status: {status} not in 0..5")
-        # 0 (ok) and 5 (later) carry the file's bytes; the others carry none.
-        if status not in (0, 5) and (size or data):
+        if status > FILE_STATUS_CHALLENGE:
+            raise WireError("field", f"status: {status} not in 0..6")
+        # 0 (ok) and 5 (later) carry the file's bytes, 6 (challenge) the connection's
+        # challenge; the others carry nothing.
+        if status == FILE_STATUS_CHALLENGE:
+            if size or len(data) != FILE_CHALLENGE_LEN:
+                raise WireError("field", f"challenge with size {size} and {len(data)} bytes")
+        elif status not in (0, 5) and (size or data):
             raise WireError("field", f"status {status} with size {size} and {len(data)} bytes")
         if len(data) > FILE_MAX_CHUNK:
             raise WireError("field", f"data: {len(data)} bytes > {FILE_MAX_CHUNK}")

@@ -407,7 +407,12 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         TRY(rd_bytes(r, &q->path));
         TRY(rd_u64(r, &q->offset));
         TRY(rd_u32(r, &q->length));
+        /* Same checks, same order as zz/wire.py FileFetch._parse. */
         if (q->length > ZZ_FILE_MAX_CHUNK)
+            return ZZ_ERR_FIELD;
+        TRY(rd_u32(r, &q->target));
+        TRY(rd_bytes(r, &q->challenge));
+        if (q->challenge.len != 0 && q->challenge.len != ZZ_FILE_CHALLENGE_LEN)
             return ZZ_ERR_FIELD;
         break;
     }
@@ -420,11 +425,16 @@ static enum zz_err dec_body(rd *r, zz_msg *m)
         TRY(rd_u64(r, &q->size));
         TRY(rd_bytes(r, &q->data));
         /* Same checks, same order as zz/wire.py FileData._parse. */
-        if (q->status > 5)
+        if (q->status > ZZ_FILE_STATUS_CHALLENGE)
             return ZZ_ERR_FIELD;
-        /* 0 ok and 5 later carry the file's bytes; the others carry none. */
-        if (q->status != 0 && q->status != 5 && (q->size != 0 || q->data.len != 0))
+        /* 0 ok and 5 later carry the file's bytes, 6 challenge the connection's challenge;
+         * the others carry nothing. */
+        if (q->status == ZZ_FILE_STATUS_CHALLENGE) {
+            if (q->size != 0 || q->data.len != ZZ_FILE_CHALLENGE_LEN)
+                return ZZ_ERR_FIELD;
+        } else if (q->status != 0 && q->status != 5 && (q->size != 0 || q->data.len != 0)) {
             return ZZ_ERR_FIELD;
+        }
         if (q->data.len > ZZ_FILE_MAX_CHUNK)
             return ZZ_ERR_FIELD;
         break;
@@ -837,6 +847,8 @@ int zz_dump(const zz_msg *m, char *out, size_t cap)
         w_field_hex(&w, "path", m->u.file_fetch.path.p, m->u.file_fetch.path.len);
         w_field_u(&w, "offset", m->u.file_fetch.offset);
         w_field_u(&w, "length", m->u.file_fetch.length);
+        w_field_u(&w, "target", m->u.file_fetch.target);
+        w_field_hex(&w, "challenge", m->u.file_fetch.challenge.p, m->u.file_fetch.challenge.len);
         break;
     case ZZ_FILE_DATA:
         w_field_u(&w, "seq", m->u.file_data.seq);
@@ -1157,14 +1169,15 @@ size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, ui
     return s;
 }
 
-size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq, const void *path,
-                         uint32_t path_len, uint64_t offset, uint32_t length)
+size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_fetch *q)
 {
     size_t s = zz_begin(b, ZZ_FILE_FETCH, ZZ_AUTH_SIG, svc, sender);
-    zz_put_u64(b, seq);
-    zz_put_bytes(b, path, path_len);
-    zz_put_u64(b, offset);
-    zz_put_u32(b, length);
+    zz_put_u64(b, q->seq);
+    zz_put_bytes(b, q->path.p, q->path.len);
+    zz_put_u64(b, q->offset);
+    zz_put_u32(b, q->length);
+    zz_put_u32(b, q->target);
+    zz_put_bytes(b, q->challenge.p, q->challenge.len);
     zz_end_body(b, s);
     return s;
 }
@@ -1362,9 +1375,7 @@ size_t zz_reencode(zz_buf *b, const zz_msg *m)
                            m->u.control.json.p, m->u.control.json.len);
         break;
     case ZZ_FILE_FETCH:
-        s = zz_enc_file_fetch(b, m->service, m->sender, m->u.file_fetch.seq,
-                              m->u.file_fetch.path.p, m->u.file_fetch.path.len,
-                              m->u.file_fetch.offset, m->u.file_fetch.length);
+        s = zz_enc_file_fetch(b, m->service, m->sender, &m->u.file_fetch);
         break;
     case ZZ_FILE_DATA:
         s = zz_enc_file_data(b, m->service, m->sender, &m->u.file_data);

@@ -56,6 +56,10 @@ enum zz_type {
 };
 /* 12..15 and 28..31 are unassigned; a decoder rejects them like any unknown type. */
 #define ZZ_FILE_MAX_CHUNK 4194304u /* FILE-FETCH length and FILE-DATA data, at most */
+/* A server's challenge on one connection: FILE-DATA status 6 carries it, and every
+ * FILE-FETCH on that connection after it (docs/wire.md "State fetching"). */
+#define ZZ_FILE_CHALLENGE_LEN 16u
+#define ZZ_FILE_STATUS_CHALLENGE 6u
 int zz_type_known(uint8_t type);
 
 /* ZZ_AUTH_MAC_SIG: a MAC vector followed by the sender's Ed25519 signature, both over the
@@ -278,13 +282,16 @@ typedef struct {
     zz_bytes path;
     uint64_t offset;
     uint32_t length;
+    uint32_t target;    /* the principal of the server it is meant for */
+    zz_bytes challenge; /* empty, or that server's ZZ_FILE_CHALLENGE_LEN-byte challenge */
 } zz_file_fetch;
 
 typedef struct {
     uint64_t seq;
     zz_bytes path;
     uint64_t offset;
-    uint8_t status; /* 0 ok, 1 no such checkpoint, 2 no such file, 3 refused, 4 error */
+    uint8_t status; /* 0 ok, 1 no such checkpoint, 2 no such file, 3 refused, 4 error,
+                       5 later, 6 challenge (data = the connection's challenge) */
     uint64_t size;
     zz_bytes data;
 } zz_file_data;
@@ -419,8 +426,7 @@ size_t zz_enc_reply_affirm(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t ts
 size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t request_id,
                       const void *json, uint32_t len);
 /* FILE-FETCH (signed by the caller) and FILE-DATA (no authenticator): state fetching. */
-size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, uint64_t seq, const void *path,
-                         uint32_t path_len, uint64_t offset, uint32_t length);
+size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_fetch *q);
 size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_data *d);
 /* SPARE-READY (signed by the caller, a controld): u32 replica, u64 seq, u32 epoch, 32-byte
  * sign_pub, 32-byte dh_pub. */

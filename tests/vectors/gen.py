@@ -237,8 +237,13 @@ def generate() -> str:
     add(valid("control-reply", wire.ControlReply(0, h1, 5, b'{"ok": true}'), [op0]))
     add(valid("control-empty-json", wire.Control(0, op0, 6, b""), [h1]))
     e2 = wire.exec_principal(2)
-    add(valid("file-fetch", wire.FileFetch(SVC, e2, 8, b"kv/6b31", 4194304, 4194304)))
-    add(valid("file-fetch-manifest", wire.FileFetch(SVC, e2, 8, b"", 0, 1024)))
+    chal = bytes(range(0xA0, 0xB0))  # a server's challenge (16 bytes)
+    ff = wire.FileFetch(SVC, e2, 8, b"kv/6b31", 4194304, 4194304, e1, chal)
+    add(valid("file-fetch", ff))
+    # the first request on a connection: no challenge yet; addressed to controld of host 1
+    ff0 = wire.FileFetch(SVC, e2, 8, b"", 0, 1024, wire.host_principal(1))
+    add(valid("file-fetch-manifest-unchallenged", ff0))
+    add(valid("file-data-challenge", wire.FileData(SVC, e1, 8, b"", 0, 6, 0, chal)))
     add(valid("file-data", wire.FileData(SVC, e1, 8, b"kv/6b31", 3, 0, 7, b"lue")))
     add(valid("file-data-no-file", wire.FileData(SVC, e1, 8, b"nope", 0, 2, 0, b"")))
     add(valid("file-data-later", wire.FileData(SVC, e1, 8, b"kv/6b31", 0, 5, 5, b"value")))
@@ -357,7 +362,7 @@ def generate() -> str:
     # Fault detection and control: wrong auth kinds, field domains, truncations, limits.
     fs_body = fs0.body()
     add(invalid("type-fault-statement-with-mac", with_raw_macs(19, 0, fs_body, [1]), "type"))
-    ff_body = wire.FileFetch(SVC, e2, 8, b"a", 0, 16).body()
+    ff_body = wire.FileFetch(SVC, e2, 8, b"a", 0, 16, e1).body()
     add(
         invalid(
             "type-file-fetch-with-no-auth", raw_msg(25, wire.AUTH_NONE, e2, ff_body, b""), "type"
@@ -380,10 +385,23 @@ def generate() -> str:
     add(
         invalid(
             "field-file-data-status",
-            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(6, 0, b""), b""),
+            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(7, 0, b""), b""),
             "field",
         )
     )
+    for name, size, data in (
+        ("empty", 0, b""),
+        ("short", 0, chal[:15]),
+        ("long", 0, chal + b"x"),
+        ("with-size", 16, chal),
+    ):
+        add(
+            invalid(
+                f"field-file-data-challenge-{name}",
+                raw_msg(26, wire.AUTH_NONE, e1, file_data_body(6, size, data), b""),
+                "field",
+            )
+        )
     add(
         invalid(
             "field-file-data-error-with-data",
@@ -391,10 +409,19 @@ def generate() -> str:
             "field",
         )
     )
-    ff_long = struct.pack(">QI", 8, 1) + b"a" + struct.pack(">QI", 0, 4194305)
-    ff_long_msg = raw_msg(25, wire.AUTH_SIG, e2, ff_long, b"")
-    ff_long_msg += sign_key(e2).sign(ff_long_msg)
-    add(invalid("field-file-fetch-length", ff_long_msg, "field"))
+
+    def file_fetch_msg(length: int, challenge: bytes) -> bytes:
+        body = struct.pack(">QI", 8, 1) + b"a" + struct.pack(">QI", 0, length)
+        body += struct.pack(">II", e1, len(challenge)) + challenge
+        m = raw_msg(25, wire.AUTH_SIG, e2, body, b"")
+        return m + sign_key(e2).sign(m)
+
+    add(invalid("field-file-fetch-length", file_fetch_msg(4194305, b""), "field"))
+    add(invalid("field-file-fetch-challenge-short", file_fetch_msg(16, chal[:15]), "field"))
+    add(invalid("field-file-fetch-challenge-long", file_fetch_msg(16, chal + b"x"), "field"))
+    # the layout before the target and challenge: the body ends after `length`
+    old = raw_msg(25, wire.AUTH_SIG, e2, ff_body[:-8], b"")
+    add(invalid("short-file-fetch-without-target", old + sign_key(e2).sign(old), "short"))
     add(
         invalid(
             "short-file-data",
