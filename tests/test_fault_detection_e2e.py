@@ -55,6 +55,9 @@ class FakeControld:
     # Seconds between a verified WAKEUP and the SIGCONT: a guest's resume and reconnect
     # take that long while the cluster goes on.
     wake_delay: float = 0.0
+    # Verify and record WAKEUPs and write the wake notice, but leave the SIGCONT to the
+    # test (a spare that takes as long as the test says).
+    hold: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: socketserver.ThreadingTCPServer | None = None
 
@@ -92,7 +95,9 @@ class FakeControld:
                                 "awake": list(w.awake), "woken_at": time.time(),
                             }) + "\n")  # fmt: skip
                             pid = self.execs.procs[i].pid
-                            if self.wake_delay > 0:
+                            if self.hold:
+                                pass
+                            elif self.wake_delay > 0:
                                 t = threading.Timer(self.wake_delay, signal_group,
                                                     (pid, signal.SIGCONT))  # fmt: skip
                                 t.daemon = True

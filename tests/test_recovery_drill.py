@@ -254,3 +254,49 @@ def test_f2_liar_and_a_slower_correct_replica(f2_slow_rig: FaultRig) -> None:
     out = _drill(rig, faulty=0, spare=3, fault="wrong-reply", phase=3, in_place=True)
     print(out)
     assert rig.controld.shutdowns[0].convict == (0,), rig.controld.shutdowns
+
+
+# The agreement replicas' detection ring (agreement/src/replica.c): log_window (2 CP in
+# these rigs) + 1024 records, one per seq; a seq's record is reused that many seqs on.
+RING = 2 * CP + 1024
+
+
+@pytest.fixture
+def long_round_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    # The ceiling only bounds K·t1 (never reached here: t1 is a few ms); a round resolves
+    # without a silent woken replica 5 s + ceiling after it opened, 35 s here, which gives
+    # the load time to carry the agreement replicas a whole ring past the round's seq.
+    timers = {**TIMERS, "detect_ceiling_ms": 30000}
+    yield from _start(tmp_path, {1: ["--drill-faults"]}, timers, cp=CP)
+
+
+@pytest.mark.slow
+def test_a_spare_that_reports_once_the_ring_moved_on(long_round_rig: FaultRig) -> None:
+    """Replica 1 equivocates to every agreement replica (right replies, so the clients go
+    on); the round at its first seq S wakes the spare, which takes its time: the load
+    carries every agreement replica more than a ring of seqs past S before it resumes (under
+    the campaign's load, 1,088 seqs took 7 s: less than a VM's resume and recovery, and less
+    than 5 s + ceiling). Its report for S must still count: the round keeps its own record
+    of S's reports. Before, S's record was reused, the report dropped as stale and the round
+    never resolved, not even once overdue (campaign seed 3202 round 14)."""
+    rig = long_round_rig
+    c = rig.controld
+    c.hold = True
+    rec = HistoryRecorder()
+    asyncio.run(_workload(rig, rec, 1.0, first=0))
+    fault = {"fault": "equivocate", "to": list(range(rig.cluster.n))}
+    (rig.cluster.run_dir / "exec-1" / "zz-fault.json").write_text(json.dumps(fault))
+    rig.wait(lambda: rig.execs.status(1).get("inject_fault") == "equivocate", "the fault")
+    t0 = time.monotonic()
+    first, seq = 10, None
+    while seq is None or min(a["last_exec"] for a in rig.agreement()) <= seq + RING:
+        assert time.monotonic() - t0 < 30, f"no round, or too slow a load\n{rig.diag()}"
+        asyncio.run(_workload(rig, rec, 2.0, first=first))
+        first += 3
+        rounds = {a.get("fault_round_seq") for a in rig.agreement() if a["fault_round_open"]}
+        seq = min(rounds) if rounds else None
+    assert c.wakeups and not c.shutdowns, (c.wakeups, c.shutdowns)
+    signal_group(rig.execs.procs[2].pid, signal.SIGCONT)
+    rig.wait(lambda: bool(c.shutdowns), "a SHUTDOWN certificate", timeout=30)
+    assert c.shutdowns[0].seq == seq and c.shutdowns[0].convict == (1,), c.shutdowns
+    assert time.monotonic() - t0 < 35, "resolved only because it was overdue"

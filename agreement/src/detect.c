@@ -228,7 +228,10 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
     }
     zz_report_rec *k = w == 0 ? rec_for(r, seq, 1) : zz_detect_record(r, seq);
     if (!k) {
-        r->st.stale++; /* below the kept history */
+        /* below the kept history, unless a fault round waits for it (wakeup.c keeps the
+         * round's own record of its seq) */
+        if (!zz_wake_on_lost_report(r, i, seq, digest))
+            r->st.stale++;
         return;
     }
     if (i >= r->n_exec)

@@ -351,6 +351,8 @@ int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines 
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */
 void zz_wake_on_report(zz_replica *r, zz_report_rec *k); /* a report for k->seq arrived */
+/* A report for a seq whose record left the ring: 1 if it is the fault round's (taken). */
+int zz_wake_on_lost_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest);
 void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
 void zz_on_wakeup(zz_replica *r, const zz_msg *m);
 void zz_on_shutdown(zz_replica *r, const zz_msg *m);
