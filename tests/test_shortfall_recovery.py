@@ -153,9 +153,9 @@ def test_f2_liar_and_a_dead_spare(f2_liar_rig: FaultRig) -> None:
     wakes = sorted({w.wake for w in rig.controld.wakeups})
     assert wakes == [(3,), (4,)], wakes
     cert = rig.controld.shutdowns[0]
-    # The liar is convicted; the dead spare is excused by the mismatch (TR Lemma 2: a
-    # mismatch is more egregious) and put back to sleep, where a later round can judge it.
-    assert cert.convict == (0,) and cert.active == (1, 2, 4) and cert.sleep == (3,), cert
+    # The liar and the dead spare are convicted: the mismatch excuses only a late but correct
+    # answer (TR Lemma 2), and 3 never answered (docs/fault-detection.md §5).
+    assert cert.convict == (0, 3) and cert.active == (1, 2, 4) and cert.sleep == (), cert
     assert rig.invoke_all([_kv(KV_GET, b"w0")]) == [_kv_ok(b"v0")]
 
 

@@ -19,7 +19,7 @@ here.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import Enum
 
@@ -193,21 +193,29 @@ def _wrong(rows: Sequence[FaultStatement], replica: int, digest: bytes) -> int:
 
 
 def _blamed(
-    rows: Sequence[FaultStatement], awake: Sequence[int], decided: bytes, g: int
+    rows: Sequence[FaultStatement],
+    awake: Sequence[int],
+    decided: bytes,
+    g: int,
+    answered: Set[int],
 ) -> set[int]:
     """The awake replicas the evidence convicts once ``decided`` is known (TR §9.1.1).
 
     A mismatch first: replicas that g+1 rows show with a wrong digest (late or not) are
-    faulty whatever the timing. Only when there is none do timeouts count: replicas that
-    g+1 rows show without ``decided`` on time (late, silent or wrong). "Mismatches are
-    more egregious than late but correct responses": a wrong early reply may have started
-    the timer a correct replica then missed (Lemma 2, example 2: E1 Q Q P P, E2 P̂ P̂ P P
-    shuts down E1 only).
+    faulty whatever the timing. Timeouts count for replicas that g+1 rows show without
+    ``decided`` on time (late, silent or wrong), but when someone is blamed for a mismatch
+    only for those that have not ``answered`` this agreement replica at all by now.
+    "Mismatches are more egregious than late but correct responses": a wrong early reply
+    may have started the timer a correct replica then missed (Lemma 2, example 2: E1 Q Q P
+    P, E2 P̂ P̂ P P shuts down E1 only). A replica that never answered, while the woken
+    ones recovered and answered, gave no late but correct response to excuse (a crash next
+    to a liar, f = 2: campaign seed 3102 round 12).
     """
     mismatch = {j for j in awake if _wrong(rows, j, decided) >= g + 1}
+    timeout = {j for j in awake if _against(rows, j, decided) >= g + 1}
     if mismatch:
-        return mismatch
-    return {j for j in awake if _against(rows, j, decided) >= g + 1}
+        return mismatch | {j for j in timeout if j not in answered}
+    return timeout
 
 
 def _check(
@@ -305,8 +313,9 @@ def resolve(
     reported for ``seq`` (late ones still marked LATE).  A replica is convicted when
     it reported a digest other than the decided one to this agreement replica, and an
     awake replica when the evidence blames it (``_blamed``: a wrong digest shown by g+1
-    rows, or else, if no awake replica is blamed so, the decided digest missing or late
-    in g+1 rows).  Of the rest, replicas that reported the decided digest stay active
+    rows, or the decided digest missing or late in g+1 rows, which is excused when
+    another awake replica is blamed for a wrong digest and this one did answer here).  Of
+    the rest, replicas that reported the decided digest stay active
     first (``awake`` before ``woken``, ascending ids, since the old ones hold their state
     already); everyone beyond f+1 goes back to sleep.
     """
@@ -325,7 +334,8 @@ def resolve(
         raise ValueError("two digests with f+1 reports: more than f faulty replicas")
     d = decided[0]
     assert d is not None
-    blamed = _blamed(statements, awake, d, g)
+    answered = {j for j in everyone if got[j].kind is not Kind.NONE}
+    blamed = _blamed(statements, awake, d, g, answered)
     convict = tuple(
         sorted(
             j

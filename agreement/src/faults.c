@@ -250,15 +250,18 @@ int zz_fault_resolve(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t g
     memcpy(out->digest, d, ZZ_DIGEST_LEN);
 
     /* The evidence blames an awake replica for a mismatch (a wrong digest, late or not, in
-     * g+1 rows) or, only if it blames none so, for a timeout (d missing or late in g+1
-     * rows): a wrong early reply may have started the timer a correct replica then missed
-     * (TR §9.1.1, Lemma 2 example 2). Own wrong answers are convicted either way. */
+     * g+1 rows) or for a timeout (d missing or late in g+1 rows). When it blames one for a
+     * mismatch, a timeout is excused if the replica answered here, late or not: a wrong
+     * early reply may have started the timer a correct replica then missed (TR §9.1.1,
+     * Lemma 2 example 2); one that never answered gave no late but correct response
+     * (a crash next to a liar, campaign seed 3102 round 12). Own wrong answers are
+     * convicted either way. */
     uint8_t blamed[ZZ_MAX_EXEC] = {0};
     int mismatch = 0;
     for (uint32_t i = 0; i < n_awake; i++)
         mismatch |= blamed[i] = (uint64_t)wrong(rows, nrows, i, d) >= (uint64_t)g + 1;
-    if (!mismatch)
-        for (uint32_t i = 0; i < n_awake; i++)
+    for (uint32_t i = 0; i < n_awake; i++)
+        if (!blamed[i] && (!mismatch || !has_digest(got[i])))
             blamed[i] = (uint64_t)against(rows, nrows, i, d) >= (uint64_t)g + 1;
     uint8_t convicted[ZZ_MAX_EXEC] = {0}, right[ZZ_MAX_EXEC];
     for (uint32_t i = 0; i < n_all; i++) {
