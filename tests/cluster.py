@@ -257,9 +257,9 @@ base_port = {self.base_port}
 
     def _handles_usr1(self, r: int, stats_mtime_ns: int) -> bool:
         """Whether replica r has its SIGUSR1 handler: it wrote its stats file since it was
-        started (the first write comes after the handler is installed, but the replica
-        accepts connections before that, and SIGUSR1's default action would kill it).
-        Without it, a fresh read waits for the once-a-second rewrite."""
+        started (zz-agreed installs the handler before it loads its config and writes the
+        file first thing in its loop; a process signalled before main() runs would die of
+        SIGUSR1's default action). Without it, a fresh read waits for the first write."""
         return stats_mtime_ns >= self.started_ns.get(r, 0)
 
     def stats_all(

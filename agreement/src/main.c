@@ -16,9 +16,18 @@ static void on_signal(int sig)
         zz_net_stop(the_replica.net);
 }
 
+/* SIGUSR1: rewrite the stats file now rather than at the next once-a-second write, so a
+ * reader that asks (tests, `zz status`) has fresh figures without waiting. */
 static void on_usr1(int sig)
 {
-    (void)sig; /* stats are rewritten every second; SIGUSR1 just wakes the loop */
+    (void)sig;
+    if (the_replica.net)
+        zz_net_kick(the_replica.net);
+}
+
+static void write_stats_now(void *ctx)
+{
+    zz_write_stats(ctx);
 }
 
 int main(int argc, char **argv)
@@ -41,6 +50,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "zz-agreed: --conf FILE is required\n");
         return 2;
     }
+    /* Before the replica listens: SIGUSR1's default action would kill it. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sigaction(SIGUSR1, &sa, NULL);
     static zz_conf conf;
     char err[512];
     if (zz_conf_load(path, &conf, err, sizeof err) != 0) {
@@ -53,13 +67,10 @@ int main(int argc, char **argv)
         zz_conf_free(&conf);
         return 1;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    sa.sa_handler = on_usr1;
-    sigaction(SIGUSR1, &sa, NULL);
+    zz_net_on_kick(the_replica.net, write_stats_now, &the_replica);
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "zz-agreed: service %u replica %u of %u listening on %s:%u\n",
             conf.service, conf.id, 3 * conf.g + 1, conf.listen.host, conf.listen.port);

@@ -114,6 +114,10 @@ struct zz_net {
     /* Set by zz_net_stop, which may run in a signal handler: only this flag and a write to
      * the eventfd happen there, both async-signal-safe. */
     volatile sig_atomic_t stop;
+    /* Set by zz_net_kick (also from a signal handler); the loop calls on_kick once. */
+    volatile sig_atomic_t kicked;
+    zz_on_timer on_kick;
+    void *kick_ctx;
     zz_net_stats st;
     uint32_t n_accepted;
     uint32_t accept_backoff_ms; /* the current accept back-off; 0: accepting normally */
@@ -1037,6 +1041,11 @@ int zz_net_run(zz_net *n)
         if (n->stop)
             break;
         int ne = epoll_wait(n->ep, evs, MAX_EVENTS, next_timeout(n));
+        if (n->kicked) {
+            n->kicked = 0;
+            if (n->on_kick)
+                n->on_kick(n->kick_ctx);
+        }
         if (ne < 0) {
             if (errno == EINTR)
                 continue;
@@ -1076,6 +1085,20 @@ int zz_net_run(zz_net *n)
 
 /* Async-signal-safe: call it from a SIGTERM handler; the loop returns after the current
  * iteration. */
+void zz_net_on_kick(zz_net *n, zz_on_timer fn, void *ctx)
+{
+    n->on_kick = fn;
+    n->kick_ctx = ctx;
+}
+
+void zz_net_kick(zz_net *n)
+{
+    n->kicked = 1;
+    uint64_t one = 1;
+    ssize_t r = write(n->wake.fd, &one, sizeof one);
+    (void)r; /* a full eventfd counter still wakes the loop */
+}
+
 void zz_net_stop(zz_net *n)
 {
     n->stop = 1;

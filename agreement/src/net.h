@@ -89,6 +89,10 @@ uint64_t zz_net_now_ms(const zz_net *n); /* monotonic */
 /* Run until zz_net_stop (e.g. from SIGTERM handling). Returns 0. */
 int zz_net_run(zz_net *n);
 void zz_net_stop(zz_net *n);
+/* Ask the loop to call fn(ctx) once, soon: async-signal-safe (a flag and an eventfd write),
+ * so a signal handler can have work done in the loop (SIGUSR1: rewrite the stats now). */
+void zz_net_on_kick(zz_net *n, zz_on_timer fn, void *ctx);
+void zz_net_kick(zz_net *n);
 const zz_net_stats *zz_net_get_stats(const zz_net *n);
 
 #endif

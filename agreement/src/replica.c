@@ -459,6 +459,8 @@ static void on_stats(void *ctx)
 void zz_replica_start_timers(zz_replica *r)
 {
     zz_net_timer(r->net, r->conf->status_interval_ms, on_tick, r);
+    /* A first stats file at once: readers take its existence as "SIGUSR1 is handled". */
+    zz_write_stats(r);
     zz_net_timer(r->net, 1000, on_stats, r);
 }
 

@@ -392,6 +392,17 @@ static void test_timers(tctx *t, const uint16_t ports[4])
     CHECK(t, zz_net_run(n) == 0); /* now waits for the 300 ms timer */
     CHECK(t, zz_net_now_ms(n) - t0 >= 300);
     end_case(t);
+
+    /* What SIGUSR1 relies on: a kick (here from a signal handler's context: only a flag
+     * and an eventfd write) has the loop call on_kick at once, not at the next timer. */
+    t_begin(t, "a kick runs on_kick in the loop at once");
+    zz_net_on_kick(n, on_stop, n);
+    t0 = zz_net_now_ms(n);
+    zz_net_timer(n, 5000, on_stop, n);
+    zz_net_kick(n);
+    CHECK(t, zz_net_run(n) == 0);
+    CHECK(t, zz_net_now_ms(n) - t0 < 2500);
+    end_case(t);
     zz_net_free(n);
 }
 
