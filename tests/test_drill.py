@@ -112,7 +112,9 @@ def test_open_rounds_need_g_plus_1_agreement_replicas(tmp_path: Path) -> None:
 def _args(kind: str, config: Config, out: Path, **kw: object) -> argparse.Namespace:
     ns = argparse.ArgumentParser()
     drill.add_arguments(ns)
-    a = ns.parse_args([kind, str(config.path), "--before", "3", "--after", "8", "--out", str(out)])
+    # The watch ends 3 s after the fault is handled: what follows is the same rack idling.
+    a = ns.parse_args([kind, str(config.path), "--before", "3", "--after", "8",
+                       "--after-recovery", "3", "--out", str(out)])  # fmt: skip
     for k, v in kw.items():
         setattr(a, k, v)
     return a

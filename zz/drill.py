@@ -125,6 +125,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--before", type=float, default=3.0, help="load before the fault (s)")
     p.add_argument("--after", type=float, default=12.0, help="watching after the fault (s)")
     p.add_argument(
+        "--after-recovery",
+        type=float,
+        metavar="S",
+        help="end the watch S seconds after the fault is handled (a replica convicted, no"
+        " fault round open, every convicted replica's fresh spare back asleep) if that is"
+        " before --after ends (default: watch all of --after)",
+    )
+    p.add_argument(
         "--settle",
         type=float,
         default=180.0,
@@ -494,6 +502,13 @@ def _awaiting_spares(obs: Observer) -> set[str]:
     }
 
 
+def _fault_handled(obs: Observer) -> bool:
+    """A replica convicted since the fault, no fault round open and no convicted replica
+    waiting for its fresh spare: what --after-recovery waits for."""
+    convicted = obs.lines(r"^SHUTDOWN \S+ seq \d+ convict \[\d")
+    return bool(convicted) and not _open_rounds(obs) and not _awaiting_spares(obs)
+
+
 def _open_rounds(obs: Observer) -> set[str]:
     """Services with a fault round still undecided at g+1 of their agreement replicas (so
     at a correct one: a stopped replica's last stats may say anything). A woken replica
@@ -513,6 +528,7 @@ class Drill:
         self.args = args
         self.kind: str = args.kind
         self.progress = progress
+        self.watched_s: float = args.after  # how long the watch after the fault really ran
         state = load_state(config)
         if state is None or not state.complete:
             raise DrillError(f"rack {config.rack.name!r} is not up: zz rack up {config.path}")
@@ -1068,9 +1084,16 @@ class Drill:
             self.phase = "watching after the fault"
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind};"
                           f" watching {a.after:.0f} s")  # fmt: skip
-            t_end = time.monotonic() + a.after
+            t_fault = time.monotonic()
+            t_end = t_fault + a.after
+            handled = False
             while time.monotonic() < t_end:
                 await obs.poll()
+                if a.after_recovery is not None and not handled and _fault_handled(obs):
+                    handled = True
+                    t_end = min(t_end, time.monotonic() + a.after_recovery)
+                    self.progress(f"fault handled; watching {a.after_recovery:.0f} s more")
+            self.watched_s = time.monotonic() - t_fault
             # A fault round still open is decided at the latest by its timeout, and a
             # convicted replica's successor boots as a fresh spare: a VM takes tens of
             # seconds under TCG. Keep watching (load running) until both are done.
@@ -1318,7 +1341,7 @@ class Drill:
                     "p99_ms": pct(0.99)}  # fmt: skip
 
         quiet = window(-a.before, 0.0)
-        attack = window(0.0, a.after)
+        attack = window(0.0, self.watched_s)
         bound = {
             "min_ops_per_s": SLOW_MIN_THROUGHPUT * (quiet["ops_per_s"] or 0.0),
             "max_p99_ms": max(SLOW_MAX_P99 * (quiet["p99_ms"] or 0.0), SLOW_P99_FLOOR_MS),
