@@ -108,6 +108,9 @@ class Daemon:
         # Per (service, slot): the last fresh spare's SPARE-READY, and lower sibling
         # certificates' seqs (_lower_sibling) seen before it was announced.
         self._announced: dict[tuple[int, int], bytes] = {}
+        # (service id, index) -> the seq of the WAKEUP that woke that replica here, until a
+        # SHUTDOWN at or above that seq settles it (_act_shutdown). In memory only.
+        self._woken_for: dict[tuple[int, int], int] = {}
         self._sibling_seqs: dict[tuple[int, int], set[int]] = {}
         self.counters: Counter[str] = Counter()
         self.recent: deque[str] = deque(maxlen=64)
@@ -747,6 +750,7 @@ class Daemon:
                 continue
             dt = time.monotonic() - t0
             self.counters["woken"] += 1
+            self._woken_for[(svc.id, x)] = seq
             notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
             try:
                 await asyncio.to_thread(actions.guest_wake, self.ctx, domain, seq)
@@ -788,7 +792,9 @@ class Daemon:
         self.counters["shutdown_accepted"] += 1
         self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
                    f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
-        self._work.put_nowait(("shutdown", (svc, cert.seq, list(cert.convict), list(cert.sleep))))
+        named = sorted({*cert.convict, *cert.sleep, *cert.active})
+        work = (svc, cert.seq, list(cert.convict), list(cert.sleep), named)
+        self._work.put_nowait(("shutdown", work))
         return True
 
     def _lower_sibling(self, svc: Service, cert: certs.Shutdown) -> None:
@@ -852,8 +858,21 @@ class Daemon:
         return raw
 
     async def _act_shutdown(
-        self, svc: Service, seq: int, convict: list[int], sleep: list[int]
+        self, svc: Service, seq: int, convict: list[int], sleep: list[int], named: list[int]
     ) -> None:
+        # A replica woken here for this round (or an earlier one) that the certificate does not
+        # name goes back to sleep too: agreement replicas that built their WAKEUPs for one round
+        # from different evidence can wake different spares (the number woken depends on the
+        # rows), this controld acted on the one that woke more, and the round's outcome never
+        # counted it (campaign seed 3202, a rerun's round 3: it ran on, asleep in every
+        # agreement replica's view).
+        settled = [k for k, w in self._woken_for.items() if k[0] == svc.id and w <= seq]
+        extra = [x for _, x in settled if x not in named]
+        for k in settled:
+            del self._woken_for[k]
+        for x in extra:
+            self.counters["woken_not_named"] += 1
+            self._note(f"{svc.name}/{x}: woken here, not named by SHUTDOWN seq {seq}: to sleep")
         for x in convict:
             try:
                 rec = self.inventory.get(svc.name, x)
@@ -873,7 +892,7 @@ class Daemon:
                 self._note(f"SHUTDOWN {svc.name}/{x} destroy failed: {e}")
                 continue
             await self._fresh_spare(svc, x, seq)
-        for x in sleep:
+        for x in [*sleep, *extra]:
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:

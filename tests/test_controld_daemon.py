@@ -434,6 +434,28 @@ async def test_shutdown_puts_extra_replicas_back_to_sleep(rack: Rack) -> None:
         assert h0.state(2) == "paused" and h0.hv.state(dom) == "paused"
 
 
+async def test_a_woken_replica_the_shutdown_does_not_name_goes_back_to_sleep(rack: Rack) -> None:
+    """Agreement replicas build their WAKEUPs for one round from the statements each holds,
+    and how many spares the rules wake depends on the rows: this controld may act on a
+    WAKEUP that woke a spare the round's outcome never counted (f = 2, campaign seed 3202,
+    a rerun's round 3: spare 4 ran on, asleep in every agreement replica's view). Here the
+    f = 1 form: the certificate for round (7, [0, 1]) names 0 and 1 only, not the spare 2
+    this controld woke for that round."""
+    async with nodes(rack, "libvirt", 0) as (h0,):
+        assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        await h0.send(rack.valid_wakeup())
+        assert h0.state(2) == "recovering"
+        dom = h0.daemon.inventory.get("web", 2).domain
+        votes = [
+            wire.Shutdown(SVC, r, 7, [0, 1], [1], [], [0]).signed(rack.signers[r]).encode()
+            for r in (0, 1)
+        ]
+        await h0.send(*votes)
+        assert h0.counters()["shutdown_accepted"] == 1
+        assert h0.state(2) == "paused" and h0.hv.state(dom) == "paused"
+        assert h0.counters()["woken_not_named"] == 1
+
+
 # ---- restart ----------------------------------------------------------------------------
 
 
