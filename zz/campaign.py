@@ -478,12 +478,13 @@ class Campaign:
         down(self.config)
         self.up()
 
-    def _keep_logs(self) -> None:
-        """The failed round's evidence: `up` starts every log afresh."""
+    def _keep_logs(self, index: int | None = None) -> None:
+        """The failed round's evidence (round `index`, default the last one played): `up`
+        starts every log afresh."""
         if self.opts.keep_logs is None:
             return
         run = self.config.rack.run_dir
-        dest = self.opts.keep_logs / f"f{self.s.f}-round{len(self.rounds)}"
+        dest = self.opts.keep_logs / f"f{self.s.f}-round{index or len(self.rounds)}"
         for src in [*run.rglob("*.log"), *run.glob("*/*.stats.json")]:
             target = dest / src.relative_to(run)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -580,6 +581,10 @@ class Campaign:
         r.seconds = round(time.monotonic() - t_round, 1)
         await asyncio.to_thread(self._lincheck, r, load)
         r.violations = check_round(r, o.bound_s)
+        if r.violations:
+            # Kept at once: the next round restarts the rack (which keeps them too) only if
+            # it is not healthy, and down at the end removes the runtimes' logs.
+            self._keep_logs(index)
         return r
 
     def _collect(self, r: Round, obs: Observer, load: Load, t_stop: int) -> None:
