@@ -793,7 +793,7 @@ class Daemon:
         self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
                    f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
         named = sorted({*cert.convict, *cert.sleep, *cert.active})
-        work = (svc, cert.seq, list(cert.convict), list(cert.sleep), named)
+        work = (svc, cert.seq, list(cert.convict), list(cert.sleep), list(cert.active), named)
         self._work.put_nowait(("shutdown", work))
         return True
 
@@ -858,7 +858,13 @@ class Daemon:
         return raw
 
     async def _act_shutdown(
-        self, svc: Service, seq: int, convict: list[int], sleep: list[int], named: list[int]
+        self,
+        svc: Service,
+        seq: int,
+        convict: list[int],
+        sleep: list[int],
+        active: list[int],
+        named: list[int],
     ) -> None:
         # A replica woken here for this round (or an earlier one) that the certificate does not
         # name goes back to sleep too: agreement replicas that built their WAKEUPs for one round
@@ -914,6 +920,21 @@ class Daemon:
             except (HypervisorError, inv.IllegalTransition, OSError) as e:
                 self.counters["action_failed"] += 1
                 self._note(f"SHUTDOWN {svc.name}/{x} sleep failed: {e}")
+        # The round is decided and keeps these running: a woken one has recovered as far as
+        # the round needed (it reported the round's seq), so it is active from now on.
+        for x in active:
+            try:
+                rec = self.inventory.get(svc.name, x)
+            except KeyError:
+                continue
+            if rec.state != inv.RECOVERING or rec.pending is not None:
+                continue
+            try:
+                await self.inventory.atransition(svc.name, x, inv.ACTIVE, lambda: None)
+            except inv.IllegalTransition as e:
+                self._note(f"SHUTDOWN {svc.name}/{x} active failed: {e}")
+                continue
+            self._note(f"{svc.name}/{x} active (recovered, kept by SHUTDOWN seq {seq})")
 
     # ---- the certificate worker -------------------------------------------------------------
     async def _work_loop(self) -> None:

@@ -417,9 +417,13 @@ async def test_shutdown_certificate(rack: Rack, backend: str) -> None:
         await h2.send(rack.shutdown(2, 7, convict=[1], sleep=[]), v0)
         c = h2.counters()
         assert c["convicted"] == 1 and c["reprovisioned"] == 1
-        # h0 hosts nothing convicted; a stale WAKEUP of the resolved round does nothing.
+        # h0 hosts nothing convicted; the SHUTDOWN keeps its woken spare 2 running, which
+        # is active from now on; a stale WAKEUP of the resolved round does nothing.
         await h0.send(rack.shutdown(0, 7, convict=[1], sleep=[]), rack.shutdown(1, 7, [1], []))
-        assert h0.state(2) == "recovering"
+        assert (
+            h0.state(2) == "active"
+            and h0.hv.state(h0.daemon.inventory.get("web", 2).domain) == "running"
+        )
         await h0.send(rack.valid_wakeup(seq=5))
         assert h0.counters()["wakeup_stale"] == 1
 
