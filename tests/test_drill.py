@@ -99,13 +99,13 @@ def test_open_rounds_need_g_plus_1_agreement_replicas(tmp_path: Path) -> None:
     config = load(write_rack(tmp_path, services=2))
     kv0, kv1 = config.services[0], config.services[1]
     obs = drill.Observer(config, [kv0, kv1])
-    assert drill._open_rounds(obs) == set()
+    assert drill.open_rounds(obs) == set()
     obs.agreed = {f"{kv0.name}/agreed-{r}": {"fault_round_open": 0} for r in range(kv0.n)}
     obs.agreed[f"{kv0.name}/agreed-3"] = {"fault_round_open": 1}
     obs.agreed[f"{kv1.name}/agreed-0"] = {"fault_round_open": 1}
-    assert drill._open_rounds(obs) == set()
+    assert drill.open_rounds(obs) == set()
     obs.agreed[f"{kv0.name}/agreed-1"] = {"fault_round_open": 1}
-    assert drill._open_rounds(obs) == {kv0.name}
+    assert drill.open_rounds(obs) == {kv0.name}
 
 
 # ---- end to end ---------------------------------------------------------------------------

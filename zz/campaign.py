@@ -9,10 +9,10 @@ brought up. Each round:
 1. waits until the rack is healthy: no fault round open, every convicted replica's fresh
    spare back asleep, every agreement replica's view and the controlds' inventory showing
    f+1 active and f sleeping (else the rack is restarted and the round says so);
-2. starts recorded KV load (zz/drill.py's load, fresh keys), 1 s of it;
+2. starts recorded KV load (zz/drill/load.py, fresh keys), 1 s of it;
 3. picks 1..f victims among the active replicas and a behaviour for each (seeded rng),
    and switches them in place through the fault file (zz-fault.json);
-4. watches (zz/drill.py's Observer) for at least --hold seconds, and while a victim whose
+4. watches (zz/drill/observe.py's Observer) for at least --hold seconds, and while a victim whose
    behaviour is detectable is not convicted yet, up to --watch seconds;
 5. tells the victims that were not convicted to behave again, and waits (up to --settle)
    for the rack to be healthy again, load still running;
@@ -56,7 +56,7 @@ from zz import history as zh
 from zz import rackctl
 from zz.atomicfile import write_atomic
 from zz.config import Config, Service, load
-from zz.drill import Load, Observer, _awaiting_spares, _open_rounds, _start_load
+from zz.drill import Load, Observer, awaiting_spares, open_rounds, start_load, stop_load
 from zz.drillfaults import FAULT_FILE
 from zz.ports import free_base
 
@@ -408,9 +408,9 @@ class Campaign:
     def _problems(self, obs: Observer) -> list[str]:
         """Why the rack is not ready for a round (empty: it is)."""
         out = []
-        if _open_rounds(obs):
+        if open_rounds(obs):
             out.append("a fault round is open")
-        if spares := _awaiting_spares(obs):
+        if spares := awaiting_spares(obs):
             out.append(f"fresh spares not back asleep: {sorted(spares)}")
         views = self._views(obs)
         if len(views) < self.s.n:
@@ -536,7 +536,7 @@ class Campaign:
                 raise CampaignError(f"rack f={s.f} not healthy after a restart: {problems}")
         obs = await self._observe()
         self._opened = {}
-        load = _start_load(self.config, [s], o.clients, None)
+        load = start_load(self.config, [s], o.clients, None)
         try:
             t_end = time.monotonic() + WARMUP_S
             while time.monotonic() < t_end:
@@ -560,7 +560,7 @@ class Campaign:
                 conv = _convicted(obs)
                 if el >= o.watch_s:
                     break
-                if el >= o.hold_s and expect <= conv and not _open_rounds(obs):
+                if el >= o.hold_s and expect <= conv and not open_rounds(obs):
                     break
             conv = _convicted(obs)
             for a in r.attacks:
@@ -576,7 +576,7 @@ class Campaign:
             obs.read_agreed()
         finally:
             t_stop = time.monotonic_ns()
-            await _stop_load(load)
+            await stop_load(load)
         self._collect(r, obs, load, t_stop)
         r.seconds = round(time.monotonic() - t_round, 1)
         await asyncio.to_thread(self._lincheck, r, load)
@@ -666,15 +666,6 @@ def _convicted(obs: Observer) -> set[int]:
         if m:
             out |= set(_ints(m.group(1)))
     return out
-
-
-async def _stop_load(load: Load) -> None:
-    load.stop.set()
-    load.gate.set()
-    await asyncio.wait(load.tasks, timeout=15)
-    for t in load.tasks:
-        t.cancel()
-    await asyncio.gather(*load.tasks, return_exceptions=True)
 
 
 # ---- entry points -------------------------------------------------------------------------

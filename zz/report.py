@@ -5,7 +5,7 @@
 A drill records, on one monotonic clock, every client operation (call, return or never)
 and a few marks (fault injected, fault detected, spare woken, first correct reply). This
 module turns that into per-bucket throughput and latency, writes both files, and prints
-the summary. It does not run anything: `zz/drill.py` does.
+the summary. It does not run anything: `zz/drill/` does.
 """
 
 from __future__ import annotations

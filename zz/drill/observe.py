@@ -1,0 +1,238 @@
+# zz/drill/observe.py - what a drill sees: agreement replicas' stats files and every controld's
+# status, polled on one monotonic clock; the rules read from them (rounds open, spares back).
+"""The drill's observer (docs/operations.md, "Drills").
+
+Every POLL_S: each agreement replica's stats file (the first change after the fault of the
+view or of a fault counter is an event) and each controld's `status` as operator 0 (its
+counters and its `recent` lines, which name the replicas woken, convicted and provisioned).
+Nothing here acts on the rack; zz/campaign.py watches with the same Observer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from zz.config import Config, Service
+from zz.rackctl import operator_call
+
+POLL_S = 0.1
+
+
+@dataclass
+class Event:
+    t_ns: int  # time.monotonic_ns() when observed
+    source: str  # "kv/agreed-1", "controld h1" (a log line), "controld h1 counters"
+    what: str
+    t: float = 0.0  # seconds after the fault (negative: before), set by mark_fault/evaluate
+
+
+@dataclass
+class Observer:
+    """Polls stats files and controlds; remembers the baseline at the fault and every
+    change after it."""
+
+    config: Config
+    services: list[Service]
+    fault_ns: int = 0
+    events: list[Event] = field(default_factory=list)
+    agreed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    agreed_base: dict[str, dict[str, Any]] = field(default_factory=dict)
+    controld: dict[str, dict[str, Any]] = field(default_factory=dict)
+    controld_base: dict[str, dict[str, int]] = field(default_factory=dict)
+    recent_seen: set[str] = field(default_factory=set)
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def now(self) -> int:
+        return time.monotonic_ns()
+
+    def rel(self) -> list[Event]:
+        """Every event with `t` set relative to the fault."""
+        for e in self.events:
+            e.t = (e.t_ns - self.fault_ns) / 1e9
+        return self.events
+
+    def read_agreed(self) -> None:
+        for s in self.services:
+            for r in range(s.n):
+                name = f"{s.name}/agreed-{r}"
+                d = agreed_stats(self.config, s, r)
+                if d is None:
+                    continue
+                old = self.agreed.get(name)
+                self.agreed[name] = d
+                if old is None:
+                    continue
+                for k, v in d.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool) and old.get(k) != v:
+                        if k in ("view", "in_view_change") or _is_fault_counter(k):
+                            self.events.append(Event(self.now(), name, f"{k} {old.get(k)} -> {v}"))
+
+    async def poll(self) -> None:
+        """One observation of every agreement replica and controld, then POLL_S of rest."""
+        self.read_agreed()
+        await self.read_controlds()
+        await asyncio.sleep(POLL_S)
+
+    async def read_controlds(self) -> None:
+        async def one(h: Any) -> None:
+            try:
+                st = await operator_call(self.config, h, {"op": "status"}, timeout=3.0)
+            except Exception as e:  # a controld that is down is itself an observation
+                self.errors[f"controld {h.name}: {type(e).__name__}"] += 1
+                return
+            if not st.get("ok", True):
+                return
+            old = self.controld.get(h.name)
+            self.controld[h.name] = st
+            if old is None:
+                self.recent_seen |= {f"{h.name} {line}" for line in st.get("recent", [])}
+                return
+            for k, v in st.get("counters", {}).items():
+                # control_* count our own status polls: noise.
+                if old.get("counters", {}).get(k) != v and not k.startswith("control_"):
+                    self.events.append(
+                        Event(self.now(), f"controld {h.name} counters", f"{k} -> {v}")
+                    )
+            for line in st.get("recent", []):
+                key = f"{h.name} {line}"
+                if key not in self.recent_seen:
+                    self.recent_seen.add(key)
+                    # controld prefixes its lines with HH:MM:SS; our clock is better.
+                    text = re.sub(r"^\d\d:\d\d:\d\d ", "", line)
+                    self.events.append(Event(self.now(), f"controld {h.name}", text))
+
+        await asyncio.gather(*(one(h) for h in self.config.hosts))
+
+    def mark_fault(self) -> None:
+        self.fault_ns = time.monotonic_ns()
+        self.agreed_base = {k: dict(v) for k, v in self.agreed.items()}
+        self.controld_base = {k: dict(v.get("counters", {})) for k, v in self.controld.items()}
+
+    def counter_delta(self, name: str) -> int:
+        total = 0
+        for h, st in self.controld.items():
+            total += st.get("counters", {}).get(name, 0) - self.controld_base.get(h, {}).get(
+                name, 0
+            )
+        return total
+
+    def first(self, pred: Callable[[Event], bool]) -> Event | None:
+        for e in self.rel():
+            if e.t >= 0 and pred(e):
+                return e
+        return None
+
+    def lines(self, pattern: str, before: bool = False) -> list[tuple[float, str]]:
+        """(t, line) of the controld log lines matching `pattern`, after the fault (or,
+        with `before`, before it)."""
+        rx = re.compile(pattern)
+        return [
+            (e.t, f"{e.source.split()[1]}: {e.what}")
+            for e in self.rel()
+            if e.source.startswith("controld")
+            and not e.source.endswith("counters")
+            and (e.t < 0) == before
+            and rx.search(e.what)
+        ]
+
+    def agreed_of(self, s: Service) -> dict[str, dict[str, Any]]:
+        """The latest stats of `s`'s agreement replicas, by name."""
+        return {n: d for n, d in self.agreed.items() if n.startswith(f"{s.name}/agreed-")}
+
+    def agreed_deltas(self, services: list[Service], key: str) -> dict[str, int]:
+        """How much stats counter `key` grew since the fault in each agreement replica of
+        `services`."""
+        return {
+            n: d.get(key, 0) - self.agreed_base.get(n, {}).get(key, 0)
+            for n, d in self.agreed.items()
+            if any(n.startswith(f"{s.name}/agreed-") for s in services)
+        }
+
+
+def agreed_stats(config: Config, s: Service, r: int) -> dict[str, Any] | None:
+    """Agreement replica r's stats file (zz-agreed rewrites it every status period)."""
+    path = config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.stats.json"
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _is_fault_counter(key: str) -> bool:
+    return any(w in key for w in ("mismatch", "timeout", "fault", "wakeup", "shutdown", "convict"))
+
+
+def running(obs: Observer, s: Service) -> list[int]:
+    """Execution replicas of `s` controld shows running (active or recovering): after a
+    conviction the woken spare is active and the convicted index a fresh spare."""
+    return sorted(
+        rec["index"]
+        for st in obs.controld.values()
+        for rec in st.get("replicas", [])
+        if rec.get("service") == s.name and rec.get("state") in ("active", "recovering")
+    )
+
+
+def sleeping(obs: Observer) -> dict[str, list[int]]:
+    """Per service, the execution replicas controld shows asleep."""
+    out: dict[str, list[int]] = {}
+    for st in obs.controld.values():
+        for rec in st.get("replicas", []):
+            if rec.get("state") in ("paused", "hibernated"):
+                out.setdefault(rec["service"], []).append(rec["index"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def awaiting_spares(obs: Observer) -> set[str]:
+    """ "svc/i" convicted by a SHUTDOWN some controld acted on whose fresh spare is not
+    provisioned yet (a host re-provisions its convicted replicas one after the other), or
+    not yet back in the agreement replicas' sleeping set (its SPARE-READY is sent once the
+    guest is paused; until they have it, a next fault could not wake it)."""
+    convicted = set()
+    for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict \["):
+        m = re.search(r"SHUTDOWN (\S+) seq \d+ convict \[([\d, ]*)\]", line)
+        if m:
+            convicted |= {f"{m.group(1)}/{x.strip()}" for x in m.group(2).split(",") if x.strip()}
+    restored = {
+        m.group(1)
+        for _, line in obs.lines(r"^provisioned \S+ (paused|hibernated)")
+        if (m := re.search(r"provisioned (\S+) ", line))
+    }
+    # Services whose zz-agreed reports its sleeping set (fault detection on), and it.
+    watched, asleep = set(), set()
+    for name, d in obs.agreed.items():
+        if "exec_sleeping" in d:
+            svc = name.split("/agreed-", 1)[0]
+            watched.add(svc)
+            asleep |= {f"{svc}/{i}" for i in d.get("exec_sleeping") or []}
+    return {
+        c
+        for c in convicted
+        if c not in restored or (c.split("/", 1)[0] in watched and c not in asleep)
+    }
+
+
+def open_rounds(obs: Observer) -> set[str]:
+    """Services with a fault round still undecided at g+1 of their agreement replicas (so
+    at a correct one: a stopped replica's last stats may say anything). A woken replica
+    that cannot report the round's seq leaves it to the WAKE_RESOLVE timeout (5 s plus
+    the detection ceiling) to decide without it."""
+    open_at: Counter[str] = Counter()
+    for name, d in obs.agreed.items():
+        if d.get("fault_round_open"):
+            open_at[name.split("/agreed-", 1)[0]] += 1
+    return {s.name for s in obs.services if open_at[s.name] >= s.g + 1}
+
+
+def fault_handled(obs: Observer) -> bool:
+    """A replica convicted since the fault, no fault round open and no convicted replica
+    waiting for its fresh spare: what --after-recovery waits for."""
+    convicted = obs.lines(r"^SHUTDOWN \S+ seq \d+ convict \[\d")
+    return bool(convicted) and not open_rounds(obs) and not awaiting_spares(obs)

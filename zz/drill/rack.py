@@ -1,0 +1,152 @@
+# zz/drill/rack.py - the rack a drill runs against: that it is up, and the few things a drill
+# does to it (kill a process or a domain, switch a runtime's fault, start a killed one again).
+"""The drill's hands on the rack (docs/operations.md, "Drills"). What the drill sees is in
+zz/drill/observe.py; which of these a kind uses is in its class (zz/drill/kind.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zz.atomicfile import write_atomic
+from zz.config import Config, Service
+from zz.drillfaults import FAULT_FILE
+from zz.naming import domain_name
+from zz.procrack import DEFAULT_AGREED, leftover_pids, signal_group
+from zz.rackctl import ProcRecord, RackState, _save_state, _start, load_state
+
+
+class DrillError(Exception):
+    """The drill cannot run against this rack (not up, no kv service, unsupported kind)."""
+
+
+@dataclass
+class Rack:
+    """A rack that `zz rack up` brought up, as its state file records it."""
+
+    config: Config
+    state: RackState
+
+    @classmethod
+    def up(cls, config: Config) -> Rack:
+        """The rack, which must be up with every process it started running."""
+        state = load_state(config)
+        if state is None or not state.complete:
+            raise DrillError(f"rack {config.rack.name!r} is not up: zz rack up {config.path}")
+        dead = [p.name for p in state.procs if not p.alive()]
+        if dead:
+            raise DrillError(
+                f"rack {config.rack.name!r} is degraded ({', '.join(dead)} not running):"
+                f" zz rack down {config.path} && zz rack up {config.path}"
+            )
+        return cls(config, state)
+
+    # ---- agreement replicas ---------------------------------------------------------------
+    def agreed_proc(self, s: Service, r: int) -> ProcRecord:
+        return self.state.proc(f"{s.name}/agreed-{r}")
+
+    def kill_agreed(self, s: Service, r: int) -> str:
+        """SIGKILL agreement replica r (its process group); its name."""
+        p = self.agreed_proc(s, r)
+        signal_group(p.pid, signal.SIGKILL)
+        return p.name
+
+    def agreed_rss(self, s: Service, into: dict[str, dict[str, float]], key: str) -> None:
+        """VmRSS (MiB) of the service's agreement replicas, as `key` (\"max\" keeps the
+        largest seen)."""
+        for r in range(s.n):
+            p = self.agreed_proc(s, r)
+            try:
+                status = Path(f"/proc/{p.pid}/status").read_text()
+            except OSError:
+                continue
+            m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+            if m and p.alive():
+                mib = int(m.group(1)) / 1024
+                row = into.setdefault(p.name, {})
+                row[key] = max(row.get(key, 0.0), mib) if key == "max" else mib
+
+    def restart_dead_agreed(self) -> list[str]:
+        """Start every agreement replica that is not running again (same replica file);
+        the names started."""
+        started = []
+        for p in list(self.state.procs):
+            if p.kind == "agreed" and not p.alive():
+                s = next(x for x in self.config.services if p.name.startswith(x.name + "/"))
+                r = int(p.name.rsplit("-", 1)[1])
+                conf = self.config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.conf"
+                self.state.procs.remove(p)
+                _start(self.state, self.config, "agreed", p.name,
+                       [str(DEFAULT_AGREED), "--conf", str(conf)], Path(p.log),
+                       (p.address, p.port))  # fmt: skip
+                started.append(p.name)
+        _save_state(self.config, self.state)
+        return started
+
+    # ---- execution replicas ---------------------------------------------------------------
+    def _exec_pids(self, s: Service, i: int) -> list[int]:
+        return leftover_pids(
+            ["zz.execution"],
+            [
+                str(self.config.path),
+                f"--service {s.name}".replace(" ", "\0"),
+                f"--index\0{i}\0",
+            ],  # fmt: skip
+        )
+
+    def kill_exec(self, s: Service, i: int) -> tuple[str, list[Any]]:
+        """Crash execution replica i: SIGKILL its runtime, or on libvirt destroy its domain.
+        The details key and what it killed ("killed_pids" or "destroyed_domains")."""
+        if self.state.backend == "libvirt":
+            return "destroyed_domains", [self._crash_domain(s, i)]
+        pids = self._exec_pids(s, i)
+        if not pids:
+            raise DrillError(f"{s.name}/exec-{i}: no running process found")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return "killed_pids", list(pids)
+
+    def _crash_domain(self, s: Service, i: int) -> str:
+        """A VM crash: libvirt destroys the domain under controld's feet (controld finds it
+        gone, as after a QEMU crash)."""
+        import libvirt  # type: ignore[import-not-found, import-untyped]
+
+        name = domain_name(self.config, s, i)
+        uri = s.exec_host(self.config, i).libvirt_uri
+        try:
+            conn = libvirt.open(uri)
+            try:
+                conn.lookupByName(name).destroy()
+            finally:
+                conn.close()
+        except libvirt.libvirtError as e:
+            raise DrillError(f"{s.name}/exec-{i}: cannot destroy domain {name}: {e}") from e
+        return name
+
+    def set_fault(self, s: Service, i: int, fault: str | None, lie: bool = True) -> None:
+        """Switch a running runtime's injected fault through its state directory (a
+        guest's share): runtimes of a `zz rack up` rack run with --drill-faults and look
+        at the file every 20 ms. In place, so the replica is never down for a restart
+        (which the timers would see as a crash, not as the fault), and a guest needs no
+        reboot."""
+        body: dict[str, object] = {"fault": fault}
+        if fault == "slow-report":
+            body["slow_report_ms"] = self.slow_report_ms(s)
+        if not lie:
+            body["lie"] = False
+        path = s.exec_state_dir(self.config, i) / FAULT_FILE
+        write_atomic(path, json.dumps(body) + "\n")
+
+    def slow_report_ms(self, s: Service) -> int:
+        """Slow means later than the agreement replicas wait: one second beyond the
+        K·t1 timer's ceiling as the rack runs it (its --set values win)."""
+        floor = int(self.state.overrides.get("detect_floor_ms", s.detect_floor_ms))
+        ceiling = int(self.state.overrides.get("detect_ceiling_ms", s.detect_ceiling_ms))
+        return max(floor, ceiling) + 1000
