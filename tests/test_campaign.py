@@ -101,6 +101,17 @@ def test_a_sibling_wakeup_is_the_same_wake_up() -> None:
     assert "missed-conviction" in _kinds(r)
 
 
+def test_a_sibling_wakeup_may_wake_fewer() -> None:
+    """f = 2, a crash and a liar (seed 3102, a rerun's round 10): the mismatch at 6304 woke
+    two spares, the timeout alone at 6305 one; the SHUTDOWN at 6304 settled both."""
+    attacks = [cp.Attack(0, "crash-before-checkpoint"), cp.Attack(1, "wrong-checkpoint")]
+    r = cp.Round(10, f=2, attacks=attacks)
+    r.wakeups, r.wakeup_awake = {6304: [3, 4], 6305: [3]}, {6304: [0, 1, 2], 6305: [0, 1, 2]}
+    r.shutdowns = {6304: [0, 1]}
+    _healthy(r, [2, 3, 4], [0, 1])
+    assert cp.check_round(r, bound_s=30) == []
+
+
 def test_no_wakeup_no_conviction_is_fine() -> None:
     """A behaviour nobody can see (a replayed old report) wakes nobody: nothing to convict."""
     r = _healthy(cp.Round(1, f=1, attacks=[cp.Attack(1, "replay-old")]), [0, 1], [2])
