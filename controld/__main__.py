@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zz.audit import AuditError
 from zz.config import Config, ConfigError, Host, load
 from zz.controld.hypervisor import BACKENDS, HypervisorError, open_backend
 from zz.controld.rpc import RACK_SERVICE, RpcError, call
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         fn = _run
     try:
         return asyncio.run(fn(args))
-    except (ConfigError, KeyFileError, HypervisorError, RpcError, ValueError, OSError) as e:
+    except (ConfigError, KeyFileError, HypervisorError, RpcError, ValueError, OSError,
+            AuditError) as e:  # fmt: skip
         print(f"zz controld: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -490,7 +490,8 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
     fresh replica starts from nothing). ZFS store: snapshot <pool>/<dataset>@forensic-<seq>,
     unmount the dataset and rename it to <dataset>-forensic-<seq>; the snapshot is
     then <pool>/<dataset>-forensic-<seq>@forensic-<seq>. Either store: the state directory
-    becomes exec-<i>.forensic-<seq>. Returns what was kept (None: nothing was there)."""
+    becomes exec-<i>.forensic-<seq>, and the replica's console log moves into its
+    console/ (keep_console). Returns what was kept (None: nothing was there)."""
     kept: list[str] = []
     state = service.exec_state_dir(ctx.config, index)
     if ctx.store == "zfs" and ctx.zfs_pool:
@@ -511,11 +512,33 @@ def set_aside_state(ctx: HostContext, service: Service, index: int, seq: int) ->
                 # held dataset stays unmounted, and the fresh guest gets a new one.
                 _copy_dataset(f"{ds}@forensic-{seq}", new)
             kept.append(f"{new}@forensic-{seq}")
+    dest = Path(_unused(str(state.with_name(f"{state.name}.forensic-{seq}")), os.path.exists))
     if state.exists():
-        dest = Path(_unused(str(state.with_name(f"{state.name}.forensic-{seq}")), os.path.exists))
         state.rename(dest)
         kept.append(str(dest))
+    console = keep_console(ctx, service, index, dest)
+    if console is not None:
+        kept.append(f"console log in {console}")
     return ", ".join(kept) or None
+
+
+FORENSIC_CONSOLE = "console"  # in a forensic state: the convicted replica's console log(s)
+
+
+def keep_console(ctx: HostContext, service: Service, index: int, dest: Path) -> Path | None:
+    """Move a convicted replica's console log into its forensic state (`dest/console/`):
+    its successor has the same domain name and run dir, and libvirt would overwrite
+    console.log (append='off') and a process would append to replica.log. Returns the
+    directory (None: there was no log)."""
+    rd = run_dir(ctx, domain_name(ctx.config, service, index))
+    logs = [rd / n for n in ("console.log", "replica.log") if (rd / n).is_file()]
+    if not logs:
+        return None
+    out = dest / FORENSIC_CONSOLE
+    out.mkdir(parents=True, exist_ok=True)
+    for log in logs:
+        shutil.move(log, out / log.name)
+    return out
 
 
 def _copy_dataset(snapshot: str, dest: str) -> None:

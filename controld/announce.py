@@ -60,8 +60,10 @@ class Announcer:
         note: Callable[[str], None],
         *,
         retry_for: float = RETRY_FOR_S,
+        audit: Callable[[bytes], None] | None = None,
     ) -> None:
         self.config = config
+        self.audit = audit  # told each announcement before it is sent (the audit log)
         self.host = host
         self.key = key
         self.counters = counters
@@ -77,6 +79,8 @@ class Announcer:
             cur = slot_keys(Path(self.config.rack.key_dir), self.config, svc)
             slot = cur.get(wire.exec_principal(index))
             raw = spare_ready(self.host, self.key, svc, index, seq, slot)
+        if self.audit is not None:
+            self.audit(raw)
         self.note(f"SPARE-READY {svc.name}/{index} seq {seq} to {svc.n} agreement replicas")
         for r in range(svc.n):
             addr = self.config.replica_address(svc, r)

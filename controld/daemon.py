@@ -22,12 +22,12 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from zz import certs, wire
+from zz import audit, certs, wire
 from zz.config import Config, ConfigError, Host, Service
 from zz.controld import actions, orphans
 from zz.controld import inventory as inv
@@ -105,6 +105,10 @@ class Daemon:
         self.ledger = Ledger(home / "ledger.json")
         self.freshness_path = home / "freshness.json"
         self.freshness = certs.Freshness.load(self.freshness_path)
+        # Every WAKEUP, SHUTDOWN and SPARE-READY, accepted or refused (zz/audit.py).
+        # Opened at start (or at the first entry, for a daemon driven without start()).
+        self.audit = audit.AuditLog(home / audit.FILE_NAME, host.name)
+        self._action_lines: list[str] | None = None  # _note lines of the running action
         # Per (service, slot): the last fresh spare's SPARE-READY, and lower sibling
         # certificates' seqs (_lower_sibling) seen before it was announced.
         self._announced: dict[tuple[int, int], bytes] = {}
@@ -129,7 +133,9 @@ class Daemon:
         self._worker: asyncio.Task[None] | None = None
         self.started = time.time()
         assert keys.secret.sign is not None  # load_controld refuses a key without one
-        self.announcer = Announcer(config, host, keys.secret.sign, self.counters, self._note)
+        self.announcer = Announcer(
+            config, host, keys.secret.sign, self.counters, self._note, audit=self._audit_sent
+        )
 
     # ---- start, restart, stop ---------------------------------------------------------------
     def recover(self) -> None:
@@ -137,6 +143,9 @@ class Daemon:
         with what the hypervisor shows. Nothing is acted upon: a replica whose state does
         not match (e.g. the process backend cannot adopt a dead controld's children) is
         reported in `lost` for the operator."""
+        for line in self.audit.notes:  # a torn tail cut, a broken chain set aside
+            self.counters["audit_log_repaired"] += 1
+            self._note(line)
         for rec in self.inventory.reconcile():
             self.in_doubt_at_start.append(asdict(rec))
             self._note(f"in doubt at start: {rec.service}/{rec.index}: {rec.error}")
@@ -245,6 +254,7 @@ class Daemon:
     async def start(self, port: int | None = None) -> int:
         """Recover, then listen on the host's address and control_port (port=0: any, for
         tests). Returns the port."""
+        self.audit.ensure_open()  # AuditError: another controld runs on this home
         self.recover()
         self._worker = asyncio.create_task(self._work_loop())
         if self.datasets.enabled:
@@ -274,6 +284,7 @@ class Daemon:
         # destroyed by the next controld that opens the dataset anyway).
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.snapshots.release)
+        self.audit.close()
 
     async def idle(self) -> None:
         """Wait until every queued certificate action is done (tests, bench)."""
@@ -283,6 +294,47 @@ class Daemon:
         # zz drill parses these lines (docs/controld.md): change their wording with it.
         log.info("%s", line)
         self.recent.append(f"{time.strftime('%H:%M:%S')} {line}")
+        if self._action_lines is not None:
+            self._action_lines.append(line)
+
+    # ---- the audit log (zz/audit.py, docs/audit.md) -----------------------------------------
+    def _audit(
+        self,
+        kind: str,
+        verdict: str,
+        raws: Sequence[bytes],
+        m: wire.Message | None = None,
+        err: certs.CertError | None = None,
+        **fields: Any,
+    ) -> None:
+        """Append one entry (fsynced) before anything is acted on. A log that cannot be
+        written is counted and noted, and the certificate is still acted on: a full disk
+        must not stop a recovery."""
+        header: dict[str, Any] = {"kind": kind, "verdict": verdict}
+        if m is not None:
+            header.update(service=m.service, sender=m.sender)
+            seq = getattr(m, "seq", None)
+            if isinstance(seq, int):
+                header["seq"] = seq
+        if err is not None:
+            header.update(reason=err.reason, detail=err.detail)
+        header.update(fields)
+        try:
+            written = self.audit.append(header, raws)
+        except audit.AuditError as e:
+            self.counters["audit_failed"] += 1
+            self._note(f"audit log: {e}")
+            return
+        self.counters["audit_entries" if written is not None else "audit_suppressed"] += 1
+
+    def _audit_sent(self, raw: bytes) -> None:
+        """A SPARE-READY this controld signed and sends (controld/announce.py)."""
+        try:
+            m: wire.Message | None = wire.decode(raw)
+        except (wire.WireError, ValueError):
+            m = None
+        more = {"replica": m.replica, "epoch": m.epoch} if isinstance(m, wire.SpareReady) else {}
+        self._audit("spare-ready", "sent", [raw], m, **more)
 
     # ---- transport --------------------------------------------------------------------------
     async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -404,6 +456,9 @@ class Daemon:
             return self._on_shutdown(m, raw)
         if isinstance(m, wire.FileFetch):
             return await self._on_file_fetch(m, send, challenge or fileserve.Challenge())
+        if isinstance(m, wire.SpareReady):  # controld sends these, it takes none
+            why = certs.CertError("unexpected-type", "controld takes no SPARE-READY")
+            self._audit("spare-ready", "refused", [raw], m, why)
         self.counters["unexpected_type"] += 1
         return False
 
@@ -542,6 +597,7 @@ class Daemon:
             "lost": self.lost,
             "orphans": self.orphans[-32:],
             "freshness": json.loads(self.freshness.to_json()),
+            "audit": self.audit.status(),
             "recent": list(self.recent),
         }
 
@@ -700,6 +756,8 @@ class Daemon:
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["wakeup_unknown_service"] += 1
+            unknown = certs.CertError("unknown-service", f"service {m.service}")
+            self._audit("wakeup", "refused", [raw], m, unknown)
             return False
         try:
             w = certs.verify_wakeup(
@@ -708,15 +766,19 @@ class Daemon:
         except certs.CertError as e:
             self.counters["wakeup_rejected"] += 1
             self.counters[f"wakeup_rejected:{e.reason}"] += 1
+            self._audit("wakeup", "refused", [raw], m, e)
             return False
+        decided = {"awake": list(w.awake), "wake": list(w.wake), "signers": list(w.signers)}
         try:
             self.freshness.check_wakeup(w)
         except certs.CertError as e:
             self.counters[f"wakeup_{e.reason}"] += 1
+            self._audit("wakeup", e.reason, [raw], m, e, **decided)
             return True  # authentic, merely not fresh
         # Recorded before acting: a crash mid-action never acts twice on one certificate.
         self.freshness.acted_wakeup(w)
         self.freshness.save(self.freshness_path)
+        self._audit("wakeup", "acted", [raw], m, **decided)
         self.counters["wakeup_accepted"] += 1
         awake = list(w.awake)
         self._note(
@@ -765,29 +827,40 @@ class Daemon:
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["shutdown_unknown_service"] += 1
+            unknown = certs.CertError("unknown-service", f"service {m.service}")
+            self._audit("shutdown", "refused", [raw], m, unknown)
             return False
         col = self.collectors.get(svc.id)
         if col is None:
             trust = certs.ServiceTrust(svc.id, self.keys.services[svc.id], svc.f, svc.g, svc.n_exec)
             col = self.collectors[svc.id] = certs.ShutdownCollector(trust)
+        late = col.late_votes
         try:
             cert = col.add(raw)
         except certs.CertError as e:
             self.counters["shutdown_rejected"] += 1
             self.counters[f"shutdown_rejected:{e.reason}"] += 1
+            self._audit("shutdown", "refused", [raw], m, e)
             return False
         self.counters["shutdown_votes"] += 1
+        body = {"awake": list(m.awake), "convict": list(m.convict), "sleep": list(m.sleep),
+                "active": list(m.active)}  # fmt: skip
+        self._audit("shutdown", "late" if col.late_votes > late else "vote", [raw], m, **body)
         if cert is None:
             return True
+        # The certificate is an entry of its own, with all g+1 votes: checkable alone.
+        whole = {"service": svc.id, "seq": cert.seq, **body, "signers": list(cert.signers)}
         try:
             self.freshness.check_shutdown(cert)
         except certs.CertError as e:
+            self._audit("shutdown-certificate", e.reason, cert.votes, None, e, **whole)
             self.counters[f"shutdown_{e.reason}"] += 1
             if e.reason == "sibling" and cert.seq < self.freshness.last_shutdown(svc.id):
                 self._lower_sibling(svc, cert)
             return True
         self.freshness.acted_shutdown(cert)
         self.freshness.save(self.freshness_path)
+        self._audit("shutdown-certificate", "acted", cert.votes, None, **whole)
         col.forget_below(cert.seq)
         self.counters["shutdown_accepted"] += 1
         self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
@@ -940,6 +1013,8 @@ class Daemon:
     async def _work_loop(self) -> None:
         while True:
             kind, args = await self._work.get()
+            self._action_lines = []
+            began = round(time.time(), 6)
             try:
                 if kind == "wakeup":
                     await self._act_wakeup(*args)
@@ -949,4 +1024,9 @@ class Daemon:
                 self.counters["internal_error"] += 1
                 log.exception("%s action failed", kind)
             finally:
+                # What the certificate led to, in the words of the log lines (audit story).
+                lines, self._action_lines = self._action_lines or [], None
+                svc, seq = args[0], args[1]
+                self._audit("action", "done", [], service=svc.id, seq=seq, what=kind,
+                            began=began, lines=lines)  # fmt: skip
                 self._work.task_done()

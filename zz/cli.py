@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from zz import __version__, keys, placement, render
 from zz.client import Client, ClientParams, ClientTimeout
@@ -181,6 +182,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     print(format_rows(rack_status(load(args.config), stale_after=args.stale_after)))
     return 0
+
+
+def _cmd_audit_verify(args: argparse.Namespace) -> int:
+    from zz import audit
+
+    return audit.verify_command(load(args.config), host=args.host, path=args.log)
+
+
+def _cmd_audit_show(args: argparse.Namespace) -> int:
+    from zz import audit
+
+    return audit.show_command(load(args.config), args.service, host=args.host, path=args.log)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -357,6 +370,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which a stats file counts as a dead replica (default 5)",
     )
     st.set_defaults(func=_cmd_status)
+
+    au = sub.add_parser(
+        "audit",
+        help="check and read the controlds' audit logs of certificates",
+        description="Every WAKEUP, SHUTDOWN and SPARE-READY a controld received or sent,"
+        " accepted or refused, is in its hash-chained run/controld/<host>/audit.log"
+        " (docs/audit.md).",
+    )
+    asub = au.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    av = asub.add_parser(
+        "verify",
+        help="walk every chain and verify every certificate again with the rack's keys",
+        description="Walk each host's audit log, check the hash chain and every signature"
+        " again with the rack's public keys (offline), print who was woken and convicted and"
+        " on which fault statements. Exit 1 on a broken chain or an entry logged as accepted"
+        " that does not verify, naming the entry.",
+    )
+    ash = asub.add_parser(
+        "show",
+        help="the story of a service: rounds, wake-ups, convictions, signatures",
+        description="Print a service's certificates from every host's audit log in time"
+        " order, by round: who was woken on whose fault statements, who was convicted on"
+        " whose signatures, the fresh spares announced, what was refused and why.",
+    )
+    for a in (av, ash):
+        a.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+        a.add_argument("--host", help="only this host's log")
+        a.add_argument("--log", type=Path, help="read this file (a copied audit.log) instead")
+    ash.add_argument("--service", required=True, help="service name or id")
+    av.set_defaults(func=_cmd_audit_verify)
+    ash.set_defaults(func=_cmd_audit_show)
 
     cd = sub.add_parser(
         "controld",
