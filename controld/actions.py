@@ -43,6 +43,7 @@ from zz.controld.hypervisor import (
 )
 from zz.keys import RACK_SERVICE, public_path, secret_path, service_dir
 from zz.naming import domain_name, zfs_dataset
+from zz.ports import free_port
 from zz.snapshots import StorageError
 from zz.wire import exec_principal
 
@@ -152,7 +153,7 @@ def replica_spec(
         # the share's zz-guest.json names. Its forward lets controld ask it (ping, wake);
         # libvirt reads the port back from the domain XML after a restart.
         command = None
-        ports = ((_free_port(), GUEST_AGENT_PORT), *ports)
+        ports = ((free_port(), GUEST_AGENT_PORT), *ports)
         if not ctx.fake_guests:
             write_guest_files(ctx, service, index, state, inject_fault, asleep)
     return ReplicaSpec(
@@ -271,12 +272,6 @@ def make_guest_dataset(ctx: HostContext, service: Service, index: int, share: Pa
             why = f"cannot hand {store.path} to libvirt-qemu: {e}"
             raise HypervisorError(share.name, "provision", why) from e
     return store.path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers(ctx: HostContext, domain: str, addr: tuple[str, int], state_dir: Path) -> str | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import posixpath
 import shutil
 import stat
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 # The manifest's path rules, shared so a path the app may write is one it can record.
-from zz.snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR
+from zz.snapshots.manifest import MAX_PATH_BYTES, RESERVED_DIR, files_under
 
 # Modes that can change a file; "r" and "rb" alone cannot.
 _WRITE_FLAGS = frozenset("wax+")
@@ -143,11 +142,7 @@ class StateDir:
         """Relative paths of the regular files at or below `full` (a file or directory)."""
         if not full.is_dir():
             return [rel]
-        out = []
-        for dirpath, _dirs, files in os.walk(full):
-            sub = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
-            out.extend(posixpath.join(sub, f) for f in files)
-        return out
+        return list(files_under(self.root, rel))
 
     def peek_dirty(self) -> set[str]:
         """Paths written or deleted since the last take_dirty(), without resetting."""

@@ -21,14 +21,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -36,6 +34,8 @@ sys.path.insert(0, str(REPO))
 from zz import config as zconfig  # noqa: E402
 from zz import keys as zkeys  # noqa: E402
 from zz import ports  # noqa: E402
+from zz.drill.load import guestbook_request  # noqa: E402
+from zz.http import CLIENT_ERRORS, ClientConnection  # noqa: E402
 from zz.procrack import DEFAULT_AGREED, Proc, ProcRack, repo_env, spawn, terminate  # noqa: E402
 
 HOSTS = [f"127.0.0.{h}" for h in range(1, 5)]
@@ -54,12 +54,6 @@ def free_base() -> int:
     """A base port whose agreement and execution ports are free on every simulated host
     (placement puts them on different hosts; check all)."""
     return ports.free_base(addresses=HOSTS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_rack(work: Path) -> zconfig.Config:
@@ -120,7 +114,7 @@ class ProxyProc:
 def start_proxy(cfg: zconfig.Config, work: Path) -> ProxyProc:
     env = repo_env()
     for attempt in range(3):  # a port picked free can be taken before the proxy binds it
-        port = free_port()
+        port = ports.free_port()
         log = work / f"proxy-{attempt}.log"
         cmd = [sys.executable, "-m", "zz", "proxy", str(cfg.path), SERVICE]
         cmd += ["--listen", f"127.0.0.1:{port}", "--timeout", "30"]
@@ -149,38 +143,6 @@ def curl(*args: str) -> str:
     return out.stdout.decode(errors="replace")
 
 
-async def http(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    method: str,
-    target: str,
-    body: bytes | None = None,
-) -> tuple[int, bytes, bool]:
-    """One HTTP/1.1 request on a keep-alive connection: (status, body, server closes)."""
-    head = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-    if body is not None:
-        head += "Content-Type: application/x-www-form-urlencoded\r\n"
-        head += f"Content-Length: {len(body)}\r\n"
-    writer.write(head.encode() + b"\r\n" + (body or b""))
-    await writer.drain()
-    status_line = await reader.readline()
-    parts = status_line.split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ConnectionError(f"bad status line {status_line[:80]!r}")
-    length, close = 0, False
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"connection" and b"close" in value.lower():
-            close = True
-    return int(parts[1]), await reader.readexactly(length), close
-
-
 @dataclass
 class Rec:
     issued: float
@@ -201,7 +163,7 @@ class Load:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def worker(self, w: int) -> None:
-        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        conn = ClientConnection("127.0.0.1", self.port)
         k = 0
         while not self.stop.is_set() and self.sent < MAX_REQUESTS:
             self.sent += 1
@@ -210,34 +172,20 @@ class Load:
             issued = time.monotonic()
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                    if conn is None:
-                        conn = await asyncio.open_connection("127.0.0.1", self.port)
-                    if is_get:
-                        status, body, close = await http(*conn, "GET", "/entries.json")
-                    else:
-                        form = f"name=load&message={quote(msg)}".encode()
-                        status, body, close = await http(*conn, "POST", "/", form)
-            except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
+                    status, body, entry = await guestbook_request(conn, is_get, "load", msg)
+            except CLIENT_ERRORS as e:
                 self.errors.append((time.monotonic(), f"{type(e).__name__}: {e}"))
-                if conn is not None:
-                    conn[1].close()
-                conn = None
                 await asyncio.sleep(0.1)
                 continue
             done = time.monotonic()
-            m = re.match(rb"added entry (\d+)", body)
-            ok = status == 200 if is_get else (status == 303 and m is not None)
+            ok = status == 200 if is_get else entry is not None
             self.recs.append(Rec(issued, done, ok))
             if not ok:
                 self.errors.append((done, f"HTTP {status}: {body[:80]!r}"))
-            elif not is_get and m is not None:
-                self.acked[msg] = int(m.group(1))
-            if close and conn is not None:
-                conn[1].close()
-                conn = None
+            elif entry is not None:
+                self.acked[msg] = entry
             k += 1
-        if conn is not None:
-            conn[1].close()
+        conn.close()
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from zz.snapshots.manifest import RESERVED_DIR, FileEntry, Manifest, hash_file
+from zz.snapshots.manifest import RESERVED_DIR, FileEntry, Manifest, files_under, hash_file
 
 log = logging.getLogger("zz.snapshots.fetch")
 
@@ -150,7 +150,7 @@ class StateFetcher:
             self._prepare_known(local, set(dirty))
             return
         listed = self.manifest.files
-        for rel in _local_files(self.root):
+        for rel in files_under(self.root):
             if rel.startswith(RESERVED_DIR + "/") and rel not in listed:
                 continue  # the runtime's own scratch files are not state
             want = listed.get(rel)
@@ -419,10 +419,3 @@ def _matches(full: Path, want: FileEntry) -> bool:
     if not os.path.isfile(full) or os.path.islink(full) or st.st_size != want.size:
         return False
     return hash_file(full) == want
-
-
-def _local_files(root: Path) -> Iterable[str]:
-    for dirpath, _dirs, files in os.walk(root):
-        sub = os.path.relpath(dirpath, root).replace(os.sep, "/")
-        for name in files:
-            yield name if sub == "." else f"{sub}/{name}"

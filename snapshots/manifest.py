@@ -399,6 +399,18 @@ def _walk_files(root: Path, rel: str = "") -> Iterator[str]:
             raise ManifestError(f"{root / p}: {_kind(st.st_mode)}, not allowed in state")
 
 
+def files_under(root: Path, rel: str = "") -> Iterator[str]:
+    """Relative paths ("a/b") of the files at or below root/rel as they are: unchecked and
+    unsorted (os.walk: a symlink counts as a file, a linked directory is not entered). What
+    a state directory holds, for removing or marking dirty (execution/state.py, fetch.py);
+    a manifest is made from the checked walk above."""
+    base = root / rel if rel else root
+    for dirpath, _dirs, files in os.walk(base):
+        sub = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        for name in files:
+            yield name if sub == "." else f"{sub}/{name}"
+
+
 def scan(
     root: Path | str, previous: Manifest | None = None, *, hasher: HashFile = hash_file
 ) -> Manifest:

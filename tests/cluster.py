@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from zz.ports import free_base, is_free, service_ports
+from zz.ports import free_base, free_port, is_free, service_ports
 from zz.procrack import leftover_pids, signal_group, spawn, terminate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,11 +38,6 @@ def default_binary(release: bool = False) -> Path:
 
 def _port_free(port: int) -> bool:
     return is_free("127.0.0.1", port)
-
-
-def free_port_range(n: int) -> int:
-    """A base port with base .. base+n-1 all free (base_port + r per replica)."""
-    return free_base(range(n))
 
 
 class Cluster:
@@ -75,13 +70,13 @@ class Cluster:
         if not self.binary.exists():
             raise FileNotFoundError(f"{self.binary} not built: make -C agreement all asan")
         self.nclients = clients
-        self.base_port = free_port_range(self.n)
+        self.base_port = free_base(range(self.n))
         # Where zz-agreed sends WAKEUP/SHUTDOWN; a test may listen there as controld. Not
         # one of the service's own ports (the rack file would be refused, naming both).
         taken = set(service_ports(self.base_port, self.n, 3 * f + 1))
-        self.control_port = free_port_range(1)
+        self.control_port = free_port()
         while self.control_port in taken:
-            self.control_port = free_port_range(1)
+            self.control_port = free_port()
         active_line = f"active = {active}\n" if active is not None else ""
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.started_ns: dict[int, int] = {}  # wall clock at each replica's last start

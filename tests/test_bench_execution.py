@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import free_port_range
 from zz import config as zconfig
 from zz import keys as zkeys
 from zz.client import Client
 from zz.execution.apps import microbench as mb
+from zz.ports import free_base
 from zz.procrack import DEFAULT_AGREED, ProcRack
 
 
 def _rack(tmp_path: Path) -> zconfig.Config:
     # Agreement ports base .. base+3 and execution ports base+64 .. base+66 must be free.
-    base = free_port_range(68)
+    base = free_base(range(68))
     path = tmp_path / "rack.toml"
     path.write_text(
         f"""[rack]

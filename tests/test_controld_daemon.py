@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from zz.controld.hypervisor import DomainNotFound, HypervisorError, open_backend
 from zz.controld.rpc import RpcError, call, control_request
 from zz.crypto import SigningKey
 from zz.naming import domain_name
-from zz.ports import free_base
+from zz.ports import free_base, free_port
 from zz.procrack import REPO, repo_env
 
 A, B = bytes([0xA]) * 32, bytes([0xB]) * 32
@@ -558,9 +557,7 @@ def _start_controld(rack: Rack, port: int) -> subprocess.Popen[bytes]:
 
 
 async def test_controld_killed_and_restarted(rack: Rack, kill_leftovers: None) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctl = keys.controld_principal(0)
     key = rack.op_keys[ctl]
 

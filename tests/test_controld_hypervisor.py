@@ -28,6 +28,7 @@ from zz.controld.hypervisor import (
     ReplicaSpec,
     open_backend,
 )
+from zz.ports import free_port
 
 
 def _uniq(prefix: str) -> str:
@@ -339,8 +340,6 @@ def test_process_discard_and_exit(proc_hv: Hypervisor, tmp_path: Path) -> None:
 def test_process_hibernate_and_guest_agent(proc_hv: Hypervisor, tmp_path: Path) -> None:
     """The guest agent as the process: guest_call reaches it on the paired host port;
     hibernate stops it (no answer), wake_hibernated brings it back grown."""
-    from test_images import _free_port as free_port
-
     hv = proc_hv
     name = _uniq("zz-p")
     port = free_port()
@@ -380,8 +379,8 @@ def test_process_hibernate_and_guest_agent(proc_hv: Hypervisor, tmp_path: Path) 
 
 # ---- a real guest on qemu:///system ---------------------------------------------------------
 
-# The image fixture and the port helpers of the guest image tests, not a copy of them.
-from test_images import _all_domains, _answers, _free_port, _wait_ok, image  # noqa: E402, F401
+# The image fixture and the helpers of the guest image tests, not a copy of them.
+from test_images import _all_domains, _answers, _wait_ok, image  # noqa: E402, F401
 
 
 @pytest.mark.slow
@@ -394,7 +393,7 @@ def test_real_guest_through_the_interface(request: pytest.FixtureRequest) -> Non
     except HypervisorError as e:
         pytest.skip(f"{e}: bash scripts/setup-virt.sh")
     name = _uniq("zz-hv")
-    port = _free_port()
+    port = free_port()
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     os.chmod(run_dir, 0o755)  # QEMU (libvirt-qemu) writes the console socket and log here
     spec = ReplicaSpec(name, run_dir, image=img.directory, memory_mib=512, ports=((port, 7000),))

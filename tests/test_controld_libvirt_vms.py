@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import test_images
 import zfs_pool
-from test_images import _all_domains, _answers, _free_port, _wait_ok
+from test_images import _all_domains, _answers, _wait_ok
 
 from zz.controld.hypervisor import (
     GUEST_AGENT_PORT,
@@ -26,6 +26,7 @@ from zz.controld.hypervisor import (
     ReplicaSpec,
     open_backend,
 )
+from zz.ports import free_port
 from zz.snapshots.zfs import run_zfs
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool
@@ -99,7 +100,7 @@ def _replica(pool: str, tmp_path: Path, image, cleanup: Cleanup, kind: str) -> R
     cleanup.names.append(name)
     return ReplicaSpec(
         name, run_dir, image=image.directory, memory_mib=MEMORY_MIB, vcpus=1,
-        ports=((_free_port(), GUEST_AGENT_PORT),), state_dir=mnt,
+        ports=((free_port(), GUEST_AGENT_PORT),), state_dir=mnt,
     )  # fmt: skip
 
 

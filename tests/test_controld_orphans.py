@@ -27,6 +27,7 @@ from zz import keys
 from zz.controld import actions
 from zz.controld.rpc import call
 from zz.naming import domain_name
+from zz.ports import free_port
 from zz.procrack import REPO, repo_env, spawn
 
 RUNTIME = "--service web --index 2"
@@ -83,9 +84,7 @@ def _answers(port: int) -> bool:
 
 
 async def test_controld_killed_mid_provision_leaves_no_hidden_replica(rack: Rack) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctl = keys.controld_principal(0)
     key = rack.op_keys[ctl]
     svc = rack.config.service("web")

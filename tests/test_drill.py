@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -106,6 +108,51 @@ def test_open_rounds_need_g_plus_1_agreement_replicas(tmp_path: Path) -> None:
     assert drill.open_rounds(obs) == set()
     obs.agreed[f"{kv0.name}/agreed-1"] = {"fault_round_open": 1}
     assert drill.open_rounds(obs) == {kv0.name}
+
+
+async def test_guestbook_load_connection_keeps_alive_and_reopens() -> None:
+    """The HTTP load's client (zz/http.py ClientConnection, zz/drill/load.py): requests
+    share one connection until the server says Connection: close, then a new one opens; a
+    POST acknowledged with 303 "added entry N" gives N, any other answer none."""
+    from zz.drill.load import guestbook_request
+    from zz.http import ClientConnection
+
+    conns: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(len(conns))
+        while line := await reader.readline():
+            method = line.split()[0]
+            length = 0
+            while (h := await reader.readline()) not in (b"\r\n", b""):
+                if h.lower().startswith(b"content-length:"):
+                    length = int(h.split(b":")[1])
+            body = await reader.readexactly(length)
+            n = 0
+            if method == b"POST":
+                n = int(parse_qs(body.decode())["message"][0].rsplit("#", 1)[1])
+                status, out = (303, b"added entry %d" % n) if n % 2 else (200, b"no")
+            else:
+                status, out = 200, b"[]"
+            close = n == 3
+            head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(out)}\r\n"
+            writer.write((head + ("Connection: close\r\n" if close else "") + "\r\n").encode())
+            writer.write(out)
+            await writer.drain()
+            if close:
+                break
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    conn = ClientConnection("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        got = [await guestbook_request(conn, False, "t", f"m #{k}") for k in range(1, 5)]
+        assert [(s, e) for s, _, e in got] == [(303, 1), (200, None), (303, 3), (200, None)]
+        assert await guestbook_request(conn, True, "t", "") == (200, b"[]", None)
+        assert len(conns) == 2  # #3 closed the first connection
+    finally:
+        conn.close()
+        server.close()
 
 
 # ---- end to end ---------------------------------------------------------------------------

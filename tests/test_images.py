@@ -23,6 +23,8 @@ from types import ModuleType
 
 import pytest
 
+from zz.ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 URI = os.environ.get("ZZ_LIBVIRT_URI", "qemu:///system")
 
@@ -142,12 +144,6 @@ def test_render_domain_xml(tmp_path: Path) -> None:
 # ---- a real guest on libvirt ---------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ping(port: int, timeout: float) -> dict:  # type: ignore[type-arg]
     """The guest agent's answer to a ping. Before the agent listens, slirp accepts and
     closes: that raises OSError, as a timeout does."""
@@ -204,7 +200,7 @@ def test_guest_boots_suspends_resumes(image, conn) -> None:  # type: ignore[no-u
     import libvirt
 
     name = f"zz-test-{uuid.uuid4().hex[:8]}"
-    port = _free_port()
+    port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     os.chmod(workdir, 0o755)
     log = workdir / "console.log"
@@ -261,7 +257,7 @@ def agent(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     (state / "zz-guest.json").write_text(
         '{"command": ["sh", "-c", "echo $ZZ_RECOVER_FROM > ran; exec sleep 60"], "start": "wake"}'
     )
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen(
         [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
          "--host", "127.0.0.1", "--state", str(state), "--no-mount"],
@@ -322,7 +318,7 @@ def test_guest_agent_bad_config(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     (state / "zz-guest.json").write_text('{"command": "not a list"}')
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen(
         [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
          "--host", "127.0.0.1", "--state", str(state), "--no-mount"],

@@ -11,6 +11,7 @@ import pytest
 
 from zz import wire
 from zz.link import Link
+from zz.ports import free_port
 
 
 def M(text: bytes) -> bytes:
@@ -71,12 +72,6 @@ class Recorder(Link):
 
     def on_frame_error(self) -> None:
         self.errors += 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:

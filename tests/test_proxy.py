@@ -9,7 +9,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from zz.execution.registry import create_app
 from zz.execution.state import StateDir
 from zz.http import Limits
 from zz.httpop import decode_request
+from zz.ports import free_port
 from zz.proxy import ClientPool, Proxy, ProxyOptions, parse_listen
 
 T0 = 1_700_000_000_000
@@ -579,12 +579,6 @@ def test_parse_listen() -> None:
 # -- end to end: curl -> zz proxy -> zz-agreed -> execution replicas (real processes) ----
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _curl(*args: str) -> str:
     out = subprocess.run(
         ["curl", "-sS", "--max-time", "30", *args], capture_output=True, check=True, timeout=60
@@ -604,7 +598,7 @@ def test_guestbook_through_real_replicas_with_curl(tmp_path: Path) -> None:
             break
     execs = ExecReplicas(cluster)
     proxy_log = tmp_path / "proxy.log"
-    port = _free_port()
+    port = free_port()
     proxy: subprocess.Popen[bytes] | None = None
     ok = False
     try:

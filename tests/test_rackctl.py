@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import free_port_range
 from tests.test_execution_runtime import needs_agreed
-from zz import rackctl
+from zz import ports, rackctl
 from zz.config import Config, load
 from zz.procrack import leftover_pids
 
@@ -37,13 +36,13 @@ def write_rack(
     """A rack of `hosts` simulated hosts 127.0.0.1..N (all 127.0.0.1 with one_address, as
     a rack of guests needs) and `services` kv services kv0, kv1, ... (g = 1, f from `f`,
     else 1), on free ports, laid out by `placement` (docs/placement.md)."""
-    ctl = free_port_range(hosts)
+    ctl = ports.free_base(range(hosts))
     lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\nplacement = "{placement}"\n']
     for h in range(hosts):
         addr = "127.0.0.1" if one_address else f"127.0.0.{h + 1}"
         lines.append(f'[[hosts]]\nname = "h{h}"\naddress = "{addr}"\ncontrol_port = {ctl + h}\n')
     for s in range(services):
-        base = free_port_range(70)
+        base = ports.free_base(range(70))
         fs = f[s] if s < len(f) else 1
         lines.append(
             f'[[services]]\nname = "kv{s}"\nid = {s + 1}\ng = 1\nf = {fs}\napp = "kv"\n'

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.cluster import SERVICE_ID, Cluster, free_port_range
+from tests.cluster import SERVICE_ID, Cluster
 from tests.test_agreement_log import _secret
 from tests.test_agreement_window import _order_until, _send_all
 from zz import certs, wire
+from zz.ports import free_port
 
 CP = 8
 WINDOW = 16
@@ -29,7 +30,7 @@ class Listener:
     """A controld's port: keeps every frame it is sent."""
 
     def __init__(self) -> None:
-        self.port = free_port_range(1)
+        self.port = free_port()
         self.frames: list[bytes] = []
         self.lock = threading.Lock()
         me = self

@@ -30,6 +30,7 @@ from tests.test_fault_detection_e2e import (
 from zz import keys, wire
 from zz.controld.announce import Announcer, spare_ready
 from zz.crypto import SigningKey
+from zz.ports import free_base
 from zz.procrack import signal_group
 
 
@@ -179,9 +180,8 @@ def test_spare_is_refilled_and_woken_again(refill_rig: FaultRig) -> None:
 def test_announcer_retries_until_a_replica_listens(tmp_path: Path) -> None:
     """An agreement replica that is not listening yet gets the SPARE-READY once it is; each
     replica gets one signed frame that verifies with the controld's public key."""
-    from tests.cluster import free_port_range
 
-    base = free_port_range(4)
+    base = free_base(range(4))
     (tmp_path / "rack.toml").write_text(
         f"""[rack]
 name = "t"

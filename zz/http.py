@@ -1,5 +1,6 @@
 """zz/http.py - a small strict HTTP/1.1 server-side parser and response writer on asyncio streams.
-Only what `zz proxy` needs (RFC 9112): request head, Content-Length and chunked bodies, limits."""
+Only what `zz proxy` needs (RFC 9112): request head, Content-Length and chunked bodies, limits;
+and at the end the keep-alive client connection of the load generators (zz drill, demo_web)."""
 
 from __future__ import annotations
 
@@ -312,3 +313,68 @@ def text_response(status: int, message: str) -> tuple[list[tuple[str, str]], byt
     """Headers and body of a short plain-text answer the proxy writes itself."""
     body = (message + "\n").encode("utf-8", errors="replace")
     return [("Content-Type", "text/plain; charset=utf-8")], body
+
+
+# ---- client: one keep-alive connection of a load generator --------------------------------
+# What a request on a ClientConnection may raise when the server or the network fails it.
+CLIENT_ERRORS = (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError)
+
+
+class ClientConnection:
+    """One keep-alive HTTP/1.1 connection of a load generator (`zz drill --http`,
+    scripts/demo_web.py): opened on first use, and again after the server closed it or a
+    request failed. One request at a time; a body is sent form-encoded. Only what those
+    need: Content-Length bodies (no chunked responses), no redirects followed."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.addr = (host, port)
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def request(
+        self, method: str, target: str, body: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """(status, body); CLIENT_ERRORS close the connection and go to the caller, as
+        does a cancellation (asyncio.timeout around the call)."""
+        try:
+            if self._conn is None:
+                self._conn = await asyncio.open_connection(*self.addr)
+            reader, writer = self._conn
+            head = f"{method} {target} HTTP/1.1\r\nHost: {self.addr[0]}\r\n"
+            if body is not None:
+                head += "Content-Type: application/x-www-form-urlencoded\r\n"
+                head += f"Content-Length: {len(body)}\r\n"
+            writer.write(head.encode() + b"\r\n" + (body or b""))
+            await writer.drain()
+            status, length, close = await _response_head(reader)
+            data = await reader.readexactly(length)
+        except BaseException:
+            self.close()
+            raise
+        if close:
+            self.close()
+        return status, data
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn[1].close()
+            self._conn = None
+
+
+async def _response_head(reader: asyncio.StreamReader) -> tuple[int, int, bool]:
+    """A response's status, Content-Length (0 if none) and whether the server closes."""
+    status_line = await reader.readline()
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ConnectionError(f"bad status line {status_line[:80]!r}")
+    length, close = 0, False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"connection" and b"close" in value.lower():
+            close = True
+    return int(parts[1]), length, close

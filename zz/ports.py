@@ -1,4 +1,5 @@
-"""zz/ports.py - free loopback ports for racks that scripts and benchmarks start on the fly.
+"""zz/ports.py - free loopback ports for racks, proxies and guests that scripts, benchmarks and
+tests start on the fly: the one port picker (free_base for a range, free_port for one).
 
 A service uses base+0..n-1 (agreement replicas) and base+64.. (execution replicas,
 docs/config.md); a rack of several services strides them. A port counts as free when it
@@ -62,3 +63,9 @@ def free_base(
         if all(is_free(a, base + o) for a in addrs for o in offs):
             return base
     raise RuntimeError(f"no free port range on {', '.join(addrs)}")
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """One free port on `address`, below the ephemeral range (a proxy's, a guest agent's
+    forwarded port, a test server's)."""
+    return free_base([0], [address])

@@ -32,7 +32,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from zz.controld.hypervisor import (  # noqa: E402
     guest_request,
     open_backend,
 )
+from zz.ports import free_port  # noqa: E402
 from zz.snapshots.zfs import (  # noqa: E402
     create_file_pool,
     destroy_pool,
@@ -78,12 +78,6 @@ def load_images_module(name: str) -> ModuleType:
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_answer(port: int, t0: float, limit: float = 120.0) -> tuple[float, dict[str, Any]]:

@@ -19,6 +19,7 @@ from zz import history as zh
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service
 from zz.drill.rack import DrillError
+from zz.http import CLIENT_ERRORS, ClientConnection
 
 KEYS_PER_DRILL = 4
 # Above zz proxy's 30 s in main.sh: in TCG guests the first reply after a fault can take
@@ -113,37 +114,6 @@ async def stop_load(load: Load) -> None:
 
 
 # ---- HTTP load on a guestbook behind zz proxy (--http URL) --------------------------------
-async def _http(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    method: str,
-    target: str,
-    body: bytes | None = None,
-) -> tuple[int, bytes, bool]:
-    """One HTTP/1.1 request on a keep-alive connection: (status, body, server closes)."""
-    head = f"{method} {target} HTTP/1.1\r\nHost: zz\r\n"
-    if body is not None:
-        head += "Content-Type: application/x-www-form-urlencoded\r\n"
-        head += f"Content-Length: {len(body)}\r\n"
-    writer.write(head.encode() + b"\r\n" + (body or b""))
-    await writer.drain()
-    parts = (await reader.readline()).split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ConnectionError(f"bad status line {b' '.join(parts)[:80]!r}")
-    length, close = 0, False
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"connection" and b"close" in value.lower():
-            close = True
-    return int(parts[1]), await reader.readexactly(length), close
-
-
 def _http_addr(url: str) -> tuple[str, int]:
     m = re.fullmatch(r"http://([^/:]+):(\d+)/?", url)
     if not m:
@@ -151,50 +121,48 @@ def _http_addr(url: str) -> tuple[str, int]:
     return m.group(1), int(m.group(2))
 
 
+async def guestbook_request(
+    conn: ClientConnection, is_get: bool, name: str, message: str
+) -> tuple[int, bytes, int | None]:
+    """One request of a guestbook load: GET /entries.json, or POST / a new entry. The
+    status, the body and, for a POST acknowledged (303 "added entry N"), N."""
+    if is_get:
+        status, body = await conn.request("GET", "/entries.json")
+        return status, body, None
+    form = f"name={quote(name)}&message={quote(message)}".encode()
+    status, body = await conn.request("POST", "/", form)
+    m = re.match(rb"added entry (\d+)", body)
+    return status, body, int(m.group(1)) if status == 303 and m else None
+
+
 async def _http_worker(url: str, w: int, load: Load, stamp: str) -> None:
     """POST / a new guestbook entry, every 10th request GET /entries.json; one request at
     a time on one keep-alive connection, reconnecting after an error."""
-    host, port = _http_addr(url)
-    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    conn = ClientConnection(*_http_addr(url))
     k = 0
     try:
         while not load.stop.is_set():
             is_get = k % 10 == 9
             msg = f"drill {stamp} w{w} #{k}"
             call = time.monotonic_ns()
+            k += 1  # after an error too: the next attempt is a new entry
             try:
                 async with asyncio.timeout(HTTP_TIMEOUT_S):
-                    if conn is None:
-                        conn = await asyncio.open_connection(host, port)
-                    if is_get:
-                        status, body, close = await _http(*conn, "GET", "/entries.json")
-                    else:
-                        form = f"name=drill&message={quote(msg)}".encode()
-                        status, body, close = await _http(*conn, "POST", "/", form)
-            except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+                    status, _, entry = await guestbook_request(conn, is_get, "drill", msg)
+            except CLIENT_ERRORS:
+                # The one that timed out may still be executed, and must then not count
+                # as a duplicate of an acknowledged one.
                 load.http.append((call, None, False))
                 load.tally["http_errors"] += 1
-                if conn is not None:
-                    conn[1].close()
-                conn = None
-                # The next attempt is a new entry: the one that timed out may still be
-                # executed, and must then not count as a duplicate of an acknowledged one.
-                k += 1
                 await asyncio.sleep(0.1)
                 continue
-            m = re.match(rb"added entry (\d+)", body)
-            ok = status == 200 if is_get else (status == 303 and m is not None)
+            ok = status == 200 if is_get else entry is not None
             load.http.append((call, time.monotonic_ns(), ok))
             load.tally["ok" if ok else f"http_{status}"] += 1
-            if ok and not is_get and m is not None:
-                load.acked[msg] = int(m.group(1))
-            if close and conn is not None:
-                conn[1].close()
-                conn = None
-            k += 1
+            if entry is not None:
+                load.acked[msg] = entry
     finally:
-        if conn is not None:
-            conn[1].close()
+        conn.close()
 
 
 def start_http_load(url: str, clients: int) -> Load:
@@ -206,13 +174,12 @@ def start_http_load(url: str, clients: int) -> Load:
 
 async def entries(url: str) -> list[dict[str, Any]]:
     """The guestbook's final /entries.json."""
-    host, port = _http_addr(url)
-    reader, writer = await asyncio.open_connection(host, port)
+    conn = ClientConnection(*_http_addr(url))
     try:
         async with asyncio.timeout(30.0):
-            status, body, _ = await _http(reader, writer, "GET", "/entries.json")
+            status, body = await conn.request("GET", "/entries.json")
     finally:
-        writer.close()
+        conn.close()
     if status != 200:
         raise DrillError(f"GET /entries.json: HTTP {status}")
     data = json.loads(body)
