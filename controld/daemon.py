@@ -112,9 +112,9 @@ class Daemon:
         # Per (service, slot): the last fresh spare's SPARE-READY, and lower sibling
         # certificates' seqs (_lower_sibling) seen before it was announced.
         self._announced: dict[tuple[int, int], bytes] = {}
-        # (service id, index) -> the seq of the WAKEUP that woke that replica here, until a
-        # SHUTDOWN at or above that seq settles it (_act_shutdown). In memory only.
-        self._woken_for: dict[tuple[int, int], int] = {}
+        # (service id, index) -> the seq and awake set of the WAKEUP that woke that replica
+        # here, until a SHUTDOWN settles it (_act_shutdown). In memory only.
+        self._woken_for: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self._sibling_seqs: dict[tuple[int, int], set[int]] = {}
         self.counters: Counter[str] = Counter()
         self.recent: deque[str] = deque(maxlen=64)
@@ -812,7 +812,7 @@ class Daemon:
                 continue
             dt = time.monotonic() - t0
             self.counters["woken"] += 1
-            self._woken_for[(svc.id, x)] = seq
+            self._woken_for[(svc.id, x)] = (seq, tuple(awake))
             notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
             try:
                 await asyncio.to_thread(actions.guest_wake, self.ctx, domain, seq)
@@ -866,7 +866,10 @@ class Daemon:
         self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
                    f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
         named = sorted({*cert.convict, *cert.sleep, *cert.active})
-        work = (svc, cert.seq, list(cert.convict), list(cert.sleep), list(cert.active), named)
+        work = (
+            svc, cert.seq, list(cert.convict), list(cert.sleep), list(cert.active), named,
+            cert.awake,
+        )  # fmt: skip
         self._work.put_nowait(("shutdown", work))
         return True
 
@@ -938,14 +941,19 @@ class Daemon:
         sleep: list[int],
         active: list[int],
         named: list[int],
+        awake: tuple[int, ...],
     ) -> None:
-        # A replica woken here for this round (or an earlier one) that the certificate does not
-        # name goes back to sleep too: agreement replicas that built their WAKEUPs for one round
-        # from different evidence can wake different spares (the number woken depends on the
-        # rows), this controld acted on the one that woke more, and the round's outcome never
-        # counted it (campaign seed 3202, a rerun's round 3: it ran on, asleep in every
-        # agreement replica's view).
-        settled = [k for k, w in self._woken_for.items() if k[0] == svc.id and w <= seq]
+        # A replica woken here for this round (or an earlier one, or a sibling above it: the
+        # same awake set) that the certificate does not name goes back to sleep too: agreement
+        # replicas that built their WAKEUPs for one round from different evidence can wake
+        # different spares (the number woken depends on the rows), this controld acted on the
+        # one that woke more, and the round's outcome never counted it (campaign seed 3202, a
+        # rerun's round 3: it ran on, asleep in every agreement replica's view).
+        settled = [
+            k
+            for k, (w, a) in self._woken_for.items()
+            if k[0] == svc.id and (w <= seq or a == awake)
+        ]
         extra = [x for _, x in settled if x not in named]
         for k in settled:
             del self._woken_for[k]

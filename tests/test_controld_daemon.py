@@ -459,6 +459,25 @@ async def test_a_woken_replica_the_shutdown_does_not_name_goes_back_to_sleep(rac
         assert h0.counters()["woken_not_named"] == 1
 
 
+async def test_a_spare_woken_for_a_sibling_sleeps_once_the_lower_seq_is_settled(
+    rack: Rack,
+) -> None:
+    """One fault flagged at 7 and 8 (siblings): this controld woke spare 2 for the WAKEUP
+    at 8; the certificate it acts on is the one at 7, over the same awake set, and does not
+    name 2 (f = 1 form, as above): 2 goes back to sleep as well."""
+    async with nodes(rack, "libvirt", 0) as (h0,):
+        assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        await h0.send(rack.valid_wakeup(seq=8))
+        assert h0.state(2) == "recovering"
+        votes = [
+            wire.Shutdown(SVC, r, 7, [0, 1], [1], [], [0]).signed(rack.signers[r]).encode()
+            for r in (0, 1)
+        ]
+        await h0.send(*votes)
+        assert h0.counters()["shutdown_accepted"] == 1
+        assert h0.state(2) == "paused", h0.counters()
+
+
 # ---- restart ----------------------------------------------------------------------------
 
 
