@@ -76,7 +76,7 @@ async def _run(args: argparse.Namespace) -> int:
         drill_faults=args.drill_faults,
     )
     try:
-        port = await d.start(args.port)
+        port = await d.start(args.port, args.metrics_port)
         print(f"controld {host.name} listening on {host.address}:{port}", flush=True)
         if d.lost or d.in_doubt_at_start:
             print(f"controld {host.name}: in doubt at start {len(d.in_doubt_at_start)},"
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--uri", help="libvirt URI (default: the host's libvirt_uri)")
         p.add_argument("--home", type=Path, help="state directory (default run/controld/HOST)")
         p.add_argument("--port", type=int, help="override the host's control_port (0: any)")
+        p.add_argument("--metrics-port", type=int,
+                       help="override the host's metrics_port for /metrics (0: any)")  # fmt: skip
         p.add_argument("--memory-mib", type=int, default=512, help="a replica's full memory")
         p.add_argument("--image", type=Path, help="guest image dir (default: images/build.py)")
         p.add_argument("--store", choices=("dir", "zfs"), default="dir", help="runtime store")

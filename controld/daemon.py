@@ -36,6 +36,7 @@ from zz.controld.announce import Announcer
 from zz.controld.guestsnap import GuestDatasets
 from zz.controld.hypervisor import DomainNotFound, Hypervisor, HypervisorError
 from zz.controld.ledger import Ledger
+from zz.controld.metrics import HostMetrics, MetricsServer, count_peer
 from zz.controld.rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
 from zz.controld.snapshots import HostSnapshots
 from zz.drillfaults import FAULTS
@@ -117,6 +118,7 @@ class Daemon:
         self._woken_for: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self._sibling_seqs: dict[tuple[int, int], set[int]] = {}
         self.counters: Counter[str] = Counter()
+        self.dropped_by_source: Counter[str] = Counter()  # messages dropped, per address
         self.recent: deque[str] = deque(maxlen=64)
         self.datasets = GuestDatasets(
             self.ctx, lambda sid: self.keys.services.get(sid, {}), self.counters
@@ -133,6 +135,11 @@ class Daemon:
         self._worker: asyncio.Task[None] | None = None
         self.started = time.time()
         assert keys.secret.sign is not None  # load_controld refuses a key without one
+        # /metrics (controld/metrics.py): read at scrape time, served from start() on.
+        self.metrics = HostMetrics(self)
+        self.metrics_server = MetricsServer(
+            self.metrics.registry, host.address, self.counters, self._note
+        )
         self.announcer = Announcer(
             config, host, keys.secret.sign, self.counters, self._note, audit=self._audit_sent
         )
@@ -251,9 +258,11 @@ class Daemon:
                 self.counters["orphan_port_busy"] += 1
                 self._note(f"orphan check: port {port} of {svc.name}/{i} is held by {p.describe()}")
 
-    async def start(self, port: int | None = None) -> int:
+    async def start(self, port: int | None = None, metrics_port: int | None = None) -> int:
         """Recover, then listen on the host's address and control_port (port=0: any, for
-        tests). Returns the port."""
+        tests), and serve /metrics on its metrics_port (`metrics_port`, else 0 when port is
+        0, else the config's; a metrics_port of 0 in the config switches it off). Returns
+        the port."""
         self.audit.ensure_open()  # AuditError: another controld runs on this home
         self.recover()
         self._worker = asyncio.create_task(self._work_loop())
@@ -263,6 +272,9 @@ class Daemon:
             self._serve_conn, self.host.address, self.host.control_port if port is None else port
         )
         bound = self._server.sockets[0].getsockname()[1]
+        if self.host.metrics_port:
+            mport = metrics_port if metrics_port is not None else 0 if port == 0 else None
+            await self.metrics_server.start(self.host.metrics_port if mport is None else mport)
         log.info("controld %s (principal %d) listening on %s:%d, %s backend, %d replicas",
                  self.host.name, self.me, self.host.address, bound, self.hv.kind,
                  len(self.inventory.replicas()))  # fmt: skip
@@ -274,6 +286,7 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
         await self.announcer.close()
+        await self.metrics_server.close()
         background = [t for t in (self._worker, self._datasets_task) if t is not None]
         for t in [*self._tasks, *background]:
             t.cancel()
@@ -377,6 +390,7 @@ class Daemon:
                     raw = await self._read_frame(reader, auth_deadline)
                 except wire.FrameError:
                     self.counters["framing"] += 1
+                    count_peer(self.dropped_by_source, source)
                     return
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
@@ -386,6 +400,8 @@ class Daemon:
                 try:
                     if await self._on_message(raw, send, challenge):
                         auth_deadline = None
+                    else:  # dropped: it did not decode, authenticate or verify
+                        count_peer(self.dropped_by_source, source)
                 except (ConnectionError, OSError):
                     return
                 except Exception:  # a bug must not take the daemon down: count and log
@@ -598,6 +614,7 @@ class Daemon:
             "orphans": self.orphans[-32:],
             "freshness": json.loads(self.freshness.to_json()),
             "audit": self.audit.status(),
+            "metrics": self.metrics_server.status(),
             "recent": list(self.recent),
         }
 
@@ -667,7 +684,9 @@ class Daemon:
         def act() -> None:
             out.update(actions.provision(self.ctx, svc, index, mode, inject_fault))
 
+        t0 = time.monotonic()
         await self.inventory.aprovision(svc.name, index, role, domain, mode, act, save_file=save)
+        self.metrics.provision(svc, index, mode, time.monotonic() - t0)
         self._note(f"provisioned {svc.name}/{index} {mode} ({domain}) {out}")
         return out
 
@@ -812,6 +831,7 @@ class Daemon:
                 continue
             dt = time.monotonic() - t0
             self.counters["woken"] += 1
+            self.metrics.woke(svc, x, state, dt)
             self._woken_for[(svc.id, x)] = (seq, tuple(awake))
             notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
             try:
@@ -973,6 +993,7 @@ class Daemon:
                 self.datasets.forget(svc, x)
                 kept = await asyncio.to_thread(actions.set_aside_state, self.ctx, svc, x, seq)
                 self.counters["convicted"] += 1
+                self.metrics.convicted(svc, x)
                 self._note(f"convicted {svc.name}/{x} destroyed; state kept as {kept}")
             except (HypervisorError, inv.IllegalTransition, OSError, StorageError) as e:
                 self.counters["action_failed"] += 1

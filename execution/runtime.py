@@ -265,6 +265,9 @@ class Runtime:
         # to no manifest any more, so the next install hashes it all (prepare's walk).
         self._half_installed = False
         self.fetcher: StateFetcher | None = None
+        # Every fetcher's counters, summed for the status file's "fetch" (controld's metrics).
+        self._fetch_totals: Counter[str] = Counter()
+        self._fetch_seen: StateFetcher | None = None
         self.recovery: dict[str, Any] = {}
         # Own checkpoints below this miss files still being fetched: not served to peers.
         self._complete_from = 0
@@ -1374,7 +1377,27 @@ class Runtime:
             "asleep": self.asleep,
             "recovering": self.fetcher is not None,
             "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,
+            "fetch": self._fetch_counters(),
         }
+
+    def _fetch_counters(self) -> dict[str, int]:
+        """What this runtime's state fetches did (bytes, files fetched and verified, bad
+        copies, files kept): a fetcher's counters are added up once the status sees it
+        replaced or gone (at most one second later)."""
+        cur = self.fetcher
+        if cur is not self._fetch_seen:
+            if self._fetch_seen is not None:
+                self._fetch_totals.update(self._fetch_seen.counters)
+            self._fetch_seen = cur
+        out = Counter(self._fetch_totals)
+        if cur is not None:
+            for _ in range(3):  # the background fetch thread may add a key meanwhile
+                try:
+                    out.update(dict(cur.counters))
+                    break
+                except RuntimeError:
+                    continue
+        return dict(sorted(out.items()))
 
     def _write_status(self) -> None:
         write_atomic(self.status_path, json.dumps(self.status(), indent=1).encode() + b"\n")

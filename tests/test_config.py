@@ -180,6 +180,28 @@ def test_control_port(write_rack: Callable[[str], Path]) -> None:
         load(write_rack(BASE.replace("base_port = 17100", "base_port = 6999")))
 
 
+def test_metrics_port(write_rack: Callable[[str], Path]) -> None:
+    c = load(write_rack(BASE))
+    assert [h.metrics_port for h in c.hosts] == [9700, 9701]
+    assert c.hosts[1].metrics_url == "http://127.0.0.1:9701/metrics"
+    h1 = 'name = "h1"\naddress = "127.0.0.1"\n'
+    c = load(write_rack(BASE.replace(h1, h1 + "metrics_port = 0\n")))
+    assert c.hosts[1].metrics_port == 0 and c.hosts[1].metrics_url is None
+    for bad in ("-1", "65536", "true", '"9700"'):
+        with pytest.raises(ConfigError, match=r"^hosts\[1\]\.metrics_port: must be an integer"):
+            load(write_rack(BASE.replace(h1, h1 + f"metrics_port = {bad}\n")))
+    # It collides like any listener: with a controld's port, another metrics port, a service.
+    with pytest.raises(ConfigError, match=r"^hosts\[1\]\.metrics_port: port 7000 on 127.* hosts"
+                       r"\[0\] control_port"):  # fmt: skip
+        load(write_rack(BASE.replace(h1, h1 + "metrics_port = 7000\n")))
+    with pytest.raises(ConfigError, match=r"^hosts\[1\]\.metrics_port: .* hosts\[0\] metrics"):
+        load(write_rack(BASE.replace(h1, h1 + "metrics_port = 9700\n")))
+    with pytest.raises(
+        ConfigError, match=r"^services\[0\]\.base_port: port 9700 .* hosts\[0\] metrics"
+    ):
+        load(write_rack(BASE.replace("base_port = 17100", "base_port = 9698")))
+
+
 def test_detection_timers_per_service(write_rack: Callable[[str], Path]) -> None:
     kv = BASE.replace("f = 1", 'f = 1\napp = "kv"', 1)
     s = load(write_rack(kv)).service("web")

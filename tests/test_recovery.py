@@ -113,6 +113,11 @@ def test_corrupted_peer_file_is_rejected_and_fetched_elsewhere(rig: Rig) -> None
     live = rig.cluster.run_dir / f"exec-{SPARE}"
     files = [p for p in live.rglob(victim.split("/")[-1]) if "live" in p.parts]
     assert files and all(b"corrupt" not in p.read_bytes() for p in files)
+    # The status file's totals (controld's zz_execution_fetch_* metrics): files fetched and
+    # verified, bytes, and the bad copy rejected.
+    fetch = execs.status(SPARE)["fetch"]
+    assert fetch["bad_content"] >= 1 and fetch["bytes_fetched"] > 0, fetch
+    assert fetch.get("fetched_foreground", 0) + fetch.get("fetched_background", 0) >= 1, fetch
 
 
 @pytest.mark.slow

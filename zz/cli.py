@@ -178,9 +178,16 @@ def _progress(line: str) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from zz.status import format_rows, rack_status
+    from zz.status import format_rows, rack_status, status_json
 
-    print(format_rows(rack_status(load(args.config), stale_after=args.stale_after)))
+    config = load(args.config)
+    rows = rack_status(config, stale_after=args.stale_after)
+    if args.json:
+        import json
+
+        print(json.dumps(status_json(config, rows), indent=1))
+        return 0
+    print(format_rows(rows))
     return 0
 
 
@@ -368,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="seconds after which a stats file counts as a dead replica (default 5)",
+    )
+    st.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the replicas, and each host's controld with its metrics URL",
     )
     st.set_defaults(func=_cmd_status)
 

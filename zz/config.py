@@ -100,6 +100,16 @@ class Host:
     libvirt_uri: str = "qemu:///system"
     # controld's RPC port (docs/controld.md); default 7000 + index.
     control_port: int = 7000
+    # controld's Prometheus /metrics port (docs/monitoring.md); default 9700 + index, 0: none.
+    metrics_port: int = 0
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where controld serves /metrics (None: metrics_port 0, switched off)."""
+        if not self.metrics_port:
+            return None
+        addr = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{addr}:{self.metrics_port}/metrics"
 
 
 @dataclass(frozen=True)
@@ -369,14 +379,20 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             t.get_str("address"),
             t.get_str("libvirt_uri", "qemu:///system"),
             t.get_int("control_port", 7000 + i, lo=1, hi=65535),
+            t.get_int("metrics_port", 9700 + i if 9700 + i <= 65535 else 0, lo=0, hi=65535),
         )
         t.finish()
-        addr = (host.address, host.control_port)
-        if addr in used:
-            raise ConfigError(
-                f"hosts[{i}].control_port: port {addr[1]} on {addr[0]} already used by {used[addr]}"
-            )
-        used[addr] = f"hosts[{i}] control_port"
+        for field_name, port in (("control_port", host.control_port),
+                                 ("metrics_port", host.metrics_port)):  # fmt: skip
+            addr = (host.address, port)
+            if not port:
+                continue  # metrics_port 0: no /metrics
+            if addr in used:
+                raise ConfigError(
+                    f"hosts[{i}].{field_name}: port {addr[1]} on {addr[0]} already used by"
+                    f" {used[addr]}"
+                )
+            used[addr] = f"hosts[{i}] {field_name}"
         hosts.append(host)
 
     services: list[Service] = []

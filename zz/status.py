@@ -137,6 +137,24 @@ def rack_status(config: Config, stale_after: float = 5.0) -> list[Row]:
     return rows
 
 
+def status_json(config: Config, rows: list[Row]) -> dict[str, Any]:
+    """`zz status --json`: the rows, and each host's controld with its /metrics URL
+    (`hosts[].metrics_port`, docs/monitoring.md; null when switched off)."""
+    return {
+        "rack": config.rack.name,
+        "hosts": [
+            {
+                "name": h.name,
+                "address": h.address,
+                "control_port": h.control_port,
+                "metrics_url": h.metrics_url,
+            }
+            for h in config.hosts
+        ],
+        "replicas": [vars(r) for r in rows],
+    }
+
+
 def format_rows(rows: list[Row]) -> str:
     head = Row("SERVICE", "REPLICA", "ROLE", "HOST", "STATE", "CHECKPOINT", "DETAIL")
     table = [head, *rows]
