@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "wire.h"
+#include "wire_dump.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

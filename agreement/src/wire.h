@@ -357,10 +357,6 @@ enum zz_err zz_decode_batch(const uint8_t *buf, size_t len, uint64_t *nd_time, u
 /* Find the MAC entry for `receiver` in a MAC-vector message; NULL if absent. */
 const uint8_t *zz_find_mac(const zz_msg *m, uint32_t receiver);
 
-/* Canonical one-line dump (docs/wire.md). Returns the length written (excluding
- * the NUL) or -1 if `cap` is too small. */
-int zz_dump(const zz_msg *m, char *out, size_t cap);
-
 /* ---- encoding ----
  * A growable buffer. Encoders append a header with body_len patched at the end;
  * an authenticator is added afterwards by crypto.h (zz_auth_mac / zz_auth_sign). */
@@ -437,9 +433,5 @@ size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, const zz_spa
  * helpers, zz_put_entry/zz_put_choice, then zz_end_body. */
 void zz_put_entry(zz_buf *b, const zz_entry *e);
 void zz_put_choice(zz_buf *b, const zz_choice *c);
-
-/* Re-encode a decoded message to bytes (header + body + its authenticator verbatim).
- * Used by the vector tests to prove decode/encode are inverse. */
-size_t zz_reencode(zz_buf *b, const zz_msg *m);
 
 #endif

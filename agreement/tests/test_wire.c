@@ -5,6 +5,7 @@
 #include "crypto.h"
 #include "testutil.h"
 #include "wire.h"
+#include "wire_dump.h"
 
 #ifndef ZZ_REPO_ROOT
 #define ZZ_REPO_ROOT "."
