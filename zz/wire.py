@@ -1,17 +1,19 @@
 # zz/wire.py - the ZZ binary wire format (docs/wire.md): messages, authenticators, frames.
-# Byte-for-byte twin of agreement/src/wire.c; both are held to tests/vectors/wire.txt.
+# Byte-for-byte twin of agreement/src/wire.c; both are held to tests/vectors/wire.txt. The
+# messages are declared in wire/messages.toml: zz/wire_table.py has their fields and
+# domains, and one codec below decodes, encodes and dumps every type by them.
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 from zz.crypto import (
     DIGEST_LEN,
-    KEY_LEN,
     MAC_LEN,
     NULL_DIGEST,
     SIG_LEN,
@@ -21,6 +23,7 @@ from zz.crypto import (
     sha256,
     verify_signature,
 )
+from zz.wire_table import CHECKS, LAYOUTS, MESSAGES, OPTIONAL, RECORDS
 
 MAGIC = b"ZZ"
 VERSION = 1
@@ -65,7 +68,6 @@ ROW_LATE = 2
 ERROR_NAMES = ("short", "magic", "version", "type", "length", "auth", "field")
 
 _HDR = struct.Struct(">2sBBBBHII")
-
 
 class WireError(Exception):
     """A malformed or unauthenticated message. `name` is one of ERROR_NAMES."""
@@ -131,10 +133,6 @@ def principal_kind(pid: int) -> tuple[str, int]:
 # ---- primitive encoding -----------------------------------------------------
 
 
-def _u8(v: int) -> bytes:
-    return struct.pack(">B", v)
-
-
 def _u16(v: int) -> bytes:
     return struct.pack(">H", v)
 
@@ -154,98 +152,8 @@ def _bytes(v: bytes) -> bytes:
 
 
 def _digest(v: bytes) -> bytes:
-    if len(v) != DIGEST_LEN:
-        raise ValueError(f"digest must be {DIGEST_LEN} bytes, got {len(v)}")
+    _check_fixed("digest", DIGEST_LEN, v)
     return v
-
-
-def _blist(items: Sequence[bytes]) -> bytes:
-    if len(items) > MAX_LIST:
-        raise ValueError("list longer than ZZ_MAX_LIST")
-    return _u32(len(items)) + b"".join(_bytes(i) for i in items)
-
-
-class Entry(NamedTuple):
-    """VIEW-CHANGE P/Q entry: 44 bytes on the wire."""
-
-    seq: int
-    view: int
-    digest: bytes
-
-
-class Choice(NamedTuple):
-    """NEW-VIEW choice: 40 bytes on the wire; a null digest means a null request."""
-
-    seq: int
-    digest: bytes
-
-
-class RowEntry(NamedTuple):
-    """FAULT-STATEMENT row entry: 37 bytes on the wire. `state` is ROW_NONE (digest
-    null), ROW_ONTIME or ROW_LATE."""
-
-    replica: int
-    state: int
-    digest: bytes
-
-
-class ReplyRef(NamedTuple):
-    """EXEC-REPORT reply_ref: 44 bytes on the wire; `result_digest` = SHA-256(result)."""
-
-    client: int
-    timestamp: int
-    result_digest: bytes
-
-
-# The reply_ref of an EXEC-REPORT for a checkpoint seq that carries the replica's execution
-# checkpoint digest (docs/wire.md "EXEC-REPORT"): no client has this principal, so nothing
-# is ever affirmed with it, and the report's digest covers the checkpoint digest, which makes
-# a checkpoint liar a mismatch like a wrong reply.
-CHECKPOINT_REF_CLIENT = 0xFFFFFFFF
-
-
-def checkpoint_ref(seq: int, checkpoint: bytes) -> ReplyRef:
-    return ReplyRef(CHECKPOINT_REF_CLIENT, seq, checkpoint)
-
-
-def _check_count(items: Sequence[object]) -> None:
-    if len(items) > MAX_LIST:
-        raise ValueError("list longer than ZZ_MAX_LIST")
-
-
-def _rows(items: Sequence[RowEntry]) -> bytes:
-    _check_count(items)
-    return _u32(len(items)) + b"".join(
-        _u32(e.replica) + _u8(e.state) + _digest(e.digest) for e in items
-    )
-
-
-def _reply_refs(items: Sequence[ReplyRef]) -> bytes:
-    _check_count(items)
-    return _u32(len(items)) + b"".join(_reply_ref(e) for e in items)
-
-
-def _reply_ref(e: ReplyRef) -> bytes:
-    return _u32(e.client) + _u64(e.timestamp) + _digest(e.result_digest)
-
-
-def _u32s(items: Sequence[int]) -> bytes:
-    _check_count(items)
-    return _u32(len(items)) + b"".join(_u32(v) for v in items)
-
-
-def _entries(items: Sequence[Entry]) -> bytes:
-    if len(items) > MAX_LIST:
-        raise ValueError("list longer than ZZ_MAX_LIST")
-    return _u32(len(items)) + b"".join(
-        _u64(e.seq) + _u32(e.view) + _digest(e.digest) for e in items
-    )
-
-
-def _choices(items: Sequence[Choice]) -> bytes:
-    if len(items) > MAX_LIST:
-        raise ValueError("list longer than ZZ_MAX_LIST")
-    return _u32(len(items)) + b"".join(_u64(c.seq) + _digest(c.digest) for c in items)
 
 
 class _Reader:
@@ -256,28 +164,25 @@ class _Reader:
         self.pos = pos
         self.end = end
 
-    def _take(self, n: int, what: str) -> bytes:
+    def take(self, n: int, what: str) -> bytes:
         if self.end - self.pos < n:
             raise WireError("short", f"{what}: need {n} bytes, have {self.end - self.pos}")
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
 
-    def u8(self, what: str) -> int:
-        return self._take(1, what)[0]
-
     def u32(self, what: str) -> int:
-        return int.from_bytes(self._take(4, what), "big")
+        return int.from_bytes(self.take(4, what), "big")
 
     def u64(self, what: str) -> int:
-        return int.from_bytes(self._take(8, what), "big")
+        return int.from_bytes(self.take(8, what), "big")
 
     def digest(self, what: str) -> bytes:
-        return self._take(DIGEST_LEN, what)
+        return self.take(DIGEST_LEN, what)
 
     def bytes_(self, what: str) -> bytes:
         n = self.u32(what)
-        return self._take(n, what)
+        return self.take(n, what)
 
     def count(self, what: str) -> int:
         n = self.u32(what)
@@ -286,50 +191,6 @@ class _Reader:
         if n > MAX_LIST:
             raise WireError("length", f"{what}: count {n} > {MAX_LIST}")
         return n
-
-    def blist(self, what: str) -> list[bytes]:
-        return [self.bytes_(f"{what}[{i}]") for i in range(self.count(what))]
-
-    def entries(self, what: str) -> list[Entry]:
-        out = []
-        for i in range(self.count(what)):
-            seq = self.u64(f"{what}[{i}].seq")
-            view = self.u32(f"{what}[{i}].view")
-            out.append(Entry(seq, view, self.digest(f"{what}[{i}].digest")))
-        return out
-
-    def choices(self, what: str) -> list[Choice]:
-        out = []
-        for i in range(self.count(what)):
-            seq = self.u64(f"{what}[{i}].seq")
-            out.append(Choice(seq, self.digest(f"{what}[{i}].digest")))
-        return out
-
-    def rows(self, what: str) -> list[RowEntry]:
-        out = []
-        for i in range(self.count(what)):
-            replica = self.u32(f"{what}[{i}].replica")
-            state = self.u8(f"{what}[{i}].state")
-            digest = self.digest(f"{what}[{i}].digest")
-            # A state outside 0..2, or a null digest anywhere but with state 0 (and a
-            # non-null one with it), is no statement a correct replica makes.
-            if state > ROW_LATE:
-                raise WireError("field", f"{what}[{i}].state: {state} not in 0..2")
-            if (state == ROW_NONE) != (digest == NULL_DIGEST):
-                raise WireError("field", f"{what}[{i}]: state {state} with digest {digest.hex()}")
-            out.append(RowEntry(replica, state, digest))
-        return out
-
-    def reply_refs(self, what: str) -> list[ReplyRef]:
-        out = []
-        for i in range(self.count(what)):
-            client = self.u32(f"{what}[{i}].client")
-            ts = self.u64(f"{what}[{i}].timestamp")
-            out.append(ReplyRef(client, ts, self.digest(f"{what}[{i}].result_digest")))
-        return out
-
-    def u32s(self, what: str) -> list[int]:
-        return [self.u32(f"{what}[{i}]") for i in range(self.count(what))]
 
     def done(self, what: str) -> None:
         if self.pos != self.end:
@@ -347,31 +208,282 @@ def _list(items: Iterable[str]) -> str:
     return "[" + ",".join(items) + "]"
 
 
+# ---- the codec: zz.wire_table's layouts, compiled -----------------------------------
+
+
+_INT_FORMATS = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
+
+
+class _Field(NamedTuple):
+    """A field of zz.wire_table, with a list's item codec resolved."""
+
+    name: str
+    kind: str  # u8 u16 u32 u64 fixed bytes blist list
+    size: int = 0  # fixed: its length
+    item: _Codec | None = None  # list: the items'
+
+    @property
+    def format(self) -> str:
+        return f"{self.size}s" if self.kind == "fixed" else _INT_FORMATS[self.kind]
+
+    @property
+    def annotation(self) -> str:
+        if self.kind in _INT_FORMATS:
+            return "int"
+        if self.kind != "list":
+            return "list[bytes]" if self.kind == "blist" else "bytes"
+        rec = self.item.record if self.item else None
+        return f"list[{rec.__name__ if rec else 'int'}]"
+
+    @property
+    def zero(self) -> int | bytes:
+        """An optional field's default."""
+        return 0 if self.kind in _INT_FORMATS else bytes(self.size)
+
+    def show(self, v: Any) -> str:
+        """The value as the canonical dump writes it."""
+        if self.kind == "fixed":
+            return v.hex()
+        if self.kind == "bytes":
+            return _hx(v)
+        if self.kind == "blist":
+            return _list(_hx(x) for x in v)
+        if self.kind == "list":
+            return _list(self.item.show_item(x) for x in v)
+        return str(v)
+
+
+def _check_fixed(name: str, size: int, v: bytes) -> None:
+    if len(v) != size:
+        raise ValueError(f"{name} must be {size} bytes, got {len(v)}")
+
+
+def _check_count(name: str, items: Sequence[object]) -> None:
+    if len(items) > MAX_LIST:
+        raise ValueError(f"{name}: list longer than ZZ_MAX_LIST")
+
+
+Check = Callable[[Sequence[Any]], None]
+
+
+class _Step(NamedTuple):
+    """Fields start .. start+count-1 of a layout: fixed-width ones packed by `run`, or one
+    bytes, list<bytes> or list (`item`); then the checks due once they are read."""
+
+    kind: str  # run bytes blist list
+    start: int
+    count: int
+    run: struct.Struct | None
+    item: _Codec | None
+    checks: tuple[Check, ...]
+
+
+class _Codec:
+    """A layout of zz.wire_table compiled: fields, checks, and for a record its NamedTuple.
+    Consecutive fixed-width fields are one struct.Struct, cut after a field whose domain is
+    checked as soon as it is read: a message that breaks a domain and is short after it is a
+    `field` error, as in agreement/src/wire.c, which reads field by field. A record's
+    domains are checked once its whole list is read, as in C."""
+
+    def __init__(self, fields: Sequence[tuple[Any, ...]], checks: Sequence[tuple[Any, ...]],
+                 record: type | None = None) -> None:
+        self.fields = [self._field(*f) for f in fields]
+        self.names = [f.name for f in self.fields]
+        self.record = record
+        index = {n: i for i, n in enumerate(self.names)}
+        self.checks = tuple(self._compile(c, index) for c in checks)  # a record's: per item
+        due: list[list[Check]] = [[] for _ in self.names]
+        for c, check in zip(checks, self.checks, strict=True):
+            if record is None:
+                due[index[c[0]]].append(check)
+        self.steps: list[_Step] = []
+        run: list[int] = []
+        for i, f in enumerate(self.fields):
+            if f.kind in ("fixed", *_INT_FORMATS):
+                run.append(i)
+                if due[i] or i + 1 == len(self.fields):
+                    self._add_run(run, due[i])
+                    run = []
+                continue
+            if run:
+                self._add_run(run, [])
+                run = []
+            self.steps.append(_Step(f.kind, i, 1, None, f.item, tuple(due[i])))
+        self.fixed = [(i, f) for i, f in enumerate(self.fields) if f.kind == "fixed"]
+        self.writers = [self._writer(step) for step in self.steps]
+        get = operator.attrgetter(*self.names)
+        self.values = get if len(self.names) > 1 else (lambda obj: (get(obj),))
+        # A list item: all of a record's fields (or list<u32>'s one integer) as one struct.
+        whole = len(self.steps) == 1 and self.steps[0].run is not None
+        self.item = self.steps[0].run if whole else None
+
+    @staticmethod
+    def _field(name: str, kind: str, arg: int | str = 0) -> _Field:
+        if kind == "list":
+            return _Field(name, kind, 0, _ITEMS[str(arg)])
+        return _Field(name, kind, int(arg))
+
+    def _add_run(self, run: list[int], due: list[Check]) -> None:
+        s = struct.Struct(">" + "".join(self.fields[i].format for i in run))
+        self.steps.append(_Step("run", run[0], len(run), s, None, tuple(due)))
+
+    def _compile(self, c: tuple[Any, ...], index: dict[str, int]) -> Check:
+        _, name, test, arg, when_name, when_in = c
+        i, when = index[name], index.get(when_name)
+        length = self.fields[i].kind == "bytes"
+
+        def check(vals: Sequence[Any]) -> None:
+            if when is not None and vals[when] not in when_in:
+                return
+            v = len(vals[i]) if length else vals[i]
+            if test == "in":
+                ok = v in arg
+            elif test == "max":
+                ok = v <= arg
+            else:
+                ok = (v == NULL_DIGEST) == (test == "zero")
+            if not ok:
+                what = f"length {v}" if length else (v.hex() if isinstance(v, bytes) else v)
+                cond = f" with {when_name} {vals[when]}" if when is not None else ""
+                raise WireError("field", f"{name}: {what}{cond} fails {test} {arg}")
+
+        return check
+
+    def read(self, r: _Reader) -> list[Any]:
+        vals: list[Any] = []
+        for step in self.steps:
+            name = self.names[step.start]
+            if step.run is not None:
+                vals += step.run.unpack(r.take(step.run.size, name))
+            elif step.kind == "bytes":
+                vals.append(r.bytes_(name))
+            elif step.kind == "blist":
+                vals.append([r.bytes_(f"{name}[{i}]") for i in range(r.count(name))])
+            else:
+                vals.append(step.item.read_items(r, name))
+            for check in step.checks:
+                check(vals)
+        return vals
+
+    def read_items(self, r: _Reader, name: str) -> list[Any]:
+        assert self.item is not None, "list items are fixed-width"
+        n = r.count(name)
+        raw = r.take(n * self.item.size, name)
+        if self.record is None:
+            return [t[0] for t in self.item.iter_unpack(raw)]
+        items = [self.record(*t) for t in self.item.iter_unpack(raw)]
+        for it in items:
+            for check in self.checks:
+                check(it)
+        return items
+
+    def _writer(self, step: _Step) -> Callable[[Sequence[Any]], bytes]:
+        i, name = step.start, self.names[step.start]
+        if step.run is not None:
+            pack, end = step.run.pack, i + step.count
+            return (lambda v: pack(v[i])) if step.count == 1 else (lambda v: pack(*v[i:end]))
+        if step.kind == "bytes":
+            return lambda v: _bytes(v[i])
+        item = _bytes if step.kind == "blist" else step.item.write_item
+
+        def write_list(v: Sequence[Any]) -> bytes:
+            _check_count(name, v[i])
+            return _u32(len(v[i])) + b"".join(map(item, v[i]))
+
+        return write_list
+
+    def write(self, vals: Sequence[Any]) -> bytes:
+        for i, f in self.fixed:
+            _check_fixed(f.name, f.size, vals[i])
+        return b"".join([w(vals) for w in self.writers])
+
+    def write_item(self, item: Any) -> bytes:
+        assert self.item is not None, "list items are fixed-width"
+        if self.record is None:
+            return self.item.pack(item)
+        for i, f in self.fixed:
+            _check_fixed(f.name, f.size, item[i])
+        return self.item.pack(*item)
+
+    def dump(self, vals: Sequence[Any]) -> list[str]:
+        return [f"{f.name}={f.show(v)}" for f, v in zip(self.fields, vals, strict=True)]
+
+    def show_item(self, item: Any) -> str:
+        if self.record is None:
+            return str(item)
+        return "/".join(f.show(v) for f, v in zip(self.fields, item, strict=True))
+
+
+# The list items' codecs by record name; "u32": a list<u32>'s plain integers.
+_ITEMS: dict[str, _Codec] = {"u32": _Codec((("value", "u32"),), ())}
+
+
+def _record(name: str, doc: str) -> Any:
+    """The NamedTuple of record `name` (zz.wire_table.RECORDS), its codec in _ITEMS."""
+    fields = RECORDS[name]
+    cls_name = "".join(p.capitalize() for p in name.split("_"))
+    cls = NamedTuple(cls_name, [(f[0], bytes if f[1] == "fixed" else int) for f in fields])
+    cls.__doc__ = doc
+    _ITEMS[name] = _Codec(fields, CHECKS.get(name, ()), cls)
+    return cls
+
+
+Entry = _record("entry", "VIEW-CHANGE P/Q entry: 44 bytes on the wire.")
+Choice = _record("choice", "NEW-VIEW choice: 40 bytes; a null digest means a null request.")
+RowEntry = _record(
+    "row_entry",
+    "FAULT-STATEMENT row entry: 37 bytes. `state` is ROW_NONE (digest null), ROW_ONTIME or "
+    "ROW_LATE.",
+)
+ReplyRef = _record(
+    "reply_ref", "EXEC-REPORT reply_ref: 44 bytes; `result_digest` = SHA-256(result)."
+)
+assert set(_ITEMS) == {"u32", *RECORDS}, "a record of zz.wire_table has no class here"
+
+_LAYOUTS = {name: _Codec(fields, CHECKS.get(name, ())) for name, fields in LAYOUTS.items()}
+
+
+# The reply_ref of an EXEC-REPORT for a checkpoint seq that carries the replica's execution
+# checkpoint digest (docs/wire.md "EXEC-REPORT"): no client has this principal, so nothing
+# is ever affirmed with it, and the report's digest covers the checkpoint digest, which makes
+# a checkpoint liar a mismatch like a wrong reply.
+CHECKPOINT_REF_CLIENT = 0xFFFFFFFF
+
+
+def checkpoint_ref(seq: int, checkpoint: bytes) -> ReplyRef:
+    return ReplyRef(CHECKPOINT_REF_CLIENT, seq, checkpoint)
+
+
 # ---- messages ---------------------------------------------------------------
 
 
 @dataclass
 class Message:
-    """Common header fields; subclasses add the body. `auth` is the raw authenticator."""
+    """Common header fields; a subclass made by @_message adds the body's fields, in wire
+    order, from zz.wire_table (declared in wire/messages.toml), and encoding, decoding and
+    the dump follow from that table. `auth` is the raw authenticator."""
 
     TYPE: ClassVar[int] = 0
     NAME: ClassVar[str] = ""
     AUTH: ClassVar[int] = AUTH_NONE
+    _CODEC: ClassVar[_Codec]
 
     service: int
     sender: int
     auth: bytes = field(default=b"", kw_only=True, repr=False)
 
-    # -- subclass hooks
+    def _values(self) -> Sequence[Any]:
+        return self._CODEC.values(self)
+
     def body(self) -> bytes:
-        raise NotImplementedError
+        return self._CODEC.write(self._values())
 
     @classmethod
     def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        raise NotImplementedError
+        return cls(service, sender, *cls._CODEC.read(r))
 
     def _dump_fields(self) -> list[str]:
-        raise NotImplementedError
+        return self._CODEC.dump(self._values())
 
     # -- encoding
     def authed(self) -> bytes:
@@ -443,15 +555,34 @@ class Message:
         return " ".join(head + self._dump_fields())
 
 
-@dataclass
-class Request(Message):
-    TYPE: ClassVar[int] = 1
-    NAME: ClassVar[str] = "REQUEST"
-    AUTH: ClassVar[int] = AUTH_MAC
+# The message classes by (type, auth kind); MESSAGE_TYPES below by type.
+_CLASSES: dict[tuple[int, int], type[Message]] = {}
 
-    timestamp: int
-    flags: int
-    op: bytes
+
+def _message(name: str) -> Callable[[type], Any]:
+    """Make the decorated class message `name` of zz.wire_table.MESSAGES: its TYPE and
+    AUTH, and its body's fields in wire order, a dataclass after Message's header fields
+    (optional ones default to 0, empty, all zero)."""
+    ((mtype, (auth, *_), layout),) = [
+        (t, kinds, lay) for t, (n, kinds, lay) in MESSAGES.items() if n == name
+    ]
+
+    def make(cls: type) -> Any:
+        codec = _LAYOUTS[layout]
+        cls.TYPE, cls.NAME, cls.AUTH, cls._CODEC = mtype, name, auth, codec
+        cls.__annotations__ = {f.name: f.annotation for f in codec.fields}
+        for f in codec.fields:
+            if f.name in OPTIONAL.get(layout, ()):
+                setattr(cls, f.name, f.zero)
+        _CLASSES[(mtype, auth)] = dataclass(cls)
+        return cls
+
+    return make
+
+
+@_message("REQUEST")
+class Request(Message):
+    """A client operation; the first copy of a request (auth kind 1, MACs only)."""
 
     @property
     def read_only(self) -> bool:
@@ -460,20 +591,6 @@ class Request(Message):
     @property
     def ordered_read(self) -> bool:
         return bool(self.flags & FLAG_ORDERED_READ)
-
-    def body(self) -> bytes:
-        return _u64(self.timestamp) + _u8(self.flags) + _bytes(self.op)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        ts = r.u64("timestamp")
-        flags = r.u8("flags")
-        if flags not in (0, FLAG_READONLY, FLAG_ORDERED_READ):
-            raise WireError("field", f"flags: {flags:#x} is not 0, 1 or 2")
-        return cls(service, sender, ts, flags, r.bytes_("op"))
-
-    def _dump_fields(self) -> list[str]:
-        return [f"timestamp={self.timestamp}", f"flags={self.flags}", f"op={_hx(self.op)}"]
 
     @property
     def is_signed(self) -> bool:
@@ -502,17 +619,12 @@ class SignedRequest(Request):
     AUTH: ClassVar[int] = AUTH_MAC_SIG
 
 
-@dataclass
-class Reply(Message):
-    TYPE: ClassVar[int] = 2
-    NAME: ClassVar[str] = "REPLY"
-    AUTH: ClassVar[int] = AUTH_MAC
+_CLASSES[(SignedRequest.TYPE, SignedRequest.AUTH)] = SignedRequest
 
-    view: int
-    timestamp: int
-    client: int
-    flags: int
-    result: bytes
+
+@_message("REPLY")
+class Reply(Message):
+    """The result of a request, from an agreement or an execution replica."""
 
     @property
     def read_only(self) -> bool:
@@ -525,41 +637,10 @@ class Reply(Message):
             return None
         return self.result[0], int.from_bytes(self.result[1:5], "big")
 
-    def body(self) -> bytes:
-        return (
-            _u32(self.view)
-            + _u64(self.timestamp)
-            + _u32(self.client)
-            + _u8(self.flags)
-            + _bytes(self.result)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        view = r.u32("view")
-        ts = r.u64("timestamp")
-        client = r.u32("client")
-        flags = r.u8("flags")
-        if flags not in (0, FLAG_READONLY, FLAG_REJECTED):
-            raise WireError("field", f"flags: unknown value {flags:#x}")
-        result = r.bytes_("result")
-        if flags == FLAG_REJECTED and len(result) != 5:
-            raise WireError("field", f"rejected reply: result of {len(result)} bytes, not 5")
-        return cls(service, sender, view, ts, client, flags, result)
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"view={self.view}",
-            f"timestamp={self.timestamp}",
-            f"client={self.client}",
-            f"flags={self.flags}",
-            f"result={_hx(self.result)}",
-        ]
-
 
 def batch_encoding(nd_time: int, nd_seed: int, requests: Sequence[bytes]) -> bytes:
     """PRE-PREPARE body from nd_time on; also FETCH-REPLY kind 1 data."""
-    return _u64(nd_time) + _u64(nd_seed) + _blist(requests)
+    return _LAYOUTS["batch"].write([nd_time, nd_seed, requests])
 
 
 def batch_digest(nd_time: int, nd_seed: int, requests: Sequence[bytes]) -> bytes:
@@ -568,24 +649,14 @@ def batch_digest(nd_time: int, nd_seed: int, requests: Sequence[bytes]) -> bytes
 
 def decode_batch(buf: bytes) -> tuple[int, int, list[bytes]]:
     r = _Reader(buf, 0, len(buf))
-    nd_time = r.u64("nd_time")
-    nd_seed = r.u64("nd_seed")
-    reqs = r.blist("requests")
+    nd_time, nd_seed, reqs = _LAYOUTS["batch"].read(r)
     r.done("batch")
     return nd_time, nd_seed, reqs
 
 
-@dataclass
+@_message("PRE-PREPARE")
 class PrePrepare(Message):
-    TYPE: ClassVar[int] = 3
-    NAME: ClassVar[str] = "PRE-PREPARE"
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    view: int
-    seq: int
-    nd_time: int
-    nd_seed: int
-    requests: list[bytes]
+    """The primary's proposal; the batch digest hashes the body from nd_time on."""
 
     def batch(self) -> bytes:
         return batch_encoding(self.nd_time, self.nd_seed, self.requests)
@@ -593,292 +664,61 @@ class PrePrepare(Message):
     def digest(self) -> bytes:
         return sha256(self.batch())
 
-    def body(self) -> bytes:
-        return _u32(self.view) + _u64(self.seq) + self.batch()
 
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        view = r.u32("view")
-        seq = r.u64("seq")
-        nd_time = r.u64("nd_time")
-        nd_seed = r.u64("nd_seed")
-        return cls(service, sender, view, seq, nd_time, nd_seed, r.blist("requests"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"view={self.view}",
-            f"seq={self.seq}",
-            f"nd_time={self.nd_time}",
-            f"nd_seed={self.nd_seed}",
-            f"requests={_list(_hx(q) for q in self.requests)}",
-        ]
+@_message("PREPARE")
+class Prepare(Message):
+    """A backup's vote for the batch `digest` at `seq` in `view`."""
 
 
-@dataclass
-class _Phase(Message):
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    view: int
-    seq: int
-    digest: bytes
-
-    def body(self) -> bytes:
-        return _u32(self.view) + _u64(self.seq) + _digest(self.digest)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        view = r.u32("view")
-        seq = r.u64("seq")
-        return cls(service, sender, view, seq, r.digest("digest"))
-
-    def _dump_fields(self) -> list[str]:
-        return [f"view={self.view}", f"seq={self.seq}", f"digest={self.digest.hex()}"]
+@_message("COMMIT")
+class Commit(Message):
+    """An agreement replica's commit vote."""
 
 
-@dataclass
-class Prepare(_Phase):
-    TYPE: ClassVar[int] = 4
-    NAME: ClassVar[str] = "PREPARE"
-
-
-@dataclass
-class Commit(_Phase):
-    TYPE: ClassVar[int] = 5
-    NAME: ClassVar[str] = "COMMIT"
-
-
-@dataclass
+@_message("CHECKPOINT")
 class Checkpoint(Message):
-    TYPE: ClassVar[int] = 6
-    NAME: ClassVar[str] = "CHECKPOINT"
-    AUTH: ClassVar[int] = AUTH_SIG
-
-    seq: int
-    state: bytes
-
-    def body(self) -> bytes:
-        return _u64(self.seq) + _digest(self.state)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        return cls(service, sender, seq, r.digest("state"))
-
-    def _dump_fields(self) -> list[str]:
-        return [f"seq={self.seq}", f"state={self.state.hex()}"]
+    """A signed statement of the state digest after executing `seq`."""
 
 
-def _entry_str(e: Entry) -> str:
-    return f"{e.seq}/{e.view}/{e.digest.hex()}"
-
-
-@dataclass
+@_message("VIEW-CHANGE")
 class ViewChange(Message):
-    TYPE: ClassVar[int] = 7
-    NAME: ClassVar[str] = "VIEW-CHANGE"
-    AUTH: ClassVar[int] = AUTH_SIG
-
-    new_view: int
-    stable_seq: int
-    proof: list[bytes]
-    prepared: list[Entry]
-    preprepared: list[Entry]
-
-    def body(self) -> bytes:
-        return (
-            _u32(self.new_view)
-            + _u64(self.stable_seq)
-            + _blist(self.proof)
-            + _entries(self.prepared)
-            + _entries(self.preprepared)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        new_view = r.u32("new_view")
-        stable = r.u64("stable_seq")
-        proof = r.blist("proof")
-        p = r.entries("prepared")
-        return cls(service, sender, new_view, stable, proof, p, r.entries("preprepared"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"new_view={self.new_view}",
-            f"stable_seq={self.stable_seq}",
-            f"proof={_list(_hx(x) for x in self.proof)}",
-            f"prepared={_list(_entry_str(e) for e in self.prepared)}",
-            f"preprepared={_list(_entry_str(e) for e in self.preprepared)}",
-        ]
+    """Signed by a replica moving to `new_view`: its checkpoint proof, P and Q."""
 
 
-@dataclass
+@_message("NEW-VIEW")
 class NewView(Message):
-    TYPE: ClassVar[int] = 8
-    NAME: ClassVar[str] = "NEW-VIEW"
-    AUTH: ClassVar[int] = AUTH_SIG
-
-    view: int
-    view_changes: list[bytes]
-    min_s: int
-    chosen: list[Choice]
-
-    def body(self) -> bytes:
-        return (
-            _u32(self.view) + _blist(self.view_changes) + _u64(self.min_s) + _choices(self.chosen)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        view = r.u32("view")
-        vcs = r.blist("view_changes")
-        min_s = r.u64("min_s")
-        return cls(service, sender, view, vcs, min_s, r.choices("chosen"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"view={self.view}",
-            f"view_changes={_list(_hx(x) for x in self.view_changes)}",
-            f"min_s={self.min_s}",
-            f"chosen={_list(f'{c.seq}/{c.digest.hex()}' for c in self.chosen)}",
-        ]
+    """Signed by the primary of `view`: the view changes and the choice made from them."""
 
 
-def _check_kind(kind: int) -> None:
-    if kind not in (FETCH_BATCH, FETCH_STATE, FETCH_LOG):
-        raise WireError("field", f"kind: {kind} not in 1..3")
-
-
-@dataclass
+@_message("FETCH")
 class Fetch(Message):
-    TYPE: ClassVar[int] = 9
-    NAME: ClassVar[str] = "FETCH"
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    kind: int
-    seq: int
-    digest: bytes
-
-    def body(self) -> bytes:
-        return _u8(self.kind) + _u64(self.seq) + _digest(self.digest)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        kind = r.u8("kind")
-        _check_kind(kind)
-        seq = r.u64("seq")
-        return cls(service, sender, kind, seq, r.digest("digest"))
-
-    def _dump_fields(self) -> list[str]:
-        return [f"kind={self.kind}", f"seq={self.seq}", f"digest={self.digest.hex()}"]
+    """Ask one replica for a batch, a checkpoint state or the committed log."""
 
 
-@dataclass
+@_message("FETCH-REPLY")
 class FetchReply(Message):
-    TYPE: ClassVar[int] = 10
-    NAME: ClassVar[str] = "FETCH-REPLY"
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    kind: int
-    seq: int
-    digest: bytes
-    data: bytes
-
-    def body(self) -> bytes:
-        return _u8(self.kind) + _u64(self.seq) + _digest(self.digest) + _bytes(self.data)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        kind = r.u8("kind")
-        _check_kind(kind)
-        seq = r.u64("seq")
-        digest = r.digest("digest")
-        return cls(service, sender, kind, seq, digest, r.bytes_("data"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"kind={self.kind}",
-            f"seq={self.seq}",
-            f"digest={self.digest.hex()}",
-            f"data={_hx(self.data)}",
-        ]
+    """The answer to FETCH."""
 
 
-@dataclass
+@_message("STATUS")
 class Status(Message):
-    TYPE: ClassVar[int] = 11
-    NAME: ClassVar[str] = "STATUS"
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    view: int
-    last_exec: int
-    stable_seq: int
-
-    def body(self) -> bytes:
-        return _u32(self.view) + _u64(self.last_exec) + _u64(self.stable_seq)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        view = r.u32("view")
-        last = r.u64("last_exec")
-        return cls(service, sender, view, last, r.u64("stable_seq"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"view={self.view}",
-            f"last_exec={self.last_exec}",
-            f"stable_seq={self.stable_seq}",
-        ]
+    """Sent while a replica waits, so that peers retransmit what was lost."""
 
 
 # ---- execution messages (ZZ §4.1-4.2) -------------------------------------------
 
 
-@dataclass
+@_message("EXEC-COMMIT")
 class ExecCommit(Message):
     """An agreement replica's statement that batch `seq` committed (null digest and
     empty batch for a null request). The codec does not check that the batch hashes
     to the digest: the execution replica does, as part of its commit certificate."""
 
-    TYPE: ClassVar[int] = 16
-    NAME: ClassVar[str] = "EXEC-COMMIT"
-    AUTH: ClassVar[int] = AUTH_MAC
 
-    view: int
-    seq: int
-    digest: bytes
-    batch: bytes
-
-    def body(self) -> bytes:
-        return _u32(self.view) + _u64(self.seq) + _digest(self.digest) + _bytes(self.batch)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        view = r.u32("view")
-        seq = r.u64("seq")
-        digest = r.digest("digest")
-        return cls(service, sender, view, seq, digest, r.bytes_("batch"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"view={self.view}",
-            f"seq={self.seq}",
-            f"digest={self.digest.hex()}",
-            f"batch={_hx(self.batch)}",
-        ]
-
-
-@dataclass
+@_message("EXEC-REPORT")
 class ExecReport(Message):
     """The codec does not check that `reply_digest` hashes `replies` (the receiver does,
     with `digest_ok`, and drops the report as a `field` error otherwise)."""
-
-    TYPE: ClassVar[int] = 17
-    NAME: ClassVar[str] = "EXEC-REPORT"
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    seq: int
-    reply_digest: bytes
-    replies: list[ReplyRef]
 
     @classmethod
     def of(cls, service: int, sender: int, seq: int, replies: Sequence[ReplyRef]) -> Self:
@@ -888,211 +728,47 @@ class ExecReport(Message):
     def digest_ok(self) -> bool:
         return ct_equal(reply_digest(self.replies), self.reply_digest)
 
-    def body(self) -> bytes:
-        return _u64(self.seq) + _digest(self.reply_digest) + _reply_refs(self.replies)
 
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        d = r.digest("reply_digest")
-        return cls(service, sender, seq, d, r.reply_refs("replies"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"seq={self.seq}",
-            f"reply_digest={self.reply_digest.hex()}",
-            "replies="
-            + _list(f"{e.client}/{e.timestamp}/{e.result_digest.hex()}" for e in self.replies),
-        ]
-
-
-@dataclass
+@_message("EXEC-CHECKPOINT")
 class ExecCheckpoint(Message):
-    TYPE: ClassVar[int] = 18
-    NAME: ClassVar[str] = "EXEC-CHECKPOINT"
-    AUTH: ClassVar[int] = AUTH_SIG
-
-    seq: int
-    checkpoint: bytes
-
-    def body(self) -> bytes:
-        return _u64(self.seq) + _digest(self.checkpoint)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        return cls(service, sender, seq, r.digest("checkpoint"))
-
-    def _dump_fields(self) -> list[str]:
-        return [f"seq={self.seq}", f"checkpoint={self.checkpoint.hex()}"]
+    """An execution replica's signed checkpoint digest at `seq`."""
 
 
 # ---- fault detection and control messages (ZZ §4.3, docs/fault-detection.md) ----------
 
 
-@dataclass
+@_message("FAULT-STATEMENT")
 class FaultStatement(Message):
     """Agreement replica `sender`'s signed row for `seq`: one entry per awake execution
     replica, ascending replica id (the evaluator, not the codec, checks the order)."""
 
-    TYPE: ClassVar[int] = 19
-    NAME: ClassVar[str] = "FAULT-STATEMENT"
-    AUTH: ClassVar[int] = AUTH_SIG
 
-    seq: int
-    row: list[RowEntry]
-
-    def body(self) -> bytes:
-        return _u64(self.seq) + _rows(self.row)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        return cls(service, sender, seq, r.rows("row"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"seq={self.seq}",
-            "row=" + _list(f"{e.replica}/{e.state}/{e.digest.hex()}" for e in self.row),
-        ]
-
-
-@dataclass
+@_message("WAKEUP")
 class Wakeup(Message):
     """A self-certifying wake-up order: `evidence` holds complete signed FAULT-STATEMENT
     messages; the verifier (zz/certs.py, agreement/src/wakeup.c) checks them."""
 
-    TYPE: ClassVar[int] = 20
-    NAME: ClassVar[str] = "WAKEUP"
-    AUTH: ClassVar[int] = AUTH_SIG
 
-    seq: int
-    evidence: list[bytes]
-    sleeping: list[int]
-    wake: list[int]
-
-    def body(self) -> bytes:
-        return _u64(self.seq) + _blist(self.evidence) + _u32s(self.sleeping) + _u32s(self.wake)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        ev = r.blist("evidence")
-        sleeping = r.u32s("sleeping")
-        return cls(service, sender, seq, ev, sleeping, r.u32s("wake"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"seq={self.seq}",
-            f"evidence={_list(_hx(x) for x in self.evidence)}",
-            f"sleeping={_list(str(v) for v in self.sleeping)}",
-            f"wake={_list(str(v) for v in self.wake)}",
-        ]
-
-
-@dataclass
+@_message("SHUTDOWN")
 class Shutdown(Message):
     """One agreement replica's resolution of the round at `seq`; g+1 identical bodies from
     distinct agreement replicas make a SHUTDOWN certificate."""
 
-    TYPE: ClassVar[int] = 21
-    NAME: ClassVar[str] = "SHUTDOWN"
-    AUTH: ClassVar[int] = AUTH_SIG
 
-    seq: int
-    awake: list[int]
-    convict: list[int]
-    sleep: list[int]
-    active: list[int]
-
-    def body(self) -> bytes:
-        return (
-            _u64(self.seq)
-            + _u32s(self.awake)
-            + _u32s(self.convict)
-            + _u32s(self.sleep)
-            + _u32s(self.active)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        awake = r.u32s("awake")
-        convict = r.u32s("convict")
-        sleep = r.u32s("sleep")
-        return cls(service, sender, seq, awake, convict, sleep, r.u32s("active"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"seq={self.seq}",
-            f"awake={_list(str(v) for v in self.awake)}",
-            f"convict={_list(str(v) for v in self.convict)}",
-            f"sleep={_list(str(v) for v in self.sleep)}",
-            f"active={_list(str(v) for v in self.active)}",
-        ]
-
-
-@dataclass
+@_message("REPLY-AFFIRM")
 class ReplyAffirm(Message):
     """An agreement replica's statement that the request (client, timestamp) has the
     certified result whose SHA-256 is `result_digest`."""
 
-    TYPE: ClassVar[int] = 22
-    NAME: ClassVar[str] = "REPLY-AFFIRM"
-    AUTH: ClassVar[int] = AUTH_MAC
 
-    timestamp: int
-    client: int
-    result_digest: bytes
-
-    def body(self) -> bytes:
-        return _u64(self.timestamp) + _u32(self.client) + _digest(self.result_digest)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        ts = r.u64("timestamp")
-        client = r.u32("client")
-        return cls(service, sender, ts, client, r.digest("result_digest"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"timestamp={self.timestamp}",
-            f"client={self.client}",
-            f"result_digest={self.result_digest.hex()}",
-        ]
-
-
-@dataclass
-class _ControlBase(Message):
-    AUTH: ClassVar[int] = AUTH_MAC
-
-    request_id: int
-    json: bytes
-
-    def body(self) -> bytes:
-        return _u64(self.request_id) + _bytes(self.json)
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        rid = r.u64("request_id")
-        return cls(service, sender, rid, r.bytes_("json"))
-
-    def _dump_fields(self) -> list[str]:
-        return [f"request_id={self.request_id}", f"json={_hx(self.json)}"]
-
-
-@dataclass
-class Control(_ControlBase):
+@_message("CONTROL")
+class Control(Message):
     """Operator -> controld RPC (service 0); `json` is a UTF-8 JSON object."""
 
-    TYPE: ClassVar[int] = 23
-    NAME: ClassVar[str] = "CONTROL"
 
-
-@dataclass
-class ControlReply(_ControlBase):
-    TYPE: ClassVar[int] = 24
-    NAME: ClassVar[str] = "CONTROL-REPLY"
+@_message("CONTROL-REPLY")
+class ControlReply(Message):
+    """controld's answer to CONTROL, with the request's id."""
 
 
 # ---- state fetching (ZZ §4.5, docs/recovery.md) -------------------------------------
@@ -1104,59 +780,12 @@ FILE_CHALLENGE_LEN = 16
 FILE_STATUS_CHALLENGE = 6
 
 
-@dataclass
+@_message("FILE-FETCH")
 class FileFetch(Message):
     """A recovering execution replica asks a peer for a range of one checkpoint file
     (empty path: the manifest encoding). Bound to one server (`target`, its principal)
     and to one connection to it (`challenge`, the server's challenge on that connection;
     empty to ask for it), so a captured request cannot be replayed elsewhere."""
-
-    TYPE: ClassVar[int] = 25
-    NAME: ClassVar[str] = "FILE-FETCH"
-    AUTH: ClassVar[int] = AUTH_SIG
-
-    seq: int
-    path: bytes
-    offset: int
-    length: int
-    target: int
-    challenge: bytes = b""
-
-    def body(self) -> bytes:
-        if len(self.challenge) not in (0, FILE_CHALLENGE_LEN):
-            raise ValueError(f"FILE-FETCH challenge must be 0 or {FILE_CHALLENGE_LEN} bytes")
-        return (
-            _u64(self.seq)
-            + _bytes(self.path)
-            + _u64(self.offset)
-            + _u32(self.length)
-            + _u32(self.target)
-            + _bytes(self.challenge)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        path = r.bytes_("path")
-        offset = r.u64("offset")
-        length = r.u32("length")
-        if length > FILE_MAX_CHUNK:
-            raise WireError("field", f"length: {length} > {FILE_MAX_CHUNK}")
-        target = r.u32("target")
-        challenge = r.bytes_("challenge")
-        if len(challenge) not in (0, FILE_CHALLENGE_LEN):
-            raise WireError("field", f"challenge: {len(challenge)} bytes, not 0 or 16")
-        return cls(service, sender, seq, path, offset, length, target, challenge)
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"seq={self.seq}",
-            f"path={_hx(self.path)}",
-            f"offset={self.offset}",
-            f"length={self.length}",
-            f"target={self.target}",
-            f"challenge={_hx(self.challenge)}",
-        ]
 
     def refusal(
         self, publics: Mapping[int, bytes], n_exec: int, server: int | None = None
@@ -1180,65 +809,13 @@ class FileFetch(Message):
             return "\x00"
 
 
-@dataclass
+@_message("FILE-DATA")
 class FileData(Message):
     """The answer to FILE-FETCH. Unauthenticated: the content is checked against the
     certified manifest by the requester."""
 
-    TYPE: ClassVar[int] = 26
-    NAME: ClassVar[str] = "FILE-DATA"
-    AUTH: ClassVar[int] = AUTH_NONE
 
-    seq: int
-    path: bytes
-    offset: int
-    status: int
-    size: int
-    data: bytes
-
-    def body(self) -> bytes:
-        return (
-            _u64(self.seq)
-            + _bytes(self.path)
-            + _u64(self.offset)
-            + _u8(self.status)
-            + _u64(self.size)
-            + _bytes(self.data)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        seq = r.u64("seq")
-        path = r.bytes_("path")
-        offset = r.u64("offset")
-        status = r.u8("status")
-        size = r.u64("size")
-        data = r.bytes_("data")
-        if status > FILE_STATUS_CHALLENGE:
-            raise WireError("field", f"status: {status} not in 0..6")
-        # 0 (ok) and 5 (later) carry the file's bytes, 6 (challenge) the connection's
-        # challenge; the others carry nothing.
-        if status == FILE_STATUS_CHALLENGE:
-            if size or len(data) != FILE_CHALLENGE_LEN:
-                raise WireError("field", f"challenge with size {size} and {len(data)} bytes")
-        elif status not in (0, 5) and (size or data):
-            raise WireError("field", f"status {status} with size {size} and {len(data)} bytes")
-        if len(data) > FILE_MAX_CHUNK:
-            raise WireError("field", f"data: {len(data)} bytes > {FILE_MAX_CHUNK}")
-        return cls(service, sender, seq, path, offset, status, size, data)
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"seq={self.seq}",
-            f"path={_hx(self.path)}",
-            f"offset={self.offset}",
-            f"status={self.status}",
-            f"size={self.size}",
-            f"data={_hx(self.data)}",
-        ]
-
-
-@dataclass
+@_message("SPARE-READY")
 class SpareReady(Message):
     """controld of the replica's host → the service's agreement replicas: a fresh sleeping
     replica stands under index `replica`. `seq` is the SHUTDOWN seq that convicted the
@@ -1248,44 +825,6 @@ class SpareReady(Message):
     `dh_pub` are the new incarnation's Ed25519 and X25519 public keys: from then on the slot's
     messages verify only under them (docs/wire.md, "Key epochs")."""
 
-    TYPE: ClassVar[int] = 27
-    NAME: ClassVar[str] = "SPARE-READY"
-    AUTH: ClassVar[int] = AUTH_SIG
-
-    replica: int
-    seq: int
-    epoch: int = 0
-    sign_pub: bytes = bytes(KEY_LEN)
-    dh_pub: bytes = bytes(KEY_LEN)
-
-    def body(self) -> bytes:
-        if len(self.sign_pub) != KEY_LEN or len(self.dh_pub) != KEY_LEN:
-            raise ValueError(f"SPARE-READY keys must be {KEY_LEN} bytes")
-        return (
-            _u32(self.replica)
-            + _u64(self.seq)
-            + _u32(self.epoch)
-            + bytes(self.sign_pub)
-            + bytes(self.dh_pub)
-        )
-
-    @classmethod
-    def _parse(cls, r: _Reader, service: int, sender: int) -> Self:
-        replica = r.u32("replica")
-        seq = r.u64("seq")
-        epoch = r.u32("epoch")
-        sign_pub = r._take(KEY_LEN, "sign_pub")
-        return cls(service, sender, replica, seq, epoch, sign_pub, r._take(KEY_LEN, "dh_pub"))
-
-    def _dump_fields(self) -> list[str]:
-        return [
-            f"replica={self.replica}",
-            f"seq={self.seq}",
-            f"epoch={self.epoch}",
-            f"sign_pub={_hx(self.sign_pub)}",
-            f"dh_pub={_hx(self.dh_pub)}",
-        ]
-
 
 def reply_ref(client: int, timestamp: int, result: bytes) -> ReplyRef:
     return ReplyRef(client, timestamp, sha256(result))
@@ -1294,7 +833,7 @@ def reply_ref(client: int, timestamp: int, result: bytes) -> ReplyRef:
 def reply_digest(refs: Iterable[ReplyRef]) -> bytes:
     """EXEC-REPORT reply_digest: SHA-256 of the concatenated reply_ref encodings, in batch
     order; the caller leaves out requests skipped as duplicates."""
-    return sha256(b"".join(_reply_ref(e) for e in refs))
+    return sha256(b"".join(map(_ITEMS["reply_ref"].write_item, refs)))
 
 
 class LogEntry(NamedTuple):
@@ -1355,33 +894,9 @@ def log_entries(data: bytes) -> list[LogEntry]:
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls
-    for cls in (
-        Request,
-        Reply,
-        PrePrepare,
-        Prepare,
-        Commit,
-        Checkpoint,
-        ViewChange,
-        NewView,
-        Fetch,
-        FetchReply,
-        Status,
-        ExecCommit,
-        ExecReport,
-        ExecCheckpoint,
-        FaultStatement,
-        Wakeup,
-        Shutdown,
-        ReplyAffirm,
-        Control,
-        ControlReply,
-        FileFetch,
-        FileData,
-        SpareReady,
-    )
+    t: _CLASSES[(t, kinds[0])] for t, (_, kinds, _) in MESSAGES.items()
 }
+assert set(_CLASSES) == {(t, k) for t, (_, kinds, _) in MESSAGES.items() for k in kinds}
 
 
 def _check_auth_shape(kind: int, auth: bytes) -> None:
@@ -1423,13 +938,11 @@ def decode(buf: bytes) -> Message:
         raise WireError("magic", magic.hex())
     if version != VERSION:
         raise WireError("version", str(version))
-    cls = MESSAGE_TYPES.get(mtype)
-    if cls is None:
+    if mtype not in MESSAGE_TYPES:
         raise WireError("type", f"unknown type {mtype}")
-    if cls is Request and auth_kind == AUTH_MAC_SIG:
-        cls = SignedRequest
-    if auth_kind != cls.AUTH:
-        raise WireError("type", f"{cls.NAME} with auth_kind {auth_kind}")
+    cls = _CLASSES.get((mtype, auth_kind))
+    if cls is None:
+        raise WireError("type", f"{MESSAGE_TYPES[mtype].NAME} with auth_kind {auth_kind}")
     if reserved != 0:
         raise WireError("field", f"reserved byte {reserved}")
     end = HDR_LEN + body_len
