@@ -263,13 +263,13 @@ void zz_detect_on_report(zz_replica *r, const zz_msg *m)
 {
     const zz_exec_report *q = &m->u.exec_report;
     uint8_t d[ZZ_DIGEST_LEN];
-    zz_sha256(q->refs, (size_t)q->replies.count * ZZ_REPLY_REF_WIRE, d);
-    if (!zz_ct_equal(d, q->digest, ZZ_DIGEST_LEN)) {
+    zz_sha256(q->replies.p, (size_t)q->replies.count * ZZ_REPLY_REF_WIRE, d);
+    if (!zz_ct_equal(d, q->reply_digest, ZZ_DIGEST_LEN)) {
         r->st.dropped[ZZ_DROP_FIELD]++;
         return;
     }
     r->st.exec_reports++;
-    zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, q->seq, q->digest, q->refs,
+    zz_detect_report(r, m->sender - ZZ_PRINCIPAL_EXEC, q->seq, q->reply_digest, q->replies.p,
                      q->replies.count);
 }
 

@@ -1,5 +1,7 @@
 /* wire.h - the ZZ binary wire format (docs/wire.md), zero-copy decoder and encoder.
- * Decoded messages point into the caller's buffer; nothing here allocates. */
+ * Decoded messages point into the caller's buffer; nothing here allocates. The messages are
+ * declared in wire/messages.toml: wire_table.h holds their types and structs, and wire.c
+ * decodes and encodes every type by walking its field table (zz_msgdefs). */
 #ifndef ZZ_WIRE_H
 #define ZZ_WIRE_H
 
@@ -28,39 +30,11 @@
 #define ZZ_MAX_BATCH_BYTES (ZZ_MAX_MSG - ZZ_LOG_REPLY_SOFT - ZZ_MSG_OVERHEAD_MAX)
 #define ZZ_BATCH_HDR_LEN 20u /* batch encoding: nd_time, nd_seed, request count */
 
-enum zz_type {
-    ZZ_REQUEST = 1,
-    ZZ_REPLY = 2,
-    ZZ_PRE_PREPARE = 3,
-    ZZ_PREPARE = 4,
-    ZZ_COMMIT = 5,
-    ZZ_CHECKPOINT = 6,
-    ZZ_VIEW_CHANGE = 7,
-    ZZ_NEW_VIEW = 8,
-    ZZ_FETCH = 9,
-    ZZ_FETCH_REPLY = 10,
-    ZZ_STATUS = 11,
-    ZZ_EXEC_COMMIT = 16,
-    ZZ_EXEC_REPORT = 17,
-    ZZ_EXEC_CHECKPOINT = 18,
-    ZZ_FAULT_STATEMENT = 19,
-    ZZ_WAKEUP = 20,
-    ZZ_SHUTDOWN = 21,
-    ZZ_REPLY_AFFIRM = 22,
-    ZZ_CONTROL = 23,
-    ZZ_CONTROL_REPLY = 24,
-    ZZ_FILE_FETCH = 25,
-    ZZ_FILE_DATA = 26,
-    ZZ_SPARE_READY = 27,
-    ZZ_TYPE_MAX = 27
-};
-/* 12..15 and 28..31 are unassigned; a decoder rejects them like any unknown type. */
 #define ZZ_FILE_MAX_CHUNK 4194304u /* FILE-FETCH length and FILE-DATA data, at most */
 /* A server's challenge on one connection: FILE-DATA status 6 carries it, and every
  * FILE-FETCH on that connection after it (docs/wire.md "State fetching"). */
 #define ZZ_FILE_CHALLENGE_LEN 16u
 #define ZZ_FILE_STATUS_CHALLENGE 6u
-int zz_type_known(uint8_t type);
 
 /* ZZ_AUTH_MAC_SIG: a MAC vector followed by the sender's Ed25519 signature, both over the
  * authenticated bytes; only a REQUEST may carry it (a client's signed request, which every
@@ -97,6 +71,8 @@ enum { ZZ_REJECT_TOO_LARGE = 1 };
 
 /* FAULT-STATEMENT row entry states (docs/wire.md). */
 enum { ZZ_ROW_NONE = 0, ZZ_ROW_ONTIME = 1, ZZ_ROW_LATE = 2 };
+/* The client of an EXEC-REPORT's checkpoint ref (docs/wire.md): no client has it. */
+#define ZZ_CHECKPOINT_REF_CLIENT 0xFFFFFFFFu
 
 typedef struct {
     const uint8_t *p;
@@ -121,193 +97,95 @@ void zz_blist_begin(const zz_blist *l, zz_blist_iter *it);
  * validated by the decoder, so iteration cannot fail. */
 int zz_blist_next(zz_blist_iter *it, zz_bytes *out);
 
-/* VIEW-CHANGE P/Q entry (44 bytes on the wire) and NEW-VIEW choice (40 bytes). */
-typedef struct {
-    uint64_t seq;
-    uint32_t view;
-    uint8_t digest[ZZ_DIGEST_LEN];
-} zz_entry;
-typedef struct {
-    uint64_t seq;
-    uint8_t digest[ZZ_DIGEST_LEN];
-} zz_choice;
-#define ZZ_ENTRY_WIRE 44
-#define ZZ_CHOICE_WIRE 40
-/* FAULT-STATEMENT row entry (37 bytes), EXEC-REPORT reply_ref (44 bytes), list<u32> item. */
-typedef struct {
-    uint32_t replica;
-    uint8_t state;
-    uint8_t digest[ZZ_DIGEST_LEN];
-} zz_row_entry;
-typedef struct {
-    uint32_t client;
-    uint64_t timestamp;
-    uint8_t result_digest[ZZ_DIGEST_LEN];
-} zz_reply_ref;
-#define ZZ_ROW_WIRE 37
-#define ZZ_REPLY_REF_WIRE 44
-/* The client of an EXEC-REPORT's checkpoint ref (docs/wire.md): no client has it. */
-#define ZZ_CHECKPOINT_REF_CLIENT 0xFFFFFFFFu
-#define ZZ_U32_WIRE 4
+/* A list of fixed-size records (list<entry>, list<u32>, ...): count items of the record's
+ * wire size back to back from p. */
 typedef struct {
     uint32_t count;
     const uint8_t *p; /* count * the item's wire size */
 } zz_flist;
+
+/* ---- the message table ----
+ * wire_table.c, generated from wire/messages.toml, lists every record's, group's and message
+ * body's fields in wire order in one array, zz_fields, and their domains in another,
+ * zz_checks; a layout is a slice of each. zz_decode, zz_encode and the tests' dump walk a
+ * type's layout instead of switching per type. A field lands at `off` in its struct
+ * (zz_msg.u.<layout> for a message, zz_<record> for a list item). */
+enum zz_kind {
+    ZZ_K_U8,
+    ZZ_K_U16,
+    ZZ_K_U32,
+    ZZ_K_U64,
+    ZZ_K_FIXED, /* `size` raw bytes: a const uint8_t * into the message */
+    ZZ_K_ARRAY, /* `size` raw bytes copied into an array (record fields) */
+    ZZ_K_BYTES, /* u32 length + the bytes: zz_bytes */
+    ZZ_K_BLIST, /* list<bytes>: zz_blist */
+    ZZ_K_LIST,  /* u32 count + that many zz_records[rec] items: zz_flist */
+    ZZ_K_REST   /* reads nothing: the body from here to its end as zz_bytes; the fields after it
+                 * are its parts (PRE-PREPARE's batch) */
+};
+typedef struct {
+    const char *name;
+    uint8_t kind; /* enum zz_kind */
+    uint8_t size; /* ZZ_K_FIXED, ZZ_K_ARRAY: the length */
+    uint16_t off; /* offsetof the field in its struct */
+    uint8_t rec;  /* ZZ_K_LIST: the item, an index of zz_records (enum zz_rec) */
+} zz_field;
+
+/* A field domain, checked once field `at` is read (a record's, once its whole list is): the
+ * field's value (a bytes field's length) is in the set `arg` (ZZ_T_IN: bit v for value v, so
+ * values below 32) or at most `arg` (ZZ_T_MAX), or a digest is all zero or not. `when` names
+ * a field whose value must be in the set `when_in` for the check to apply, or is
+ * ZZ_ALWAYS. Field numbers count from the layout's first field. A failed check is
+ * ZZ_ERR_FIELD. */
+enum zz_test { ZZ_T_IN, ZZ_T_MAX, ZZ_T_ZERO, ZZ_T_NONZERO };
+#define ZZ_ALWAYS 0xFF
+typedef struct {
+    uint8_t at, field, test, when;
+    uint32_t when_in;
+    uint64_t arg;
+} zz_check;
+
+/* A record, group or message body: a slice of zz_fields and one of zz_checks (the checks in
+ * the order of their `at`). */
+typedef struct {
+    uint16_t field; /* zz_fields[field, field + nfields) */
+    uint8_t nfields;
+    uint16_t check; /* zz_checks[check, check + nchecks) */
+    uint8_t nchecks;
+} zz_layout;
+
+/* A list item: only integers and arrays, so every item has the same wire size. */
+typedef struct {
+    zz_layout layout;
+    uint32_t wire;
+} zz_record;
+
+typedef struct {
+    const char *name; /* "PRE-PREPARE"; NULL for an unassigned type */
+    uint8_t auth;     /* the auth kind the encoders give it */
+    uint8_t auths;    /* the kinds a decoder admits: bit k for kind k */
+    zz_layout layout; /* its body, over zz_msg.u */
+} zz_msgdef;
+
+extern const zz_field zz_fields[];
+extern const zz_check zz_checks[];
+
+#include "wire_table.h"
+
+/* Whether zz_msgdefs declares the type (12..15 and 28..31 are unassigned; a decoder rejects
+ * them like any unknown type). */
+int zz_type_known(uint8_t type);
+
+/* Item i of a list of zz_records[rec], decoded into the record's struct (a zz_item has room
+ * for any). */
+void zz_item_at(uint8_t rec, const zz_flist *l, uint32_t i, void *out);
 void zz_entry_at(const zz_flist *l, uint32_t i, zz_entry *out);
 void zz_choice_at(const zz_flist *l, uint32_t i, zz_choice *out);
 void zz_row_at(const zz_flist *l, uint32_t i, zz_row_entry *out);
 void zz_reply_ref_at(const zz_flist *l, uint32_t i, zz_reply_ref *out);
 uint32_t zz_u32_at(const zz_flist *l, uint32_t i);
-
-typedef struct {
-    uint64_t timestamp;
-    uint8_t flags;
-    zz_bytes op;
-} zz_request;
-
-typedef struct {
-    uint32_t view;
-    uint64_t timestamp;
-    uint32_t client;
-    uint8_t flags;
-    zz_bytes result;
-} zz_reply;
-
-typedef struct {
-    uint32_t view;
-    uint64_t seq;
-    uint64_t nd_time;
-    uint64_t nd_seed;
-    zz_blist requests;
-    zz_bytes batch; /* the batch encoding: body from nd_time to the end */
-} zz_pre_prepare;
-
-typedef struct {
-    uint32_t view;
-    uint64_t seq;
-    const uint8_t *digest;
-} zz_phase; /* PREPARE and COMMIT */
-
-typedef struct {
-    uint64_t seq;
-    const uint8_t *state;
-} zz_checkpoint;
-
-typedef struct {
-    uint32_t new_view;
-    uint64_t stable_seq;
-    zz_blist proof;
-    zz_flist prepared;
-    zz_flist preprepared;
-} zz_view_change;
-
-typedef struct {
-    uint32_t view;
-    zz_blist view_changes;
-    uint64_t min_s;
-    zz_flist chosen;
-} zz_new_view;
-
-typedef struct {
-    uint8_t kind;
-    uint64_t seq;
-    const uint8_t *digest;
-} zz_fetch;
-
-typedef struct {
-    uint8_t kind;
-    uint64_t seq;
-    const uint8_t *digest;
-    zz_bytes data;
-} zz_fetch_reply;
-
-typedef struct {
-    uint32_t view;
-    uint64_t last_exec;
-    uint64_t stable_seq;
-} zz_status;
-
-typedef struct {
-    uint32_t view;
-    uint64_t seq;
-    const uint8_t *digest;
-    zz_bytes batch;
-} zz_exec_commit;
-
-typedef struct {
-    uint64_t seq;
-    const uint8_t *digest; /* checkpoint digest (EXEC-CHECKPOINT) */
-} zz_exec_digest;
-
-/* EXEC-REPORT: the decoder does not check that reply_digest hashes `replies` (wire.c has
- * no crypto); zz_reply_refs_digest does, and the agreement intake drops a mismatch. */
-typedef struct {
-    uint64_t seq;
-    const uint8_t *digest; /* reply_digest */
-    zz_flist replies;      /* ZZ_REPLY_REF_WIRE items */
-    const uint8_t *refs;   /* the encoded reply_refs (replies.count * 44 bytes): what the
-                            * reply digest hashes */
-} zz_exec_report;
-
-typedef struct {
-    uint64_t seq;
-    zz_flist row; /* ZZ_ROW_WIRE items; states in 0..2, a null digest exactly for state 0 */
-} zz_fault_statement;
-
-typedef struct {
-    uint64_t seq;
-    zz_blist evidence; /* complete signed FAULT-STATEMENT messages */
-    zz_flist sleeping; /* u32 items */
-    zz_flist wake;
-} zz_wakeup;
-
-typedef struct {
-    uint64_t seq;
-    zz_flist awake, convict, sleep, active; /* u32 items */
-} zz_shutdown;
-
-typedef struct {
-    uint64_t timestamp;
-    uint32_t client;
-    const uint8_t *result_digest;
-} zz_reply_affirm;
-
-typedef struct {
-    uint64_t request_id;
-    zz_bytes json;
-} zz_control; /* CONTROL and CONTROL-REPLY */
-
-typedef struct {
-    uint64_t seq;
-    zz_bytes path;
-    uint64_t offset;
-    uint32_t length;
-    uint32_t target;    /* the principal of the server it is meant for */
-    zz_bytes challenge; /* empty, or that server's ZZ_FILE_CHALLENGE_LEN-byte challenge */
-} zz_file_fetch;
-
-typedef struct {
-    uint64_t seq;
-    zz_bytes path;
-    uint64_t offset;
-    uint8_t status; /* 0 ok, 1 no such checkpoint, 2 no such file, 3 refused, 4 error,
-                       5 later, 6 challenge (data = the connection's challenge) */
-    uint64_t size;
-    zz_bytes data;
-} zz_file_data;
-
-/* SPARE-READY (signed by the controld of the replica's host): a fresh sleeping replica
- * stands under index `replica`; seq = the SHUTDOWN seq that convicted its previous
- * incarnation, 0 for a first provisioning. `epoch` numbers the slot's key generations (0 =
- * the key directory's); sign_pub / dh_pub are the new incarnation's Ed25519 and X25519
- * public keys (pointers into the message). */
-typedef struct {
-    uint32_t replica;
-    uint64_t seq;
-    uint32_t epoch;
-    const uint8_t *sign_pub; /* ZZ_KEY_LEN bytes */
-    const uint8_t *dh_pub;   /* ZZ_KEY_LEN bytes */
-} zz_spare_ready;
+/* An integer field of the struct at base (ZZ_K_U8 .. ZZ_K_U64). */
+uint64_t zz_field_uint(const zz_field *f, const void *base);
 
 typedef struct {
     uint8_t type;
@@ -321,29 +199,7 @@ typedef struct {
     uint32_t body_len;
     const uint8_t *auth;
     uint32_t auth_len;
-    union {
-        zz_request request;
-        zz_reply reply;
-        zz_pre_prepare pre_prepare;
-        zz_phase phase;
-        zz_checkpoint checkpoint;
-        zz_view_change view_change;
-        zz_new_view new_view;
-        zz_fetch fetch;
-        zz_fetch_reply fetch_reply;
-        zz_status status;
-        zz_exec_commit exec_commit;
-        zz_exec_digest exec_digest; /* EXEC-CHECKPOINT */
-        zz_exec_report exec_report;
-        zz_fault_statement fault_statement;
-        zz_wakeup wakeup;
-        zz_shutdown shutdown;
-        zz_reply_affirm reply_affirm;
-        zz_control control; /* CONTROL and CONTROL-REPLY */
-        zz_file_fetch file_fetch;
-        zz_file_data file_data;
-        zz_spare_ready spare_ready;
-    } u;
+    zz_body u; /* the fields, in the struct of the type's layout (wire_table.h) */
 } zz_msg;
 
 /* Decode and structurally validate buf[0,len). Does not verify MACs/signatures
@@ -383,6 +239,15 @@ size_t zz_begin(zz_buf *b, uint8_t type, uint8_t auth_kind, uint16_t service, ui
  * before adding the authenticator). */
 void zz_end_body(zz_buf *b, size_t start);
 
+/* Encode m's header and body (from m->u by its type's field table; no authenticator yet),
+ * body_len patched. A ZZ_K_REST field that is set is written as it is, instead of the fields
+ * after it. Returns the offset of the message in b. */
+size_t zz_encode(zz_buf *b, const zz_msg *m);
+/* A zz_msg with the header of a new message of `type`: its default auth kind, body zeroed. */
+zz_msg zz_msg_new(uint8_t type, uint16_t service, uint32_t sender);
+/* Append one list item of zz_records[rec] from the record's struct. */
+void zz_put_item(zz_buf *b, uint8_t rec, const void *item);
+
 /* Convenience encoders: header + body (no authenticator yet). Return the start offset. */
 /* A REQUEST header and body with the given auth kind (ZZ_AUTH_MAC or ZZ_AUTH_MAC_SIG). */
 size_t zz_enc_request_kind(zz_buf *b, uint8_t auth_kind, uint16_t svc, uint32_t sender,
@@ -406,7 +271,7 @@ size_t zz_enc_status(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, ui
                      uint64_t stable_seq);
 size_t zz_enc_exec_commit(zz_buf *b, uint16_t svc, uint32_t sender, uint32_t view, uint64_t seq,
                           const uint8_t digest[ZZ_DIGEST_LEN], const void *batch, uint32_t len);
-/* EXEC-CHECKPOINT (signed): u64 seq, digest */
+/* EXEC-CHECKPOINT (signed): seq, checkpoint digest */
 size_t zz_enc_exec_digest(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, uint64_t seq,
                           const uint8_t digest[ZZ_DIGEST_LEN]);
 /* EXEC-REPORT: refs = `nrefs` encoded reply_refs (44 bytes each) back to back. */
@@ -424,8 +289,7 @@ size_t zz_enc_control(zz_buf *b, uint8_t type, uint16_t svc, uint32_t sender, ui
 /* FILE-FETCH (signed by the caller) and FILE-DATA (no authenticator): state fetching. */
 size_t zz_enc_file_fetch(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_fetch *q);
 size_t zz_enc_file_data(zz_buf *b, uint16_t svc, uint32_t sender, const zz_file_data *d);
-/* SPARE-READY (signed by the caller, a controld): u32 replica, u64 seq, u32 epoch, 32-byte
- * sign_pub, 32-byte dh_pub. */
+/* SPARE-READY (signed by the caller, a controld). */
 size_t zz_enc_spare_ready(zz_buf *b, uint16_t svc, uint32_t sender, const zz_spare_ready *q);
 /* FAULT-STATEMENT, WAKEUP and SHUTDOWN have lists: zz_begin (auth ZZ_AUTH_SIG), the zz_put_*
  * helpers, zz_end_body. */

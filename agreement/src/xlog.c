@@ -238,6 +238,6 @@ void zz_on_exec_message(zz_replica *r, const zz_msg *m)
         return;
     }
     r->st.exec_checkpoints++;
-    on_exec_checkpoint(r, m->sender - ZZ_PRINCIPAL_EXEC, m->u.exec_digest.seq,
-                       m->u.exec_digest.digest);
+    on_exec_checkpoint(r, m->sender - ZZ_PRINCIPAL_EXEC, m->u.exec_checkpoint.seq,
+                       m->u.exec_checkpoint.checkpoint);
 }
