@@ -311,59 +311,100 @@ static int authenticate_request(zz_replica *r, const zz_msg *m, int relayed)
     return 0;
 }
 
-/* Which principals may send which type, and with which authenticator check. */
+/* ---- the intake table ----
+ * Which principals may send each type to an agreement replica, and the protocol step that
+ * takes it. The authenticator is checked by the kind the wire table gives the type
+ * (zz_msgdefs: our MAC entry, or the sender's signature), except for the two rows marked. A
+ * type without a row (REPLY, CONTROL, FILE-FETCH, ...) is not for a replica. */
+enum intake_from {
+    FROM_NOBODY = 0,
+    FROM_CLIENT,       /* REQUEST: authenticate_request decides, signed or not */
+    FROM_PEER,         /* another agreement replica */
+    FROM_REPLICA,      /* any agreement replica, our own signed messages relayed back too */
+    FROM_PEER_OR_EXEC, /* agreement peers fetch batches and state, execution replicas the log */
+    FROM_EXEC,         /* an execution replica */
+    FROM_HOST,         /* a controld: SPARE-READY, whose step checks host and signature itself,
+                        * to count and log why it rejects one */
+};
+
+typedef void intake_step(zz_replica *r, zz_conn *conn, const zz_msg *m);
+
+/* The steps that do not need the connection, under the table's one signature. */
+#define STEP(fn)                                                                                 \
+    static void fn##_step(zz_replica *r, zz_conn *conn, const zz_msg *m)                         \
+    {                                                                                            \
+        (void)conn;                                                                              \
+        fn(r, m);                                                                                \
+    }
+STEP(zz_on_pre_prepare)
+STEP(zz_on_phase)
+STEP(zz_on_checkpoint)
+STEP(zz_on_view_change)
+STEP(zz_on_new_view)
+STEP(zz_on_fetch_reply)
+STEP(zz_on_status)
+STEP(zz_on_exec_message)
+STEP(zz_on_fault_statement)
+STEP(zz_on_wakeup)
+STEP(zz_on_shutdown)
+STEP(zz_on_spare_ready)
+#undef STEP
+
+static const struct {
+    uint8_t from; /* enum intake_from */
+    intake_step *step;
+} intake[ZZ_TYPE_MAX + 1] = {
+    [ZZ_REQUEST] = {FROM_CLIENT, zz_on_request},
+    [ZZ_PRE_PREPARE] = {FROM_PEER, zz_on_pre_prepare_step},
+    [ZZ_PREPARE] = {FROM_PEER, zz_on_phase_step},
+    [ZZ_COMMIT] = {FROM_PEER, zz_on_phase_step},
+    [ZZ_CHECKPOINT] = {FROM_REPLICA, zz_on_checkpoint_step},
+    [ZZ_VIEW_CHANGE] = {FROM_REPLICA, zz_on_view_change_step},
+    [ZZ_NEW_VIEW] = {FROM_REPLICA, zz_on_new_view_step},
+    [ZZ_FETCH] = {FROM_PEER_OR_EXEC, zz_on_fetch},
+    [ZZ_FETCH_REPLY] = {FROM_PEER, zz_on_fetch_reply_step},
+    [ZZ_STATUS] = {FROM_PEER, zz_on_status_step},
+    [ZZ_EXEC_REPORT] = {FROM_EXEC, zz_on_exec_message_step},
+    [ZZ_EXEC_CHECKPOINT] = {FROM_EXEC, zz_on_exec_message_step},
+    [ZZ_FAULT_STATEMENT] = {FROM_REPLICA, zz_on_fault_statement_step},
+    [ZZ_WAKEUP] = {FROM_REPLICA, zz_on_wakeup_step},
+    [ZZ_SHUTDOWN] = {FROM_REPLICA, zz_on_shutdown_step},
+    [ZZ_SPARE_READY] = {FROM_HOST, zz_on_spare_ready_step},
+};
+
+static int sender_fits(const zz_replica *r, uint8_t from, uint32_t sender)
+{
+    int replica = sender < r->n;
+    int exec = sender >= ZZ_PRINCIPAL_EXEC && sender < ZZ_PRINCIPAL_CLIENT; /* any index */
+    switch (from) {
+    case FROM_PEER: return replica && sender != r->id;
+    case FROM_REPLICA: return replica;
+    case FROM_PEER_OR_EXEC: return (replica || exec) && sender != r->id;
+    case FROM_EXEC: return exec && sender < ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC;
+    case FROM_HOST: return sender >= ZZ_PRINCIPAL_HOST && sender < ZZ_PRINCIPAL_HOST + ZZ_MAX_HOSTS;
+    default: return 0;
+    }
+}
+
+/* 0 if m may go to its step, else the drop counter: a type not for a replica, a sender the
+ * table does not admit, or an authenticator that does not verify. */
 static int authenticate(zz_replica *r, const zz_msg *m, int relayed)
 {
-    int from_replica = m->sender < r->n;
-    switch (m->type) {
-    case ZZ_REQUEST:
+    uint8_t from = m->type <= ZZ_TYPE_MAX ? intake[m->type].from : FROM_NOBODY;
+    if (from == FROM_NOBODY)
+        return ZZ_DROP_TYPE;
+    if (from == FROM_CLIENT)
         return authenticate_request(r, m, relayed);
-    case ZZ_FETCH: {
-        /* Agreement peers fetch batches and state; execution replicas fetch the log. */
-        int from_exec = m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_CLIENT;
-        if (!(from_replica || from_exec) || m->sender == r->id)
-            return ZZ_DROP_SENDER;
+    if (!sender_fits(r, from, m->sender))
+        return ZZ_DROP_SENDER;
+    if (from == FROM_HOST)
+        return 0;
+    if (m->auth_kind == ZZ_AUTH_MAC) {
         const zz_mackey *k = zz_mac_for(r, m->sender);
         return k && zz_verify_mac(m, r->id, k) ? 0 : ZZ_DROP_AUTH;
     }
-    case ZZ_PRE_PREPARE:
-    case ZZ_PREPARE:
-    case ZZ_COMMIT:
-    case ZZ_FETCH_REPLY:
-    case ZZ_STATUS:
-        if (!from_replica || m->sender == r->id)
-            return ZZ_DROP_SENDER;
-        return zz_verify_mac(m, r->id, zz_mac_for(r, m->sender)) ? 0 : ZZ_DROP_AUTH;
-    case ZZ_CHECKPOINT:
-    case ZZ_VIEW_CHANGE:
-    case ZZ_NEW_VIEW:
-    case ZZ_FAULT_STATEMENT:
-    case ZZ_WAKEUP:
-    case ZZ_SHUTDOWN: {
-        if (!from_replica)
-            return ZZ_DROP_SENDER;
-        const zz_pubkey *pk = zz_pub_for(r, m->sender);
-        return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
-    }
-    case ZZ_SPARE_READY:
-        /* wakeup.c checks host and signature itself, to count and log why it rejects */
-        if (m->sender < ZZ_PRINCIPAL_HOST || m->sender >= ZZ_PRINCIPAL_HOST + ZZ_MAX_HOSTS)
-            return ZZ_DROP_SENDER;
-        return 0;
-    case ZZ_EXEC_REPORT:
-    case ZZ_EXEC_CHECKPOINT: {
-        if (m->sender < ZZ_PRINCIPAL_EXEC || m->sender >= ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
-            return ZZ_DROP_SENDER;
-        if (m->type == ZZ_EXEC_REPORT) {
-            const zz_mackey *k = zz_mac_for(r, m->sender);
-            return k && zz_verify_mac(m, r->id, k) ? 0 : ZZ_DROP_AUTH;
-        }
-        const zz_pubkey *pk = zz_pub_for(r, m->sender);
-        return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
-    }
-    default:
-        return ZZ_DROP_TYPE; /* REPLY and unknown: not for a replica */
-    }
+    const zz_pubkey *pk = zz_pub_for(r, m->sender);
+    return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
 }
 
 void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t len)
@@ -389,54 +430,7 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
     zz_net_conn_set_trusted(conn); /* authenticated: no unauth_timeout_ms (net.c) */
     if (m.type != ZZ_REQUEST && m.sender < r->n)
         zz_net_conn_set_tag(conn, ZZ_TAG_PEER);
-    switch (m.type) {
-    case ZZ_REQUEST:
-        zz_on_request(r, conn, &m);
-        break;
-    case ZZ_PRE_PREPARE:
-        zz_on_pre_prepare(r, &m);
-        break;
-    case ZZ_PREPARE:
-    case ZZ_COMMIT:
-        zz_on_phase(r, &m);
-        break;
-    case ZZ_CHECKPOINT:
-        zz_on_checkpoint(r, &m);
-        break;
-    case ZZ_VIEW_CHANGE:
-        zz_on_view_change(r, &m);
-        break;
-    case ZZ_NEW_VIEW:
-        zz_on_new_view(r, &m);
-        break;
-    case ZZ_FETCH:
-        zz_on_fetch(r, conn, &m);
-        break;
-    case ZZ_FETCH_REPLY:
-        zz_on_fetch_reply(r, &m);
-        break;
-    case ZZ_STATUS:
-        zz_on_status(r, &m);
-        break;
-    case ZZ_EXEC_REPORT:
-    case ZZ_EXEC_CHECKPOINT:
-        zz_on_exec_message(r, &m);
-        break;
-    case ZZ_FAULT_STATEMENT:
-        zz_on_fault_statement(r, &m);
-        break;
-    case ZZ_WAKEUP:
-        zz_on_wakeup(r, &m);
-        break;
-    case ZZ_SHUTDOWN:
-        zz_on_shutdown(r, &m);
-        break;
-    case ZZ_SPARE_READY:
-        zz_on_spare_ready(r, &m);
-        break;
-    default:
-        break;
-    }
+    intake[m.type].step(r, conn, &m);
 }
 
 /* ---- periodic work ---- */
