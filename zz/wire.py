@@ -900,25 +900,20 @@ assert set(_CLASSES) == {(t, k) for t, (_, kinds, _) in MESSAGES.items() for k i
 
 
 def _check_auth_shape(kind: int, auth: bytes) -> None:
-    if kind == AUTH_MAC:
+    """The authenticator has exactly the size its kind implies (kind 3: a MAC vector, then a
+    signature)."""
+    if kind in (AUTH_MAC, AUTH_MAC_SIG):
         if len(auth) < 2:
             raise WireError("auth", "MAC vector without a count")
         n = int.from_bytes(auth[:2], "big")
         if n > MAX_MACS:
             raise WireError("length", f"MAC vector count {n} > {MAX_MACS}")
-        if len(auth) != 2 + MAC_ENTRY_LEN * n:
-            raise WireError("auth", f"MAC vector of {n} entries but {len(auth)} bytes")
+        sig = SIG_LEN if kind == AUTH_MAC_SIG else 0
+        if len(auth) != 2 + MAC_ENTRY_LEN * n + sig:
+            raise WireError("auth", f"MAC vector of {n} (+ {sig} signature bytes) in {len(auth)}")
     elif kind == AUTH_SIG:
         if len(auth) != SIG_LEN:
             raise WireError("auth", f"signature of {len(auth)} bytes")
-    elif kind == AUTH_MAC_SIG:
-        if len(auth) < 2:
-            raise WireError("auth", "MAC vector without a count")
-        n = int.from_bytes(auth[:2], "big")
-        if n > MAX_MACS:
-            raise WireError("length", f"MAC vector count {n} > {MAX_MACS}")
-        if len(auth) != 2 + MAC_ENTRY_LEN * n + SIG_LEN:
-            raise WireError("auth", f"MAC vector of {n} and a signature in {len(auth)} bytes")
     elif auth:
         raise WireError("auth", "authenticator present with auth_kind none")
 

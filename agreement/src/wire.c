@@ -314,30 +314,25 @@ static enum zz_err read_layout(rd *r, const zz_layout *l, void *base)
     return ZZ_OK;
 }
 
-/* The authenticator must have exactly the size its kind implies. */
+/* The authenticator must have exactly the size its kind implies (ZZ_AUTH_MAC_SIG: a MAC
+ * vector, then a signature). */
 static enum zz_err check_auth_shape(const zz_msg *m)
 {
     switch (m->auth_kind) {
     case ZZ_AUTH_NONE:
         return m->auth_len == 0 ? ZZ_OK : ZZ_ERR_AUTH;
-    case ZZ_AUTH_MAC: {
-        if (m->auth_len < 2)
-            return ZZ_ERR_AUTH;
-        uint16_t count = ld16(m->auth);
-        if (count > ZZ_MAX_MACS)
-            return ZZ_ERR_LENGTH;
-        return m->auth_len == 2u + 36u * count ? ZZ_OK : ZZ_ERR_AUTH;
-    }
-    case ZZ_AUTH_SIG:
-        return m->auth_len == ZZ_SIG_LEN ? ZZ_OK : ZZ_ERR_AUTH;
+    case ZZ_AUTH_MAC:
     case ZZ_AUTH_MAC_SIG: {
         if (m->auth_len < 2)
             return ZZ_ERR_AUTH;
         uint16_t count = ld16(m->auth);
         if (count > ZZ_MAX_MACS)
             return ZZ_ERR_LENGTH;
-        return m->auth_len == 2u + 36u * count + ZZ_SIG_LEN ? ZZ_OK : ZZ_ERR_AUTH;
+        uint32_t sig = m->auth_kind == ZZ_AUTH_MAC_SIG ? ZZ_SIG_LEN : 0;
+        return m->auth_len == 2u + 36u * count + sig ? ZZ_OK : ZZ_ERR_AUTH;
     }
+    case ZZ_AUTH_SIG:
+        return m->auth_len == ZZ_SIG_LEN ? ZZ_OK : ZZ_ERR_AUTH;
     }
     return ZZ_ERR_AUTH;
 }
