@@ -313,9 +313,10 @@ class _Codec:
         self.writers = [self._writer(step) for step in self.steps]
         get = operator.attrgetter(*self.names)
         self.values = get if len(self.names) > 1 else (lambda obj: (get(obj),))
-        # A list item: all of a record's fields (or list<u32>'s one integer) as one struct.
+        # All the fields as one struct, when all are fixed-width: a list item (a record, or
+        # list<u32>'s one integer), PREPARE, STATUS...
         whole = len(self.steps) == 1 and self.steps[0].run is not None
-        self.item = self.steps[0].run if whole else None
+        self.packed = self.steps[0].run if whole else None
 
     @staticmethod
     def _field(name: str, kind: str, arg: int | str = 0) -> _Field:
@@ -366,12 +367,12 @@ class _Codec:
         return vals
 
     def read_items(self, r: _Reader, name: str) -> list[Any]:
-        assert self.item is not None, "list items are fixed-width"
+        assert self.packed is not None, "list items are fixed-width"
         n = r.count(name)
-        raw = r.take(n * self.item.size, name)
+        raw = r.take(n * self.packed.size, name)
         if self.record is None:
-            return [t[0] for t in self.item.iter_unpack(raw)]
-        items = [self.record(*t) for t in self.item.iter_unpack(raw)]
+            return [t[0] for t in self.packed.iter_unpack(raw)]
+        items = [self.record(*t) for t in self.packed.iter_unpack(raw)]
         for it in items:
             for check in self.checks:
                 check(it)
@@ -394,16 +395,19 @@ class _Codec:
 
     def write(self, vals: Sequence[Any]) -> bytes:
         for i, f in self.fixed:
-            _check_fixed(f.name, f.size, vals[i])
+            if len(vals[i]) != f.size:
+                _check_fixed(f.name, f.size, vals[i])
+        if self.packed is not None:
+            return self.packed.pack(*vals)
         return b"".join([w(vals) for w in self.writers])
 
     def write_item(self, item: Any) -> bytes:
-        assert self.item is not None, "list items are fixed-width"
+        assert self.packed is not None, "list items are fixed-width"
         if self.record is None:
-            return self.item.pack(item)
+            return self.packed.pack(item)
         for i, f in self.fixed:
             _check_fixed(f.name, f.size, item[i])
-        return self.item.pack(*item)
+        return self.packed.pack(*item)
 
     def dump(self, vals: Sequence[Any]) -> list[str]:
         return [f"{f.name}={f.show(v)}" for f, v in zip(self.fields, vals, strict=True)]
