@@ -98,20 +98,24 @@ DETECTABLE = frozenset(
 # waits for (from the campaign runs in docs/fault-detection.md "Adversarial campaign", which
 # give seed and round of each). The test suite's short run leaves them out;
 # `zz bench byzantine` runs them all and reports what they break.
-KNOWN_OPEN: dict[str, str] = {
-    "equivocate": "f = 2 with two equivocating replicas in one round (HEAD of 2026-11-25,"
-    " seed 3202 --behaviours equivocate, rounds 14 and 18 of 20): a wake-up never decided,"
-    " or one agreement replica's view not back to f+1. One equivocating replica per round"
-    " passed 20 of 20 at f = 1 (seed 3201) and the other 18 rounds at f = 2",
-}
+KNOWN_OPEN: dict[str, str] = {}
 # Defects that follow from the order or the combination of faults, whatever the behaviour.
 KNOWN_OPEN_SEQUENCES: dict[str, str] = {
-    "crash-with-a-second-fault": "f = 2, a crash before a checkpoint while another replica"
-    " signs wrong checkpoints (seed 3102 round 12): the liar is convicted, the crashed"
-    " replica never is and stays counted running",
-    "first-seqs-after-a-restart": "seed 3101 round 27: right after a rack restart a correct"
-    " replica did not report seq 1 within the timer and was convicted; the campaign now"
-    " waits until every runtime is linked (64fce55); not seen again, cause not confirmed",
+    "woken-again-mid-recovery": "f = 2 (seed 3202 --behaviours equivocate, round 18 of a run"
+    " of 58fd731): a spare put back to sleep while still recovering and woken again for a"
+    " round at a checkpoint seq F that two agreement replicas had made stable recovered at F"
+    " and never reported it; the round closed undecided and the views did not return to f+1."
+    " The log the agreement replicas serve at the wake-up is read before the new wake notice"
+    " and judged by the previous round's seq, whose patience has run out, so the runtime takes"
+    " the highest certified checkpoint (execution/runtime.py, _fault_seq/_recover_target)",
+    "follow-up-spare-silent": "f = 2, two equivocating replicas (seed 3202, round 16 of a run"
+    " of d9d0110): the spare woken by a follow-up round at the same seq reported that seq"
+    " but none of the next ones within the timer once the round was decided, and was"
+    " convicted; its runtime's log is lost, cause not confirmed",
+    "first-seqs-after-a-restart": "right after a rack restart a correct replica did not"
+    " report seq 1 within the timer and was convicted (seed 3101 round 27; seed 3102"
+    " --behaviours crash-before-checkpoint,wrong-checkpoint round 4, working tree of 58fd731);"
+    " the campaign waits until every runtime is linked (64fce55); cause not confirmed",
 }
 # What tests/test_campaign.py runs: behaviours today's code handles.
 TESTED = ("wrong-reply", "slow", "crash-before-checkpoint", "corrupt-snapshot")
