@@ -20,7 +20,7 @@ from pathlib import Path
 from zz.appspec import AppRegistryError
 from zz.config import ConfigError, load
 from zz.drillfaults import FAULTS
-from zz.execution.runtime import AppFault, serve
+from zz.execution.runtime import AppFault, RuntimeOptions, serve
 from zz.keys import KeyFileError
 from zz.snapshots import StorageError
 
@@ -60,6 +60,25 @@ def lock_state_dir(state: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     return fd  # stays open (and locked) until the process exits
+
+
+def _options(args: argparse.Namespace, state_dir: Path | None) -> RuntimeOptions:
+    """The runtime's options from the command line (ValueError names what is wrong)."""
+    pause = {} if args.background_pause is None else {"background_pause": args.background_pause}
+    return RuntimeOptions(
+        store=args.store,
+        zfs_pool=args.zfs_pool,
+        zfs_dataset=args.zfs_dataset,
+        recovery=args.recovery,
+        replay_skips_reads=not args.replay_all,
+        asleep=args.start_asleep,
+        state_dir=state_dir,
+        status_path=Path(args.status_file) if args.status_file else None,
+        listen=args.listen,
+        inject_fault=args.inject_fault,
+        drill_faults=args.drill_faults,
+        **pause,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,25 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         state_dir = Path(args.state_dir) if args.state_dir else None
         lock_state_dir(state_dir or service.exec_state_dir(config, args.index))
-        asyncio.run(
-            serve(
-                config,
-                service,
-                args.index,
-                store_kind=args.store,
-                zfs_pool=args.zfs_pool,
-                zfs_dataset=args.zfs_dataset,
-                inject_fault=args.inject_fault,
-                recovery_mode=args.recovery,
-                replay_skips_reads=not args.replay_all,
-                background_pause=args.background_pause,
-                asleep=args.start_asleep,
-                state_dir=state_dir,
-                status_path=Path(args.status_file) if args.status_file else None,
-                listen=args.listen,
-                drill_faults=args.drill_faults,
-            )
-        )
+        asyncio.run(serve(config, service, args.index, _options(args, state_dir)))
     except StateDirInUse as e:
         print(f"zz.execution: {e}", file=sys.stderr)
         return EXIT_LOCKED

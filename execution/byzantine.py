@@ -3,8 +3,9 @@
 # fault file (<state dir>/zz-fault.json, runtime --drill-faults), like the runtime's own FAULTS.
 """Byzantine execution-replica behaviours (docs/fault-detection.md, "Adversarial campaign").
 
-The runtime (execution/runtime.py) calls this module at four points only, and does what
-it always does when no behaviour of this module is on:
+The runtime calls this module only through execution/drillfaults.py (DrillFaults, the one
+seam of test-only faults), at these points, and does what it always does when no behaviour
+of this module is on:
 
 * `report(seq, rep)` where it would send the EXEC-REPORT for `seq` to the agreement
   replicas: returns True if it sent (or withheld) it itself;
@@ -126,8 +127,9 @@ class Byzantine:
         if self.mode not in ("forged-fetch", "truncated-fetch"):
             return False
         if self._lie_from is None and self._armed_at is not None:
-            if self.rt.stable_checkpoint >= self._armed_at:
-                self._lie_from = self.rt.stable_checkpoint + max(1, int(self.rt.cp * _LIE_AFTER))
+            stable = self.rt.ckpt.stable
+            if stable >= self._armed_at:
+                self._lie_from = stable + max(1, int(self.rt.cp * _LIE_AFTER))
         return self._lie_from is not None and seq >= self._lie_from
 
     def report(self, seq: int, rep: wire.ExecReport) -> bool:

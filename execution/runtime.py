@@ -9,7 +9,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -24,9 +23,9 @@ from zz.config import Config, Service
 from zz.crypto import NULL_DIGEST, SigningKey
 from zz.drillfaults import FAULT_FILE, FAULTS
 from zz.execution.app import App, ExecContext
-from zz.execution.byzantine import BEHAVIOURS as BYZANTINE_BEHAVIOURS
-from zz.execution.byzantine import Byzantine
 from zz.execution.certificates import DEFAULT_WINDOW, Certificate, CommitCollector
+from zz.execution.checkpointing import MISMATCH_LIST, STORE_KINDS, Checkpoints
+from zz.execution.drillfaults import DrillFaults
 from zz.execution.recovery import (
     CertifiedVouches,
     PeerSource,
@@ -39,18 +38,10 @@ from zz.execution.replycache import PATH as REPLIES_PATH
 from zz.execution.replycache import ReplyCache
 from zz.execution.state import StateDir
 from zz.link import Link
-from zz.snapshots import CheckpointStore, checkpoint_name, open_store
-from zz.snapshots.crashpoint import crash_point
+from zz.snapshots import checkpoint_name
 from zz.snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
-from zz.snapshots.fileserve import (
-    FILE_SEND_TIMEOUT,
-    Challenge,
-    FileRead,
-    SnapshotFiles,
-    bad_range,
-)
-from zz.snapshots.hostzfs import HostZfsStore
-from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, scan
+from zz.snapshots.fileserve import FILE_SEND_TIMEOUT, Challenge, FileRead, bad_range
+from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder
 
 log = logging.getLogger("zz.execution")
 
@@ -59,22 +50,6 @@ _REFETCH_BYTES = 1 << 20
 # A connection whose peer stops reading is dropped rather than buffering without bound.
 _MAX_WRITE_BUFFER = 64 << 20
 _STALL_SECONDS = 1.0
-# Own checkpoint digests kept for comparison with peers' statements, also after GC: a slow
-# peer's EXEC-CHECKPOINT may arrive after the seq became stable here.
-_DIGEST_HISTORY = 16
-# Mismatches listed in the status file (the counter keeps the total).
-_MISMATCH_LIST = 64
-# corrupt-snapshot: Byzantine storage. The replica certifies the right digest but every
-# snapshot it takes has one byte of each file flipped (its live state is put back after),
-# so a recovering peer gets wrong bytes from it; once one such checkpoint is stable and
-# CORRUPT_LIE_AFTER/cp of the next interval has passed (the agreement replicas know it
-# stable by then), it also answers wrongly, so it is convicted and a spare recovers.
-CORRUPT_LIE_AFTER = 0.25
-# slow-report: how long the faulty replica holds each EXEC-REPORT back by default (beyond
-# the K·t1 of the tests' timers, so the agreement replicas time it out). A drill sets the
-# delay above its rack's detection ceiling through the fault file ("slow_report_ms").
-SLOW_REPORT_SECONDS = 0.5
-DIVERGE_PATH = "zz-fault-diverge"
 # controld writes this into the state directory when it wakes the replica (controld/actions.py).
 WAKE_NOTICE = "controld-wakeup.json"
 # How long a woken replica waits for g+1 agreement replicas to name a stable checkpoint
@@ -108,24 +83,6 @@ class Outgoing:
     result: bytes
 
 
-def _flip_byte(path: Path, offset: int) -> bool:
-    """XOR one byte with 0xFF (twice puts it back); False if the file is not here. Synced:
-    a guest's write must reach the host's dataset before the host snapshots it."""
-    try:
-        with open(path, "r+b") as fh:
-            fh.seek(offset)
-            b = fh.read(1)
-            if not b:
-                return False
-            fh.seek(offset)
-            fh.write(bytes([b[0] ^ 0xFF]))
-            fh.flush()
-            os.fsync(fh.fileno())
-    except FileNotFoundError:
-        return False
-    return True
-
-
 class _Link(Link):
     """A reconnecting outgoing connection (to an agreement replica or a peer execution
     replica, principal `peer`). `Runtime.on_link_connect` returns what to send first on
@@ -151,8 +108,40 @@ class _Link(Link):
         self.rt.counters["slow_peer_closed"] += 1
 
 
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How one execution replica runs, beyond what the rack config says (execution/__main__.py
+    maps its command line onto it). Checked once, when made; errors name the field."""
+
+    store: str = "dir"  # STORE_KINDS: dir, zfs (on the host), host-zfs (in a guest)
+    zfs_pool: str | None = None  # store zfs
+    zfs_dataset: str | None = None  # store zfs; default zz/naming.py zfs_dataset
+    window: int = DEFAULT_WINDOW  # certificates held above the last executed seq
+    recovery: str = "on-demand"  # on-demand (files on first touch) | full (all, then run)
+    replay_skips_reads: bool = True  # a vouched batch's reads only advance the timestamp
+    background_pause: float = _BACKGROUND_PAUSE  # s between two background file fetches
+    asleep: bool = False  # provisioned as a spare: not registered until the wake notice
+    state_dir: Path | None = None  # default Service.exec_state_dir (a guest: its share)
+    status_path: Path | None = None  # default <state dir>.status.json
+    listen: str | None = None  # address to listen on instead of the configured one
+    inject_fault: str | None = None  # DRILLS: one of zz/drillfaults.py FAULTS
+    drill_faults: bool = False  # DRILLS: <state dir>/zz-fault.json switches the fault
+
+    def __post_init__(self) -> None:
+        if self.store not in STORE_KINDS:
+            raise ValueError(f"store {self.store!r}: one of {', '.join(STORE_KINDS)}")
+        if self.recovery not in ("on-demand", "full"):
+            raise ValueError(f"recovery {self.recovery!r}: on-demand or full")
+        if not 0 <= self.background_pause <= 3600:
+            raise ValueError(f"background_pause {self.background_pause} s: not in 0..3600")
+        if self.inject_fault is not None and self.inject_fault not in FAULTS:
+            raise ValueError(f"inject_fault {self.inject_fault!r}: one of {', '.join(FAULTS)}")
+
+
 class Runtime:
-    """Execution replica `index` of `service`.
+    """Execution replica `index` of `service`. It owns its checkpoints (`ckpt`,
+    execution/checkpointing.py) and the seam of test-only faults (`faults`,
+    execution/drillfaults.py); recovery's pieces are in execution/recovery.py.
 
     Life cycle: `await rt.start()`, then `await rt.wait()` until stop() or a fatal
     error, then `await rt.shutdown()`; `serve()` does all three."""
@@ -162,26 +151,11 @@ class Runtime:
         config: Config,
         service: Service,
         index: int,
-        *,
-        store_kind: str = "dir",
-        zfs_pool: str | None = None,
-        zfs_dataset: str | None = None,
-        window: int = DEFAULT_WINDOW,
-        inject_fault: str | None = None,
-        recovery_mode: str = "on-demand",
-        replay_skips_reads: bool = True,
-        background_pause: float | None = None,
-        asleep: bool = False,
-        state_dir: Path | None = None,
-        listen: str | None = None,
-        status_path: Path | None = None,
-        drill_faults: bool = False,
+        options: RuntimeOptions | None = None,
     ) -> None:
         if not 0 <= index < service.n_exec:
             raise ValueError(f"{service.name}: no execution replica {index}")
-        if inject_fault is not None and inject_fault not in FAULTS:
-            raise ValueError(f"unknown fault {inject_fault!r}: one of {', '.join(FAULTS)}")
-        self.inject_fault = inject_fault
+        opts = self.options = options or RuntimeOptions()
         self.config = config
         self.svc = service
         self.index = index
@@ -189,42 +163,26 @@ class Runtime:
         self.cp = config.rack.checkpoint_interval
         # In a guest the state dir is the 9p share (/state) and the status goes into it:
         # the host's paths mean nothing there (controld/actions.py guest_runtime_command).
-        self.state_dir = state_dir or service.exec_state_dir(config, index)
-        self.status_path = status_path or self.state_dir.with_name(
+        self.state_dir = opts.state_dir or service.exec_state_dir(config, index)
+        self.status_path = opts.status_path or self.state_dir.with_name(
             f"{self.state_dir.name}.status.json"
         )
-        self.listen = listen
-        # Drills only: <state dir>/zz-fault.json switches inject_fault while running.
-        self.drill_faults = drill_faults
-        self.byz = Byzantine(self)  # the campaign's behaviours (execution/byzantine.py)
-        self.slow_report_s = SLOW_REPORT_SECONDS
-        # Checkpoints above the stable one that were snapshotted corrupted (the fault).
-        self._corrupted: set[int] = set()
-        self._corrupt_lie_from: int | None = None
-        # A drill holds the lies back (fault file "lie": false) until it has seen a
-        # corrupted checkpoint stable, so that it knows when the lies start.
-        self.corrupt_lies = True
-        self.manifest_dir = self.state_dir / "manifests"
-        self.store_kind = store_kind
-        self.zfs_pool = zfs_pool
-        self.zfs_dataset = zfs_dataset or naming.zfs_dataset(service, index)
-        self.window = window
-        self.collector = CommitCollector(service.n, service.g, window)
+        self.collector = CommitCollector(service.n, service.g, opts.window)
         self.replies = ReplyCache()
         self.counters: Counter[str] = Counter()
-        # The snapshot store is not safe for concurrent use (a checkpoint and the
-        # collection of older snapshots both rewrite its index): one operation at a time.
-        self._store_lock = asyncio.Lock()
-        self.last_checkpoint = 0
-        self.stable_checkpoint = 0
-        self._gc_wanted = 0  # snapshots below this are no longer needed here...
-        self._gc_done = 0  # ...and those below this are collected (or being collected)
-        self.my_checkpoints: dict[int, bytes] = {}  # seq -> C, not yet garbage-collected
-        self.ckpt_votes: dict[int, dict[int, bytes]] = {}  # seq -> exec principal -> C
-        self._ckpt_msgs: dict[int, bytes] = {}  # seq -> my signed EXEC-CHECKPOINT
-        self._my_digests: dict[int, bytes] = {}  # seq -> C, the last _DIGEST_HISTORY
-        self.checkpoint_mismatches: list[dict[str, Any]] = []
-        self._mismatch_seen: set[tuple[int, int]] = set()  # (seq, peer principal)
+        fault_file = self.state_dir / FAULT_FILE if opts.drill_faults else None
+        self.faults = DrillFaults(self, opts.inject_fault, fault_file)
+        self.ckpt = Checkpoints(
+            service,
+            self.me,
+            self.cp,
+            manifest_dir=self.state_dir / "manifests",
+            counters=self.counters,
+            faults=self.faults,
+            send=self._send_checkpoint,
+            register_again=self._register_again,
+            agreed_floor=lambda: self.stable_votes.floor(self.svc.n),
+        )
         self._clients: dict[int, set[asyncio.StreamWriter]] = {}
         self._conn_writers: set[asyncio.StreamWriter] = set()
         self._links: list[_Link] = []
@@ -238,16 +196,9 @@ class Runtime:
         self._view = 0  # of the latest certificate; a cached reply resent later carries it
         # Recovery (execution/recovery.py): g+1 agreement replicas vouching for a stable
         # checkpoint above last_executed mean the log no longer reaches back to us.
-        if recovery_mode not in ("on-demand", "full"):
-            raise ValueError(f"unknown recovery mode {recovery_mode!r}")
-        self.recovery_mode = recovery_mode
-        self.replay_skips_reads = replay_skips_reads
-        if background_pause is not None and not 0 <= background_pause <= 3600:
-            raise ValueError(f"background pause {background_pause} s: not in 0..3600")
-        self.background_pause = _BACKGROUND_PAUSE if background_pause is None else background_pause
         # Provisioned as a spare: state open, listening, but not registered with the
         # agreement replicas (so not executing) until controld's wake notice.
-        self.asleep = asleep
+        self.asleep = opts.asleep
         self._wake_poked = False
         self.stable_votes = StableVotes(service.g)
         self.vouches = CertifiedVouches(service.g)
@@ -269,18 +220,14 @@ class Runtime:
         self._fetch_totals: Counter[str] = Counter()
         self._fetch_seen: StateFetcher | None = None
         self.recovery: dict[str, Any] = {}
-        # Own checkpoints below this miss files still being fetched: not served to peers.
-        self._complete_from = 0
         self._bg_stop = threading.Event()
         self._bg_thread: threading.Thread | None = None
         self._sources: list[PeerSource] = []
         self._ranking = SourceRanking()
         self._stopping = threading.Event()
         # Set in start():
-        self.store: CheckpointStore
         self.state: StateDir
         self.app: App
-        self.builder: ManifestBuilder
         self.sign_key: SigningKey
         self.agree_keys: dict[int, bytes] = {}
         self.macs: dict[int, bytes] = {}
@@ -302,11 +249,11 @@ class Runtime:
         self.macs = dict(secret.macs)
         self.publics = keys.PeerKeys(rack.key_dir, self.config, self.svc, self.counters)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.manifest_dir.mkdir(exist_ok=True)
+        self.ckpt.manifest_dir.mkdir(exist_ok=True)
         await asyncio.to_thread(self._open_state)
 
         host, port = self.svc.exec_address(self.config, self.index)
-        host = self.listen or host
+        host = self.options.listen or host
         self._server = await self._listen(host, port)
         for r in range(self.svc.n):
             link = _Link(self, f"r{r}", self.config.replica_address(self.svc, r), r)
@@ -326,6 +273,8 @@ class Runtime:
             asyncio.create_task(self._stall_loop(), name="zz-exec-stall"),
             asyncio.create_task(self._wake_watch(), name="zz-exec-wake"),
         ]
+        if self.faults.fault_file is not None:
+            self._tasks.append(asyncio.create_task(self.faults.watch(), name="zz-exec-faults"))
         log.info(
             "execution replica %d of service %s listening on %s:%d, last executed %d",
             self.index,
@@ -350,103 +299,48 @@ class Runtime:
                 await asyncio.sleep(0.2)
 
     def _open_state(self) -> None:
-        if self.store_kind == "dir":
-            self.store = open_store("dir", root=self.state_dir / "store")
-        elif self.store_kind == "host-zfs":
-            # In a guest on a ZFS rack: the dataset is mounted in the share, the host's
-            # controld snapshots it on our signed request (snapshots/hostzfs.py).
-            self.store = HostZfsStore(
-                self.state_dir, service=self.svc.id, index=self.index, sign_key=self.sign_key
-            )
-        elif self.store_kind == "zfs":
-            if not self.zfs_pool:
-                raise ValueError("--store zfs needs a pool (--zfs-pool)")
-            self.store = open_store(
-                "zfs",
-                pool=self.zfs_pool,
-                dataset=self.zfs_dataset,
-                mountpoint=self.state_dir / "live",
-            )
-        else:
-            raise ValueError(f"unknown store kind {self.store_kind!r}")
-        self.app = create_app(self.svc.app)
-        self._recover_store()
-        ckpts = sorted(
-            (int(n[5:]), n)
-            for n in self.store.list_snapshots()
-            if n.startswith("ckpt-") and n[5:].isdigit()
+        """Open the store and the app on the last complete checkpoint (worker thread)."""
+        o, ck = self.options, self.ckpt
+        ck.open(
+            o.store,
+            self.state_dir,
+            self.index,
+            self.sign_key if o.store == "host-zfs" else None,  # it signs snapshot requests
+            o.zfs_pool,
+            o.zfs_dataset or naming.zfs_dataset(self.svc, self.index),
         )
-        live = self.store.path
-        # Anything in the live directory past the last checkpoint may be half a batch:
-        # only a checkpoint is a state every correct replica also had.
+        self.app = create_app(self.svc.app)
+        live = ck.store.path
         previous: Manifest | None = None
         fetcher: StateFetcher | None = None
-        if not ckpts:
-            for child in list(live.iterdir()):
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
-        else:
-            seq, name = ckpts[-1]
-            self.store.restore_live(name)
-            previous = scan(live)
-            saved = self.manifest_dir / f"{name}.manifest"
-            if saved.exists():
-                # The saved manifest also holds that checkpoint's tombstones, which a scan
-                # cannot know; its digest is the C this replica signed.
-                recorded = Manifest.decode(saved.read_bytes())
-                if recorded.files != previous.files:
-                    wrong = [p for p, e in previous.files.items() if recorded.files.get(p) != e]
-                    if wrong:
-                        raise RuntimeError(
-                            f"{name}: restored state does not match its manifest: {wrong[:3]}"
-                        )
-                    # Taken while this replica was still fetching a recovered state
-                    # (docs/recovery.md): what it had not fetched yet is missing from the
-                    # snapshot. Fetch it again, on first touch and in the background.
-                    fetcher = self._fetcher(recorded, seq)
-                    fetcher.prepare(previous.files, ())
-                    self.recovery.update(
-                        {"restored_incomplete": name, "files_pending": len(fetcher.pending())}
-                    )
-                    log.info("%s lacks %d files: fetching them", name, len(fetcher.pending()))
-                previous = recorded
+        restored = ck.restore_latest()
+        if restored is not None:
+            seq, there, previous = restored
+            if previous.files != there.files:
+                # Taken while this replica was still fetching a recovered state
+                # (docs/recovery.md): what it had not fetched yet is missing from the
+                # snapshot. Fetch it again, on first touch and in the background.
+                fetcher = self._fetcher(previous, seq)
+                fetcher.prepare(there.files, ())
+                name = checkpoint_name(seq)
+                self.recovery.update(
+                    {"restored_incomplete": name, "files_pending": len(fetcher.pending())}
+                )
+                log.info("%s lacks %d files: fetching them", name, len(fetcher.pending()))
             replies = live / REPLIES_PATH
             if replies.exists():
                 self.replies = ReplyCache.decode(replies.read_bytes())
             self.collector.executed(seq)
-            self.last_checkpoint = seq
-            self.my_checkpoints[seq] = previous.digest()
-            self._my_digests[seq] = previous.digest()
-            log.info("restored checkpoint %s", name)
+            ck.adopt(seq, previous.digest())
         self.state = StateDir(live, lazy=fetcher)
         if fetcher is not None:
             self.fetcher = fetcher
-            self._complete_from = 1 << 64
+            ck.complete_from = 1 << 64
         self.app.open(self.state)
         memory = live / MEMORY_PATH
         if memory.exists():
             self.app.load_memory(memory.read_bytes())
-        self.builder = ManifestBuilder(live, previous)
-        self.files = SnapshotFiles(
-            self.store, self.manifest_dir, servable=lambda seq: seq >= self._complete_from
-        )
-
-    def _recover_store(self) -> None:
-        """After a crash anywhere in a checkpoint, a collection or an install: the store
-        undoes its half-made steps, and a manifest whose snapshot is not listed (written
-        before a snapshot that never completed, left by a collection or by an install that
-        did not finish) goes, so what remains is complete checkpoints only
-        (docs/checkpoints.md "Crash consistency")."""
-        removed = self.store.recover()
-        listed = {f"{n}.manifest" for n in self.store.list_snapshots()}
-        for p in self.manifest_dir.iterdir():
-            if p.name not in listed and p.is_file():
-                p.unlink()
-                removed.append(f"manifests/{p.name}")
-        if removed:
-            log.warning("removed what an interrupted checkpoint left: %s", ", ".join(removed))
+        ck.builder = ManifestBuilder(live, previous)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -479,7 +373,7 @@ class Runtime:
         for src in self._sources:
             src.close()
         with contextlib.suppress(AttributeError):
-            await asyncio.to_thread(self.files.release)
+            await asyncio.to_thread(self.ckpt.files.release)
 
     async def serve(self) -> None:
         """Run until stop() (SIGTERM/SIGINT in the process) or a fatal error."""
@@ -507,11 +401,8 @@ class Runtime:
         # Registration (FETCH kind 3) must be re-sent after every reconnect: the agreement
         # replica forgets the connection, and with it where to push EXEC-COMMITs.
         if link.peer < wire.PRINCIPAL_EXEC:
-            return [self._fetch_msg(link.peer), *self._latest_ckpt_msgs()]
-        return self._latest_ckpt_msgs()
-
-    def _latest_ckpt_msgs(self) -> list[bytes]:
-        return [self._ckpt_msgs[s] for s in sorted(self._ckpt_msgs)[-2:]]
+            return [self._fetch_msg(link.peer), *self.ckpt.latest_msgs()]
+        return self.ckpt.latest_msgs()
 
     def on_link_frame(self, link: _Link, raw: bytes) -> None:
         if link.peer >= wire.PRINCIPAL_EXEC:
@@ -555,7 +446,7 @@ class Runtime:
             # The replica's log starts above us: only state transfer (recovery) can help.
             self.counters["behind_stable"] += 1
         self.stable_votes.offer(m.sender, m.seq, m.digest)
-        self._maybe_collect()
+        self.ckpt.maybe_collect()
         if self._fault_seq is not None and self.last_executed >= self._fault_seq:
             self._fault_seq = None
         # Agreement replicas that saw no fault may have made the checkpoint at the fault
@@ -601,6 +492,12 @@ class Runtime:
 
     def _send_agreement(self, msg: bytes) -> None:
         for link in self._links:
+            link.send(msg)
+
+    def _send_checkpoint(self, msg: bytes) -> None:
+        """A signed EXEC-CHECKPOINT to every agreement replica and every peer."""
+        self._send_agreement(msg)
+        for link in self._peer_links:
             link.send(msg)
 
     # ---- client connections ---------------------------------------------------------
@@ -707,7 +604,7 @@ class Runtime:
                         # though g+1 agreement replicas that got an equivocating
                         # replica's right reports vouch for it.
                         vouched = False
-                    replay = vouched and self.replay_skips_reads
+                    replay = vouched and self.options.replay_skips_reads
                     t_batch = time.monotonic()
                     try:
                         outs, refs = await asyncio.to_thread(self._run_batch, cert, replay)
@@ -721,15 +618,15 @@ class Runtime:
                     self._view = max(self._view, cert.view)
                     for out in outs:
                         self._send_reply(out, cert.view)
-                    if self.inject_fault == "slow-report":
-                        await asyncio.sleep(self.slow_report_s)
+                    if delay := self.faults.report_delay():
+                        await asyncio.sleep(delay)
                     # At a checkpoint seq the checkpoint comes first and its digest is in
                     # the report (wire.checkpoint_ref): the agreement replicas compare and
                     # certify it with the replies, so a replica that signs a wrong checkpoint
                     # digest is caught like one that answers wrongly.
                     c = None
                     if cert.seq % self.cp == 0:
-                        async with self._store_lock:
+                        async with self.ckpt.lock:
                             c = await asyncio.to_thread(self._checkpoint, cert.seq)
                     if replay:
                         self.counters["replayed_certified"] += 1
@@ -737,12 +634,12 @@ class Runtime:
                         if c is not None:
                             refs = [*refs, wire.checkpoint_ref(cert.seq, c)]
                         rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
-                        if not self.byz.report(cert.seq, rep):
+                        if not self.faults.report(cert.seq, rep):
                             self._send_agreement(rep.with_macs(self.agree_keys).encode())
                     self.counters["batches_executed"] += 1
                     if c is not None:
-                        self._after_checkpoint(cert.seq, c)
-                        self.byz.after_checkpoint(cert.seq)
+                        self.ckpt.announce(cert.seq, c, self.sign_key)
+                        self.faults.after_checkpoint(cert.seq)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -836,7 +733,7 @@ class Runtime:
             except Exception as e:
                 raise AppFault(f"app {self.app.name!r} raised at seq {cert.seq}: {e!r}") from e
             result = bytes(result)
-            if self._lying(cert.seq):
+            if self.faults.lying(cert.seq):
                 result += b" (wrong)"  # a deterministic wrong answer to every request
                 counts["wrong_replies"] += 1
             self.replies.record(req.sender, req.timestamp, result, req.read_only, read)
@@ -845,86 +742,24 @@ class Runtime:
             counts["requests_executed"] += 1
         return outs, fresh
 
-    # ---- checkpoints ----------------------------------------------------------------
+    # ---- checkpoints (execution/checkpointing.py) ------------------------------------
 
     def _checkpoint(self, seq: int) -> bytes:
-        """Manifest + snapshot of the state after `seq` (worker thread); returns C."""
+        """Manifest + snapshot of the state after `seq` (worker thread, ckpt.lock held);
+        returns C."""
         self.state.sync()
         dirty = self.state.take_dirty()
-        self.builder.mark_all_dirty(dirty.written | dirty.deleted)
         memory = self.app.save_memory()
-        if memory is not None:
-            self.builder.write_memory(memory)
-        self.builder.write_runtime_file(REPLIES_PATH, self.replies.encode())
-        crash_point("runtime.checkpoint.runtime-files")
-        if self.inject_fault == "diverge-state":
-            # A deterministic wrong state: one file no correct replica has, so this
-            # replica's C differs from theirs at every checkpoint.
-            (self.builder.root / DIVERGE_PATH).write_bytes(b"diverged at %d\n" % seq)
-            self.builder.mark_dirty(DIVERGE_PATH)
-        manifest = self.builder.build()
-        name = checkpoint_name(seq)
+        replies = self.replies.encode()
+        manifest = self.ckpt.build(seq, dirty.written | dirty.deleted, memory, replies)
         if self.fetcher is not None and self.fetcher.done:
             # Every certified file is here now: this snapshot is complete, peers may read it.
-            self._complete_from = seq
+            self.ckpt.complete_from = seq
             self.state.lazy = None
             self.fetcher = None
             self.recovery["complete_at_checkpoint"] = seq
             log.info("recovery complete: checkpoint %d holds the whole state", seq)
-        write_atomic(self.manifest_dir / f"{name}.manifest", manifest.encode())
-        crash_point("runtime.checkpoint.manifest")
-        if self.inject_fault == "corrupt-snapshot":
-            self._snapshot_corrupted(name, manifest)
-            self._corrupted.add(seq)
-        else:
-            self.store.snapshot(name)
-        crash_point("runtime.checkpoint.snapshot")
-        # A recovering peer's first request is this manifest: spare the decode of an entry
-        # per file (~20 ms at 10,000 files) on its critical path.
-        self.files.remember(seq, manifest)
-        return manifest.digest()
-
-    def _snapshot_corrupted(self, name: str, manifest: Manifest) -> None:
-        """The corrupt-snapshot fault: flip one byte of every file, snapshot, flip back."""
-        flipped: list[tuple[Path, int]] = []
-        try:
-            for rel, entry in manifest.files.items():
-                at = (self.builder.root / rel, entry.size // 2)
-                if entry.size and _flip_byte(*at):
-                    flipped.append(at)
-            self.store.snapshot(name)
-        finally:
-            for at in flipped:
-                _flip_byte(*at)
-        self.counters["snapshot_files_corrupted"] += len(flipped)
-        log.warning("drill: snapshot %s taken with %d files corrupted", name, len(flipped))
-
-    def _lying(self, seq: int) -> bool:
-        if self.inject_fault == "wrong-reply" or self.byz.lying(seq):
-            return True
-        if self.inject_fault != "corrupt-snapshot" or not self.corrupt_lies:
-            return False
-        return self._corrupt_lie_from is not None and seq >= self._corrupt_lie_from
-
-    def _after_checkpoint(self, seq: int, c: bytes) -> None:
-        self.last_checkpoint = seq
-        self.my_checkpoints[seq] = c
-        self._my_digests[seq] = c
-        for s in sorted(self._my_digests)[:-_DIGEST_HISTORY]:
-            del self._my_digests[s]
-        self.counters["checkpoints"] += 1
-        m = wire.ExecCheckpoint(self.svc.id, self.me, seq, c).signed(self.sign_key).encode()
-        sent = self.byz.checkpoint(seq, m)
-        if sent is not None:
-            self._ckpt_msgs[seq] = sent
-            self._send_agreement(sent)
-            for link in self._peer_links:
-                link.send(sent)
-        self.ckpt_votes.setdefault(seq, {})[self.me] = c
-        for peer, theirs in list(self.ckpt_votes[seq].items()):
-            if peer != self.me:
-                self._compare_checkpoint(seq, peer, theirs)
-        self._check_stable(seq)
+        return self.ckpt.take(seq, manifest)
 
     def _on_exec_checkpoint(self, m: wire.ExecCheckpoint) -> None:
         kind, idx = wire.principal_kind(m.sender)
@@ -934,98 +769,7 @@ class Runtime:
         if not self.publics.verify(m):  # a peer's replaced key is counted per sender
             self.counters["bad_sig"] += 1
             return
-        # Before the stale check: a replica that is slow and wrong still gets noticed.
-        self._compare_checkpoint(m.seq, m.sender, m.checkpoint)
-        if m.seq <= self.stable_checkpoint or m.seq % self.cp:
-            self.counters["stale_checkpoint"] += 1
-            return
-        if m.seq > self.last_executed + self.window:
-            self.counters["too_far"] += 1
-            return
-        self.counters["peer_checkpoints"] += 1
-        votes = self.ckpt_votes.setdefault(m.seq, {})
-        votes.setdefault(m.sender, m.checkpoint)  # first signed statement counts
-        self._check_stable(m.seq)
-
-    def _compare_checkpoint(self, seq: int, peer: int, theirs: bytes) -> None:
-        """Record a peer's signed checkpoint digest that differs from ours at `seq` (once
-        per seq and peer; a peer's later statements for a seq do not count anyway)."""
-        mine = self._my_digests.get(seq)
-        if mine is None or theirs == mine or (seq, peer) in self._mismatch_seen:
-            return
-        self._mismatch_seen.add((seq, peer))
-        for old in [k for k in self._mismatch_seen if k[0] <= seq - _DIGEST_HISTORY * self.cp]:
-            self._mismatch_seen.discard(old)
-        _, idx = wire.principal_kind(peer)
-        self.counters["checkpoint_mismatches"] += 1
-        self.checkpoint_mismatches.append(
-            {"seq": seq, "peer": idx, "principal": peer, "mine": mine.hex(), "theirs": theirs.hex()}
-        )
-        del self.checkpoint_mismatches[:-_MISMATCH_LIST]
-        log.warning(
-            "checkpoint %d: execution replica %d signed %s, this replica has %s",
-            seq,
-            idx,
-            theirs.hex()[:16],
-            mine.hex()[:16],
-        )
-
-    def _check_stable(self, seq: int) -> None:
-        mine = self.my_checkpoints.get(seq)
-        if mine is None or seq <= self.stable_checkpoint:
-            return
-        votes = self.ckpt_votes.get(seq, {})
-        agree = sum(1 for c in votes.values() if c == mine)
-        if agree < self.svc.f + 1:
-            if len(votes) - agree >= self.svc.f + 1:
-                self.counters["checkpoint_divergence"] += 1
-                log.error("f+1 execution replicas certify a different state at %d", seq)
-            return
-        previous, self.stable_checkpoint = self.stable_checkpoint, seq
-        log.info("checkpoint %d stable (%s)", seq, mine.hex()[:16])
-        if seq in self._corrupted and self._corrupt_lie_from is None:
-            self._corrupt_lie_from = seq + max(1, int(self.cp * CORRUPT_LIE_AFTER))
-        self._corrupted = {s for s in self._corrupted if s > seq}
-        for s in [s for s in self.ckpt_votes if s <= seq]:
-            del self.ckpt_votes[s]
-        for s in [s for s in self.my_checkpoints if s < seq]:
-            del self.my_checkpoints[s]
-        for s in [s for s in self._ckpt_msgs if s < seq]:
-            del self._ckpt_msgs[s]
-        # The snapshot of the stable checkpoint before this one stays too: a spare woken
-        # at a fault above it recovers from it (the certified checkpoint it was told when
-        # woken) and must replay up to the fault seq to report it, or the round never
-        # resolves; collecting it at once stranded such a spare above the fault.
-        self._gc_wanted = max(self._gc_wanted, previous)
-        # So does every snapshot the agreement replicas may still name: they hold their
-        # stable checkpoint below an open fault round while f+1 execution replicas go on
-        # making newer ones stable among themselves. Ask them where they are (FETCH kind
-        # 3); the replies move the collection (_maybe_collect).
-        self._register_again()
-        self._maybe_collect()
-
-    def _maybe_collect(self) -> None:
-        bound = min(self._gc_wanted, self.stable_votes.floor(self.svc.n))
-        if bound > self._gc_done:
-            self._gc_done = bound
-            asyncio.get_running_loop().create_task(self._collect_garbage(bound))
-
-    async def _collect_garbage(self, stable: int) -> None:
-        try:
-            async with self._store_lock:
-                await asyncio.to_thread(self._destroy_below, stable)
-        except Exception:
-            log.exception("garbage collection below %d failed", stable)
-            self.counters["gc_errors"] += 1
-
-    def _destroy_below(self, stable: int) -> None:
-        for name in self.store.list_snapshots():
-            if name.startswith("ckpt-") and name[5:].isdigit() and int(name[5:]) < stable:
-                self.files.release(name)  # ZFS refuses to destroy a snapshot with a clone
-                self.store.destroy_snapshot(name)
-                crash_point("runtime.gc.destroyed")
-                (self.manifest_dir / f"{name}.manifest").unlink(missing_ok=True)
-                self.counters["snapshots_destroyed"] += 1
+        self.ckpt.offer(m.seq, m.sender, m.checkpoint, self.last_executed, self.options.window)
 
     # ---- liveness and status --------------------------------------------------------
 
@@ -1052,17 +796,8 @@ class Runtime:
         cluster's stable checkpoint now, not when the stall check next fires."""
         path = self.state_dir / WAKE_NOTICE
         seen = _mtime(path)
-        fault_path = self.state_dir / FAULT_FILE
-        fault_seen = _mtime(fault_path)
-        if self.drill_faults and fault_seen is not None:
-            self._read_fault_file(fault_path)
         while True:
             await asyncio.sleep(_WAKE_POLL)
-            if self.drill_faults:
-                now = _mtime(fault_path)
-                if now != fault_seen:
-                    fault_seen = now
-                    self._read_fault_file(fault_path)
             now = _mtime(path)
             poked, self._wake_poked = self._wake_poked, False
             if (now is None or now == seen) and not poked:
@@ -1094,49 +829,6 @@ class Runtime:
         self._wake_poked = True
         self.counters["wake_pokes"] += 1
 
-    def _read_fault_file(self, path: Path) -> None:
-        """A drill turns this replica faulty (or correct again) without restarting it: a
-        guest's runtime cannot be restarted with --inject-fault in less than seconds."""
-        try:
-            body = json.loads(path.read_text())
-            fault = body.get("fault")
-            slow_ms = body.get("slow_report_ms", SLOW_REPORT_SECONDS * 1000)
-            lie = body.get("lie", True)
-        except FileNotFoundError:
-            body, fault, slow_ms, lie = {}, None, SLOW_REPORT_SECONDS * 1000, True
-        except (OSError, ValueError, AttributeError) as e:
-            self.counters["bad_fault_file"] += 1
-            log.warning("%s: %s", path, e)
-            return
-        if fault is not None and fault not in FAULTS + BYZANTINE_BEHAVIOURS:
-            self.counters["bad_fault_file"] += 1
-            log.warning("%s: unknown fault %r", path, fault)
-            return
-        if (
-            isinstance(slow_ms, bool)
-            or not isinstance(slow_ms, int | float)
-            or not (0 <= slow_ms <= 600_000)
-        ):
-            self.counters["bad_fault_file"] += 1
-            log.warning("%s: slow_report_ms must be a number of ms in 0..600000", path)
-            return
-        if not isinstance(lie, bool):
-            self.counters["bad_fault_file"] += 1
-            log.warning("%s: lie must be true or false", path)
-            return
-        try:
-            self.byz.configure(fault, body if isinstance(body, dict) else {})
-        except ValueError as e:
-            self.counters["bad_fault_file"] += 1
-            log.warning("%s: %s", path, e)
-            return
-        self.slow_report_s = slow_ms / 1000
-        self.corrupt_lies = lie
-        if fault != self.inject_fault:
-            log.warning("drill: injected fault now %s", fault)
-            self.counters["fault_switches"] += 1
-            self.inject_fault = fault
-
     # ---- recovery (execution/recovery.py, docs/recovery.md) -------------------------
 
     def _peer_sources(self) -> list[PeerSource]:
@@ -1164,7 +856,7 @@ class Runtime:
     def _fetcher(self, manifest: Manifest, seq: int) -> StateFetcher:
         """A fetcher of checkpoint `seq`'s files into the live directory, from the peers."""
         return StateFetcher(
-            self.store.path,
+            self.ckpt.store.path,
             manifest,
             seq,
             self._peer_sources(),
@@ -1177,7 +869,7 @@ class Runtime:
     def _bad_source(self, source: str, path: str, why: str) -> None:
         self.counters["bad_source_reports"] += 1
         bad = self.recovery.setdefault("bad_sources", [])
-        if len(bad) < _MISMATCH_LIST:
+        if len(bad) < MISMATCH_LIST:
             bad.append({"source": source, "path": path, "why": why})
 
     async def _recover(self, seq: int, digest: bytes) -> None:
@@ -1186,7 +878,7 @@ class Runtime:
         self.counters["recoveries_started"] += 1
         log.info("behind the stable checkpoint %d (%s): recovering", seq, digest.hex()[:16])
         try:
-            async with self._store_lock:
+            async with self.ckpt.lock:
                 await asyncio.to_thread(self._install_checkpoint, seq, digest)
         except (RecoveryError, FetchError, OSError) as e:
             # Peers may not have the checkpoint yet (or be down): the next FETCH-REPLY
@@ -1239,16 +931,17 @@ class Runtime:
             digest,
             on_bad_source=self._bad_source,
             ranking=self._ranking,
-            like=self.builder.previous,
+            like=self.ckpt.builder.previous,
         )
         lap("manifest")
         self.state.sync()
-        live = self.store.path
+        ck = self.ckpt
+        live = ck.store.path
         fetcher = self._fetcher(manifest, seq)
         # What this replica's own last checkpoint says, plus what changed since: enough to
         # tell which files match without re-hashing the whole state (docs/recovery.md).
-        own = self.builder.previous
-        suspect = self.state.peek_dirty() | self.builder.dirty
+        own = ck.builder.previous
+        suspect = self.state.peek_dirty() | ck.builder.dirty
         if self.fetcher is not None:  # an earlier recovery had not fetched these yet
             self._bg_stop.set()
             suspect |= set(self.fetcher.pending())
@@ -1261,7 +954,7 @@ class Runtime:
         self._stranded_at = self.last_executed + 1
         self._half_installed = True
         lap("reconcile")
-        if self.recovery_mode == "full":
+        if self.options.recovery == "full":
             fetcher.fetch_all()  # the baseline: nothing executes before every file is here
             if not fetcher.done:
                 raise FetchError(f"full transfer of checkpoint {seq}: {fetcher.pending()[:3]}")
@@ -1278,15 +971,13 @@ class Runtime:
         memory = live / MEMORY_PATH
         if memory.exists():
             self.app.load_memory(memory.read_bytes())
-        self.builder = ManifestBuilder(live, manifest)
+        ck.builder = ManifestBuilder(live, manifest)
         lap("open")
-        write_atomic(self.manifest_dir / f"{checkpoint_name(seq)}.manifest", manifest.encode())
+        ck.record_manifest(seq, manifest)
         lap("record")
         self.collector.executed(seq)
-        self.last_checkpoint = seq
-        self.my_checkpoints[seq] = digest
-        self._my_digests[seq] = digest
-        self._complete_from = 1 << 64  # until the fetch completes and a checkpoint follows
+        ck.adopt(seq, digest)
+        ck.complete_from = 1 << 64  # until the fetch completes and a checkpoint follows
         self.fetcher = fetcher
         self._half_installed = False
         self.recovery["install_phases_ms"] = phases
@@ -1306,7 +997,7 @@ class Runtime:
     def _background_fetch(self, fetcher: StateFetcher, stop: threading.Event) -> None:
         t0 = time.monotonic()
         try:
-            n = fetcher.fetch_all(stop, pause=self.background_pause)
+            n = fetcher.fetch_all(stop, pause=self.options.background_pause)
         except Exception:
             log.exception("background fetch stopped")
             return
@@ -1332,13 +1023,13 @@ class Runtime:
         else:
             if bad_range(m.offset, m.length):
                 self.counters["file_fetch_bad_range"] += 1
-            async with self._store_lock:
+            async with self.ckpt.lock:
                 r = await asyncio.to_thread(
-                    self.files.read, m.seq, m.path_text(), m.offset, m.length
+                    self.ckpt.files.read, m.seq, m.path_text(), m.offset, m.length
                 )
         out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         if unbound is None:
-            out = self.byz.file_data(out)  # a drill's forged bytes; never the challenge
+            out = self.faults.file_data(out)  # a drill's forged bytes; never the challenge
             self.counters["file_chunks_served"] += 1
             self.counters["file_bytes_served"] += len(r.data)
         if writer.is_closing():
@@ -1360,13 +1051,9 @@ class Runtime:
             "index": self.index,
             "principal": self.me,
             "pid": os.getpid(),
-            "inject_fault": self.inject_fault,
-            "corrupt_lie_from": self._corrupt_lie_from,
+            **self.faults.status(),  # inject_fault, corrupt_lie_from
             "last_executed": self.last_executed,
-            "last_checkpoint": self.last_checkpoint,
-            "stable_checkpoint": self.stable_checkpoint,
-            "checkpoints": {str(s): c.hex() for s, c in sorted(self.my_checkpoints.items())},
-            "checkpoint_mismatches": list(self.checkpoint_mismatches),
+            **self.ckpt.status(),  # last and stable checkpoint, checkpoints, mismatches
             "agreement_links_up": sum(1 for link in self._links if link.up),
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
@@ -1412,10 +1099,10 @@ class Runtime:
 
 
 async def serve(
-    config: Config, service: Service, index: int, *, store_kind: str = "dir", **kw: Any
+    config: Config, service: Service, index: int, options: RuntimeOptions | None = None
 ) -> None:
     """Run one execution replica until SIGTERM/SIGINT."""
-    rt = Runtime(config, service, index, store_kind=store_kind, **kw)
+    rt = Runtime(config, service, index, options)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, rt.stop)

@@ -14,7 +14,8 @@ from zz import keys
 from zz.config import load
 from zz.controld import actions
 from zz.drillfaults import FAULT_FILE
-from zz.execution.runtime import SLOW_REPORT_SECONDS, Runtime
+from zz.execution.drillfaults import SLOW_REPORT_SECONDS
+from zz.execution.runtime import Runtime, RuntimeOptions
 
 
 def _ctx(tmp_path: Path, **kw: Any) -> actions.HostContext:
@@ -82,60 +83,60 @@ def test_hibernated_spare_starts_its_runtime_at_the_wake(tmp_path: Path) -> None
 def test_runtime_switches_its_fault_from_the_fault_file(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
     svc = ctx.config.services[0]
-    rt = Runtime(ctx.config, svc, 0, state_dir=tmp_path / "st", drill_faults=True)
+    rt = Runtime(ctx.config, svc, 0, RuntimeOptions(state_dir=tmp_path / "st", drill_faults=True))
     path = tmp_path / FAULT_FILE
     path.write_text('{"fault": "wrong-reply"}')
-    rt._read_fault_file(path)
-    assert rt.inject_fault == "wrong-reply" and rt.counters["fault_switches"] == 1
+    rt.faults.read_file(path)
+    assert rt.faults.fault == "wrong-reply" and rt.counters["fault_switches"] == 1
     for bad in ("{", '{"fault": "eat-cpu"}', "[1]"):
         path.write_text(bad)
-        rt._read_fault_file(path)
-    assert rt.inject_fault == "wrong-reply" and rt.counters["bad_fault_file"] == 3
+        rt.faults.read_file(path)
+    assert rt.faults.fault == "wrong-reply" and rt.counters["bad_fault_file"] == 3
     path.write_text('{"fault": null}')
-    rt._read_fault_file(path)
-    assert rt.inject_fault is None
+    rt.faults.read_file(path)
+    assert rt.faults.fault is None
     path.write_text('{"fault": "slow-report"}')
-    rt._read_fault_file(path)
+    rt.faults.read_file(path)
     path.unlink()
-    rt._read_fault_file(path)  # gone: behave again
-    assert rt.inject_fault is None and rt.counters["fault_switches"] == 4
+    rt.faults.read_file(path)  # gone: behave again
+    assert rt.faults.fault is None and rt.counters["fault_switches"] == 4
 
 
 def test_fault_file_sets_how_slow_a_slow_replica_is(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
-    rt = Runtime(ctx.config, ctx.config.services[0], 0, state_dir=tmp_path / "st")
+    rt = Runtime(ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=tmp_path / "st"))
     path = tmp_path / FAULT_FILE
-    assert rt.slow_report_s == SLOW_REPORT_SECONDS
+    assert rt.faults.slow_report_s == SLOW_REPORT_SECONDS
     path.write_text('{"fault": "slow-report", "slow_report_ms": 6000}')
-    rt._read_fault_file(path)
-    assert rt.inject_fault == "slow-report" and rt.slow_report_s == 6.0
+    rt.faults.read_file(path)
+    assert rt.faults.fault == "slow-report" and rt.faults.slow_report_s == 6.0
     for bad in ('"6000"', "-1", "600001", "true", "null"):
         path.write_text(f'{{"fault": "wrong-reply", "slow_report_ms": {bad}}}')
-        rt._read_fault_file(path)
+        rt.faults.read_file(path)
     # Refused whole: neither the fault nor the delay changed.
     assert rt.counters["bad_fault_file"] == 5
-    assert rt.inject_fault == "slow-report" and rt.slow_report_s == 6.0
+    assert rt.faults.fault == "slow-report" and rt.faults.slow_report_s == 6.0
     path.write_text('{"fault": null}')
-    rt._read_fault_file(path)
-    assert rt.inject_fault is None and rt.slow_report_s == SLOW_REPORT_SECONDS
+    rt.faults.read_file(path)
+    assert rt.faults.fault is None and rt.faults.slow_report_s == SLOW_REPORT_SECONDS
 
 
 def test_fault_file_holds_a_corrupt_snapshot_replicas_lies_back(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
-    rt = Runtime(ctx.config, ctx.config.services[0], 0, state_dir=tmp_path / "st")
+    rt = Runtime(ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=tmp_path / "st"))
     path = tmp_path / FAULT_FILE
     path.write_text('{"fault": "corrupt-snapshot", "lie": false}')
-    rt._read_fault_file(path)
-    assert rt.inject_fault == "corrupt-snapshot" and rt.corrupt_lies is False
-    rt._corrupt_lie_from = 40  # a corrupted checkpoint became stable
-    assert not rt._lying(41)
+    rt.faults.read_file(path)
+    assert rt.faults.fault == "corrupt-snapshot" and rt.faults.corrupt_lies is False
+    rt.faults.corrupt_lie_from = 40  # a corrupted checkpoint became stable
+    assert not rt.faults.lying(41)
     for bad in ('"no"', "0", "null"):
         path.write_text(f'{{"fault": "corrupt-snapshot", "lie": {bad}}}')
-        rt._read_fault_file(path)
-    assert rt.counters["bad_fault_file"] == 3 and rt.corrupt_lies is False
+        rt.faults.read_file(path)
+    assert rt.counters["bad_fault_file"] == 3 and rt.faults.corrupt_lies is False
     path.write_text('{"fault": "corrupt-snapshot"}')
-    rt._read_fault_file(path)
-    assert not rt._lying(39) and rt._lying(40) and rt._lying(41)
+    rt.faults.read_file(path)
+    assert not rt.faults.lying(39) and rt.faults.lying(40) and rt.faults.lying(41)
     path.write_text('{"fault": null}')
-    rt._read_fault_file(path)
-    assert not rt._lying(41)
+    rt.faults.read_file(path)
+    assert not rt.faults.lying(41)

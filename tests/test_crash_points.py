@@ -51,44 +51,42 @@ def _check_consistent(rt: Any) -> dict[str, Any]:
     from zz.snapshots.dirstore import DirStore
     from zz.snapshots.manifest import Manifest
 
-    snaps = rt.store.list_snapshots()
-    manifests = sorted(p.name for p in rt.manifest_dir.iterdir())
+    snaps = rt.ckpt.store.list_snapshots()
+    manifests = sorted(p.name for p in rt.ckpt.manifest_dir.iterdir())
     assert manifests == sorted(f"{n}.manifest" for n in snaps), (manifests, snaps)
     for name in snaps:
-        recorded = Manifest.decode((rt.manifest_dir / f"{name}.manifest").read_bytes())
-        with rt.store.open_snapshot(name) as snap:
+        recorded = Manifest.decode((rt.ckpt.manifest_dir / f"{name}.manifest").read_bytes())
+        with rt.ckpt.store.open_snapshot(name) as snap:
             assert _files(snap) == recorded.files, name
-    if isinstance(rt.store, DirStore):
-        assert sorted(p.name for p in (rt.store.root / "snapshots").iterdir()) == sorted(snaps)
-    live = _files(rt.store.path)
-    assert live == rt.builder.previous.files if rt.builder.previous else live == {}
-    seq = rt.last_checkpoint
+    if isinstance(rt.ckpt.store, DirStore):
+        assert sorted(p.name for p in (rt.ckpt.store.root / "snapshots").iterdir()) == sorted(snaps)
+    live = _files(rt.ckpt.store.path)
+    assert live == rt.ckpt.builder.previous.files if rt.ckpt.builder.previous else live == {}
+    seq = rt.ckpt.last
     return {
         "restored": seq,
-        "digest": rt.my_checkpoints[seq].hex() if seq else None,
+        "digest": rt.ckpt.mine[seq].hex() if seq else None,
         "snapshots": snaps,
     }
 
 
 def _drive(state_dir: str, rack: str, kind: str, pool: str) -> None:
     from zz.config import load
-    from zz.execution.runtime import Runtime
+    from zz.execution.runtime import Runtime, RuntimeOptions
 
     config = load(rack)
-    rt = Runtime(
-        config, config.services[0], 0, store_kind=kind, zfs_pool=pool or None,
-        state_dir=Path(state_dir),
-    )  # fmt: skip
-    rt.manifest_dir.mkdir(parents=True, exist_ok=True)  # as start() does
+    opts = RuntimeOptions(store=kind, zfs_pool=pool or None, state_dir=Path(state_dir))
+    rt = Runtime(config, config.services[0], 0, opts)
+    rt.ckpt.manifest_dir.mkdir(parents=True, exist_ok=True)  # as start() does
     rt._open_state()
     print(json.dumps(_check_consistent(rt)), flush=True)
-    for seq in range(rt.last_checkpoint + 1, END + 1):
+    for seq in range(rt.ckpt.last + 1, END + 1):
         _apply(rt.state, seq)
         if seq % CP == 0:
             c = rt._checkpoint(seq)
             print(json.dumps({"ckpt": seq, "digest": c.hex()}), flush=True)
             # As the runtime once `seq` is stable: keep it and the stable one before.
-            rt._destroy_below(seq - CP)
+            rt.ckpt.destroy_below(seq - CP)
     print(json.dumps({"done": _check_consistent(rt)}), flush=True)
 
 

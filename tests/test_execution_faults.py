@@ -25,7 +25,7 @@ from zz.crypto import sha256
 from zz.snapshots.manifest import Manifest
 
 FAULTY = 2
-DIVERGE_PATH = "zz-fault-diverge"  # execution/runtime.py DIVERGE_PATH
+DIVERGE_PATH = "zz-fault-diverge"  # execution/drillfaults.py DIVERGE_PATH
 
 
 def start_rig(

@@ -16,7 +16,7 @@ from zz.config import Config
 from zz.crypto import SigningKey
 from zz.execution import runtime
 from zz.execution.recovery import PeerSource
-from zz.execution.runtime import Runtime
+from zz.execution.runtime import Runtime, RuntimeOptions
 from zz.snapshots import open_store
 from zz.snapshots.fetch import SourceError, StateFetcher
 from zz.snapshots.fileserve import (
@@ -215,15 +215,15 @@ async def test_runtime_answers_bad_ranges_and_drops_requesters_that_never_read(
     at once, for good)."""
     ctx = guest_ctx(tmp_path)
     svc = ctx.config.services[0]
-    rt = Runtime(ctx.config, svc, 0, state_dir=tmp_path / "st")
+    rt = Runtime(ctx.config, svc, 0, RuntimeOptions(state_dir=tmp_path / "st"))
     # What Runtime.serve sets up before it listens, without the agreement links.
     rt.publics = keys.PeerKeys(ctx.config.rack.key_dir, ctx.config, svc, rt.counters)
-    rt.manifest_dir.mkdir(parents=True)
+    rt.ckpt.manifest_dir.mkdir(parents=True)
     rt._open_state()
     chunk = bytes(MAX_CHUNK)
-    real_read = rt.files.read
+    real_read = rt.ckpt.files.read
     monkeypatch.setattr(
-        rt.files,
+        rt.ckpt.files,
         "read",
         lambda seq, path, offset, length: (
             real_read(seq, path, offset, length) if path != "big" else FileRead(OK, 1 << 30, chunk)
@@ -337,14 +337,14 @@ async def serving_runtime(tmp_path: Path) -> tuple[Config, Runtime, asyncio.Serv
     listening on a port of its own (Runtime._serve_conn, as Runtime.serve sets it up)."""
     ctx = guest_ctx(tmp_path)
     svc = ctx.config.services[0]
-    rt = Runtime(ctx.config, svc, 0, state_dir=tmp_path / "st")
+    rt = Runtime(ctx.config, svc, 0, RuntimeOptions(state_dir=tmp_path / "st"))
     rt.publics = keys.PeerKeys(ctx.config.rack.key_dir, ctx.config, svc, rt.counters)
-    rt.manifest_dir.mkdir(parents=True)
+    rt.ckpt.manifest_dir.mkdir(parents=True)
     rt._open_state()
     for rel, data in FETCHED.items():
-        (rt.store.path / rel).write_bytes(data)
-    checkpoint(rt.store, rt.manifest_dir, 8)
-    (rt.store.path / "small").write_bytes(b"changed since\n")
+        (rt.ckpt.store.path / rel).write_bytes(data)
+    checkpoint(rt.ckpt.store, rt.ckpt.manifest_dir, 8)
+    (rt.ckpt.store.path / "small").write_bytes(b"changed since\n")
     server = await asyncio.start_server(rt._serve_conn, "127.0.0.1", 0)
     return ctx.config, rt, server
 

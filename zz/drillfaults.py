@@ -4,6 +4,6 @@ with --drill-faults reads in its state directory (zz drill, the campaign; docs/e
 
 from __future__ import annotations
 
-# Test-only fault switches (tests/test_execution_faults.py); execution/runtime.py commits them.
+# Test-only fault switches (tests/test_execution_faults.py); execution/drillfaults.py commits them.
 FAULTS = ("diverge-state", "wrong-reply", "slow-report", "corrupt-snapshot")
 FAULT_FILE = "zz-fault.json"  # read only with drill_faults (python -m zz.execution --drill-faults)

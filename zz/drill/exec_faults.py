@@ -197,7 +197,7 @@ class CorruptSnapshot(WrongReply):
 
     async def inject(self, obs: Observer) -> int | None:
         """Byzantine storage: replica B's runtime snapshots one flipped byte per file while
-        certifying the right digest (execution/runtime.py, fault corrupt-snapshot), so each
+        certifying the right digest (execution/drillfaults.py, fault corrupt-snapshot), so each
         snapshot is corrupt from the moment it exists, on a directory store as on ZFS
         (where a snapshot cannot be changed from outside). Corrupting the snapshots from
         the drill instead raced the victim's checkpoints: one taken just before the lies
