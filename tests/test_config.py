@@ -55,6 +55,15 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
         ("base_port = 17100", 'base_port = 17100\napp = "nope"', "services[0].app: unknown app"),
         ("base_port = 17100", 'base_port = 17100\napp = "wsgi:x"', "services[0].app: unknown app"),
         ("batch_max = 16", 'batch_max = 16\nclient_signatures = "never"', "rack.client_signatures"),
+        # Hosts: an address that is not one, a libvirt URI that is not one (issue 17).
+        ('address = "127.0.0.1"', 'address = "127.0.0.1:7000"', "hosts[0].address: must be an"),
+        ('address = "127.0.0.1"', 'address = "10.0.0.256"', "hosts[0].address: must be an"),
+        ('address = "127.0.0.1"', 'address = "http://h0"', "hosts[0].address: must be an"),
+        ('address = "127.0.0.1"', 'address = "my host"', "hosts[0].address: must be an"),
+        ('"test:///default"', '"qemu:/system"', "hosts[0].libvirt_uri: must be a libvirt URI"),
+        ('"test:///default"', '"qemu+rsh:///system"', "hosts[0].libvirt_uri: must be a libvirt"),
+        ('"test:///default"', '"qemu://h:70000/system"', "hosts[0].libvirt_uri: must be a"),
+        ('"test:///default"', '"qemu:///sys tem"', "hosts[0].libvirt_uri: must be a libvirt URI"),
     ],
 )
 def test_errors_name_the_field(
@@ -64,6 +73,19 @@ def test_errors_name_the_field(
     with pytest.raises(ConfigError) as e:
         load(write_rack(BASE.replace(old, new, 1)))
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_addresses_and_libvirt_uris_that_are_fine(write_rack: Callable[[str], Path]) -> None:
+    h0 = 'address = "127.0.0.1"\nlibvirt_uri = "test:///default"'
+    assert h0 in BASE
+    for addr, uri in (
+        ("::1", "qemu:///system"),
+        ("localhost", "qemu+ssh://root@h1.example.com/system"),
+        ("h0.rack.example", "qemu+tls://h0:16514/system?no_verify=1"),
+        ("192.0.2.7", "xen://"),
+    ):
+        c = load(write_rack(BASE.replace(h0, f'address = "{addr}"\nlibvirt_uri = "{uri}"', 1)))
+        assert (c.hosts[0].address, c.hosts[0].libvirt_uri) == (addr, uri)
 
 
 def test_missing_sections(write_rack: Callable[[str], Path]) -> None:

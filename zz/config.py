@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,54 @@ def _range(lo: int | None, hi: int | None) -> str:
     return ""
 
 
+# A DNS host name (RFC 1123): dot-separated labels of letters, digits and inner hyphens.
+_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+# libvirt's URI form driver[+transport]://[user@][host][:port]/[path][?params]
+# (https://libvirt.org/uri.html); the transports it knows.
+_LIBVIRT_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(?:\+(tls|tcp|ssh|libssh|libssh2|unix|ext))?")
+
+
+def _check_address(t: _Table, address: str) -> str:
+    """An IPv4 or IPv6 address, or a DNS host name: what the daemons bind to and connect
+    to. `rack plan` refuses a URL, a host:port or a path rather than a daemon failing later."""
+    try:
+        ipaddress.ip_address(address)
+        return address
+    except ValueError:
+        pass
+    labels = address.removesuffix(".").split(".")
+    ok = len(address) <= 253 and all(_HOST_LABEL_RE.fullmatch(x) for x in labels)
+    # All-numeric labels are a mistyped IPv4 address (1.2.3, 10.0.0.256), not a name.
+    if not ok or all(x.isdigit() for x in labels):
+        raise ConfigError(
+            f"{t.fp('address')}: must be an IPv4 or IPv6 address or a host name, got {address!r}"
+        )
+    return address
+
+
+def _check_libvirt_uri(t: _Table, uri: str) -> str:
+    """driver[+transport]://[user@][host][:port]/[path][?params], e.g. qemu:///system,
+    qemu+ssh://root@h1/system, test:///default (https://libvirt.org/uri.html)."""
+    why = ""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        _ = parts.port  # ValueError on a port that is not a number in 0..65535
+    except ValueError as e:
+        parts, why = None, f" ({e})"
+    if (
+        parts is None
+        or not _LIBVIRT_SCHEME_RE.fullmatch(parts.scheme)
+        or not uri.startswith(f"{parts.scheme}://")
+        or any(c.isspace() for c in uri)
+        or parts.fragment
+    ):
+        raise ConfigError(
+            f"{t.fp('libvirt_uri')}: must be a libvirt URI driver[+transport]://[host]/path"
+            f" (e.g. qemu:///system, qemu+ssh://root@h1/system), got {uri!r}{why}"
+        )
+    return uri
+
+
 def _check_app(t: _Table, app: str) -> str:
     """An app the catalogue knows (zz/appspec.py), so `rack plan` refuses what the runtime
     would refuse only once started."""
@@ -376,8 +425,8 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         host = Host(
             i,
             name,
-            t.get_str("address"),
-            t.get_str("libvirt_uri", "qemu:///system"),
+            _check_address(t, t.get_str("address")),
+            _check_libvirt_uri(t, t.get_str("libvirt_uri", "qemu:///system")),
             t.get_int("control_port", 7000 + i, lo=1, hi=65535),
             t.get_int("metrics_port", 9700 + i if 9700 + i <= 65535 else 0, lo=0, hi=65535),
         )
