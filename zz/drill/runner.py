@@ -162,6 +162,10 @@ class Drill:
         if len(obs.controld) < len(self.config.hosts):
             raise DrillError(f"controlds not answering: {dict(obs.errors)}")
         self.kind.choose(obs)
+        # The kind may pick the services it drills (byzantine-host: every kv service with a
+        # replica on the host): watch those.
+        obs.services = self.services
+        obs.read_agreed()
         if self.kind.convicts:
             self._check_agreement_spares(obs)
         self.running_now = running(obs, self.service)
