@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,15 @@ def test_normal_case_g1(make_cluster: Callable[..., Cluster]) -> None:
     # SIGTERM is a clean exit (under ASan this also means no leak and no memory error).
     codes = c.close()
     assert all(code == 0 for code in codes.values()), codes
+    # Every log line starts with its UTC time, ISO 8601 with milliseconds (issue 17).
+    stamp = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z zz-agreed: ")
+    for r in range(4):
+        lines = c.log_path(r).read_text().splitlines()
+        assert lines and all(stamp.match(ln) for ln in lines), lines[:5]
+        m = stamp.match(lines[0])
+        assert m is not None
+        at = datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC)
+        assert abs((datetime.now(UTC) - at).total_seconds()) < 600, lines[0]
 
 
 @pytest.mark.slow

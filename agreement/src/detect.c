@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "faults.h"
+#include "log.h"
 #include "replica.h"
 
 static void rec_free_refs(zz_report_rec *k)
@@ -102,8 +103,8 @@ static void log_fault(zz_replica *r, const zz_report_rec *k, const char *what)
             off += (size_t)snprintf(row + off, sizeof row - off, " %u=%s%02x%02x", i,
                                     k->late[i] ? "late:" : "", k->dig[i][0], k->dig[i][1]);
     }
-    fprintf(stderr, "zz-agreed: replica %u: %s at seq %llu:%s\n", r->id, what,
-            (unsigned long long)k->seq, row);
+    zz_log("zz-agreed: replica %u: %s at seq %llu:%s\n", r->id, what,
+           (unsigned long long)k->seq, row);
 }
 
 static void flag(zz_replica *r, zz_report_rec *k, const char *what)

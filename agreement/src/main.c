@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "log.h"
 #include "replica.h"
 
 /* The one piece of global state: the replica, so the signal handler can stop its loop. */
@@ -42,12 +43,12 @@ int main(int argc, char **argv)
                    "(format: docs/config.md, \"Replica files\").\n");
             return 0;
         } else {
-            fprintf(stderr, "zz-agreed: unknown argument '%s' (try --help)\n", argv[i]);
+            zz_log("zz-agreed: unknown argument '%s' (try --help)\n", argv[i]);
             return 2;
         }
     }
     if (!path) {
-        fprintf(stderr, "zz-agreed: --conf FILE is required\n");
+        zz_log("zz-agreed: --conf FILE is required\n");
         return 2;
     }
     /* Before the replica listens: SIGUSR1's default action would kill it. */
@@ -58,11 +59,11 @@ int main(int argc, char **argv)
     static zz_conf conf;
     char err[512];
     if (zz_conf_load(path, &conf, err, sizeof err) != 0) {
-        fprintf(stderr, "zz-agreed: %s\n", err);
+        zz_log("zz-agreed: %s\n", err);
         return 1;
     }
     if (zz_replica_init(&the_replica, &conf, err, sizeof err) != 0) {
-        fprintf(stderr, "zz-agreed: %s\n", err);
+        zz_log("zz-agreed: %s\n", err);
         zz_replica_free(&the_replica);
         zz_conf_free(&conf);
         return 1;
@@ -72,8 +73,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     zz_net_on_kick(the_replica.net, write_stats_now, &the_replica);
     signal(SIGPIPE, SIG_IGN);
-    fprintf(stderr, "zz-agreed: service %u replica %u of %u listening on %s:%u\n",
-            conf.service, conf.id, 3 * conf.g + 1, conf.listen.host, conf.listen.port);
+    zz_log("zz-agreed: service %u replica %u of %u listening on %s:%u\n",
+           conf.service, conf.id, 3 * conf.g + 1, conf.listen.host, conf.listen.port);
     zz_replica_start_timers(&the_replica);
     zz_net_run(the_replica.net);
     zz_write_stats(&the_replica);

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "wire.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -226,7 +227,7 @@ uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx)
         if (!nh) {
             /* Out of memory: losing a timer would stall the protocol silently; there is
              * nothing sensible left to do in a replica that cannot allocate 64 bytes. */
-            fprintf(stderr, "zz_net_timer: out of memory\n");
+            zz_log("zz_net_timer: out of memory\n");
             abort();
         }
         n->heap = nh;

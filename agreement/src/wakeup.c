@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "faults.h"
+#include "log.h"
 #include "replica.h"
 
 /* seqs whose statements are being collected at once: one unconfirmed candidate per signer
@@ -178,8 +179,8 @@ static void save_view(zz_replica *r)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) {
-        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, tmp,
-                strerror(errno));
+        zz_log("zz-agreed: replica %u: cannot write %s: %s\n", r->id, tmp,
+               strerror(errno));
         return;
     }
     fprintf(f, "# zz-agreed replica %u: execution replicas' view; rewritten on every change\n",
@@ -191,8 +192,8 @@ static void save_view(zz_replica *r)
     int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok &= fclose(f) == 0;
     if (!ok || rename(tmp, path) != 0)
-        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, path,
-                strerror(errno));
+        zz_log("zz-agreed: replica %u: cannot write %s: %s\n", r->id, path,
+               strerror(errno));
 }
 
 /* The next line of a view or keys file with any fields, split into tok (at most FIELDS_MAX,
@@ -311,9 +312,9 @@ static int load_view(zz_replica *r, char *err, size_t errcap)
     fmt_ids(as, sizeof as, ids, list_state(r, ZZ_EXEC_AWAKE, ids));
     fmt_ids(ss, sizeof ss, ids, list_state(r, ZZ_EXEC_SLEEPING, ids));
     fmt_ids(cs, sizeof cs, ids, list_state(r, ZZ_EXEC_CONVICTED, ids));
-    fprintf(stderr, "zz-agreed: replica %u: view from %s: awake [%s] sleeping [%s] convicted "
-                    "[%s]\n",
-            r->id, path, as, ss, cs);
+    zz_log("zz-agreed: replica %u: view from %s: awake [%s] sleeping [%s] convicted "
+           "[%s]\n",
+           r->id, path, as, ss, cs);
     return 0;
 }
 
@@ -661,10 +662,9 @@ static void try_evaluate(zz_replica *r, candidate *c)
     char ws[256], ss[256];
     fmt_ids(ws, sizeof ws, wake, n_wake);
     fmt_ids(ss, sizeof ss, who, k);
-    fprintf(stderr,
-            "zz-agreed: replica %u: WAKEUP seq %llu wake [%s], evidence from agreement replicas "
-            "[%s], %llu ms after the fault was flagged\n",
-            r->id, (unsigned long long)c->seq, ws, ss, (unsigned long long)lat);
+    zz_log("zz-agreed: replica %u: WAKEUP seq %llu wake [%s], evidence from agreement replicas "
+           "[%s], %llu ms after the fault was flagged\n",
+           r->id, (unsigned long long)c->seq, ws, ss, (unsigned long long)lat);
     uint64_t seq = c->seq;
     uint32_t cawake[ZZ_MAX_EXEC], cn = c->n_awake;
     memcpy(cawake, c->awake, cn * sizeof *cawake);
@@ -919,9 +919,9 @@ static void apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convic
         if (w->spare_pending[x] == seq) {
             /* controld's SPARE-READY for this conviction came first (held, verified) */
             r->exec_state[x] = ZZ_EXEC_SLEEPING;
-            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY for %u (SHUTDOWN seq %llu) "
-                            "held until now: sleeping again\n",
-                    r->id, x, (unsigned long long)seq);
+            zz_log("zz-agreed: replica %u: SPARE-READY for %u (SHUTDOWN seq %llu) "
+                   "held until now: sleeping again\n",
+                   r->id, x, (unsigned long long)seq);
             take_key(r, x, w->pend_epoch[x], w->pend_pub[x], w->pend_dh[x]);
         }
         w->spare_pending[x] = 0;
@@ -996,10 +996,9 @@ static void send_shutdown(zz_replica *r, const zz_fresolution *res)
     fmt_ids(cs, sizeof cs, res->convict, res->n_convict);
     fmt_ids(ss, sizeof ss, res->sleep, res->n_sleep);
     fmt_ids(as, sizeof as, res->stay, res->n_stay);
-    fprintf(stderr,
-            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s]%s\n",
-            r->id, (unsigned long long)w->seq, cs, ss, as,
-            res->shortfall ? " (fewer than f+1 active)" : "");
+    zz_log("zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s]%s\n",
+           r->id, (unsigned long long)w->seq, cs, ss, as,
+           res->shortfall ? " (fewer than f+1 active)" : "");
     apply_resolution(r, w->seq, res->convict, res->n_convict, res->sleep, res->n_sleep,
                      res->stay, res->n_stay);
     zz_msg own;
@@ -1046,9 +1045,9 @@ static void try_resolve(zz_replica *r)
     if (zz_fault_resolve(w->ev, w->n_ev, r->conf->f, r->g, w->awake, w->n_awake, w->woken,
                          w->n_woken, rep, nrep, &res) != 0) {
         if (!w->resolve_failed_logged)
-            fprintf(stderr, "zz-agreed: replica %u: round at seq %llu cannot be resolved "
-                            "(more than f faults?)\n",
-                    r->id, (unsigned long long)w->seq);
+            zz_log("zz-agreed: replica %u: round at seq %llu cannot be resolved "
+                   "(more than f faults?)\n",
+                   r->id, (unsigned long long)w->seq);
         w->resolve_failed_logged = 1;
         return;
     }
@@ -1061,8 +1060,8 @@ static void try_resolve(zz_replica *r)
      * f = 2 a liar plus a dead spare, the round waited for it for good). Close this round:
      * the seq is judged again over the larger awake set, where a silent woken replica shows
      * as "-" and more spares can be woken. */
-    fprintf(stderr, "zz-agreed: replica %u: round at seq %llu undecided%s, next round\n", r->id,
-            (unsigned long long)w->seq, all ? "" : " (a woken replica is overdue)");
+    zz_log("zz-agreed: replica %u: round at seq %llu undecided%s, next round\n", r->id,
+           (unsigned long long)w->seq, all ? "" : " (a woken replica is overdue)");
     round_clear(r);
     if (!k->certified)
         send_statement(r, k, 0);
@@ -1141,8 +1140,8 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     const char *why = w ? check_wakeup(r, m, &nrows, wake, &n_wake) : "no exec lines";
     if (why) {
         r->st.wakeups_rejected++;
-        fprintf(stderr, "zz-agreed: replica %u: WAKEUP from %u for seq %llu rejected: %s\n",
-                r->id, m->sender, (unsigned long long)m->u.wakeup.seq, why);
+        zz_log("zz-agreed: replica %u: WAKEUP from %u for seq %llu rejected: %s\n",
+               r->id, m->sender, (unsigned long long)m->u.wakeup.seq, why);
         return;
     }
     r->st.wakeups_received++;
@@ -1161,8 +1160,8 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
         return; /* valid but about another awake set: an old round, or one we are past */
     char ws[256];
     fmt_ids(ws, sizeof ws, wake, n_wake);
-    fprintf(stderr, "zz-agreed: replica %u: WAKEUP seq %llu wake [%s] adopted from replica %u\n",
-            r->id, (unsigned long long)m->u.wakeup.seq, ws, m->sender);
+    zz_log("zz-agreed: replica %u: WAKEUP seq %llu wake [%s] adopted from replica %u\n",
+           r->id, (unsigned long long)m->u.wakeup.seq, ws, m->sender);
     /* Relay it: its sender may be faulty and have told no controld. */
     uint8_t hosts[ZZ_MAX_HOSTS] = {0};
     for (uint32_t j = 0; j < n_wake; j++)
@@ -1308,10 +1307,9 @@ static void check_done(zz_replica *r)
     fmt_ids(cs, sizeof cs, l[1], n[1]);
     fmt_ids(ss, sizeof ss, l[2], n[2]);
     fmt_ids(as, sizeof as, l[3], n[3]);
-    fprintf(stderr,
-            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s] "
-            "adopted from a certificate of %u over our own outcome (certified by %u)\n",
-            r->id, (unsigned long long)w->done_seq, cs, ss, as, best_n, own);
+    zz_log("zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s] "
+           "adopted from a certificate of %u over our own outcome (certified by %u)\n",
+           r->id, (unsigned long long)w->done_seq, cs, ss, as, best_n, own);
     r->st.shutdowns_adopted_over_own++;
     /* Undo nothing: the certified lists name every replica of the round, so applying them
      * sets each one's state afresh. */
@@ -1332,10 +1330,9 @@ static void adopt(zz_replica *r, const uint8_t *body, uint32_t len, uint64_t seq
     char cs[256], as[256];
     fmt_ids(cs, sizeof cs, convict, nc);
     fmt_ids(as, sizeof as, active, nact);
-    fprintf(stderr,
-            "zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
-            "certificate of %u\n",
-            r->id, (unsigned long long)seq, cs, as, same);
+    zz_log("zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] active [%s] adopted from a "
+           "certificate of %u\n",
+           r->id, (unsigned long long)seq, cs, as, same);
     if (w->open) { /* the certificate may be of the round before our follow-up at seq */
         uint32_t tl[4][ZZ_MAX_EXEC], tn[4] = {0, nc, ns, nact};
         memcpy(tl[1], convict, nc * sizeof *convict);
@@ -1499,8 +1496,8 @@ static void save_keys(zz_replica *r)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) {
-        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, tmp,
-                strerror(errno));
+        zz_log("zz-agreed: replica %u: cannot write %s: %s\n", r->id, tmp,
+               strerror(errno));
         return;
     }
     fprintf(f, "# zz-agreed replica %u: execution slots' announced keys, oldest first\n", r->id);
@@ -1516,8 +1513,8 @@ static void save_keys(zz_replica *r)
     int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok &= fclose(f) == 0;
     if (!ok || rename(tmp, path) != 0)
-        fprintf(stderr, "zz-agreed: replica %u: cannot write %s: %s\n", r->id, path,
-                strerror(errno));
+        zz_log("zz-agreed: replica %u: cannot write %s: %s\n", r->id, path,
+               strerror(errno));
 }
 
 /* A missing file: no slot was re-keyed. Anything unreadable stops the replica (starting
@@ -1572,8 +1569,8 @@ static int load_keys(zz_replica *r, char *err, size_t errcap)
     fclose(f);
     for (uint32_t i = 0; rc == 0 && i < r->conf->n_exec; i++)
         if (r->wake->key_epoch[i])
-            fprintf(stderr, "zz-agreed: replica %u: exec %u key epoch %u from %s\n", r->id, i,
-                    r->wake->key_epoch[i], path);
+            zz_log("zz-agreed: replica %u: exec %u key epoch %u from %s\n", r->id, i,
+                   r->wake->key_epoch[i], path);
     return rc;
 }
 
@@ -1585,14 +1582,14 @@ static void take_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *p
         return; /* epoch 0 (keys of the key directory), or an old announcement replayed */
     const char *why = install_key(r, x, epoch, pub, dh);
     if (why) {
-        fprintf(stderr, "zz-agreed: replica %u: exec %u key epoch %u not installed: %s\n", r->id,
-                x, epoch, why);
+        zz_log("zz-agreed: replica %u: exec %u key epoch %u not installed: %s\n", r->id,
+               x, epoch, why);
         return;
     }
     save_keys(r);
-    fprintf(stderr, "zz-agreed: replica %u: exec %u key epoch %u installed: its previous key "
-                    "is refused from now on\n",
-            r->id, x, epoch);
+    zz_log("zz-agreed: replica %u: exec %u key epoch %u installed: its previous key "
+           "is refused from now on\n",
+           r->id, x, epoch);
 }
 
 void zz_exec_auth_failed(zz_replica *r, const zz_msg *m)
@@ -1611,9 +1608,9 @@ void zz_exec_auth_failed(zz_replica *r, const zz_msg *m)
         return;
     uint64_t n = ++w->stale_key[x];
     if ((n & (n - 1)) == 0) /* 1, 2, 4, 8, ...: the log shows it without flooding */
-        fprintf(stderr, "zz-agreed: replica %u: exec %u: message type %u under its previous "
-                        "key (epoch %u) dropped (%llu so far)\n",
-                r->id, x, m->type, w->key_prev_epoch[x], (unsigned long long)n);
+        zz_log("zz-agreed: replica %u: exec %u: message type %u under its previous "
+               "key (epoch %u) dropped (%llu so far)\n",
+               r->id, x, m->type, w->key_prev_epoch[x], (unsigned long long)n);
 }
 
 /* ---- SPARE-READY from controld ---- */
@@ -1645,9 +1642,9 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
         uint8_t st = r->exec_state[x];
         if (st == ZZ_EXEC_SLEEPING) {
             r->st.spares_ready_received++;
-            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: already "
-                            "sleeping\n",
-                    r->id, x, (unsigned long long)q->seq, m->sender);
+            zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: already "
+                   "sleeping\n",
+                   r->id, x, (unsigned long long)q->seq, m->sender);
             take_key(r, x, q->epoch, q->sign_pub, q->dh_pub);
             return;
         }
@@ -1661,9 +1658,9 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             r->exec_state[x] = ZZ_EXEC_SLEEPING;
             w->spare_pending[x] = 0;
             save_view(r);
-            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: convicted "
-                            "-> sleeping\n",
-                    r->id, x, (unsigned long long)q->seq, m->sender);
+            zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: convicted "
+                   "-> sleeping\n",
+                   r->id, x, (unsigned long long)q->seq, m->sender);
             take_key(r, x, q->epoch, q->sign_pub, q->dh_pub);
             retry_candidates(r);
             return;
@@ -1676,16 +1673,16 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
             w->pend_epoch[x] = q->epoch;
             memcpy(w->pend_pub[x], q->sign_pub, ZZ_KEY_LEN);
             memcpy(w->pend_dh[x], q->dh_pub, ZZ_KEY_LEN);
-            fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u held: not "
-                            "convicted at that seq here (yet)\n",
-                    r->id, x, (unsigned long long)q->seq, m->sender);
+            zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u held: not "
+                   "convicted at that seq here (yet)\n",
+                   r->id, x, (unsigned long long)q->seq, m->sender);
             return;
         }
         why = st == ZZ_EXEC_CONVICTED ? "seq is not the conviction's" : "replica is awake";
     }
     r->st.spares_ready_rejected++;
-    fprintf(stderr, "zz-agreed: replica %u: SPARE-READY %u seq %llu from %u rejected: %s\n",
-            r->id, x, (unsigned long long)q->seq, m->sender, why);
+    zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u rejected: %s\n",
+           r->id, x, (unsigned long long)q->seq, m->sender, why);
 }
 
 /* ---- stats ---- */
