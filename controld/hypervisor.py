@@ -181,6 +181,11 @@ class Hypervisor(Protocol):
 
 
 BACKENDS = ("libvirt", "process")
+# libvirt-python is the optional extra "libvirt" of pyproject.toml.
+LIBVIRT_HINT = (
+    "pip install 'zz[libvirt]' (it builds against the system's libvirt-dev;"
+    " scripts/setup-virt.sh installs both)"
+)
 
 
 def open_backend(kind: str, **opts: Any) -> Hypervisor:
@@ -188,8 +193,13 @@ def open_backend(kind: str, **opts: Any) -> Hypervisor:
     "process" (opts: env). Imports lazily so the process backend works without
     libvirt-python installed."""
     if kind == "libvirt":
-        from zz.controld.hv_libvirt import LibvirtHypervisor
-
+        try:
+            from zz.controld.hv_libvirt import LibvirtHypervisor
+        except ModuleNotFoundError as e:
+            if e.name != "libvirt":
+                raise
+            need = f"needs libvirt-python: {LIBVIRT_HINT}"
+            raise HypervisorError("backend", "open libvirt", need) from e
         return LibvirtHypervisor(**opts)
     if kind == "process":
         from zz.controld.hv_process import ProcessHypervisor

@@ -2,7 +2,8 @@
 # setup-go.sh - make sure a Go toolchain exists for tools/lincheck (Porcupine checker).
 # Machines that already have `go` (e.g. the image's own) are left alone; a fresh Debian
 # gets Debian's golang-go. Modules come later through the default module proxy, at
-# `go build` time (zz/history.py builds on first use), never vendored into the repo.
+# `go build` time (scripts/setup.sh runs `python3 -m zz.history --build` after the Python
+# package is installed), never vendored into the repo.
 set -euo pipefail
 
 say() { printf '[setup-go] %s\n' "$*"; }

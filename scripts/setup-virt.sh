@@ -81,10 +81,11 @@ fi
 say "$(virsh -c "$URI" version | grep -i 'running hypervisor' || true)"
 
 # ---- libvirt-python ---------------------------------------------------------------------
-# Built from the package registry against libvirt-dev (~30 s the first time).
+# The `libvirt` extra of pyproject.toml (controld's libvirt backend); built from the package
+# registry against libvirt-dev (~30 s the first time). setup.sh then installs zz with it.
 if ! $PY -c 'import libvirt' >/dev/null 2>&1; then
     say "$PY -m pip install libvirt-python"
-    $PY -m pip install -q --disable-pip-version-check libvirt-python
+    $PY -m pip install -q --disable-pip-version-check 'libvirt-python>=9.0'
 fi
 say "libvirt-python $($PY -c 'import libvirt; print(libvirt.getVersion())')"
 say "done"

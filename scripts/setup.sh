@@ -51,11 +51,26 @@ PY=${PYTHON:-python3}
 say "python: $($PY --version 2>&1) at $(command -v "$PY")"
 if [ -f pyproject.toml ]; then
     # Editable install so tests and scripts see the working tree; pip is a no-op when current.
-    say "$PY -m pip install -e '.[test]'"
-    $PY -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
-    # matplotlib draws the drill reports' timeline.png (zz/report.py); it is one of the
-    # package's dependencies, this only names it when the install above could not get it.
+    # Extras (pyproject.toml): test (pytest, ruff, ... and matplotlib, which the report tests
+    # need), plots (matplotlib: the drill reports' timeline.png), libvirt (libvirt-python,
+    # for controld's libvirt backend; setup-virt.sh above installed libvirt-dev for it).
+    extras=test,plots
+    if $PY -c 'import libvirt' >/dev/null 2>&1 || pkg-config --exists libvirt 2>/dev/null; then
+        extras=$extras,libvirt
+    fi
+    say "$PY -m pip install -e '.[$extras]'"
+    $PY -m pip install -q --disable-pip-version-check -e "$ROOT[$extras]"
     $PY -c 'import matplotlib' 2>/dev/null || { say "matplotlib missing after pip install"; exit 1; }
+    # The Porcupine checker of kv histories (tools/lincheck, Go), built here once per version
+    # of its sources and cached (zz/history.py lincheck_binary): a drill never builds it on
+    # its clock, and refuses to start without it.
+    if command -v go >/dev/null 2>&1 || [ -n "${ZZ_LINCHECK:-}" ]; then
+        lincheck=$($PY -m zz.history --build) || { say "building tools/lincheck failed (above)"; exit 1; }
+        say "tools/lincheck: $lincheck"
+    else
+        say "no go: tools/lincheck not built; kv drills refuse to start until" \
+            "scripts/setup-go.sh and \`$PY -m zz.history --build\` have run"
+    fi
 else
     say "no pyproject.toml yet: skipping the Python package"
 fi

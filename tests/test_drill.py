@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -17,6 +18,7 @@ import pytest
 from tests.test_execution_runtime import needs_agreed
 from tests.test_rackctl import leftovers, write_rack, zfs_rack_config
 from zz import drill, rackctl
+from zz import history as zh
 from zz import report as rp
 from zz.config import Config, load
 
@@ -64,6 +66,7 @@ def test_report_json_png_and_text(tmp_path: Path) -> None:
     r.linearizability, r.linearizable = "kv0: linearizable: 302 operations", True
     r.timeline = rp.buckets(_samples())
     js, png = rp.write(r, tmp_path / "out")
+    assert png is not None
     data = png.read_bytes()
     assert data.startswith(rp.PNG_MAGIC) and len(data) > 10_000
     assert json.loads(js.read_text())["convicted"] == r.convicted
@@ -85,7 +88,45 @@ def test_report_json_png_and_text(tmp_path: Path) -> None:
 def test_png_for_an_empty_timeline(tmp_path: Path) -> None:
     """A drill that died before any operation still writes a (flat) picture."""
     js, png = rp.write(rp.DrillReport("crash", "rt", "kv0", 0.0), tmp_path)
-    assert png.read_bytes().startswith(rp.PNG_MAGIC)
+    assert png is not None and png.read_bytes().startswith(rp.PNG_MAGIC)
+
+
+def test_without_matplotlib_the_report_says_how_to_get_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matplotlib is the optional extra "plots": without it a drill still writes
+    report.json, and the report (JSON and text) says how to get the picture."""
+    r = rp.DrillReport("crash", "rt", "kv0", 0.0, result="PASS")
+    r.timeline = rp.buckets(_samples())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    js, png = rp.write(r, tmp_path)
+    assert png is None and not (tmp_path / "timeline.png").exists()
+    notes = json.loads(js.read_text())["notes"]
+    assert len(notes) == 1 and "matplotlib is not installed" in notes[0], notes
+    assert "pip install 'zz[plots]'" in notes[0] and "python3 -m zz.report" in notes[0]
+    assert "note: no timeline.png: matplotlib is not installed" in rp.format_text(r)
+    assert rp.main([str(tmp_path)]) == 1
+    assert "zz[plots]" in capsys.readouterr().err
+    # Once matplotlib is there, `python3 -m zz.report DIR` draws it from report.json.
+    monkeypatch.undo()
+    assert rp.main([str(tmp_path)]) == 0
+    assert (tmp_path / "timeline.png").read_bytes().startswith(rp.PNG_MAGIC)
+
+
+def test_a_kv_drill_refuses_without_the_checker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tools/lincheck is built at set-up (scripts/setup.sh), never on a drill's clock: a kv
+    drill without it refuses to start and says how to build it."""
+    monkeypatch.delenv("ZZ_LINCHECK", raising=False)
+    monkeypatch.setenv("ZZ_CACHE_DIR", str(tmp_path / "empty-cache"))
+    with pytest.raises(zh.LincheckMissing, match="not built"):
+        zh.lincheck_binary(build=False)
+    with pytest.raises(drill.DrillError, match=r"not built .*scripts/setup\.sh.*--build"):
+        drill.need_lincheck()
+    monkeypatch.setenv("ZZ_LINCHECK", str(tmp_path / "nowhere"))
+    with pytest.raises(drill.DrillError, match="ZZ_LINCHECK=.* is not an executable"):
+        drill.need_lincheck()
 
 
 def test_drill_refuses_a_rack_that_is_not_up(tmp_path: Path) -> None:
@@ -157,6 +198,9 @@ async def test_guestbook_load_connection_keeps_alive_and_reopens() -> None:
 
 # ---- end to end ---------------------------------------------------------------------------
 def _args(kind: str, config: Config, out: Path, **kw: object) -> argparse.Namespace:
+    if shutil.which("go") is not None or "ZZ_LINCHECK" in os.environ:
+        # What scripts/setup.sh does: a drill never builds the checker, it refuses.
+        zh.lincheck_binary()
     ns = argparse.ArgumentParser()
     drill.add_arguments(ns)
     # The watch ends 3 s after the fault is handled: what follows is the same rack idling.

@@ -27,6 +27,17 @@ class LincheckError(Exception):
     """tools/lincheck cannot be built or run, or it rejected the history as bad input."""
 
 
+class LincheckMissing(LincheckError):
+    """tools/lincheck is not built and the caller asked not to build it (a drill: the
+    checker is built at set-up, scripts/setup.sh, never on the clock of a drill)."""
+
+
+# How to build the checker, for messages.
+BUILD_HINT = (
+    "bash scripts/setup.sh, or `python3 -m zz.history --build` (needs Go: scripts/setup-go.sh)"
+)
+
+
 # Keys and values are bytes, JSON has only text: latin-1 maps each byte to one code point,
 # so the mapping is exact both ways and ASCII stays readable in the file.
 def _text(b: bytes | None) -> str | None:
@@ -259,13 +270,16 @@ def _cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "zz"
 
 
-def lincheck_binary(cache_dir: str | Path | None = None) -> Path:
-    """The built tools/lincheck, built on first use. ZZ_LINCHECK names a prebuilt binary.
+def lincheck_binary(cache_dir: str | Path | None = None, build: bool = True) -> Path:
+    """The built tools/lincheck, built now if it is not (`build`; else LincheckMissing).
+    ZZ_LINCHECK names a prebuilt binary. scripts/setup.sh builds it (`--build` below).
 
     The binary is named after a hash of its sources, so editing main.go or bumping
     Porcupine in go.mod rebuilds instead of running a stale checker."""
     env = os.environ.get("ZZ_LINCHECK")
     if env:
+        if not build and not os.access(env, os.X_OK):
+            raise LincheckMissing(f"ZZ_LINCHECK={env} is not an executable file")
         return Path(env)
     try:
         h = hashlib.sha256()
@@ -277,6 +291,10 @@ def lincheck_binary(cache_dir: str | Path | None = None) -> Path:
     binary = out_dir / f"lincheck-{h.hexdigest()[:16]}"
     if binary.exists():
         return binary
+    if not build:
+        raise LincheckMissing(
+            f"tools/lincheck (Porcupine) is not built for these sources (no {binary}): {BUILD_HINT}"
+        )
     go = shutil.which("go")
     if go is None:
         raise LincheckError("no `go` on PATH: run scripts/setup-go.sh")
@@ -309,10 +327,12 @@ def check(
     html: str | Path | None = None,
     timeout: float | None = None,
     cache_dir: str | Path | None = None,
+    build: bool = True,
 ) -> Verdict:
     """Porcupine's verdict on `history`. `html`: also write the visualization there.
-    `timeout` (seconds): give up with result "Unknown" rather than search for ever."""
-    binary = lincheck_binary(cache_dir)
+    `timeout` (seconds): give up with result "Unknown" rather than search for ever.
+    `build`: build the checker if it is not (else LincheckMissing)."""
+    binary = lincheck_binary(cache_dir, build=build)
     args = [str(binary), "-json"]
     if html is not None:
         args += ["-html", str(html)]
@@ -339,14 +359,25 @@ def check(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python3 -m zz.history HISTORY.json [--html OUT.html] [--timeout SECONDS]"""
+    """python3 -m zz.history HISTORY.json [--html OUT.html] [--timeout SECONDS], or
+    python3 -m zz.history --build: build tools/lincheck now (scripts/setup.sh does)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python3 -m zz.history", description=main.__doc__)
-    ap.add_argument("history")
+    ap.add_argument("history", nargs="?")
     ap.add_argument("--html")
     ap.add_argument("--timeout", type=float)
+    ap.add_argument("--build", action="store_true", help="build the checker, print its path")
     a = ap.parse_args(argv)
+    if a.build:
+        try:
+            print(lincheck_binary())
+        except LincheckError as e:
+            print(f"zz.history: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if a.history is None:
+        ap.error("HISTORY.json or --build")
     try:
         verdict = check(History.load(a.history), a.html, a.timeout)
     except (LincheckError, OSError, ValueError, KeyError) as e:

@@ -403,6 +403,13 @@ def up(
         raise RackError(f"backend must be one of {', '.join(BACKENDS)}")
     if store not in STORES:
         raise RackError(f"store must be one of {', '.join(STORES)}")
+    if backend == "libvirt":
+        import importlib.util
+
+        if importlib.util.find_spec("libvirt") is None:
+            from zz.controld.hypervisor import LIBVIRT_HINT
+
+            raise RackError(f"--backend libvirt needs libvirt-python: {LIBVIRT_HINT}")
     old = load_state(config)
     if old is not None:
         alive = old.alive()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,12 +166,32 @@ def plot_timeline(report: DrillReport, path: Path) -> Path:
     return path
 
 
-def write(report: DrillReport, directory: Path) -> tuple[Path, Path]:
-    """report.json and timeline.png in `directory` (created)."""
+# matplotlib is the optional extra "plots" (pyproject.toml): how to get it.
+PLOTS_HINT = "pip install 'zz[plots]' (or: python3 -m pip install matplotlib)"
+
+
+def no_plot_note(error: ImportError) -> str:
+    return (
+        f"no timeline.png: matplotlib is not installed ({error}); {PLOTS_HINT}, then draw it"
+        " from this report with `python3 -m zz.report DIR`"
+    )
+
+
+def write(report: DrillReport, directory: Path) -> tuple[Path, Path | None]:
+    """report.json and timeline.png in `directory` (created). Without matplotlib (the
+    optional extra "plots") there is no PNG: None, and a note in the report says how to
+    get it."""
     directory.mkdir(parents=True, exist_ok=True)
+    png: Path | None
+    try:
+        png = plot_timeline(report, directory / "timeline.png")
+    except ImportError as e:
+        png = None
+        note = no_plot_note(e)
+        if note not in report.notes:
+            report.notes.append(note)
     js = directory / "report.json"
     write_atomic(js, json.dumps(report.to_json(), indent=1) + "\n")
-    png = plot_timeline(report, directory / "timeline.png")
     return js, png
 
 
@@ -217,3 +238,28 @@ def format_text(report: DrillReport) -> str:
     lines += [f"FAIL: {why}" for why in r.reasons]
     lines.append(f"RESULT: {r.result}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python3 -m zz.report DIR: draw DIR/timeline.png again from DIR/report.json (after
+    installing matplotlib, or to redraw an old report)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python3 -m zz.report", description=main.__doc__)
+    ap.add_argument("dir", type=Path, help="a drill's report directory")
+    a = ap.parse_args(argv)
+    try:
+        r = load(a.dir / "report.json")
+        png = plot_timeline(r, a.dir / "timeline.png")
+    except ImportError as e:
+        print(f"zz.report: matplotlib is not installed ({e}); {PLOTS_HINT}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, TypeError) as e:
+        print(f"zz.report: {a.dir / 'report.json'}: {e}", file=sys.stderr)
+        return 1
+    print(png)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

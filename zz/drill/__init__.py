@@ -36,7 +36,7 @@ from zz.drill.kinds import KINDS
 from zz.drill.load import Load, start_load, stop_load
 from zz.drill.observe import Observer, awaiting_spares, open_rounds
 from zz.drill.rack import DrillError
-from zz.drill.runner import Drill, Progress, add_arguments, main_cli, run
+from zz.drill.runner import Drill, Progress, add_arguments, main_cli, need_lincheck, run
 
 __all__ = [
     "KINDS",
@@ -49,6 +49,7 @@ __all__ = [
     "add_arguments",
     "awaiting_spares",
     "main_cli",
+    "need_lincheck",
     "open_rounds",
     "run",
     "start_load",

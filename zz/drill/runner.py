@@ -91,6 +91,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def need_lincheck() -> None:
+    """A kv drill checks its history with tools/lincheck (Porcupine), which set-up builds
+    (scripts/setup.sh); a drill never builds it on its clock. Refuse to start without it."""
+    try:
+        zh.lincheck_binary(build=False)
+    except zh.LincheckError as e:
+        raise DrillError(
+            f"cannot check the kv history for linearizability: {e}"
+            if isinstance(e, zh.LincheckMissing)
+            else f"tools/lincheck: {e}"
+        ) from None
+
+
 class Drill:
     """One drill against a rack that is up. Owns the rack handle, the kind, and the
     findings the kind and the phases add to: `details` (into the report), `faulted` (what
@@ -123,6 +136,8 @@ class Drill:
             raise DrillError("--cp-phase K: K >= 0, and only with kv load (not --http)")
         self.kind: DrillKind = KINDS[args.kind](self)
         self.kind.refuse(args)
+        if not self.http:
+            need_lincheck()
         self.phase = "starting"
         self.notes: list[str] = []
         self.details: dict[str, Any] = {}
@@ -285,8 +300,6 @@ class Drill:
         a = self.args
         obs = Observer(self.config, self.services)
         await self._survey(obs)
-        self.phase = "building tools/lincheck"
-        await asyncio.to_thread(zh.lincheck_binary)  # before the clock starts
         self.phase = "load before the fault"
         if self.http:
             load = start_http_load(self.http, a.clients)
@@ -373,7 +386,7 @@ class Drill:
             out.mkdir(parents=True, exist_ok=True)
             h.save(out / f"history-{name}.json")
             try:
-                v = zh.check(h, html=out / f"history-{name}.html", timeout=120)
+                v = zh.check(h, html=out / f"history-{name}.html", timeout=120, build=False)
                 verdicts.append((name, v))
             except zh.LincheckError as e:
                 self.reasons.append(f"linearizability check of {name} failed to run: {e}")
@@ -501,5 +514,6 @@ def main_cli(args: argparse.Namespace, progress: Progress) -> int:
         print(f"zz drill {args.kind}: {e}", file=sys.stderr)
         return 2
     print(rp.format_text(report))
-    print(f"report: {out / 'report.json'}, {out / 'timeline.png'}")
+    png = out / "timeline.png"
+    print(f"report: {out / 'report.json'}" + (f", {png}" if png.exists() else ""))
     return 0 if report.result == "PASS" else 1
