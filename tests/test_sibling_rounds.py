@@ -1,7 +1,7 @@
 # tests/test_sibling_rounds.py - one fault flagged at two adjacent seqs S and S+1: some
 # agreement replicas gather g+1 statements for S first and decide there, others open (or
 # decide) a round at S+1 with the same awake set. Every correct replica must end on the
-# certificate at S (the lower seq, check_done in agreement/src/wakeup.c), and take the
+# certificate at S (the lower seq, zw_check_done in agreement/src/peer_certs.c), and take the
 # fresh spare's SPARE-READY for that conviction, or its view keeps the convicted slot out
 # of the sleeping set for good (campaign seed 3001 rounds 17, 22, 44: f+1 not restored).
 from __future__ import annotations

@@ -750,7 +750,7 @@ class FaultStatement(Message):
 @_message("WAKEUP")
 class Wakeup(Message):
     """A self-certifying wake-up order: `evidence` holds complete signed FAULT-STATEMENT
-    messages; the verifier (zz/certs.py, agreement/src/wakeup.c) checks them."""
+    messages; the verifier (zz/certs.py, agreement/src/peer_certs.c) checks them."""
 
 
 @_message("SHUTDOWN")

@@ -5,7 +5,7 @@
  * Reports are taken only for seqs in the window (docs/fault-detection.md, "Bounded
  * evidence"): above it they are dropped and counted for the sender; a report for a seq of
  * the window not yet dispatched here is kept, and judged from dispatch on.
- * A mismatch or a timeout is flagged and handed to wakeup.c, which signs the row as a fault
+ * A mismatch or a timeout is flagged and handed to statements.c, which signs the row as a fault
  * statement (docs/fault-detection.md). Late reports are kept as distinct values (the TR's
  * hatted P). Certified batches' reply lists feed REPLY-AFFIRM (request.c). */
 #include <stdio.h>
@@ -229,7 +229,7 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
     }
     zz_report_rec *k = w == 0 ? rec_for(r, seq, 1) : zz_detect_record(r, seq);
     if (!k) {
-        /* below the kept history, unless a fault round waits for it (wakeup.c keeps the
+        /* below the kept history, unless a fault round waits for it (exec_view.c keeps the
          * round's own record of its seq) */
         if (!zz_wake_on_lost_report(r, i, seq, digest))
             r->st.stale++;

@@ -91,7 +91,7 @@ static void push_exec_commit(zz_replica *r, zz_slot *s)
     zz_buf *b = &r->out;
     zz_detect_dispatched(r, s->seq);
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
-        /* Sleeping replicas get nothing; woken ones replay the log first (wakeup.c). */
+        /* Sleeping replicas get nothing; woken ones replay the log first (rounds.c). */
         if (!r->exec_conn[i] || r->conf->byzantine == ZZ_BYZ_SILENT || !zz_exec_counts(r, i))
             continue;
         uint32_t to = ZZ_PRINCIPAL_EXEC + i;

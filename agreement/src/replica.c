@@ -423,7 +423,7 @@ void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t le
     int why = authenticate(r, &m, conn && zz_net_conn_tag(conn) == ZZ_TAG_PEER);
     if (why) {
         if (why == ZZ_DROP_AUTH)
-            zz_exec_auth_failed(r, &m); /* a replaced key: counted per slot (wakeup.c) */
+            zz_exec_auth_failed(r, &m); /* a replaced key: counted per slot (spares.c) */
         drop(r, why);
         return;
     }

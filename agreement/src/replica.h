@@ -3,7 +3,8 @@
  * (pre-prepare/prepare/commit), execute.c (in-order execution, echo state machine,
  * EXEC-COMMIT push), checkpoint.c (checkpoints, GC, state transfer, FETCH), viewchange.c,
  * status.c (retransmission); with external execution xlog.c (execution log and checkpoints),
- * detect.c (EXEC-REPORTs) and wakeup.c (fault statements, WAKEUP, SHUTDOWN, SPARE-READY).
+ * detect.c (EXEC-REPORTs), statements.c, rounds.c, peer_certs.c, spares.c and exec_view.c
+ * (fault statements, WAKEUP, SHUTDOWN, SPARE-READY, the view; they share wake.h).
  * docs/design.md §3-§5 follows a request and a fault through them. */
 #ifndef ZZ_REPLICA_H
 #define ZZ_REPLICA_H
@@ -91,7 +92,7 @@ typedef struct zz_report_rec {
 
 /* What this agreement replica believes about execution replica i (conf exec lines). */
 enum { ZZ_EXEC_UNKNOWN = 0, ZZ_EXEC_AWAKE, ZZ_EXEC_SLEEPING, ZZ_EXEC_CONVICTED };
-struct zz_wake; /* wakeup.c: fault statements collected, the open round */
+struct zz_wake; /* wake.h: fault statements collected, the open round */
 
 /* Checkpoint votes for one sequence number. The ring has L/CP + 1 records, one per
  * checkpoint seq of [stable, stable + L]; a record is reused only below the stable point. */
@@ -167,7 +168,7 @@ typedef struct {
     /* seq-indexed messages above the window, per sender (also in dropped[ZZ_DROP_WINDOW]) */
     uint64_t exec_window[ZZ_MAX_EXEC];  /* EXEC-REPORT, EXEC-CHECKPOINT */
     uint64_t peer_window[ZZ_MAX_REPLICAS]; /* CHECKPOINT, FAULT-STATEMENT */
-    /* fault detection in zz-agreed (wakeup.c) */
+    /* fault detection in zz-agreed (wake.h) */
     uint64_t fault_statements_sent, fault_statements_received, fault_statements_rejected;
     uint64_t wakeups_sent, wakeups_received, wakeups_rejected, wakeups_relayed;
     uint64_t shutdowns_sent, shutdowns_received, shutdowns_rejected;
@@ -343,7 +344,7 @@ uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders
 void zz_xlog_release_held(zz_replica *r); /* a suspected fault settled */
 void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs);
 
-/* wakeup.c */
+/* exec_view.c, statements.c, rounds.c, peer_certs.c, spares.c (wake.h) */
 int zz_wake_init(zz_replica *r, char *err, size_t errcap);
 void zz_wake_free(zz_replica *r);
 uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
@@ -358,7 +359,7 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m);
 void zz_on_shutdown(zz_replica *r, const zz_msg *m);
 void zz_on_spare_ready(zz_replica *r, const zz_msg *m); /* verifies the controld's signature */
 /* An execution replica's message failed authentication: counted per slot if it verifies under
- * the slot's previous key (key epochs, wakeup.c). */
+ * the slot's previous key (key epochs, spares.c). */
 void zz_exec_auth_failed(zz_replica *r, const zz_msg *m);
 void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
 
