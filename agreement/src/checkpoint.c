@@ -333,11 +333,11 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
     uint32_t count = 0;
     uint64_t certified = 0;
     int gap = 0;
-    if (r->xlog) {
+    if (r->zz.xlog) {
         const uint64_t round = zz_fault_round_seq(r);
         /* External execution: the execution log, from the last stable execution checkpoint. */
-        for (uint64_t seq = (from > r->xlog_low ? from : r->xlog_low) + 1; seq <= r->last_exec;
-             seq++) {
+        const uint64_t low = from > r->zz.xlog_low ? from : r->zz.xlog_low;
+        for (uint64_t seq = low + 1; seq <= r->last_exec; seq++) {
             const zz_xlog_entry *e = zz_xlog_get(r, seq);
             if (!e || b->len > cap)
                 break;
@@ -355,7 +355,7 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
         }
     }
     for (uint64_t seq = (from > r->stable ? from : r->stable) + 1;
-         !r->xlog && seq <= r->last_exec; seq++) {
+         !r->zz.xlog && seq <= r->last_exec; seq++) {
         zz_slot *s = &r->slots[seq % r->L];
         if (s->seq != seq || !s->committed || (!s->is_null && !s->batch) || b->len > cap)
             break;
@@ -382,15 +382,15 @@ void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
         /* Execution replicas (not agreement peers) ask on their own connection, which is
          * also where committed batches are pushed to them from now on. */
         if (m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
-            r->exec_conn[m->sender - ZZ_PRINCIPAL_EXEC] = conn;
+            r->zz.exec_conn[m->sender - ZZ_PRINCIPAL_EXEC] = conn;
         encode_log(r, f->seq, &r->out2);
         if (r->out2.oom)
             return;
         /* The log starts after the stable checkpoint the replier names: the execution one
          * with external execution, its own otherwise. */
         st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind,
-                                r->xlog ? r->exec_stable : r->stable,
-                                r->xlog ? r->exec_stable_dig : r->stable_dig, r->out2.p,
+                                r->zz.xlog ? r->zz.exec_stable : r->stable,
+                                r->zz.xlog ? r->zz.exec_stable_dig : r->stable_dig, r->out2.p,
                                 (uint32_t)r->out2.len);
         zz_end_body(b, st);
         uint32_t to = m->sender;

@@ -15,6 +15,7 @@
 #include "faults.h"
 #include "log.h"
 #include "replica.h"
+#include "zzlayer.h"
 
 static void rec_free_refs(zz_report_rec *k)
 {
@@ -30,15 +31,15 @@ static void rec_free_refs(zz_report_rec *k)
 int zz_detect_window(const zz_replica *r, uint64_t seq)
 {
     uint64_t high = r->stable + r->L;
-    uint64_t low = high > r->n_reports ? high - r->n_reports : 0;
+    uint64_t low = high > r->zz.n_reports ? high - r->zz.n_reports : 0;
     return zz_seq_window(low, high - low, seq);
 }
 
 static zz_report_rec *rec_for(zz_replica *r, uint64_t seq, int create)
 {
-    if (!r->reports || seq == 0)
+    if (!r->zz.reports || seq == 0)
         return NULL;
-    zz_report_rec *k = &r->reports[seq % r->n_reports];
+    zz_report_rec *k = &r->zz.reports[seq % r->zz.n_reports];
     if (k->seq == seq)
         return k;
     /* The window's seqs have distinct residues: a record held for another seq is below it. */
@@ -93,7 +94,7 @@ static void log_fault(zz_replica *r, const zz_report_rec *k, const char *what)
     char row[ZZ_MAX_EXEC * 12 + 1];
     size_t off = 0;
     row[0] = '\0';
-    uint32_t width = r->wake && r->conf->n_exec > r->n_exec ? r->conf->n_exec : r->n_exec;
+    uint32_t width = r->zz.wake && r->conf->n_exec > r->zz.n_exec ? r->conf->n_exec : r->zz.n_exec;
     for (uint32_t i = 0; i < width && off + 12 < sizeof row; i++) {
         if (!zz_exec_counts(r, i))
             continue;
@@ -163,14 +164,14 @@ static void record_affirmations(zz_replica *r, const uint8_t *refs, uint32_t nre
 static void check_reports(zz_replica *r, zz_report_rec *k)
 {
     uint32_t best = 0, distinct = 0, best_i = 0, pending = 0;
-    for (uint32_t i = 0; i < r->n_exec || (r->wake && i < r->conf->n_exec); i++) {
-        if (!k->reported[i] && zz_exec_counts(r, i) && (r->wake || i < r->n_exec))
+    for (uint32_t i = 0; i < r->zz.n_exec || (r->zz.wake && i < r->conf->n_exec); i++) {
+        if (!k->reported[i] && zz_exec_counts(r, i) && (r->zz.wake || i < r->zz.n_exec))
             pending++; /* awake, not reported yet: may still complete a certificate */
         if (!k->reported[i] || k->late[i] || !zz_exec_counts(r, i))
             continue;
         uint32_t same = 0;
         int first = 1;
-        for (uint32_t j = 0; j < r->n_exec; j++) {
+        for (uint32_t j = 0; j < r->zz.n_exec; j++) {
             if (!k->reported[j] || k->late[j] || !zz_exec_counts(r, j))
                 continue;
             if (memcmp(k->dig[i], k->dig[j], ZZ_DIGEST_LEN) == 0) {
@@ -215,10 +216,10 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
 void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
                       const uint8_t *refs, uint32_t nrefs)
 {
-    if (i >= ZZ_MAX_EXEC || !r->reports)
+    if (i >= ZZ_MAX_EXEC || !r->zz.reports)
         return;
     /* A convicted replica's reports (until its successor's SPARE-READY) are nobody's. */
-    if (r->wake && r->exec_state[i] == ZZ_EXEC_CONVICTED) {
+    if (r->zz.wake && r->zz.exec_state[i] == ZZ_EXEC_CONVICTED) {
         r->st.exec_reports_convicted++;
         return;
     }
@@ -235,8 +236,8 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
             r->st.stale++;
         return;
     }
-    if (i >= r->n_exec)
-        r->n_exec = i + 1;
+    if (i >= r->zz.n_exec)
+        r->zz.n_exec = i + 1;
     if (k->reported[i])
         return; /* the first report counts; a replica that changes its answer is caught by
                  * the others' reports, not by believing its second one */
@@ -279,8 +280,8 @@ void zz_detect_on_report(zz_replica *r, const zz_msg *m)
  * index (a liar's future-seq reports convicted its successor; seen in the campaign). */
 void zz_detect_forget(zz_replica *r, uint32_t i, uint64_t seq)
 {
-    for (uint32_t j = 0; r->reports && i < ZZ_MAX_EXEC && j < r->n_reports; j++) {
-        zz_report_rec *k = &r->reports[j];
+    for (uint32_t j = 0; r->zz.reports && i < ZZ_MAX_EXEC && j < r->zz.n_reports; j++) {
+        zz_report_rec *k = &r->zz.reports[j];
         if (k->seq > seq && k->reported[i]) {
             k->reported[i] = 0;
             k->late[i] = 0;
@@ -294,8 +295,8 @@ void zz_detect_forget(zz_replica *r, uint32_t i, uint64_t seq)
 
 void zz_detect_free(zz_replica *r)
 {
-    for (uint32_t i = 0; r->reports && i < r->n_reports; i++)
-        rec_free_refs(&r->reports[i]);
-    free(r->reports);
-    r->reports = NULL;
+    for (uint32_t i = 0; r->zz.reports && i < r->zz.n_reports; i++)
+        rec_free_refs(&r->zz.reports[i]);
+    free(r->zz.reports);
+    r->zz.reports = NULL;
 }

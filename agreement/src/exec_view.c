@@ -1,10 +1,10 @@
 /* exec_view.c - the view of the execution replicas zz-agreed keeps for ZZ fault handling
- * (docs/fault-detection.md "In zz-agreed"): the awake set (r->exec_state) and the id-list
+ * (docs/fault-detection.md "In zz-agreed"): the awake set (r->zz.exec_state) and the id-list
  * helpers the other fault files use, the view on disk (conf->exec_view, one line per
  * execution replica), set-up and teardown of struct zz_wake, sending to controld and to the
  * agreement peers, and the fault counters in the stats file.
  *
- * Invariants: r->exec_state is the awake set every certificate, row and EXEC-COMMIT push
+ * Invariants: r->zz.exec_state is the awake set every certificate, row and EXEC-COMMIT push
  * uses; the file on disk holds only that view (no statement, round or resolution) and is
  * replaced atomically (write, fsync, rename), so after a crash it is the old view or the
  * new one. */
@@ -24,14 +24,14 @@
 
 int zz_exec_counts(const zz_replica *r, uint32_t i)
 {
-    return !r->wake || (i < ZZ_MAX_EXEC && r->exec_state[i] == ZZ_EXEC_AWAKE);
+    return !r->zz.wake || (i < ZZ_MAX_EXEC && r->zz.exec_state[i] == ZZ_EXEC_AWAKE);
 }
 
 uint32_t zw_list_state(const zz_replica *r, uint8_t state, uint32_t *out)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < r->conf->n_exec && i < ZZ_MAX_EXEC; i++)
-        if (r->exec_state[i] == state)
+        if (r->zz.exec_state[i] == state)
             out[n++] = i;
     return n;
 }
@@ -102,8 +102,8 @@ void zw_save_view(zz_replica *r)
     fprintf(f, "# zz-agreed replica %u: execution replicas' view; rewritten on every change\n",
             r->id);
     for (uint32_t i = 0; i < r->conf->n_exec; i++)
-        fprintf(f, "exec %u %s %llu\n", i, state_names[r->exec_state[i] & 3],
-                (unsigned long long)r->wake->convicted_seq[i]);
+        fprintf(f, "exec %u %s %llu\n", i, state_names[r->zz.exec_state[i] & 3],
+                (unsigned long long)r->zz.wake->convicted_seq[i]);
     /* fsync before rename: after a crash the file is the old view or the new one. */
     int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok &= fclose(f) == 0;
@@ -221,8 +221,8 @@ static int load_view(zz_replica *r, char *err, size_t errcap)
         }
     if (rc != 0)
         return -1;
-    memcpy(r->exec_state, state, r->conf->n_exec);
-    memcpy(r->wake->convicted_seq, cseq, r->conf->n_exec * sizeof *cseq);
+    memcpy(r->zz.exec_state, state, r->conf->n_exec);
+    memcpy(r->zz.wake->convicted_seq, cseq, r->conf->n_exec * sizeof *cseq);
     char as[256], ss[256], cs[256];
     uint32_t ids[ZZ_MAX_EXEC];
     zw_fmt_ids(as, sizeof as, ids, zw_list_state(r, ZZ_EXEC_AWAKE, ids));
@@ -243,7 +243,7 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
     struct zz_wake *w = calloc(1, sizeof *w);
     if (!w)
         goto oom;
-    r->wake = w;
+    r->zz.wake = w;
     zz_buf_init(&w->buf);
     w->rows = calloc(r->n, sizeof *w->rows);
     w->sub = calloc(r->n, sizeof *w->sub);
@@ -261,7 +261,7 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
             goto oom;
     }
     for (uint32_t i = 0; i < r->conf->n_exec; i++)
-        r->exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
+        r->zz.exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
     if (load_view(r, err, errcap) != 0 || zw_load_keys(r, err, errcap) != 0)
         return -1;
     zw_save_view(r); /* from the first start on, the file shows the view */
@@ -297,14 +297,14 @@ void zw_cand_clear(zz_replica *r, candidate *c)
 
 uint64_t zz_fault_round_seq(const zz_replica *r)
 {
-    return r->wake && r->wake->open ? r->wake->seq : 0;
+    return r->zz.wake && r->zz.wake->open ? r->zz.wake->seq : 0;
 }
 
 /* The reports for the round's seq: detect.c's record while the ring holds it (copied into
  * w->rec on every use), then w->rec. */
 zz_report_rec *zw_round_record(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     zz_report_rec *k = zz_detect_record(r, w->seq);
     if (k) {
         w->rec = *k;
@@ -318,7 +318,7 @@ zz_report_rec *zw_round_record(zz_replica *r)
 
 void zw_round_clear(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     int was_open = w->open;
     if (w->resend_timer)
         zz_net_cancel(r->net, w->resend_timer);
@@ -340,7 +340,7 @@ void zw_round_clear(zz_replica *r)
 
 void zw_done_clear(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     for (uint32_t s = 0; s < r->n; s++) {
         free(w->dn_body[s]);
         w->dn_body[s] = NULL;
@@ -354,7 +354,7 @@ void zw_done_clear(zz_replica *r)
 
 void zz_wake_free(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     if (!w)
         return;
     if (w->dn_body && w->dn_len)
@@ -382,7 +382,7 @@ void zz_wake_free(zz_replica *r)
     }
     zz_buf_free(&w->buf);
     free(w);
-    r->wake = NULL;
+    r->zz.wake = NULL;
 }
 
 /* ---- sending ---- */
@@ -391,12 +391,12 @@ void zw_send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_
                       uint8_t *sent_hosts)
 {
     uint32_t h = r->conf->exec[exec_id].host;
-    if (h >= ZZ_MAX_HOSTS || sent_hosts[h] || r->wake->links[h] < 0)
+    if (h >= ZZ_MAX_HOSTS || sent_hosts[h] || r->zz.wake->links[h] < 0)
         return;
     sent_hosts[h] = 1;
     if (r->conf->byzantine == ZZ_BYZ_SILENT)
         return;
-    zz_net_send_link(r->net, r->wake->links[h], msg, len);
+    zz_net_send_link(r->net, r->zz.wake->links[h], msg, len);
     r->st.controld_sends++;
 }
 
@@ -449,17 +449,17 @@ void zz_wake_write_stats(zz_replica *r, void *file)
     write_ids(f, "exec_sleeping", ids, n);
     n = zw_list_state(r, ZZ_EXEC_CONVICTED, ids);
     write_ids(f, "exec_convicted", ids, n);
-    if (r->wake) {
+    if (r->zz.wake) {
         uint32_t nx = r->conf->n_exec < ZZ_MAX_EXEC ? r->conf->n_exec : ZZ_MAX_EXEC;
         fprintf(f, "\"exec_key_epoch\": [");
         for (uint32_t i = 0; i < nx; i++)
-            fprintf(f, "%s%u", i ? ", " : "", r->wake->key_epoch[i]);
+            fprintf(f, "%s%u", i ? ", " : "", r->zz.wake->key_epoch[i]);
         fprintf(f, "], \"exec_stale_key_drops\": [");
         for (uint32_t i = 0; i < nx; i++)
-            fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->wake->stale_key[i]);
+            fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->zz.wake->stale_key[i]);
         fprintf(f, "], ");
     }
     fprintf(f, "\"fault_round_open\": %d, \"fault_round_seq\": %llu, ",
-            r->wake ? r->wake->open : 0,
-            (unsigned long long)(r->wake && r->wake->open ? r->wake->seq : 0));
+            r->zz.wake ? r->zz.wake->open : 0,
+            (unsigned long long)(r->zz.wake && r->zz.wake->open ? r->zz.wake->seq : 0));
 }

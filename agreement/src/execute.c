@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "replica.h"
+#include "zzlayer.h"
 
 /* Echo state machine: app = SHA-256(app || u32 client || u64 t || op); result = op. */
 static void echo_apply(zz_replica *r, uint32_t client, uint64_t t, const zz_bytes *op)
@@ -92,7 +93,7 @@ static void push_exec_commit(zz_replica *r, zz_slot *s)
     zz_detect_dispatched(r, s->seq);
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
         /* Sleeping replicas get nothing; woken ones replay the log first (rounds.c). */
-        if (!r->exec_conn[i] || r->conf->byzantine == ZZ_BYZ_SILENT || !zz_exec_counts(r, i))
+        if (!r->zz.exec_conn[i] || r->conf->byzantine == ZZ_BYZ_SILENT || !zz_exec_counts(r, i))
             continue;
         uint32_t to = ZZ_PRINCIPAL_EXEC + i;
         zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);
@@ -104,7 +105,7 @@ static void push_exec_commit(zz_replica *r, zz_slot *s)
                                        s->is_null ? 0 : s->batch_len);
         zz_auth_mac(b, st, &to, &k, 1);
         if (!b->oom) {
-            zz_net_send_conn(r->net, r->exec_conn[i], b->p + st, b->len - st);
+            zz_net_send_conn(r->net, r->zz.exec_conn[i], b->p + st, b->len - st);
             r->st.exec_commits_sent++;
         }
     }

@@ -25,7 +25,7 @@
 static const char *check_wakeup(zz_replica *r, const zz_msg *m, uint32_t *nrows_out,
                                  uint32_t *wake, uint32_t *n_wake)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     const zz_wakeup *q = &m->u.wakeup;
     if (q->evidence.count == 0 || q->evidence.count > r->n)
         return "evidence count";
@@ -67,7 +67,7 @@ static const char *check_wakeup(zz_replica *r, const zz_msg *m, uint32_t *nrows_
 
 void zz_on_wakeup(zz_replica *r, const zz_msg *m)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     uint32_t wake[ZZ_MAX_EXEC], n_wake = 0, nrows = 0;
     const char *why = w ? check_wakeup(r, m, &nrows, wake, &n_wake) : "no exec lines";
     if (why) {
@@ -87,7 +87,7 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     uint32_t n_awake = zw_list_state(r, ZZ_EXEC_AWAKE, awake);
     int fits = !w->open && zw_same_ids(awake, n_awake, rows[0].ids, rows[0].n);
     for (uint32_t j = 0; fits && j < n_wake; j++)
-        fits = r->exec_state[wake[j]] == ZZ_EXEC_SLEEPING;
+        fits = r->zz.exec_state[wake[j]] == ZZ_EXEC_SLEEPING;
     if (!fits)
         return; /* valid but about another awake set: an old round, or one we are past */
     char ws[256];
@@ -187,8 +187,8 @@ static void sleep_unnamed(zz_replica *r, const uint32_t *ours, uint32_t n_ours,
         for (int b = 1; b < 4 && !named; b++)
             for (uint32_t j = 0; j < tn[b] && !named; j++)
                 named = theirs[b][j] == x;
-        if (!named && x < ZZ_MAX_EXEC && r->exec_state[x] == ZZ_EXEC_AWAKE)
-            r->exec_state[x] = ZZ_EXEC_SLEEPING;
+        if (!named && x < ZZ_MAX_EXEC && r->zz.exec_state[x] == ZZ_EXEC_AWAKE)
+            r->zz.exec_state[x] = ZZ_EXEC_SLEEPING;
     }
 }
 
@@ -202,7 +202,7 @@ static void sleep_unnamed(zz_replica *r, const uint32_t *ours, uint32_t n_ours,
  * set: the follow-up of a round that closed undecided elsewhere (seed 3202 round 18). */
 void zw_check_done(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     if (!w->done || w->open || !w->applied)
         return;
     const uint8_t *best = NULL;
@@ -257,7 +257,7 @@ void zw_adopt(zz_replica *r, const uint8_t *body, uint32_t len, uint64_t seq,
               const uint32_t *convict, uint32_t nc, const uint32_t *sleep, uint32_t ns,
               const uint32_t *active, uint32_t nact)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     uint32_t same = zw_count_body(r, w->sd_body, w->sd_len, body, len);
     char cs[256], as[256];
     zw_fmt_ids(cs, sizeof cs, convict, nc);
@@ -281,7 +281,7 @@ void zw_adopt(zz_replica *r, const uint8_t *body, uint32_t len, uint64_t seq,
 
 void zz_on_shutdown(zz_replica *r, const zz_msg *m)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     const zz_shutdown *q = &m->u.shutdown;
     uint32_t awake[ZZ_MAX_EXEC], na, convict[ZZ_MAX_EXEC], nc, sleep[ZZ_MAX_EXEC], ns,
         active[ZZ_MAX_EXEC], nact;

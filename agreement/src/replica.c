@@ -136,9 +136,9 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->stable_proof_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     r->clients = xcalloc(c->nkeys, sizeof(zz_client), &fail);
     if (c->external_exec) {
-        r->xlog = xcalloc(c->exec_log, sizeof(zz_xlog_entry), &fail);
-        r->n_reports = r->L + ZZ_DETECT_RECORDS;
-        r->reports = xcalloc(r->n_reports, sizeof(zz_report_rec), &fail);
+        r->zz.xlog = xcalloc(c->exec_log, sizeof(zz_xlog_entry), &fail);
+        r->zz.n_reports = r->L + ZZ_DETECT_RECORDS;
+        r->zz.reports = xcalloc(r->zz.n_reports, sizeof(zz_report_rec), &fail);
     }
     r->queue = xcalloc(c->nkeys, sizeof(uint32_t), &fail);
     if (fail) {
@@ -219,8 +219,8 @@ void zz_replica_on_close(void *ctx, zz_conn *conn)
         if (r->clients[i].conn == conn)
             r->clients[i].conn = NULL;
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
-        if (r->exec_conn[i] == conn)
-            r->exec_conn[i] = NULL;
+        if (r->zz.exec_conn[i] == conn)
+            r->zz.exec_conn[i] = NULL;
 }
 
 /* ---- sending ---- */
@@ -498,7 +498,7 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)r->st.fetches_served, (unsigned long long)r->st.retransmits,
             (unsigned long long)r->st.stale, (unsigned long long)r->st.exec_commits_sent,
             (unsigned long long)r->st.exec_reports, (unsigned long long)r->st.exec_checkpoints,
-            (unsigned long long)r->exec_stable, (unsigned long long)r->st.exec_stable_advances,
+            (unsigned long long)r->zz.exec_stable, (unsigned long long)r->st.exec_stable_advances,
             (unsigned long long)r->st.exec_log_overflow, (unsigned long long)r->st.exec_stable_held,
             (unsigned long long)r->st.exec_stable_by_reports,
             (unsigned long long)r->st.exec_reports_convicted,
@@ -522,7 +522,7 @@ void zz_write_stats(zz_replica *r)
     for (uint32_t i = 0; i < r->n && i < ZZ_MAX_REPLICAS; i++)
         fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->st.peer_window[i]);
     /* one entry per execution replica of the conf, or per slot seen without exec lines */
-    uint32_t nx = r->conf->n_exec > r->n_exec ? r->conf->n_exec : r->n_exec;
+    uint32_t nx = r->conf->n_exec > r->zz.n_exec ? r->conf->n_exec : r->zz.n_exec;
     for (uint32_t i = nx; i < ZZ_MAX_EXEC; i++)
         if (r->st.exec_window[i])
             nx = i + 1;

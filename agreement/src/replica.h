@@ -5,6 +5,8 @@
  * status.c (retransmission); with external execution xlog.c (execution log and checkpoints),
  * detect.c (EXEC-REPORTs), statements.c, rounds.c, peer_certs.c, spares.c and exec_view.c
  * (fault statements, WAKEUP, SHUTDOWN, SPARE-READY, the view; they share wake.h).
+ * The PBFT core (request.c, normal.c, checkpoint.c, viewchange.c, status.c, replica.c)
+ * reaches ZZ's layer only through zzexec.h; the layer's files share zzlayer.h.
  * docs/design.md §3-§5 follows a request and a fault through them. */
 #ifndef ZZ_REPLICA_H
 #define ZZ_REPLICA_H
@@ -15,6 +17,7 @@
 #include "crypto.h"
 #include "net.h"
 #include "wire.h"
+#include "zzexec.h"
 
 /* One log slot: what this replica knows about sequence number `seq`.
  * Invariant: a slot is in use only for stable < seq <= stable + L, and slot i of the
@@ -46,53 +49,7 @@ typedef struct {
     uint64_t fetch_sent_ms;        /* last FETCH for the missing batch */
 } zz_slot;
 
-#define ZZ_MAX_EXEC 64 /* execution replicas per service */
 #define ZZ_TAG_PEER 1  /* connection tag: an agreement replica sends on it */
-
-/* The execution log (external execution): committed batches kept from the last stable
- * execution checkpoint on, so that a woken or restarted execution replica can replay them
- * (ZZ §4.4). Ring of conf->exec_log entries; entry seq lives at seq % cap. */
-typedef struct {
-    uint64_t seq; /* 0 = empty */
-    uint8_t digest[ZZ_DIGEST_LEN];
-    uint8_t *batch; /* owned; NULL for a null request */
-    uint32_t batch_len;
-} zz_xlog_entry;
-
-/* One execution replica's EXEC-CHECKPOINT vote. Votes are kept per sender, its newest
- * ZZ_XCKPT_VOTES above the stable execution checkpoint: a sender's new vote can only
- * replace one of its own (docs/fault-detection.md, "Bounded evidence"). */
-#define ZZ_XCKPT_VOTES 8
-typedef struct {
-    uint64_t seq; /* 0 = empty */
-    uint8_t dig[ZZ_DIGEST_LEN];
-} zz_xvote;
-
-/* EXEC-REPORTs for one sequence number (detect.c). The ring has L + ZZ_DETECT_RECORDS
- * records and holds the seqs of (stable + L - size, stable + L]: every seq of the window
- * has a record of its own, and a record is reused only once its seq fell below. */
-#define ZZ_DETECT_RECORDS 1024
-typedef struct zz_report_rec {
-    uint64_t seq; /* 0 = unused */
-    struct zz_replica *owner;
-    uint64_t dispatch_ms, first_ms;
-    uint64_t flag_ms;     /* when the mismatch or timeout was flagged (detection latency) */
-    uint64_t timer;       /* net timer id of the K·t1 deadline, 0 = none */
-    int dispatched;                  /* ordered and handed to execution here: the timer
-                                      * starts only then, and nothing is judged before */
-    int expired, certified, flagged; /* flagged: counted as a mismatch or a timeout */
-    int stated;                      /* a fault statement was signed (or suppressed) */
-    uint8_t reported[ZZ_MAX_EXEC], late[ZZ_MAX_EXEC];
-    uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
-    /* Each reporter's reply_refs (owned, 44 bytes each) until the seq is certified: the
-     * certified list feeds REPLY-AFFIRM. Freed at certification or when the slot is reused. */
-    uint8_t *refs[ZZ_MAX_EXEC];
-    uint32_t nrefs[ZZ_MAX_EXEC];
-} zz_report_rec;
-
-/* What this agreement replica believes about execution replica i (conf exec lines). */
-enum { ZZ_EXEC_UNKNOWN = 0, ZZ_EXEC_AWAKE, ZZ_EXEC_SLEEPING, ZZ_EXEC_CONVICTED };
-struct zz_wake; /* wake.h: fault statements collected, the open round */
 
 /* Checkpoint votes for one sequence number. The ring has L/CP + 1 records, one per
  * checkpoint seq of [stable, stable + L]; a record is reused only below the stable point. */
@@ -239,23 +196,7 @@ typedef struct zz_replica {
     uint8_t app[ZZ_DIGEST_LEN];     /* hash chain of executed operations */
     uint64_t last_nd_time;
     zz_client *clients;             /* conf->nkeys entries, only client principals used */
-    zz_conn *exec_conn[ZZ_MAX_EXEC]; /* external execution: where execution replica i listens */
-    zz_xlog_entry *xlog;            /* conf->exec_log entries (external execution only) */
-    uint64_t xlog_low;              /* entries are kept for seq in (xlog_low, last_exec] */
-    uint64_t exec_stable;           /* last stable execution checkpoint (f+1 matching) */
-    uint8_t exec_stable_dig[ZZ_DIGEST_LEN];
-    zz_xvote xvotes[ZZ_MAX_EXEC][ZZ_XCKPT_VOTES]; /* per execution replica */
-    /* The newest checkpoint certified by f+1 matching EXEC-REPORTs at its seq (their
-     * checkpoint ref, docs/wire.md), above exec_stable; 0 = none. */
-    zz_xvote xcert;
-    zz_report_rec *reports;         /* n_reports (external execution only) */
-    uint32_t n_reports;
-    uint32_t n_exec;                /* execution replicas seen reporting (row width) */
-    /* Awake set (conf exec lines; all ZZ_EXEC_UNKNOWN without them): starts as the conf's
-     * active replicas, grows on an adopted WAKEUP, becomes a SHUTDOWN's `active`. Only
-     * awake replicas get EXEC-COMMITs and count in certificates and fault rows. */
-    uint8_t exec_state[ZZ_MAX_EXEC];
-    struct zz_wake *wake;           /* NULL without exec lines */
+    zz_exec zz;                     /* external execution, ZZ's layer (zzexec.h) */
     /* primary's proposal queue of client indexes */
     uint32_t *queue;
     uint32_t q_head, q_len;
@@ -325,53 +266,6 @@ void zz_accept_proposal(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t 
 void zz_check_slot(zz_replica *r, zz_slot *s);
 void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq);
 int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t len);
-
-/* execute.c */
-void zz_try_execute(zz_replica *r);
-void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
-
-/* xlog.c */
-void zz_on_exec_message(zz_replica *r, const zz_msg *m); /* EXEC-REPORT, EXEC-CHECKPOINT */
-void zz_xlog_append(zz_replica *r, const zz_slot *s);
-const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
-void zz_xlog_free(zz_replica *r);
-/* Per-sender EXEC-CHECKPOINT votes (pure): store seq/dig in one sender's ZZ_XCKPT_VOTES
- * votes, replacing its vote for seq, an empty one or one at or below `low`, else its lowest
- * if seq is higher; 1 = stored. Count the senders with a vote for seq/dig. */
-int zz_xvote_put(zz_xvote *own, uint64_t low, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN]);
-uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders, uint64_t seq,
-                        const uint8_t dig[ZZ_DIGEST_LEN]);
-void zz_xlog_release_held(zz_replica *r); /* a suspected fault settled */
-void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs);
-
-/* exec_view.c, statements.c, rounds.c, peer_certs.c, spares.c (wake.h) */
-int zz_wake_init(zz_replica *r, char *err, size_t errcap);
-void zz_wake_free(zz_replica *r);
-uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
-int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
-void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
-void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */
-void zz_wake_on_report(zz_replica *r, zz_report_rec *k); /* a report for k->seq arrived */
-/* A report for a seq whose record left the ring: 1 if it is the fault round's (taken). */
-int zz_wake_on_lost_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest);
-void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
-void zz_on_wakeup(zz_replica *r, const zz_msg *m);
-void zz_on_shutdown(zz_replica *r, const zz_msg *m);
-void zz_on_spare_ready(zz_replica *r, const zz_msg *m); /* verifies the controld's signature */
-/* An execution replica's message failed authentication: counted per slot if it verifies under
- * the slot's previous key (key epochs, spares.c). */
-void zz_exec_auth_failed(zz_replica *r, const zz_msg *m);
-void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
-
-/* detect.c */
-void zz_detect_dispatched(zz_replica *r, uint64_t seq);
-void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
-                      const uint8_t *refs, uint32_t nrefs);
-zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
-void zz_detect_forget(zz_replica *r, uint32_t i, uint64_t seq); /* i convicted at seq */
-int zz_detect_window(const zz_replica *r, uint64_t seq);      /* zz_seq_window of reports */
-void zz_detect_on_report(zz_replica *r, const zz_msg *m); /* checks the reply digest first */
-void zz_detect_free(zz_replica *r);
 
 /* checkpoint.c */
 void zz_take_checkpoint(zz_replica *r);

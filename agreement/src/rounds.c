@@ -26,7 +26,7 @@
 static void serve_log(zz_replica *r, uint32_t i)
 {
     static const uint8_t null_digest[ZZ_DIGEST_LEN];
-    if (!r->exec_conn[i])
+    if (!r->zz.exec_conn[i])
         return; /* not connected: it registers (and gets the log) once it runs */
     zz_buf b;
     zz_buf_init(&b);
@@ -35,7 +35,7 @@ static void serve_log(zz_replica *r, uint32_t i)
     zz_put_u16(&b, 0); /* an empty MAC vector: this message never leaves the replica */
     zz_msg m;
     if (!b.oom && zz_decode(b.p + st, b.len - st, &m) == ZZ_OK)
-        zz_on_fetch(r, r->exec_conn[i], &m);
+        zz_on_fetch(r, r->zz.exec_conn[i], &m);
     zz_buf_free(&b);
 }
 
@@ -44,7 +44,7 @@ static void try_resolve(zz_replica *r);
 static void on_round_tick(void *ctx)
 {
     zz_replica *r = ctx;
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     w->resend_timer = 0;
     if (!w->open)
         return;
@@ -62,7 +62,7 @@ void zw_open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t 
                    const uint32_t *wake, uint32_t n_wake, const zz_frow *rows,
                    uint32_t nrows, const uint8_t *raw, uint32_t len)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     /* SHUTDOWN bodies for this round that came before it (zz_on_shutdown) stay. */
     uint8_t *early[ZZ_MAX_REPLICAS] = {0};
     uint32_t early_len[ZZ_MAX_REPLICAS] = {0};
@@ -100,7 +100,7 @@ void zw_open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t 
     memcpy(w->ev, rows, w->n_ev * sizeof *rows);
     w->opened_ms = zz_now_ms(r);
     for (uint32_t j = 0; j < n_wake; j++) {
-        r->exec_state[wake[j]] = ZZ_EXEC_AWAKE;
+        r->zz.exec_state[wake[j]] = ZZ_EXEC_AWAKE;
         serve_log(r, wake[j]);
     }
     zw_save_view(r);
@@ -126,20 +126,20 @@ void zw_apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convict, u
                          const uint32_t *sleep, uint32_t ns, const uint32_t *active,
                          uint32_t na)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     for (uint32_t i = 0; i < nc; i++) {
         uint32_t x = convict[i];
         /* Re-applied (an adopted certificate, or a lower sibling's: check_done), its fresh
          * spare already announced: it stays asleep. A new conviction finds x awake. */
-        if (r->exec_state[x] == ZZ_EXEC_SLEEPING && w->convicted_seq[x] >= seq &&
+        if (r->zz.exec_state[x] == ZZ_EXEC_SLEEPING && w->convicted_seq[x] >= seq &&
             w->convicted_seq[x] <= w->settled_seq)
             continue;
-        r->exec_state[x] = ZZ_EXEC_CONVICTED;
+        r->zz.exec_state[x] = ZZ_EXEC_CONVICTED;
         w->convicted_seq[x] = seq;
         zz_detect_forget(r, x, seq);
         if (w->spare_pending[x] == seq) {
             /* controld's SPARE-READY for this conviction came first (held, verified) */
-            r->exec_state[x] = ZZ_EXEC_SLEEPING;
+            r->zz.exec_state[x] = ZZ_EXEC_SLEEPING;
             zz_log("zz-agreed: replica %u: SPARE-READY for %u (SHUTDOWN seq %llu) "
                    "held until now: sleeping again\n",
                    r->id, x, (unsigned long long)seq);
@@ -148,9 +148,9 @@ void zw_apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convict, u
         w->spare_pending[x] = 0;
     }
     for (uint32_t i = 0; i < ns; i++)
-        r->exec_state[sleep[i]] = ZZ_EXEC_SLEEPING;
+        r->zz.exec_state[sleep[i]] = ZZ_EXEC_SLEEPING;
     for (uint32_t i = 0; i < na; i++)
-        r->exec_state[active[i]] = ZZ_EXEC_AWAKE;
+        r->zz.exec_state[active[i]] = ZZ_EXEC_AWAKE;
     zw_save_view(r);
 }
 
@@ -159,7 +159,7 @@ void zw_apply_resolution(zz_replica *r, uint64_t seq, const uint32_t *convict, u
 void zw_set_done(zz_replica *r, const uint8_t *applied, uint32_t applied_len,
                  const uint8_t *own, uint32_t own_len)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     zw_done_clear(r);
     if (r->last_exec > w->quiet_through)
         w->quiet_through = r->last_exec;
@@ -188,7 +188,7 @@ void zw_set_done(zz_replica *r, const uint8_t *applied, uint32_t applied_len,
 
 static void send_shutdown(zz_replica *r, const zz_fresolution *res)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     zz_buf *b = &w->buf;
     zz_buf_reset(b);
     size_t st = zz_begin(b, ZZ_SHUTDOWN, ZZ_AUTH_SIG, r->conf->service, r->id);
@@ -232,7 +232,7 @@ static void send_shutdown(zz_replica *r, const zz_fresolution *res)
  * this replica's own view of every report (docs/fault-detection.md §5). */
 static void try_resolve(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     if (!w->open)
         return;
     zz_report_rec *k = zw_round_record(r);
@@ -289,13 +289,13 @@ static void try_resolve(zz_replica *r)
 
 void zz_wake_on_report(zz_replica *r, zz_report_rec *k)
 {
-    if (r->wake && r->wake->open && k->seq == r->wake->seq)
+    if (r->zz.wake && r->zz.wake->open && k->seq == r->zz.wake->seq)
         try_resolve(r);
 }
 
 int zz_wake_on_lost_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     if (!w || i >= ZZ_MAX_EXEC || seq == 0 || w->rec.seq != seq)
         return 0;
     if (!w->rec.reported[i]) { /* the first report counts, as in detect.c */

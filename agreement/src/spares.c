@@ -60,7 +60,7 @@ static int unhex32(const char *s, uint8_t out[ZZ_KEY_LEN])
 static const char *install_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
                                const uint8_t *dh)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     zz_peer_key *k = (zz_peer_key *)zz_conf_key(r->conf, ZZ_PRINCIPAL_EXEC + x);
     if (!k || !r->conf->sign)
         return "no key of that replica in the key file";
@@ -93,7 +93,7 @@ static const char *install_key(zz_replica *r, uint32_t x, uint32_t epoch, const 
 
 static void save_keys(zz_replica *r)
 {
-    const struct zz_wake *w = r->wake;
+    const struct zz_wake *w = r->zz.wake;
     char path[300], tmp[310], hp[2 * ZZ_KEY_LEN + 1], hd[2 * ZZ_KEY_LEN + 1];
     if (!r->conf->exec_view[0] ||
         snprintf(path, sizeof path, "%s.keys", r->conf->exec_view) >= (int)sizeof path)
@@ -158,7 +158,7 @@ int zw_load_keys(zz_replica *r, char *err, size_t errcap)
             unhex32(tok[4], dh)) {
             snprintf(err, errcap, "%s:%u: expected 'key I EPOCH SIGN_PUB DH_PUB'", path, lineno);
             rc = -1;
-        } else if (id >= r->conf->n_exec || epoch <= r->wake->key_epoch[id]) {
+        } else if (id >= r->conf->n_exec || epoch <= r->zz.wake->key_epoch[id]) {
             snprintf(err, errcap, "%s:%u: replica %llu epoch %llu out of place", path, lineno,
                      (unsigned long long)id, (unsigned long long)epoch);
             rc = -1;
@@ -173,9 +173,9 @@ int zw_load_keys(zz_replica *r, char *err, size_t errcap)
     free(line);
     fclose(f);
     for (uint32_t i = 0; rc == 0 && i < r->conf->n_exec; i++)
-        if (r->wake->key_epoch[i])
+        if (r->zz.wake->key_epoch[i])
             zz_log("zz-agreed: replica %u: exec %u key epoch %u from %s\n", r->id, i,
-                   r->wake->key_epoch[i], path);
+                   r->zz.wake->key_epoch[i], path);
     return rc;
 }
 
@@ -183,7 +183,7 @@ int zw_load_keys(zz_replica *r, char *err, size_t errcap)
 void zw_take_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
                  const uint8_t *dh)
 {
-    if (epoch <= r->wake->key_epoch[x])
+    if (epoch <= r->zz.wake->key_epoch[x])
         return; /* epoch 0 (keys of the key directory), or an old announcement replayed */
     const char *why = install_key(r, x, epoch, pub, dh);
     if (why) {
@@ -199,7 +199,7 @@ void zw_take_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
 
 void zz_exec_auth_failed(zz_replica *r, const zz_msg *m)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     if (!w || m->sender < ZZ_PRINCIPAL_EXEC || m->sender >= ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
         return;
     uint32_t x = m->sender - ZZ_PRINCIPAL_EXEC;
@@ -223,7 +223,7 @@ void zz_exec_auth_failed(zz_replica *r, const zz_msg *m)
 static const char *check_spare(zz_replica *r, const zz_msg *m)
 {
     const zz_spare_ready *q = &m->u.spare_ready;
-    if (!r->wake)
+    if (!r->zz.wake)
         return "no exec lines";
     if (q->replica >= r->conf->n_exec)
         return "unknown replica";
@@ -243,8 +243,8 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
     const char *why = check_spare(r, m);
     uint32_t x = q->replica;
     if (!why) {
-        struct zz_wake *w = r->wake;
-        uint8_t st = r->exec_state[x];
+        struct zz_wake *w = r->zz.wake;
+        uint8_t st = r->zz.exec_state[x];
         if (st == ZZ_EXEC_SLEEPING) {
             r->st.spares_ready_received++;
             zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: already "
@@ -260,7 +260,7 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
         if (st == ZZ_EXEC_CONVICTED &&
             (q->seq == w->convicted_seq[x] || q->epoch > w->key_epoch[x])) {
             r->st.spares_ready_received++;
-            r->exec_state[x] = ZZ_EXEC_SLEEPING;
+            r->zz.exec_state[x] = ZZ_EXEC_SLEEPING;
             w->spare_pending[x] = 0;
             zw_save_view(r);
             zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u: convicted "

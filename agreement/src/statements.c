@@ -29,7 +29,7 @@
 static candidate *cand_for(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t n,
                            uint32_t signer)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     candidate *free_c = NULL, *own = NULL, *victim = NULL;
     for (int i = 0; i < WAKE_CANDIDATES; i++) {
         candidate *c = &w->cand[i];
@@ -105,7 +105,7 @@ static uint32_t evidence_masks(uint32_t nrows, uint32_t min, uint64_t *out, uint
 /* Try to turn the candidate's statements into a WAKEUP (docs/fault-detection.md §4). */
 static void try_evaluate(zz_replica *r, candidate *c)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     /* A seq at or below the last decided round is settled: controld refuses its WAKEUP as
      * stale, so it would wake nobody while this replica counted the spare awake. Statements
      * kept from before that round can come back here once the awake set is the one they
@@ -203,7 +203,7 @@ static void try_evaluate(zz_replica *r, candidate *c)
  * spare was ready would otherwise stall the service until some later seq fails too). */
 void zw_retry_candidates(zz_replica *r)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     for (int i = 0; i < WAKE_CANDIDATES && !w->open; i++)
         if (w->cand[i].seq)
             try_evaluate(r, &w->cand[i]);
@@ -232,7 +232,7 @@ static void put_row(zz_buf *b, const zz_report_rec *k, const uint32_t *awake, ui
 /* Sign and broadcast a row for k->seq over the current awake set; also collect it. */
 void zw_send_statement(zz_replica *r, const zz_report_rec *k, int blame_first)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     uint32_t awake[ZZ_MAX_EXEC];
     uint32_t n_awake = zw_list_state(r, ZZ_EXEC_AWAKE, awake);
     if (n_awake == 0)
@@ -268,7 +268,7 @@ void zw_send_statement(zz_replica *r, const zz_report_rec *k, int blame_first)
 
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k)
 {
-    if (!r->wake || r->wake->open || k->certified || k->seq <= r->wake->quiet_through)
+    if (!r->zz.wake || r->zz.wake->open || k->certified || k->seq <= r->zz.wake->quiet_through)
         return;
     zw_send_statement(r, k, 0);
 }
@@ -277,13 +277,13 @@ void zz_wake_on_certified(zz_replica *r, zz_report_rec *k)
 {
     /* Test-only Byzantine agreement replica: a signed statement blaming the lowest awake
      * (correct) replica for every certified seq; alone it must never wake anyone. */
-    if (r->wake && r->conf->byzantine == ZZ_BYZ_FALSE_FAULT)
+    if (r->zz.wake && r->conf->byzantine == ZZ_BYZ_FALSE_FAULT)
         zw_send_statement(r, k, 1);
 }
 
 void zz_on_fault_statement(zz_replica *r, const zz_msg *m)
 {
-    struct zz_wake *w = r->wake;
+    struct zz_wake *w = r->zz.wake;
     zz_frow row;
     if (!w || m->sender == r->id || zw_row_from(m, &row) != 0) {
         r->st.fault_statements_rejected++;
@@ -291,7 +291,7 @@ void zz_on_fault_statement(zz_replica *r, const zz_msg *m)
     }
     /* Only for a seq of the report window (detect.c): above it nothing was dispatched by a
      * replica we keep up with; dropped and counted for the signer. Below it: stale. */
-    int win = r->reports ? zz_detect_window(r, row.seq) : 0;
+    int win = r->zz.reports ? zz_detect_window(r, row.seq) : 0;
     if (win > 0) {
         zz_count_window(r, 1, m->sender);
         return;

@@ -5,7 +5,7 @@
  * peers), spares.c (SPARE-READY and key epochs). docs/fault-detection.md "In zz-agreed".
  *
  * Invariants: at most one round is open; while it is, no new statement is signed (its
- * rows would be about an awake set that is changing). r->exec_state is the awake set every
+ * rows would be about an awake set that is changing). r->zz.exec_state is the awake set every
  * certificate, row and EXEC-COMMIT push uses. Everything received is verified in these
  * files or in replica.c before it changes any state; anything that fails is dropped and
  * counted. */
@@ -16,6 +16,7 @@
 
 #include "faults.h"
 #include "replica.h"
+#include "zzlayer.h"
 
 /* seqs whose statements are being collected at once: one unconfirmed candidate per signer
  * at most, and room for 16 that several signers share (cand_for) */
@@ -75,7 +76,7 @@ struct zz_wake {
     uint32_t done_awake[ZZ_MAX_EXEC], n_done_awake;
     uint8_t **dn_body; /* per sender (owned) */
     uint32_t *dn_len;
-    uint8_t *applied; /* the body whose outcome r->exec_state holds (owned) */
+    uint8_t *applied; /* the body whose outcome r->zz.exec_state holds (owned) */
     uint32_t applied_len;
     /* Per execution replica: the SHUTDOWN seq that convicted it (persisted), and a verified
      * SPARE-READY's seq that arrived before that conviction was known here (0 = none). */

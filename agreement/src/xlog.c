@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "replica.h"
+#include "zzlayer.h"
 
 static void entry_clear(zz_xlog_entry *e)
 {
@@ -16,37 +17,37 @@ static void entry_clear(zz_xlog_entry *e)
 
 void zz_xlog_free(zz_replica *r)
 {
-    for (uint32_t i = 0; r->xlog && i < r->conf->exec_log; i++)
-        entry_clear(&r->xlog[i]);
-    free(r->xlog);
-    r->xlog = NULL;
+    for (uint32_t i = 0; r->zz.xlog && i < r->conf->exec_log; i++)
+        entry_clear(&r->zz.xlog[i]);
+    free(r->zz.xlog);
+    r->zz.xlog = NULL;
 }
 
 const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq)
 {
-    if (!r->xlog || seq <= r->xlog_low)
+    if (!r->zz.xlog || seq <= r->zz.xlog_low)
         return NULL;
-    const zz_xlog_entry *e = &r->xlog[seq % r->conf->exec_log];
+    const zz_xlog_entry *e = &r->zz.xlog[seq % r->conf->exec_log];
     return e->seq == seq ? e : NULL;
 }
 
 void zz_xlog_append(zz_replica *r, const zz_slot *s)
 {
     static const uint8_t null_digest[ZZ_DIGEST_LEN];
-    if (!r->xlog)
+    if (!r->zz.xlog)
         return;
     uint32_t cap = r->conf->exec_log;
     /* Full: the oldest entry goes. Execution replicas that needed it must get state from
      * a peer's checkpoint instead of replaying; the counter tells the operator. */
-    while (s->seq - r->xlog_low > cap) {
-        r->xlog_low++;
-        zz_xlog_entry *old = &r->xlog[r->xlog_low % cap];
-        if (old->seq == r->xlog_low) {
+    while (s->seq - r->zz.xlog_low > cap) {
+        r->zz.xlog_low++;
+        zz_xlog_entry *old = &r->zz.xlog[r->zz.xlog_low % cap];
+        if (old->seq == r->zz.xlog_low) {
             entry_clear(old);
             r->st.exec_log_overflow++;
         }
     }
-    zz_xlog_entry *e = &r->xlog[s->seq % cap];
+    zz_xlog_entry *e = &r->zz.xlog[s->seq % cap];
     entry_clear(e);
     e->seq = s->seq;
     memcpy(e->digest, s->is_null ? null_digest : s->digest, ZZ_DIGEST_LEN);
@@ -58,15 +59,15 @@ void zz_xlog_append(zz_replica *r, const zz_slot *s)
 
 static void xlog_collect(zz_replica *r, uint64_t upto)
 {
-    if (!r->xlog)
+    if (!r->zz.xlog)
         return;
-    for (uint64_t seq = r->xlog_low + 1; seq <= upto; seq++) {
-        zz_xlog_entry *e = &r->xlog[seq % r->conf->exec_log];
+    for (uint64_t seq = r->zz.xlog_low + 1; seq <= upto; seq++) {
+        zz_xlog_entry *e = &r->zz.xlog[seq % r->conf->exec_log];
         if (e->seq == seq)
             entry_clear(e);
     }
-    if (upto > r->xlog_low)
-        r->xlog_low = upto;
+    if (upto > r->zz.xlog_low)
+        r->zz.xlog_low = upto;
 }
 
 int zz_xvote_put(zz_xvote *own, uint64_t low, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN])
@@ -112,22 +113,23 @@ static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_
      * checkpoint below S that the replicas which saw the fault hold, and needs 2g+1 copies
      * of the log from there, also from replicas that made S stable before the round
      * opened (an equivocating replica's right reports certify S at them). */
-    uint64_t keep = r->exec_stable;
-    r->exec_stable = seq;
-    memcpy(r->exec_stable_dig, digest, ZZ_DIGEST_LEN);
+    uint64_t keep = r->zz.exec_stable;
+    r->zz.exec_stable = seq;
+    memcpy(r->zz.exec_stable_dig, digest, ZZ_DIGEST_LEN);
     r->st.exec_stable_advances++;
     xlog_collect(r, keep < r->last_exec ? keep : r->last_exec);
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
         for (int j = 0; j < ZZ_XCKPT_VOTES; j++)
-            if (r->xvotes[i][j].seq <= seq)
-                memset(&r->xvotes[i][j], 0, sizeof r->xvotes[i][j]);
-    if (r->xcert.seq <= seq)
-        memset(&r->xcert, 0, sizeof r->xcert);
+            if (r->zz.xvotes[i][j].seq <= seq)
+                memset(&r->zz.xvotes[i][j], 0, sizeof r->zz.xvotes[i][j]);
+    if (r->zz.xcert.seq <= seq)
+        memset(&r->zz.xcert, 0, sizeof r->zz.xcert);
 }
 
 static uint32_t votes_for(const zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
 {
-    return zz_xvote_count((const zz_xvote(*)[ZZ_XCKPT_VOTES])r->xvotes, ZZ_MAX_EXEC, seq, digest);
+    return zz_xvote_count((const zz_xvote(*)[ZZ_XCKPT_VOTES])r->zz.xvotes, ZZ_MAX_EXEC, seq,
+                          digest);
 }
 
 /* No checkpoint at or above a suspected fault's seq S becomes stable until S is settled:
@@ -165,7 +167,7 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
 {
     if (i >= ZZ_MAX_EXEC || seq % r->conf->checkpoint_interval != 0)
         return;
-    if (seq <= r->exec_stable) {
+    if (seq <= r->zz.exec_stable) {
         r->st.stale++;
         return;
     }
@@ -173,7 +175,7 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
         zz_count_window(r, 0, i);
         return;
     }
-    if (!zz_xvote_put(r->xvotes[i], r->exec_stable, seq, digest))
+    if (!zz_xvote_put(r->zz.xvotes[i], r->zz.exec_stable, seq, digest))
         return;
     if (votes_for(r, seq, digest) < r->conf->f + 1)
         return;
@@ -190,7 +192,7 @@ static void on_exec_checkpoint(zz_replica *r, uint32_t i, uint64_t seq,
  * digest in its report is a mismatch, detected and convicted like a wrong reply. */
 void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs)
 {
-    if (!r->xlog || seq % r->conf->checkpoint_interval != 0 || seq <= r->exec_stable)
+    if (!r->zz.xlog || seq % r->conf->checkpoint_interval != 0 || seq <= r->zz.exec_stable)
         return;
     zz_flist l = {nrefs, refs};
     for (uint32_t i = nrefs; i-- > 0;) {
@@ -201,9 +203,9 @@ void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, 
         r->st.exec_stable_by_reports++;
         if (must_hold(r, seq)) {
             r->st.exec_stable_held++;
-            if (seq > r->xcert.seq) {
-                r->xcert.seq = seq;
-                memcpy(r->xcert.dig, e.result_digest, ZZ_DIGEST_LEN);
+            if (seq > r->zz.xcert.seq) {
+                r->zz.xcert.seq = seq;
+                memcpy(r->zz.xcert.dig, e.result_digest, ZZ_DIGEST_LEN);
             }
             return;
         }
@@ -215,11 +217,11 @@ void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, 
 void zz_xlog_release_held(zz_replica *r)
 {
     /* The highest seq with f+1 matching votes, or certified by reports. */
-    const zz_xvote *best = r->xcert.seq > r->exec_stable ? &r->xcert : NULL;
+    const zz_xvote *best = r->zz.xcert.seq > r->zz.exec_stable ? &r->zz.xcert : NULL;
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
         for (int j = 0; j < ZZ_XCKPT_VOTES; j++) {
-            const zz_xvote *v = &r->xvotes[i][j];
-            if (v->seq <= r->exec_stable || (best && v->seq <= best->seq))
+            const zz_xvote *v = &r->zz.xvotes[i][j];
+            if (v->seq <= r->zz.exec_stable || (best && v->seq <= best->seq))
                 continue;
             if (votes_for(r, v->seq, v->dig) >= r->conf->f + 1)
                 best = v;

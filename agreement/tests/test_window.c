@@ -2,6 +2,7 @@
  * "Bounded evidence"): the window predicate every seq-indexed intake uses, and the
  * per-sender EXEC-CHECKPOINT vote table, where one sender can never push out another's. */
 #include "replica.h"
+#include "zzlayer.h"
 #include "testutil.h"
 
 static void dig(uint8_t d[ZZ_DIGEST_LEN], int v)

@@ -1,0 +1,120 @@
+/* zzexec.h - ZZ's layer in zz-agreed, as the PBFT core sees it: external execution
+ * (execute.c, xlog.c), fault detection (detect.c) and fault handling (statements.c,
+ * rounds.c, peer_certs.c, spares.c, exec_view.c). The PBFT core (request.c, normal.c,
+ * checkpoint.c, viewchange.c, status.c, replica.c) reaches the layer only through what this
+ * header declares; the layer's own files call each other through zzlayer.h.
+ *
+ * State: everything the layer keeps lives in zz_exec, the replica's `zz` member, which the
+ * layer owns (allocated in zz_replica_init, freed by the zz_*_free calls below).
+ *
+ * Invariants: `exec_state` is the one awake set that EXEC-COMMIT pushes, certificates and
+ * fault rows use; the execution log holds the batches of (xlog_low, last_exec]; the layer
+ * touches PBFT state only through the replica's public functions (replica.h). */
+#ifndef ZZ_ZZEXEC_H
+#define ZZ_ZZEXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "net.h"
+#include "wire.h"
+
+typedef struct zz_replica zz_replica;
+
+#define ZZ_MAX_EXEC 64 /* execution replicas per service */
+
+/* The execution log (external execution): committed batches kept from the last stable
+ * execution checkpoint on, so that a woken or restarted execution replica can replay them
+ * (ZZ §4.4). Ring of conf->exec_log entries; entry seq lives at seq % cap. */
+typedef struct {
+    uint64_t seq; /* 0 = empty */
+    uint8_t digest[ZZ_DIGEST_LEN];
+    uint8_t *batch; /* owned; NULL for a null request */
+    uint32_t batch_len;
+} zz_xlog_entry;
+
+/* One execution replica's EXEC-CHECKPOINT vote. Votes are kept per sender, its newest
+ * ZZ_XCKPT_VOTES above the stable execution checkpoint: a sender's new vote can only
+ * replace one of its own (docs/fault-detection.md, "Bounded evidence"). */
+#define ZZ_XCKPT_VOTES 8
+typedef struct {
+    uint64_t seq; /* 0 = empty */
+    uint8_t dig[ZZ_DIGEST_LEN];
+} zz_xvote;
+
+/* EXEC-REPORTs for one sequence number (detect.c). The ring has L + ZZ_DETECT_RECORDS
+ * records and holds the seqs of (stable + L - size, stable + L]: every seq of the window
+ * has a record of its own, and a record is reused only once its seq fell below. */
+#define ZZ_DETECT_RECORDS 1024
+typedef struct zz_report_rec {
+    uint64_t seq; /* 0 = unused */
+    struct zz_replica *owner;
+    uint64_t dispatch_ms, first_ms;
+    uint64_t flag_ms;     /* when the mismatch or timeout was flagged (detection latency) */
+    uint64_t timer;       /* net timer id of the K·t1 deadline, 0 = none */
+    int dispatched;                  /* ordered and handed to execution here: the timer
+                                      * starts only then, and nothing is judged before */
+    int expired, certified, flagged; /* flagged: counted as a mismatch or a timeout */
+    int stated;                      /* a fault statement was signed (or suppressed) */
+    uint8_t reported[ZZ_MAX_EXEC], late[ZZ_MAX_EXEC];
+    uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
+    /* Each reporter's reply_refs (owned, 44 bytes each) until the seq is certified: the
+     * certified list feeds REPLY-AFFIRM. Freed at certification or when the slot is reused. */
+    uint8_t *refs[ZZ_MAX_EXEC];
+    uint32_t nrefs[ZZ_MAX_EXEC];
+} zz_report_rec;
+
+/* What this agreement replica believes about execution replica i (conf exec lines). */
+enum { ZZ_EXEC_UNKNOWN = 0, ZZ_EXEC_AWAKE, ZZ_EXEC_SLEEPING, ZZ_EXEC_CONVICTED };
+struct zz_wake; /* wake.h: fault statements collected, the open round */
+
+/* The layer's state in the replica (r->zz). */
+typedef struct {
+    zz_conn *exec_conn[ZZ_MAX_EXEC]; /* external execution: where execution replica i listens */
+    zz_xlog_entry *xlog;            /* conf->exec_log entries (external execution only) */
+    uint64_t xlog_low;              /* entries are kept for seq in (xlog_low, last_exec] */
+    uint64_t exec_stable;           /* last stable execution checkpoint (f+1 matching) */
+    uint8_t exec_stable_dig[ZZ_DIGEST_LEN];
+    zz_xvote xvotes[ZZ_MAX_EXEC][ZZ_XCKPT_VOTES]; /* per execution replica */
+    /* The newest checkpoint certified by f+1 matching EXEC-REPORTs at its seq (their
+     * checkpoint ref, docs/wire.md), above exec_stable; 0 = none. */
+    zz_xvote xcert;
+    zz_report_rec *reports;         /* n_reports (external execution only) */
+    uint32_t n_reports;
+    uint32_t n_exec;                /* execution replicas seen reporting (row width) */
+    /* Awake set (conf exec lines; all ZZ_EXEC_UNKNOWN without them): starts as the conf's
+     * active replicas, grows on an adopted WAKEUP, becomes a SHUTDOWN's `active`. Only
+     * awake replicas get EXEC-COMMITs and count in certificates and fault rows. */
+    uint8_t exec_state[ZZ_MAX_EXEC];
+    struct zz_wake *wake;           /* NULL without exec lines */
+} zz_exec;
+
+/* execute.c: in-order execution (in process, or EXEC-COMMIT pushes to the execution
+ * replicas), called whenever a slot may have committed */
+void zz_try_execute(zz_replica *r);
+void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
+
+/* set-up and teardown (replica.c) */
+int zz_wake_init(zz_replica *r, char *err, size_t errcap);
+void zz_wake_free(zz_replica *r);
+void zz_detect_free(zz_replica *r);
+void zz_xlog_free(zz_replica *r);
+
+/* messages of the layer, after replica.c authenticated them */
+void zz_on_exec_message(zz_replica *r, const zz_msg *m); /* EXEC-REPORT, EXEC-CHECKPOINT */
+void zz_on_fault_statement(zz_replica *r, const zz_msg *m);
+void zz_on_wakeup(zz_replica *r, const zz_msg *m);
+void zz_on_shutdown(zz_replica *r, const zz_msg *m);
+void zz_on_spare_ready(zz_replica *r, const zz_msg *m); /* verifies the controld's signature */
+/* An execution replica's message failed authentication: counted per slot if it verifies under
+ * the slot's previous key (key epochs, spares.c). */
+void zz_exec_auth_failed(zz_replica *r, const zz_msg *m);
+void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
+
+/* serving the execution log (checkpoint.c's FETCH) */
+uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
+const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
+zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
+
+#endif
