@@ -817,6 +817,11 @@ class Daemon:
                 self._note(f"WAKEUP {svc.name}/{x}: is {rec.state}, nothing to wake")
                 continue
             domain, state, save = rec.domain, rec.state, rec.save_file
+            # The notice before the resume: a replica that runs again must find the round's
+            # seq at once, before it takes any log the agreement replicas serve it (else it
+            # may choose a recovery checkpoint by an earlier round's seq: campaign seed 3202
+            # round 18, woken again mid-recovery). A wake that fails leaves it for the next.
+            notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
             t0 = time.monotonic()
             try:
                 await self.inventory.atransition(
@@ -833,7 +838,6 @@ class Daemon:
             self.counters["woken"] += 1
             self.metrics.woke(svc, x, state, dt)
             self._woken_for[(svc.id, x)] = (seq, tuple(awake))
-            notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
             try:
                 await asyncio.to_thread(actions.guest_wake, self.ctx, domain, seq)
             except HypervisorError as e:

@@ -56,6 +56,9 @@ WAKE_NOTICE = "controld-wakeup.json"
 # below its round's seq before it takes one at or above it (and cannot report that seq).
 _FAULT_SEQ_PATIENCE = 5.0
 _WAKE_POLL = 0.02
+# A gap this long between agreement frames means the replica was stopped (paused) or idle:
+# look for a wake notice before judging the next frame (_peek_wake_notice).
+_PEEK_GAP = 0.25
 # How long a request waiting for a file keeps asking the peers before the replica gives up.
 _FETCH_PATIENCE = 60.0
 # Sleep between background file fetches: request execution keeps most of the bandwidth.
@@ -209,6 +212,10 @@ class Runtime:
         # it must recover below it and replay it, or its report never comes.
         self._fault_seq: int | None = None
         self._fault_seq_at = 0.0
+        # The wake notice whose seq was last taken (its mtime), by _wake_watch or by
+        # _peek_wake_notice, which looks before a resumed replica judges anything by it.
+        self._notice_taken = _mtime(self.state_dir / WAKE_NOTICE)
+        self._last_agreement_frame = time.monotonic()
         # The seq of a batch abandoned half-run because the checkpoint being recovered was
         # collected (StaleCheckpoint): nothing executes until a newer one is installed.
         self._stranded_at: int | None = None
@@ -408,6 +415,10 @@ class Runtime:
         if link.peer >= wire.PRINCIPAL_EXEC:
             self._on_peer_message(raw)
             return
+        now = time.monotonic()
+        if now - self._last_agreement_frame > _PEEK_GAP:
+            self._peek_wake_notice()  # stopped (paused) or idle: maybe woken since
+        self._last_agreement_frame = now
         m = self._decode(raw)
         if m is None:
             return
@@ -431,6 +442,7 @@ class Runtime:
         if m.kind != wire.FETCH_LOG:
             self.counters["unexpected"] += 1
             return
+        self._peek_wake_notice()  # the target below is chosen by the round's seq
         try:
             certified_through, entries = wire.log_reply(m.data)
         except wire.WireError:
@@ -808,9 +820,9 @@ class Runtime:
             except (OSError, ValueError):
                 notice = {}
             self.counters["wake_notices"] += 1
-            fault = notice.get("recovering_from_seq")
-            if type(fault) is int and fault > self.last_executed:
-                self._fault_seq, self._fault_seq_at = fault, time.monotonic()
+            if now != self._notice_taken:
+                self._notice_taken = now
+                self._take_fault_seq(notice.get("recovering_from_seq"))
             self.recovery["woken_at"] = notice.get("woken_at")
             self.recovery["noticed_at"] = time.time()
             log.info(
@@ -821,6 +833,36 @@ class Runtime:
                 self._start_links()  # registration is the links' on_connect
                 continue
             self._register_again()
+
+    def _take_fault_seq(self, fault: object) -> None:
+        """The round's seq from a wake notice: recover below it and replay it. A recovery
+        target chosen before, by an earlier round's seq, at or above it is dropped."""
+        if type(fault) is not int or fault <= self.last_executed:
+            return
+        self._fault_seq, self._fault_seq_at = fault, time.monotonic()
+        if self._recover_target is not None and self._recover_target[0] >= fault:
+            self._recover_target = None
+            self.counters["recover_target_dropped"] += 1
+
+    def _peek_wake_notice(self) -> None:
+        """Take a new wake notice's seq now rather than at _wake_watch's next poll. controld
+        writes the notice before it resumes a replica, and the links of a resumed replica
+        may deliver the log the agreement replicas serve at the wake-up first: judged by an
+        earlier round's seq, whose patience had run out, it made a spare woken again
+        mid-recovery recover at the new round's checkpoint seq and never report it
+        (campaign seed 3202 round 18). _wake_watch still registers again."""
+        path = self.state_dir / WAKE_NOTICE
+        now = _mtime(path)
+        if now is None or now == self._notice_taken:
+            return
+        try:
+            notice = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # half written: the next look, or _wake_watch, takes it
+        self._notice_taken = now
+        self.counters["wake_notices_peeked"] += 1
+        if isinstance(notice, dict):
+            self._take_fault_seq(notice.get("recovering_from_seq"))
 
     def poke_wake(self) -> None:
         """SIGUSR1 (the guest agent's "wake"): look at the wake notice now, whatever its

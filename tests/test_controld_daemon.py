@@ -351,6 +351,29 @@ async def test_wakeup_paused(rack: Rack, backend: str) -> None:
         assert c["wakeup_duplicate"] == 2 and c["woken"] == 1 and c["wakeup_accepted"] == 1
 
 
+async def test_the_wake_notice_is_written_before_the_replica_runs_again(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed replica must find the round's seq at once: its links may deliver the log
+    the agreement replicas serve at the wake-up before it would look for a notice written
+    after the resume (campaign seed 3202 round 18: judged by an earlier round's seq, a spare
+    woken again mid-recovery recovered at the new round's checkpoint seq)."""
+    async with nodes(rack, "libvirt", 0) as (n,):
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        path = rack.config.service("web").exec_state_dir(rack.config, 2) / actions.NOTICE_NAME
+        seen: list[Any] = []
+        real_wake = actions.wake
+
+        def wake(ctx: Any, domain: str, state: str, save: str | None) -> None:
+            seen.append(json.loads(path.read_text()) if path.exists() else None)
+            real_wake(ctx, domain, state, save)
+
+        monkeypatch.setattr(actions, "wake", wake)
+        await n.send(rack.valid_wakeup())
+        assert n.state(2) == "recovering"
+        assert seen and seen[0] is not None and seen[0]["recovering_from_seq"] == 7, seen
+
+
 @pytest.mark.parametrize("backend", ["libvirt", "process"])
 async def test_wakeup_hibernated(tmp_path: Path, backend: str) -> None:
     rack = make_rack(tmp_path, sleep="hibernated")

@@ -140,3 +140,27 @@ def test_fault_file_holds_a_corrupt_snapshot_replicas_lies_back(tmp_path: Path) 
     path.write_text('{"fault": null}')
     rt.faults.read_file(path)
     assert not rt.faults.lying(41)
+
+
+def test_a_resumed_runtime_takes_the_wake_notice_before_the_log(tmp_path: Path) -> None:
+    """The log the agreement replicas serve at a wake-up may reach a resumed runtime before
+    its notice poll: the round's seq must be taken first, and a recovery target chosen by an
+    earlier round's seq at or above it dropped (campaign seed 3202 round 18)."""
+    from zz import wire
+    from zz.execution.runtime import WAKE_NOTICE
+
+    ctx = _ctx(tmp_path)
+    rt = Runtime(ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=tmp_path / "st"))
+    rt.state_dir.mkdir(parents=True, exist_ok=True)
+    # Woken before for a round at seq 40 (its patience long over) and a target at 48.
+    rt._fault_seq, rt._fault_seq_at = 40, 0.0
+    rt._recover_target = (48, b"\x01" * 32)
+    notice = rt.state_dir / WAKE_NOTICE
+    notice.write_text(json.dumps({"recovering_from_seq": 48, "awake": [0, 1]}))
+    empty_log = (0).to_bytes(8, "big") + (0).to_bytes(4, "big")
+    reply = wire.FetchReply(rt.svc.id, 0, wire.FETCH_LOG, 0, wire.NULL_DIGEST, empty_log)
+    rt._on_fetch_reply(None, reply)  # type: ignore[arg-type]
+    assert rt._fault_seq == 48 and rt._recover_target is None
+    assert rt.counters["wake_notices_peeked"] == 1 and rt.counters["recover_target_dropped"] == 1
+    rt._on_fetch_reply(None, reply)  # type: ignore[arg-type]
+    assert rt.counters["wake_notices_peeked"] == 1  # the same notice is taken once
