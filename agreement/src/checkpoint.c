@@ -320,9 +320,8 @@ int zz_verify_ckpt_proof(zz_replica *r, const zz_blist *proof, uint64_t seq,
 
 /* The committed log above max(from, stable) as u64 certified_through, list<log_entry>
  * (docs/wire.md), capped so one reply stays far below ZZ_MAX_MSG; the requester asks again
- * from where it ends. certified_through vouches that the listed batches up to it hold
- * execution certificates here, so a replaying replica may skip their read-only requests
- * (ZZ §4.7.2) and does not report them; 0 vouches for none. */
+ * from where it ends. In-process execution: nothing is vouched (certified_through 0). With
+ * external execution the execution log is served by xlog.c instead (zz_xlog_on_fetch). */
 static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
 {
     static const uint8_t null_digest[ZZ_DIGEST_LEN];
@@ -331,31 +330,7 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
     zz_put_u64(b, 0);
     zz_put_u32(b, 0);
     uint32_t count = 0;
-    uint64_t certified = 0;
-    int gap = 0;
-    if (r->zz.xlog) {
-        const uint64_t round = zz_fault_round_seq(r);
-        /* External execution: the execution log, from the last stable execution checkpoint. */
-        const uint64_t low = from > r->zz.xlog_low ? from : r->zz.xlog_low;
-        for (uint64_t seq = low + 1; seq <= r->last_exec; seq++) {
-            const zz_xlog_entry *e = zz_xlog_get(r, seq);
-            if (!e || b->len > cap)
-                break;
-            /* Not vouched: a seq that was suspected (flagged) or an open fault round's.
-             * The woken replicas must run it in full and report it, or the round waits for
-             * their reports until its timeout (a read skipped changes the reply digest). */
-            const zz_report_rec *k = zz_detect_record(r, seq);
-            gap |= !k || !k->certified || k->flagged || (round && seq >= round);
-            if (!gap)
-                certified = seq;
-            zz_put_u64(b, seq);
-            zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
-            zz_put_bytes(b, e->batch, e->batch_len);
-            count++;
-        }
-    }
-    for (uint64_t seq = (from > r->stable ? from : r->stable) + 1;
-         !r->zz.xlog && seq <= r->last_exec; seq++) {
+    for (uint64_t seq = (from > r->stable ? from : r->stable) + 1; seq <= r->last_exec; seq++) {
         zz_slot *s = &r->slots[seq % r->L];
         if (s->seq != seq || !s->committed || (!s->is_null && !s->batch) || b->len > cap)
             break;
@@ -364,12 +339,9 @@ static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
         zz_put_bytes(b, s->batch, s->is_null ? 0 : s->batch_len);
         count++;
     }
-    if (!b->oom) {
-        for (int i = 0; i < 8; i++)
-            b->p[i] = (uint8_t)(certified >> (56 - 8 * i));
+    if (!b->oom)
         for (int i = 0; i < 4; i++)
             b->p[8 + i] = (uint8_t)(count >> (24 - 8 * i));
-    }
 }
 
 void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
@@ -378,20 +350,15 @@ void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
     zz_buf *b = &r->out;
     zz_buf_reset(b);
     size_t st;
+    if (f->kind == ZZ_FETCH_LOG && zz_xlog_on_fetch(r, conn, m))
+        return; /* external execution: the execution log (xlog.c) */
     if (f->kind == ZZ_FETCH_LOG) {
-        /* Execution replicas (not agreement peers) ask on their own connection, which is
-         * also where committed batches are pushed to them from now on. */
-        if (m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
-            r->zz.exec_conn[m->sender - ZZ_PRINCIPAL_EXEC] = conn;
         encode_log(r, f->seq, &r->out2);
         if (r->out2.oom)
             return;
-        /* The log starts after the stable checkpoint the replier names: the execution one
-         * with external execution, its own otherwise. */
-        st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind,
-                                r->zz.xlog ? r->zz.exec_stable : r->stable,
-                                r->zz.xlog ? r->zz.exec_stable_dig : r->stable_dig, r->out2.p,
-                                (uint32_t)r->out2.len);
+        /* The log starts after the stable checkpoint the replier names. */
+        st = zz_enc_fetch_reply(b, r->conf->service, r->id, f->kind, r->stable, r->stable_dig,
+                                r->out2.p, (uint32_t)r->out2.len);
         zz_end_body(b, st);
         uint32_t to = m->sender;
         zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);

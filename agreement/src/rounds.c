@@ -21,24 +21,6 @@
 
 /* ---- the open round ---- */
 
-/* The woken replica replays the committed log like any execution replica that registers:
- * answer it as if it had just sent FETCH{kind 3, seq 0} on its registered connection. */
-static void serve_log(zz_replica *r, uint32_t i)
-{
-    static const uint8_t null_digest[ZZ_DIGEST_LEN];
-    if (!r->zz.exec_conn[i])
-        return; /* not connected: it registers (and gets the log) once it runs */
-    zz_buf b;
-    zz_buf_init(&b);
-    size_t st = zz_enc_fetch(&b, r->conf->service, ZZ_PRINCIPAL_EXEC + i, ZZ_FETCH_LOG, 0,
-                             null_digest);
-    zz_put_u16(&b, 0); /* an empty MAC vector: this message never leaves the replica */
-    zz_msg m;
-    if (!b.oom && zz_decode(b.p + st, b.len - st, &m) == ZZ_OK)
-        zz_on_fetch(r, r->zz.exec_conn[i], &m);
-    zz_buf_free(&b);
-}
-
 static void try_resolve(zz_replica *r);
 
 static void on_round_tick(void *ctx)
@@ -101,7 +83,7 @@ void zw_open_round(zz_replica *r, uint64_t seq, const uint32_t *awake, uint32_t 
     w->opened_ms = zz_now_ms(r);
     for (uint32_t j = 0; j < n_wake; j++) {
         r->zz.exec_state[wake[j]] = ZZ_EXEC_AWAKE;
-        serve_log(r, wake[j]);
+        zz_xlog_serve(r, wake[j]); /* not connected: gets the log once it registers */
     }
     zw_save_view(r);
     w->resend_timer = zz_net_timer(r->net, WAKE_RESEND_MS, on_round_tick, r);

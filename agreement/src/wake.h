@@ -40,7 +40,7 @@ struct zz_wake {
     candidate cand[WAKE_CANDIDATES];
     zz_frow *rows, *sub;     /* n scratch rows each: decoded statements, an evidence set */
     int links[ZZ_MAX_HOSTS]; /* net link to each host's controld, -1 = none */
-    zz_buf buf;              /* encoder scratch (r->out is reused by zz_on_fetch) */
+    zz_buf buf;              /* encoder scratch (r->out is reused by xlog.c's log serving) */
     /* the open round: a WAKEUP adopted, its SHUTDOWN not yet decided */
     int open;
     uint64_t seq;

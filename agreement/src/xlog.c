@@ -2,7 +2,13 @@
  * matching signed EXEC-CHECKPOINTs, or f+1 matching EXEC-REPORTs carrying its digest; held
  * while its seq may be a fault's), and the committed batches kept from the stable execution
  * checkpoint before it on, served to execution replicas that replay after a restart or a
- * wake-up (ZZ §4.2 step 5, §4.4; docs/design.md §4.3). */
+ * wake-up (ZZ §4.2 step 5, §4.4; docs/design.md §4.3): an execution replica's FETCH for
+ * the log registers its connection (where EXEC-COMMITs are pushed from then on) and is
+ * answered from here (zz_xlog_on_fetch), as is a woken replica at once (zz_xlog_serve).
+ *
+ * Invariants: entries are kept for seq in (xlog_low, last_exec]; a served batch is vouched
+ * (certified_through) only up to the first seq without an execution certificate here, or
+ * one that was flagged or is at or above an open fault round's seq. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -242,4 +248,83 @@ void zz_on_exec_message(zz_replica *r, const zz_msg *m)
     r->st.exec_checkpoints++;
     on_exec_checkpoint(r, m->sender - ZZ_PRINCIPAL_EXEC, m->u.exec_checkpoint.seq,
                        m->u.exec_checkpoint.checkpoint);
+}
+
+/* ---- serving the log (FETCH kind 3) ---- */
+
+/* The execution log above max(from, xlog_low) as u64 certified_through, list<log_entry>
+ * (docs/wire.md), capped so one reply stays far below ZZ_MAX_MSG; the requester asks again
+ * from where it ends. certified_through vouches that the listed batches up to it hold
+ * execution certificates here, so a replaying replica may skip their read-only requests
+ * (ZZ §4.7.2) and does not report them; 0 vouches for none. */
+static void encode_log(zz_replica *r, uint64_t from, zz_buf *b)
+{
+    static const size_t cap = 4u << 20;
+    zz_buf_reset(b);
+    zz_put_u64(b, 0);
+    zz_put_u32(b, 0);
+    uint32_t count = 0;
+    uint64_t certified = 0;
+    int gap = 0;
+    const uint64_t round = zz_fault_round_seq(r);
+    const uint64_t low = from > r->zz.xlog_low ? from : r->zz.xlog_low;
+    for (uint64_t seq = low + 1; seq <= r->last_exec; seq++) {
+        const zz_xlog_entry *e = zz_xlog_get(r, seq);
+        if (!e || b->len > cap)
+            break;
+        /* Not vouched: a seq that was suspected (flagged) or an open fault round's.
+         * The woken replicas must run it in full and report it, or the round waits for
+         * their reports until its timeout (a read skipped changes the reply digest). */
+        const zz_report_rec *k = zz_detect_record(r, seq);
+        gap |= !k || !k->certified || k->flagged || (round && seq >= round);
+        if (!gap)
+            certified = seq;
+        zz_put_u64(b, seq);
+        zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
+        zz_put_bytes(b, e->batch, e->batch_len);
+        count++;
+    }
+    if (!b->oom) {
+        for (int i = 0; i < 8; i++)
+            b->p[i] = (uint8_t)(certified >> (56 - 8 * i));
+        for (int i = 0; i < 4; i++)
+            b->p[8 + i] = (uint8_t)(count >> (24 - 8 * i));
+    }
+}
+
+/* FETCH-REPLY{kind 3} with the log above `from` to principal `to` on conn. The log starts
+ * after the stable execution checkpoint, which the reply names. */
+static void send_log(zz_replica *r, zz_conn *conn, uint32_t to, uint64_t from)
+{
+    zz_buf *b = &r->out;
+    zz_buf_reset(b);
+    encode_log(r, from, &r->out2);
+    if (r->out2.oom)
+        return;
+    size_t st = zz_enc_fetch_reply(b, r->conf->service, r->id, ZZ_FETCH_LOG, r->zz.exec_stable,
+                                   r->zz.exec_stable_dig, r->out2.p, (uint32_t)r->out2.len);
+    zz_end_body(b, st);
+    zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);
+    zz_auth_mac(b, st, &to, &k, 1);
+    if (!b->oom && conn && r->conf->byzantine != ZZ_BYZ_SILENT)
+        zz_net_send_conn(r->net, conn, b->p + st, b->len - st);
+    r->st.fetches_served++;
+}
+
+int zz_xlog_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
+{
+    if (!r->zz.xlog)
+        return 0;
+    /* Execution replicas (not agreement peers) ask on their own connection, which is also
+     * where committed batches are pushed to them from now on. */
+    if (m->sender >= ZZ_PRINCIPAL_EXEC && m->sender < ZZ_PRINCIPAL_EXEC + ZZ_MAX_EXEC)
+        r->zz.exec_conn[m->sender - ZZ_PRINCIPAL_EXEC] = conn;
+    send_log(r, conn, m->sender, m->u.fetch.seq);
+    return 1;
+}
+
+void zz_xlog_serve(zz_replica *r, uint32_t i)
+{
+    if (r->zz.xlog && i < ZZ_MAX_EXEC && r->zz.exec_conn[i])
+        send_log(r, r->zz.exec_conn[i], ZZ_PRINCIPAL_EXEC + i, 0);
 }

@@ -112,9 +112,9 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m); /* verifies the controld
 void zz_exec_auth_failed(zz_replica *r, const zz_msg *m);
 void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
 
-/* serving the execution log (checkpoint.c's FETCH) */
-uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
-const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
-zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
+/* A FETCH for the log (kind 3): with external execution xlog.c answers it from the
+ * execution log and registers an execution replica's connection (1); 0 = not external,
+ * checkpoint.c serves its own committed log. */
+int zz_xlog_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m);
 
 #endif

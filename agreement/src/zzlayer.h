@@ -10,6 +10,10 @@
 #include "replica.h"
 
 /* xlog.c */
+const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
+/* Send the execution log from the stable execution checkpoint on to execution replica i on
+ * its registered connection (a woken replica replays it); nothing if it is not connected. */
+void zz_xlog_serve(zz_replica *r, uint32_t i);
 void zz_xlog_append(zz_replica *r, const zz_slot *s);
 /* Per-sender EXEC-CHECKPOINT votes (pure): store seq/dig in one sender's ZZ_XCKPT_VOTES
  * votes, replacing its vote for seq, an empty one or one at or below `low`, else its lowest
@@ -21,6 +25,7 @@ void zz_xlog_release_held(zz_replica *r); /* a suspected fault settled */
 void zz_xlog_report_certified(zz_replica *r, uint64_t seq, const uint8_t *refs, uint32_t nrefs);
 
 /* exec_view.c, statements.c, rounds.c (wake.h) */
+uint64_t zz_fault_round_seq(const zz_replica *r); /* the open fault round's seq, 0 = none */
 int zz_exec_counts(const zz_replica *r, uint32_t i); /* awake, or no exec lines at all */
 void zz_wake_on_flag(zz_replica *r, zz_report_rec *k);        /* detect.c flagged k->seq */
 void zz_wake_on_certified(zz_replica *r, zz_report_rec *k);   /* false-fault test mode */
@@ -29,6 +34,7 @@ void zz_wake_on_report(zz_replica *r, zz_report_rec *k); /* a report for k->seq 
 int zz_wake_on_lost_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest);
 
 /* detect.c */
+zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq); /* NULL if not held */
 void zz_detect_dispatched(zz_replica *r, uint64_t seq);
 void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *digest,
                       const uint8_t *refs, uint32_t nrefs);
