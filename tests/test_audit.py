@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import struct
 from pathlib import Path
@@ -307,6 +308,21 @@ async def test_controld_logs_every_certificate_and_zz_audit_tells_the_story(
     order = [story.index(w) for w in ("REFUSED (bad-signature", "wake x2", "convict x1",
                                        "SPARE-READY x1")]  # fmt: skip
     assert order == sorted(order), story
+    # --json: the same walk and story as documents (issue 17 item 3).
+    rc, out = _cli("audit", "verify", str(rack.path), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"] and doc["errors"] == 0 and len(doc["logs"]) == 2, doc
+    events = [ev for lg in doc["logs"] for ev in lg["events"]]
+    woke = [ev for ev in events if ev["kind"] == "wakeup"]
+    assert woke[0]["header"]["wake"] == [2] and woke[0]["service"] == "web", woke
+    assert any(ln.startswith("convicted web/1") for ev in events for ln in ev["lines"]), events
+    rc, out = _cli("audit", "show", str(rack.path), "--service", "web", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["service"]["name"] == "web", doc
+    kinds = [(e["kind"], e["verdict"], e["hosts"]) for e in doc["entries"] if e["seq"] == 7]
+    assert ("shutdown-certificate", "acted", ["h2", "h0"]) in kinds, kinds
+    rc, out = _cli("audit", "verify", str(rack.path), "-q")
+    assert (rc, out) == (0, "")
 
     # Tampered afterwards: verify fails naming the entry.
     p = rack.config.rack.run_dir / "controld" / "h2" / "audit.log"

@@ -113,6 +113,40 @@ def test_without_matplotlib_the_report_says_how_to_get_plots(
     assert (tmp_path / "timeline.png").read_bytes().startswith(rp.PNG_MAGIC)
 
 
+def test_drill_cli_json_and_quiet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`zz drill --json` prints the report as JSON (progress on stderr); -q prints nothing;
+    the exit code is the verdict (0 PASS, 1 FAIL)."""
+    from zz import cli
+    from zz.drill import runner
+
+    config = load(write_rack(tmp_path))
+    out = tmp_path / "out"
+
+    def fake_run(cfg: Config, args: argparse.Namespace, progress: drill.Progress) -> tuple:
+        progress("load: 4 kv clients")
+        r = rp.DrillReport(args.kind, cfg.rack.name, "kv0", 0.0, result=result)
+        r.convicted = ["h1: convicted kv0/1 destroyed"]
+        rp.write(r, out)
+        return r, out
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    for result, code in (("PASS", 0), ("FAIL", 1)):
+        assert cli.main(["drill", "crash", str(config.path), "--json"]) == code
+        got = capsys.readouterr()
+        doc = json.loads(got.out)
+        assert doc["result"] == result and doc["report"]["convicted"] == [
+            "h1: convicted kv0/1 destroyed"
+        ]
+        assert doc["report_json"] == str(out / "report.json")
+        assert doc["timeline_png"] == str(out / "timeline.png")
+        assert got.err == "load: 4 kv clients\n"
+    assert cli.main(["drill", "crash", str(config.path), "-q"]) == 1
+    got = capsys.readouterr()
+    assert got.out == "" and got.err == ""
+
+
 def test_a_kv_drill_refuses_without_the_checker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

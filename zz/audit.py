@@ -636,9 +636,11 @@ def load_hosts(config: Config, host: str | None = None, path: Path | None = None
     return out
 
 
-def story(logs: Sequence[HostLog], service: Service) -> list[str]:
-    """The service's certificates in time order across hosts, grouped by round: a
-    certificate several controlds logged alike is one line naming every host."""
+def story_entries(
+    logs: Sequence[HostLog], service: Service
+) -> list[tuple[float, list[str], Entry]]:
+    """The service's entries in time order across hosts: (time, hosts, entry), a
+    certificate several controlds logged alike once, naming every host."""
     rows: list[tuple[float, str, Entry]] = []
     for hl in logs:
         for e in hl.scan.entries:
@@ -663,9 +665,15 @@ def story(logs: Sequence[HostLog], service: Service) -> list[str]:
             continue
         seen[key] = len(merged)
         merged.append((t, [host], e))
+    return merged
+
+
+def story(logs: Sequence[HostLog], service: Service) -> list[str]:
+    """The service's certificates in time order across hosts, grouped by round: a
+    certificate several controlds logged alike is one line naming every host."""
     out: list[str] = []
     last_round: object = None
-    for t, hosts, e in merged:
+    for t, hosts, e in story_entries(logs, service):
         seq = e.header.get("seq")
         if seq != last_round and seq is not None:
             out.append(f"round seq {seq}:" if seq else "seq 0 (no round: provisioning):")
@@ -684,6 +692,97 @@ def _service_name(trust: Trust, sid: object) -> str:
     return svc.name if svc is not None else f"service {sid}"
 
 
+@dataclass
+class LogCheck:
+    """One log file as `zz audit verify` walked it, and what it shows was acted on."""
+
+    host: str
+    path: Path
+    entries: int
+    intact: bool
+    head: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class VerifyResult:
+    logs: list[LogCheck]
+    findings: list[Finding]
+    tally: dict[str, int]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.level == "error" for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.level == "warning" for f in self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": not self.errors,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "entries": sum(x.entries for x in self.logs),
+            "tally": dict(sorted(self.tally.items())),
+            "logs": [
+                {"host": x.host, "path": str(x.path), "entries": x.entries,
+                 "chain_intact": x.intact, "head": x.head, "events": x.events}  # fmt: skip
+                for x in self.logs
+            ],
+            "findings": [vars(f) for f in self.findings],
+        }
+
+
+def verify_logs(config: Config, logs: Sequence[HostLog]) -> VerifyResult:
+    """Walk each log's chain, verify every certificate again with the rack's keys, and
+    collect who was woken and convicted (`events`, per log: each acted-on WAKEUP and
+    SHUTDOWN certificate, each action that woke or convicted)."""
+    trust = Trust(config)
+    result = VerifyResult([], [], {})
+    for hl in logs:
+        sc, at = hl.scan, f"{hl.host} {hl.path}"
+        check = LogCheck(hl.host, hl.path, len(sc.entries), sc.error is None, sc.head.hex()[:16])
+        result.logs.append(check)
+        if sc.error is not None:
+            result.findings.append(
+                Finding("error", at, f"{sc.error}; nothing from there on is trusted")
+            )
+        if sc.torn is not None:
+            t = sc.torn
+            text = (
+                f"torn tail: {t.length} bytes at offset {t.offset} are no entry (a crash"
+                " mid-append; controld cuts it off at its next start)"
+            )
+            result.findings.append(Finding("warning", at, text))
+        if hl.path.name != FILE_NAME:
+            text = "a log controld set aside because its chain did not verify"
+            result.findings.append(Finding("error", at, text))
+        result.findings += verify(sc.entries, trust, f"{hl.host} {hl.path.name}")
+        for e in sc.entries:
+            key = f"{e.kind} {e.verdict}".strip()
+            result.tally[key] = result.tally.get(key, 0) + 1
+            base = {"n": e.n, "time": e.time, "kind": e.kind, "verdict": e.verdict}
+            if (e.kind, e.verdict) in {("wakeup", "acted"), ("shutdown-certificate", "acted")}:
+                sid = e.header.get("service")
+                check.events.append(
+                    {**base, "service": _service_name(trust, sid), "lines": describe(e),
+                     "header": e.header}  # fmt: skip
+                )
+            elif e.kind == "action":
+                lines = [str(x) for x in e.header.get("lines", [])]
+                acted = [x for x in lines if x.startswith(("woke ", "convicted "))]
+                if acted:
+                    check.events.append({**base, "lines": acted, "header": e.header})
+    return result
+
+
+def _no_log(config: Config, host: str | None, path: Path | None) -> str:
+    hosts = [h.name for h in config.hosts if host in (None, h.name)]
+    where = [str(path)] if path else [str(log_paths(config, h)[0]) for h in hosts]
+    return f"no audit log ({', '.join(where)})"
+
+
 def verify_command(
     config: Config,
     host: str | None = None,
@@ -695,54 +794,40 @@ def verify_command(
     (a broken chain, an entry logged as accepted that does not verify, no log at all)."""
     logs = load_hosts(config, host, path)
     if not logs:
-        hosts = [h.name for h in config.hosts if host in (None, h.name)]
-        where = [str(path)] if path else [str(log_paths(config, h)[0]) for h in hosts]
-        out(f"error: no audit log ({', '.join(where)})")
+        out(f"error: {_no_log(config, host, path)}")
         return 1
-    trust = Trust(config)
-    findings: list[Finding] = []
-    tally: dict[str, int] = {}
-    for hl in logs:
-        sc, at = hl.scan, f"{hl.host} {hl.path}"
-        state = "chain intact" if sc.error is None else "CHAIN BROKEN"
-        out(f"{at}: {len(sc.entries)} entries, {state}, head {sc.head.hex()[:16]}")
-        if sc.error is not None:
-            findings.append(Finding("error", at, f"{sc.error}; nothing from there on is trusted"))
-        if sc.torn is not None:
-            t = sc.torn
-            text = (
-                f"torn tail: {t.length} bytes at offset {t.offset} are no entry (a crash"
-                " mid-append; controld cuts it off at its next start)"
-            )
-            findings.append(Finding("warning", at, text))
-        if hl.path.name != FILE_NAME:
-            text = "a log controld set aside because its chain did not verify"
-            findings.append(Finding("error", at, text))
-        findings += verify(sc.entries, trust, f"{hl.host} {hl.path.name}")
-        for e in sc.entries:
-            tally[f"{e.kind} {e.verdict}".strip()] = (
-                tally.get(f"{e.kind} {e.verdict}".strip(), 0) + 1
-            )
-            if (e.kind, e.verdict) in {("wakeup", "acted"), ("shutdown-certificate", "acted")}:
-                first, *rest = describe(e)
-                name = _service_name(trust, e.header.get("service"))
-                out(f"  #{e.n} {_clock(e.time)} {name}: {first}")
-                for x in rest:
-                    out(f"      {x}")
-            elif e.kind == "action":
-                for line in e.header.get("lines", []):
-                    if str(line).startswith(("woke ", "convicted ")):
-                        out(f"  #{e.n} {_clock(e.time)}   -> {line}")
-    for f in findings:
+    result = verify_logs(config, logs)
+    for check in result.logs:
+        state = "chain intact" if check.intact else "CHAIN BROKEN"
+        out(f"{check.host} {check.path}: {check.entries} entries, {state}, head {check.head}")
+        for ev in check.events:
+            if ev["kind"] == "action":
+                for line in ev["lines"]:
+                    out(f"  #{ev['n']} {_clock(ev['time'])}   -> {line}")
+                continue
+            first, *rest = ev["lines"]
+            out(f"  #{ev['n']} {_clock(ev['time'])} {ev['service']}: {first}")
+            for x in rest:
+                out(f"      {x}")
+    for f in result.findings:
         out(str(f))
-    errors = sum(f.level == "error" for f in findings)
-    warnings = sum(f.level == "warning" for f in findings)
-    total = sum(len(hl.scan.entries) for hl in logs)
-    counts = ", ".join(f"{k}: {v}" for k, v in sorted(tally.items()))
-    verdict = "FAILED" if errors else "ok"
+    total = sum(x.entries for x in result.logs)
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.tally.items()))
+    verdict = "FAILED" if result.errors else "ok"
     out(f"{verdict}: {len(logs)} log(s), {total} entries ({counts});"
-        f" {errors} error(s), {warnings} warning(s)")  # fmt: skip
-    return 1 if errors else 0
+        f" {result.errors} error(s), {result.warnings} warning(s)")  # fmt: skip
+    return 1 if result.errors else 0
+
+
+def verify_json(
+    config: Config, host: str | None = None, path: Path | None = None
+) -> tuple[dict[str, Any], int]:
+    """`zz audit verify --json`: the same walk as a document, and the exit code."""
+    logs = load_hosts(config, host, path)
+    if not logs:
+        return {"ok": False, "error": _no_log(config, host, path), "logs": []}, 1
+    result = verify_logs(config, logs)
+    return result.to_json(), 1 if result.errors else 0
 
 
 def show_command(
@@ -768,3 +853,29 @@ def show_command(
     for line in lines or ["  nothing logged"]:
         out(line)
     return 0
+
+
+def show_json(
+    config: Config, service: str, host: str | None = None, path: Path | None = None
+) -> tuple[dict[str, Any], int]:
+    """`zz audit show --json`: the service's entries in time order, each with the hosts
+    that logged it, its round (seq), its header and the same words as the text."""
+    svc = config.service(service)
+    logs = load_hosts(config, host, path)
+    doc: dict[str, Any] = {
+        "service": {"name": svc.name, "id": svc.id, "f": svc.f, "g": svc.g},
+        "logs": [
+            {"host": hl.host, "path": str(hl.path), "error": hl.scan.error,
+             "torn_at": hl.scan.torn.offset if hl.scan.torn else None}  # fmt: skip
+            for hl in logs
+        ],
+        "entries": [
+            {"time": t, "hosts": hosts, "n": e.n, "kind": e.kind, "verdict": e.verdict,
+             "seq": e.header.get("seq"), "lines": describe(e), "header": e.header}  # fmt: skip
+            for t, hosts, e in story_entries(logs, svc)
+        ],
+    }
+    if not logs:
+        doc["error"] = "no audit log"
+        return doc, 1
+    return doc, 0

@@ -1,14 +1,28 @@
 # zz/cli.py - the `zz` command line: keys, rack render/plan, client, proxy, status.
 # Thin argparse layer: every command is a library call so tests and scripts share the code.
+# PYTHON_ARGCOMPLETE_OK (argcomplete: `eval "$(register-python-argcomplete zz)"`)
+"""The `zz` command (docs/operations.md "The zz command").
+
+Exit codes: 0 success (`zz status`: healthy), 1 failure (`zz status`: degraded; a drill
+that fails; a rack down that had to kill), 2 usage or config error (`zz status`: the rack
+is not running), 130 Ctrl-C, 141 stdout closed under us (`zz status | head -1`).
+Every command takes -q (nothing on stdout but what --json asks for; errors still on
+stderr) and -v (more: status adds each controld's metrics URL and last log lines; logs
+at INFO, -vv DEBUG; an error shows its traceback)."""
+
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import logging
 import os
+import select
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from zz import __version__, keys, placement, render
 from zz.client import Client, ClientParams, ClientTimeout
@@ -24,7 +38,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         return 1
     n = sum(s.n + s.exec_replicas + s.clients for s in config.services)
     n += len(config.hosts) + 1  # s0: one controld per host and operator 0
-    print(f"wrote keys for {n} principals in {len(config.services)} services to {out}")
+    _out(args, f"wrote keys for {n} principals in {len(config.services)} services to {out}")
     return 0
 
 
@@ -33,8 +47,30 @@ def _cmd_render(args: argparse.Namespace) -> int:
     services = [config.service(s) for s in args.service] if args.service else config.services
     for s in services:
         for p in render.render_service(config, s):
-            print(p)
+            _out(args, str(p))
     return 0
+
+
+# ---- output: -q, -v, --json --------------------------------------------------------------
+USAGE, INTERRUPTED, BROKEN_PIPE = 2, 130, 141
+
+
+def _out(args: argparse.Namespace, text: str) -> None:
+    """A result line on stdout, unless -q."""
+    if not args.quiet:
+        print(text, flush=True)
+
+
+def _json(doc: Any) -> None:
+    print(json.dumps(doc, indent=1, default=str), flush=True)
+
+
+def _progress_of(args: argparse.Namespace) -> Callable[[str], None]:
+    """Progress lines: stdout, or stderr when stdout carries --json; none with -q."""
+    if args.quiet:
+        return lambda _line: None
+    stream = sys.stderr if getattr(args, "json", False) else sys.stdout
+    return lambda line: print(line, file=stream, flush=True)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -44,8 +80,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except placement.PlacementError as e:
         for reason in e.reasons:
             print(f"zz rack plan: {reason}", file=sys.stderr)
+        if args.json:
+            _json({"rack": config.rack.name, "ok": False, "reasons": e.reasons})
         return 2
-    sys.stdout.write(placement.format_plan(p))
+    if args.json:
+        _json(placement.plan_json(p))
+    elif not args.quiet:
+        sys.stdout.write(placement.format_plan(p))
     return 0
 
 
@@ -113,25 +154,36 @@ def _cmd_rack_up(args: argparse.Namespace) -> int:
 
     config = load(args.config)
     t0 = time.monotonic()
+    overrides = dict(_key_value(kv) for kv in args.set or [])
     try:
-        overrides = dict(_key_value(kv) for kv in args.set or [])
         state = rackctl.up(
             config,
             backend=args.backend,
             store=args.store,
-            progress=_progress,
+            progress=_progress_of(args),
             overrides=overrides,
         )
     except rackctl.AlreadyUp as e:
         print(f"zz rack up: {e}", file=sys.stderr)
+        if args.json:
+            old = rackctl.load_state(config)
+            _json({"rack": config.rack.name, "ok": True, "already_up": True, "message": str(e),
+                   "state_file": str(rackctl.state_path(config)),
+                   "state": old.to_json() if old else None})  # fmt: skip
         return 0
     except (rackctl.RackError, OSError) as e:
         print(f"zz rack up: {e}", file=sys.stderr)
         return 1
-    print(rackctl.format_state(state))
     took = time.monotonic() - t0
-    print(f"rack {config.rack.name!r} up in {took:.1f} s; state in {rackctl.state_path(config)}")
-    print(f"`zz rack down {args.config}` stops it")
+    if args.json:
+        _json({"rack": config.rack.name, "ok": True, "already_up": False,
+               "took_s": round(took, 1), "state_file": str(rackctl.state_path(config)),
+               "state": state.to_json()})  # fmt: skip
+        return 0
+    _out(args, rackctl.format_state(state))
+    _out(args, f"rack {config.rack.name!r} up in {took:.1f} s;"
+               f" state in {rackctl.state_path(config)}")  # fmt: skip
+    _out(args, f"`zz rack down {args.config}` stops it")
     return 0
 
 
@@ -145,18 +197,21 @@ def _key_value(text: str) -> tuple[str, int | str]:
 def _cmd_rack_down(args: argparse.Namespace) -> int:
     from zz import rackctl
 
+    config = load(args.config)
     try:
-        report = rackctl.down(load(args.config), progress=_progress)
+        report = rackctl.down(config, progress=_progress_of(args))
     except (rackctl.RackError, OSError) as e:
         print(f"zz rack down: {e}", file=sys.stderr)
         return 1
+    if args.json:
+        _json({"rack": config.rack.name, "clean": report.clean, **vars(report)})
     return 0 if report.clean else 1
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
     from zz import drill
 
-    return drill.main_cli(args, _progress)
+    return drill.main_cli(args, _progress_of(args))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -173,41 +228,89 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([*cmd, *args.args], cwd=REPO)
 
 
-def _progress(line: str) -> None:
-    print(line, flush=True)
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
-    from zz.status import format_rows, rack_status, status_json
+    """Exit 0 healthy, 1 degraded, 2 not running (zz/status.py `assess`)."""
+    from zz import rackctl
+    from zz import status as st
 
     config = load(args.config)
-    rows = rack_status(config, stale_after=args.stale_after)
+    controlds = rackctl.controld_statuses(config, timeout=args.timeout)
+    alive, recorded = rackctl.recorded(config)
+    rows = st.rack_status(config, args.stale_after, controlds, rackctl.down_time(config))
+    health = st.assess(config, rows, controlds, recorded_alive=alive)
     if args.json:
-        import json
-
-        print(json.dumps(status_json(config, rows), indent=1))
-        return 0
-    print(format_rows(rows))
-    return 0
+        _json(st.status_document(config, rows, controlds, health, recorded))
+    elif not args.quiet:
+        print(st.format_status(config, rows, controlds, health, args.stale_after, args.verbose))
+    return health.code
 
 
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
     from zz import audit
 
-    return audit.verify_command(load(args.config), host=args.host, path=args.log)
+    config = load(args.config)
+    if args.json:
+        doc, rc = audit.verify_json(config, host=args.host, path=args.log)
+        _json(doc)
+        return rc
+    out = (lambda _line: None) if args.quiet else print
+    return audit.verify_command(config, host=args.host, path=args.log, out=out)
 
 
 def _cmd_audit_show(args: argparse.Namespace) -> int:
     from zz import audit
 
-    return audit.show_command(load(args.config), args.service, host=args.host, path=args.log)
+    config = load(args.config)
+    if args.json:
+        doc, rc = audit.show_json(config, args.service, host=args.host, path=args.log)
+        _json(doc)
+        return rc
+    out = (lambda _line: None) if args.quiet else print
+    return audit.show_command(config, args.service, host=args.host, path=args.log, out=out)
+
+
+def _verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
+    """-q and -v, before the command (`zz -q status`) or after it (`zz status -q`): on the
+    subcommands they default to SUPPRESS, so they do not undo what was given before."""
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="nothing on stdout but what --json asks for; the exit code tells",
+        **kw,
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="more detail (status: metrics URLs, controlds' last log lines); repeatable",
+        **({"default": 0} if top else kw),
+    )
+
+
+def _json_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every subcommand parser gets -q/-v (see _verbosity)."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        if self.prog != "zz":
+            _verbosity(self, top=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="zz",
         description="ZZ: Byzantine-fault-tolerant hosting control plane.",
+        epilog="Exit codes: 0 success (status: healthy), 1 failure (status: degraded),"
+        " 2 usage or config error (status: rack not running), 130 interrupted."
+        ' Shell completion: eval "$(register-python-argcomplete zz)".',
     )
+    _verbosity(ap, top=True)
     ap.add_argument("--version", action="version", version=f"zz {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -239,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         "host x service table with the load per host. Exit 2 if the rack cannot.",
     )
     pl.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    _json_flag(pl, "the hosts with their replicas and every replica's host and port")
     pl.set_defaults(func=_cmd_plan)
     ru = rsub.add_parser(
         "up",
@@ -267,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="replica-file setting for every zz-agreed (e.g. detect_floor_ms=500); repeatable",
     )
+    _json_flag(ru, "the recorded rack (run/rack.json); progress goes to stderr")
     ru.set_defaults(func=_cmd_rack_up)
     rd = rsub.add_parser(
         "down",
@@ -276,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         " the rack's ZFS pools. Exit 1 if something had to be killed.",
     )
     rd.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    _json_flag(rd, "what was stopped, killed and destroyed")
     rd.set_defaults(func=_cmd_rack_down)
 
     from zz.drill import KINDS, add_arguments
@@ -288,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         " Kinds: " + ", ".join(KINDS) + ".",
     )
     add_arguments(dr)
+    _json_flag(dr, "the report (report.json's content and its paths); progress goes to stderr")
     dr.set_defaults(func=_cmd_drill)
 
     be = sub.add_parser(
@@ -363,13 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser(
         "status",
-        help="every replica's role, host, state, checkpoint and faults",
+        help="every replica's role, host, state, checkpoint and faults; exit 0/1/2",
         description="Read the stats files the replicas rewrite every second (run_dir of the"
-        " rack config) and print one line per replica: role (primary/backup, active/sleeping),"
-        " host, state (up, down = no fresh stats, view change, or the spare's sleep mode),"
-        " checkpoint (agreement: stable seq; execution: stable/last) and faults seen.",
+        " rack config), ask every host's controld for its status, and print one line per"
+        " replica: role (primary/backup, active/sleeping), host, state (up, down = no fresh"
+        " stats, view change, or a spare's state in its controld), checkpoint (agreement:"
+        " stable seq; execution: stable/last) and faults seen; one line per controld; then"
+        " the verdict. Exit 0 healthy, 1 degraded (a replica down, a spare missing, a"
+        " controld not answering), 2 not running.",
     )
-    st.add_argument("config", help="rack config (TOML)")
+    st.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     st.add_argument(
         "--stale-after",
         type=float,
@@ -377,9 +487,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which a stats file counts as a dead replica (default 5)",
     )
     st.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for each controld's answer (default 3)",
+    )
+    st.add_argument(
         "--json",
         action="store_true",
-        help="print JSON: the replicas, and each host's controld with its metrics URL",
+        help="print JSON: the verdict and its problems, the replicas, each controld's answer"
+        " and each host's metrics URL (docs/operations.md)",
     )
     st.set_defaults(func=_cmd_status)
 
@@ -410,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
         a.add_argument("--host", help="only this host's log")
         a.add_argument("--log", type=Path, help="read this file (a copied audit.log) instead")
+        _json_flag(a, "the entries and findings")
     ash.add_argument("--service", required=True, help="service name or id")
     av.set_defaults(func=_cmd_audit_verify)
     ash.set_defaults(func=_cmd_audit_show)
@@ -433,16 +551,98 @@ def _cmd_controld(args: argparse.Namespace) -> int:
     return controld_main(args.args)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _complete(
+    parser: argparse.ArgumentParser,
+    output_stream: Any = None,
+    exit_method: Callable[[int], Any] = os._exit,
+) -> None:
+    """Shell completion (argcomplete): acts only when the shell's completion hook runs
+    `zz` (_ARGCOMPLETE set), prints the candidates and exits; else returns at once. A
+    rack config argument completes *.toml files."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    import argcomplete
+    from argcomplete.completers import FilesCompleter
+
+    toml = FilesCompleter(allowednames=("toml",), directories=True)
+    todo = [parser]
+    while todo:
+        p = todo.pop()
+        for action in p._actions:
+            if action.dest == "config":
+                action.completer = toml  # type: ignore[attr-defined]
+            if isinstance(action, argparse._SubParsersAction):
+                todo += list(action.choices.values())
+    argcomplete.autocomplete(
+        parser,
+        always_complete_options=False,  # options once a "-" is typed
+        output_stream=output_stream,
+        exit_method=exit_method,
+    )
+
+
+def _stdout_broken() -> bool:
+    """stdout is a pipe whose reader has gone (`zz status | head -1`)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush finds nothing to fail on."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _run(argv: list[str]) -> int:
     if argv[:1] == ["controld"]:  # its options (--help, --config) are controld's own
         return _cmd_controld(argparse.Namespace(args=argv[1:]))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _complete(parser)
+    args = parser.parse_args(argv)  # a usage error exits 2 (argparse)
+    if args.verbose:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+            stream=sys.stderr,
+        )
     try:
         return int(args.func(args))
-    except (ConfigError, keys.KeyFileError, ValueError) as e:
+    except (ConfigError, ValueError) as e:
+        # The config or an argument is wrong: a usage error.
+        if args.verbose:
+            logging.exception("zz")
+        print(f"zz: {e}", file=sys.stderr)
+        return USAGE
+    except keys.KeyFileError as e:
+        if args.verbose:
+            logging.exception("zz")
         print(f"zz: {e}", file=sys.stderr)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `zz` entry point: the command's exit code; Ctrl-C and a closed stdout end it
+    quietly (130, 141) instead of with a traceback."""
+    try:
+        rc = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return rc
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the ^C was echoed on
+        return INTERRUPTED
+    except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # a socket, not our stdout: a real error
+        _silence_stdout()
+        return BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from zz.config import Config, Host, Service
 
@@ -177,3 +178,40 @@ def format_plan(p: Plan) -> str:
     out.append("active execution replicas: " + _spread([x.active for x in loads]))
     out.append("sleeping execution replicas: " + _spread([x.sleeping for x in loads]))
     return "\n".join(out) + "\n"
+
+
+def plan_json(p: Plan) -> dict[str, Any]:
+    """`zz rack plan --json`: every host with its replicas and load, and every replica
+    with its host, port and state at bring-up."""
+    config = p.config
+    hosts = []
+    for h, load in zip(config.hosts, p.loads(), strict=True):
+        mine = [s for s in p.slots if s.host.index == h.index]
+        hosts.append(
+            {
+                "name": h.name,
+                "address": h.address,
+                "agreement": load.agreement,
+                "active": load.active,
+                "sleeping": load.sleeping,
+                "replicas": [f"{s.service.name}/{s.label}" for s in mine],
+            }
+        )
+    replicas = []
+    for s in p.slots:
+        if s.kind == AGREEMENT:
+            port = config.replica_address(s.service, s.replica)[1]
+        else:
+            port = s.service.exec_address(config, s.replica)[1]
+        replicas.append(
+            {
+                "service": s.service.name,
+                "kind": s.kind,
+                "replica": s.replica,
+                "host": s.host.name,
+                "address": s.host.address,
+                "port": port,
+                "state": s.state,
+            }
+        )
+    return {"rack": config.rack.name, "ok": True, "hosts": hosts, "replicas": replicas}

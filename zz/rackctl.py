@@ -45,6 +45,9 @@ from zz.naming import domain_name
 from zz.procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
 
 STATE_NAME = "rack.json"
+# Written by `down` (the time it finished): a replica's stats file older than that is from
+# the rack that went down, not a sign of one running (zz status).
+DOWN_NAME = "rack.down"
 BACKENDS = ("process", "libvirt")
 STORES = ("dir", "zfs")
 ZFS_POOL_SIZE = 256 << 20  # zfs-fuse refuses vdevs under 64 MiB; sparse file
@@ -201,6 +204,14 @@ def _remove_each(
 
 def state_path(config: Config) -> Path:
     return config.rack.run_dir / STATE_NAME
+
+
+def down_time(config: Config) -> float:
+    """When `down` last finished (time.time()), 0.0 if it never did or `up` ran since."""
+    try:
+        return float((config.rack.run_dir / DOWN_NAME).read_text().strip())
+    except (OSError, ValueError):
+        return 0.0
 
 
 def load_state(config: Config) -> RackState | None:
@@ -370,6 +381,48 @@ async def operator_call(
     )
 
 
+def controld_statuses(config: Config, timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
+    """Every host's controld asked for its `status` at once (`zz status`): host name -> the
+    reply, or why there is none (refused, timed out, a refusal, no operator key)."""
+
+    async def one(h: Host) -> tuple[str, dict[str, Any] | str]:
+        try:
+            reply = await asyncio.wait_for(operator_call(config, h, {"op": "status"}, timeout),
+                                           timeout + 1)  # fmt: skip
+        except Exception as e:  # whatever it is, this controld did not answer
+            return h.name, str(e) or type(e).__name__
+        if not reply.get("ok", False):
+            return h.name, f"refused: {reply.get('error', reply)}"
+        return h.name, reply
+
+    async def run() -> dict[str, dict[str, Any] | str]:
+        return dict(await asyncio.gather(*(one(h) for h in config.hosts)))
+
+    return asyncio.run(run())
+
+
+def recorded(config: Config) -> tuple[bool, dict[str, Any] | None]:
+    """Whether a process run/rack.json records is alive, and a summary of that file (None
+    when there is none) for `zz status --json`."""
+    try:
+        state = load_state(config)
+    except RackError as e:
+        return False, {"state_file": str(state_path(config)), "error": str(e)}
+    if state is None:
+        return False, None
+    alive = state.alive()
+    return bool(alive), {
+        "state_file": str(state_path(config)),
+        "backend": state.backend,
+        "store": state.store,
+        "started_at": state.started_at,
+        "complete": state.complete,
+        "processes": len(state.procs),
+        "alive": len(alive),
+        "dead": sorted(p.name for p in state.procs if not p.alive()),
+    }
+
+
 def _wait_linked(config: Config, progress: Progress, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for s in config.services:
@@ -443,6 +496,7 @@ def up(
         out = keys.generate(config)
         progress(f"keys generated in {out}")
     _remove_exec_state(config)
+    (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
     state = RackState(config.rack.name, str(config.path), backend, store, time.time())
     state.overrides = dict(overrides or {})
     _save_state(config, state)
@@ -704,6 +758,8 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
         ]
     todo.append((remove_file, state_path(config)))
     _remove_each(todo, run, report)
+    if run.is_dir():
+        write_atomic(run / DOWN_NAME, f"{time.time():.3f}\n")
     for why in report.refused:
         progress(f"rack {config.rack.name!r}: {why}")
     if report.nothing and not (report.leftovers or report.domains):

@@ -1,42 +1,60 @@
 # zz/status.py - `zz status`: every service's replicas, role, host, state, checkpoints and
-# recent faults, read from the files the daemons rewrite every second (no extra RPC).
-"""Rack status from the replicas' own stats files.
+# recent faults from the files the daemons rewrite every second, each host's controld from
+# its `status` RPC, and whether the rack is healthy, degraded or not running.
+"""Rack status from the replicas' own stats files and the controlds' answers.
 
 Agreement replicas write ``run/s<id>/agreed-<r>.stats.json`` (zz-agreed, docs/agreement.md),
 execution replicas ``run/s<id>/exec-<i>.status.json`` (docs/execution.md). A file older
 than `stale_after` seconds means the process is not running (or hung): shown as ``down``.
 Execution roles (active, sleeping, convicted) come from the agreement replicas' view of them
-(``exec_awake``/``exec_sleeping``/``exec_convicted`` in their stats), else from the plan.
+(``exec_awake``/``exec_sleeping``/``exec_convicted`` in their stats), else from the plan; a
+sleeping spare's state from its host's controld inventory when that controld answered.
+
+This module reads files and judges; asking the controlds is the orchestration layer's
+(zz/cli.py through zz/rackctl.py `controld_statuses`), which passes their answers in as
+`Controlds`: host name -> the `status` reply, or the error text of one that did not answer.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zz.config import Config, Service
 
+SCHEMA = "zz-status/1"
+# Exit codes of `zz status` (docs/operations.md "Exit codes").
+HEALTHY, DEGRADED, NOT_RUNNING = 0, 1, 2
+COLUMNS = ("service", "replica", "role", "host", "state", "checkpoint", "detail")
+Controlds = dict[str, dict[str, Any] | str]
+
 
 @dataclass
 class Row:
     service: str
-    replica: str  # "A<r>" or "E<i>"
+    replica: str  # "A<r>", "E<i>" or "controld"
     role: str  # agreement role (primary/backup) or execution role (active/sleeping)
     host: str
     state: str  # up / down / in view change / the sleep mode
     checkpoint: str  # stable / last checkpoint
     detail: str  # view, last executed, faults seen
+    kind: str = ""  # "agreement", "execution" or "controld"
+    index: int = -1  # the replica's number (-1: a controld)
+    figures: dict[str, int] = field(default_factory=dict)  # raw numbers, for --json
 
 
 Stats = dict[str, Any] | None  # one replica's stats file; None: missing or stale
 
 
-def _read(path: Path, stale_after: float) -> Stats:
+def _read(path: Path, stale_after: float, not_before: float = 0.0) -> Stats:
+    """The file's JSON if it was written in the last `stale_after` seconds and after
+    `not_before` (when the rack last went down: rackctl.down_time); else None."""
     try:
-        if time.time() - path.stat().st_mtime > stale_after:
+        mtime = path.stat().st_mtime
+        if time.time() - mtime > stale_after or mtime <= not_before:
             return None
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -57,9 +75,20 @@ def _stats_path(run: Path, r: int) -> Path:
     return run / f"agreed-{r}.stats.json"
 
 
-def _agreement_stats(config: Config, svc: Service, stale_after: float) -> list[Stats]:
+def _agreement_stats(
+    config: Config, svc: Service, stale_after: float, not_before: float = 0.0
+) -> list[Stats]:
     run = config.rack.run_dir / f"s{svc.id}"
-    return [_read(_stats_path(run, r), stale_after) for r in range(svc.n)]
+    return [_read(_stats_path(run, r), stale_after, not_before) for r in range(svc.n)]
+
+
+def _ints(d: dict[str, Any], keys: tuple[str, ...]) -> dict[str, int]:
+    return {k: int(d[k]) for k in keys if isinstance(d.get(k), int | bool)}
+
+
+_AGREED_FIGURES = ("view", "last_exec", "stable_seq", "exec_stable", "exec_mismatches",
+                   "exec_timeouts", "in_view_change")  # fmt: skip
+_EXEC_FIGURES = ("last_executed", "stable_checkpoint", "last_checkpoint", "agreement_links_up")
 
 
 def _agreement_rows(config: Config, svc: Service, stats: list[Stats]) -> list[Row]:
@@ -70,7 +99,7 @@ def _agreement_rows(config: Config, svc: Service, stats: list[Stats]) -> list[Ro
         role = "primary" if r == view % svc.n else "backup"
         host = config.replica_host(svc, r).name
         if s is None:
-            rows.append(Row(svc.name, f"A{r}", role, host, "down", "-", ""))
+            rows.append(Row(svc.name, f"A{r}", role, host, "down", "-", "", "agreement", r))
             continue
         faults = s.get("exec_mismatches", 0) + s.get("exec_timeouts", 0)
         detail = f"view {s['view']} last_exec {s['last_exec']}"
@@ -82,7 +111,10 @@ def _agreement_rows(config: Config, svc: Service, stats: list[Stats]) -> list[Ro
                 f" {s.get('exec_timeouts', 0)} timeout"
             )
         state = "view change" if s.get("in_view_change") else "up"
-        rows.append(Row(svc.name, f"A{r}", role, host, state, f"{s['stable_seq']}", detail))
+        rows.append(
+            Row(svc.name, f"A{r}", role, host, state, f"{s['stable_seq']}", detail, "agreement",
+                r, _ints(s, _AGREED_FIGURES))  # fmt: skip
+        )
     return rows
 
 
@@ -97,8 +129,44 @@ def _exec_view(stats: list[Stats]) -> dict[str, list[int]]:
     return {k: list(best.get(f"exec_{k}", [])) for k in ("awake", "sleeping", "convicted")}
 
 
+def inventory_record(
+    controlds: Controlds | None, host: str, service: str, index: int
+) -> dict[str, Any] | str | None:
+    """controld `host`'s inventory record of service/index; None if it has none; the
+    error text if that controld did not answer (or was not asked: "")."""
+    if controlds is None or host not in controlds:
+        return ""
+    answer = controlds[host]
+    if isinstance(answer, str):
+        return answer
+    for rec in answer.get("replicas", []):
+        if isinstance(rec, dict) and rec.get("service") == service and rec.get("index") == index:
+            return rec
+    return None
+
+
+def _sleeping_state(svc: Service, rec: dict[str, Any] | str | None) -> tuple[str, str]:
+    """(state, detail) of a replica not running as far as its status file says: what its
+    controld's inventory holds, "missing" if it holds nothing, "?" if it did not answer."""
+    if rec == "":
+        return svc.sleep, ""  # nobody asked controld: the plan's sleep mode
+    if isinstance(rec, str):
+        return "?", "controld not answering"
+    if rec is None:
+        return "missing", "not in its controld's inventory"
+    state = str(rec.get("state"))
+    if rec.get("pending"):
+        state += f"->{rec['pending']}"
+    return state, f"error: {rec['error']}" if rec.get("error") else ""
+
+
 def _execution_rows(
-    config: Config, svc: Service, stale_after: float, stats: list[Stats]
+    config: Config,
+    svc: Service,
+    stale_after: float,
+    stats: list[Stats],
+    controlds: Controlds | None,
+    not_before: float = 0.0,
 ) -> list[Row]:
     rows = []
     view = _exec_view(stats)
@@ -108,13 +176,14 @@ def _execution_rows(
             role = next((k for k in ("convicted", "awake", "sleeping") if i in view[k]), role)
             role = {"awake": "active"}.get(role, role)
         host = svc.exec_host(config, i).name
-        st = _read(svc.exec_status_path(config, i), stale_after)
-        if st is None:
-            state = "down" if role == "active" else svc.sleep
-            rows.append(Row(svc.name, f"E{i}", role, host, state, "-", ""))
-            continue
-        if st.get("asleep"):
-            rows.append(Row(svc.name, f"E{i}", role, host, svc.sleep, "-", ""))
+        st = _read(svc.exec_status_path(config, i), stale_after, not_before)
+        if st is None or st.get("asleep"):
+            if role == "active" and st is None:
+                rows.append(Row(svc.name, f"E{i}", role, host, "down", "-", "", "execution", i))
+                continue
+            rec = inventory_record(controlds, host, svc.name, i)
+            state, detail = _sleeping_state(svc, rec)
+            rows.append(Row(svc.name, f"E{i}", role, host, state, "-", detail, "execution", i))
             continue
         mism = st.get("checkpoint_mismatches", [])
         detail = f"last_exec {st['last_executed']}"
@@ -123,25 +192,158 @@ def _execution_rows(
             detail += f" checkpoint mismatch with E{', E'.join(map(str, peers))}"
         ckpt = f"{st['stable_checkpoint']}/{st['last_checkpoint']}"
         state = "recovering" if st.get("recovering") else "up"
-        rows.append(Row(svc.name, f"E{i}", role, host, state, ckpt, detail))
+        figures = _ints(st, _EXEC_FIGURES)
+        figures["checkpoint_mismatches"] = len(mism)
+        rows.append(
+            Row(svc.name, f"E{i}", role, host, state, ckpt, detail, "execution", i, figures)
+        )
     return rows
 
 
-def rack_status(config: Config, stale_after: float = 5.0) -> list[Row]:
+def rack_status(
+    config: Config,
+    stale_after: float = 5.0,
+    controlds: Controlds | None = None,
+    not_before: float = 0.0,
+) -> list[Row]:
+    """One row per agreement and execution replica. With `controlds` (the answers of the
+    hosts' controlds), a spare that is not running shows its inventory state. Files
+    written before `not_before` (the rack's last `down`) count as stale."""
     rows: list[Row] = []
     for svc in config.services:
-        stats = _agreement_stats(config, svc, stale_after)
+        stats = _agreement_stats(config, svc, stale_after, not_before)
         rows += _agreement_rows(config, svc, stats)
         if svc.uses_execution_replicas:
-            rows += _execution_rows(config, svc, stale_after, stats)
+            rows += _execution_rows(config, svc, stale_after, stats, controlds, not_before)
     return rows
 
 
-def status_json(config: Config, rows: list[Row]) -> dict[str, Any]:
-    """`zz status --json`: the rows, and each host's controld with its /metrics URL
-    (`hosts[].metrics_port`, docs/monitoring.md; null when switched off)."""
+def _uptime(s: object) -> str:
+    if not isinstance(s, int | float):
+        return "?"
+    s = int(s)
+    return f"{s} s" if s < 120 else f"{s // 60} min" if s < 7200 else f"{s // 3600} h"
+
+
+def controld_rows(config: Config, controlds: Controlds) -> list[Row]:
+    """One row per host's controld: up (its backend, uptime, replicas) or not answering."""
+    rows = []
+    for h in config.hosts:
+        answer = controlds.get(h.name, "not asked")
+        if isinstance(answer, str):
+            rows.append(Row("-", "controld", "-", h.name, "not answering", "-", answer,
+                            "controld", h.index))  # fmt: skip
+            continue
+        reps = answer.get("replicas", [])
+        detail = (
+            f"{answer.get('backend', '?')} backend, up {_uptime(answer.get('uptime_s'))},"
+            f" {len(reps)} replica{'s' if len(reps) != 1 else ''}"
+        )
+        if answer.get("lost"):
+            detail += f", lost {len(answer['lost'])}"
+        figures = {"uptime_s": int(answer.get("uptime_s") or 0), "replicas": len(reps)}
+        rows.append(Row("-", "controld", "-", h.name, "up", "-", detail, "controld", h.index,
+                        figures))  # fmt: skip
+    return rows
+
+
+@dataclass
+class Health:
+    """The verdict `zz status` exits with: 0 healthy, 1 degraded, 2 not running."""
+
+    running: bool
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def code(self) -> int:
+        if not self.running:
+            return NOT_RUNNING
+        return DEGRADED if self.problems else HEALTHY
+
+    @property
+    def word(self) -> str:
+        return {HEALTHY: "healthy", DEGRADED: "degraded", NOT_RUNNING: "not running"}[self.code]
+
+
+def _fresh(row: Row) -> bool:
+    """The row's process wrote its file recently (it is running)."""
+    return bool(row.figures) and row.kind != "controld"
+
+
+def assess(
+    config: Config, rows: list[Row], controlds: Controlds, recorded_alive: bool = False
+) -> Health:
+    """Running: a process `zz rack up` recorded is alive, a replica's file is fresh, or a
+    controld answered. Degraded when running and an agreement replica or an active
+    execution replica is down, a sleeping spare is missing (not in its controld's
+    inventory, or convicted and not yet replaced), or a controld does not answer."""
+    answered = [h for h, a in controlds.items() if not isinstance(a, str)]
+    running = recorded_alive or any(_fresh(r) for r in rows) or bool(answered)
+    health = Health(running)
+    if not running:
+        return health
+    for r in rows:
+        name = f"{r.service}/{r.replica}"
+        if r.kind == "agreement" and r.state == "down":
+            health.problems.append(f"{name} down (agreement replica on {r.host})")
+        elif r.kind == "execution":
+            if r.role == "active" and r.state == "down":
+                health.problems.append(f"{name} down (active execution replica on {r.host})")
+            elif r.role == "convicted":
+                health.problems.append(
+                    f"{name} convicted, its fresh spare not back asleep yet (on {r.host})"
+                )
+            elif r.state == "missing":
+                health.problems.append(
+                    f"{name} spare missing (not in controld {r.host}'s inventory)"
+                )
+            elif r.state.startswith("convicted"):
+                health.problems.append(f"{name} spare missing (controld {r.host}: {r.state})")
+    for h in config.hosts:
+        answer = controlds.get(h.name, "not asked")
+        if isinstance(answer, str):
+            health.problems.append(f"controld {h.name} not answering ({answer})")
+    return health
+
+
+def status_document(
+    config: Config,
+    rows: list[Row],
+    controlds: Controlds,
+    health: Health,
+    recorded: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`zz status --json` (docs/operations.md "zz status --json"). A rack that is not
+    running lists no replicas: a planned role is not a running one."""
+    running = health.running
+    ctl = []
+    for h in config.hosts:
+        answer = controlds.get(h.name, "not asked")
+        d: dict[str, Any] = {"host": h.name, "answering": not isinstance(answer, str)}
+        if isinstance(answer, str):
+            d["error"] = answer
+        else:
+            d.update(
+                error=None,
+                backend=answer.get("backend"),
+                uptime_s=answer.get("uptime_s"),
+                replicas=answer.get("replicas", []),
+                lost=answer.get("lost", []),
+                in_doubt_at_start=answer.get("in_doubt_at_start", []),
+                counters=answer.get("counters", {}),
+                recent=answer.get("recent", []),
+            )
+        ctl.append(d)
     return {
+        "schema": SCHEMA,
         "rack": config.rack.name,
+        "config": str(config.path),
+        "time": round(time.time(), 3),
+        "running": running,
+        "health": health.word,
+        "exit_code": health.code,
+        "problems": health.problems,
+        "recorded": recorded,
         "hosts": [
             {
                 "name": h.name,
@@ -151,17 +353,57 @@ def status_json(config: Config, rows: list[Row]) -> dict[str, Any]:
             }
             for h in config.hosts
         ],
-        "replicas": [vars(r) for r in rows],
+        "controlds": ctl,
+        "replicas": [asdict(r) for r in rows] if running else [],
     }
 
 
 def format_rows(rows: list[Row]) -> str:
     head = Row("SERVICE", "REPLICA", "ROLE", "HOST", "STATE", "CHECKPOINT", "DETAIL")
     table = [head, *rows]
-    cols = list(vars(head))
-    widths = {c: max(len(str(getattr(r, c))) for r in table) for c in cols[:-1]}
+    widths = {c: max(len(str(getattr(r, c))) for r in table) for c in COLUMNS[:-1]}
     lines = []
     for r in table:
-        cells = [str(getattr(r, c)).ljust(widths[c]) for c in cols[:-1]]
+        cells = [str(getattr(r, c)).ljust(widths[c]) for c in COLUMNS[:-1]]
         lines.append("  ".join([*cells, str(r.detail)]).rstrip())
     return "\n".join(lines)
+
+
+def summary_line(config: Config, health: Health, stale_after: float = 5.0) -> str:
+    """The last line of `zz status`: healthy, DEGRADED with every problem, or not running."""
+    name = f"rack {config.rack.name!r}"
+    if not health.running:
+        return (
+            f"{name}: not running (no process of run/rack.json alive, no replica stats newer"
+            f" than {stale_after:g} s, no controld answering); `zz rack up {config.path}`"
+        )
+    if health.problems:
+        n = len(health.problems)
+        return f"{name}: DEGRADED, {n} problem{'s' if n > 1 else ''}: " + "; ".join(
+            health.problems
+        )
+    return f"{name}: healthy"
+
+
+def format_status(
+    config: Config,
+    rows: list[Row],
+    controlds: Controlds,
+    health: Health,
+    stale_after: float = 5.0,
+    verbose: int = 0,
+) -> str:
+    """What `zz status` prints: the replicas and controlds, then the verdict line; only
+    the verdict when the rack is not running. `verbose`: each controld's metrics URL and
+    its last log lines too."""
+    if not health.running:
+        return summary_line(config, health, stale_after)
+    out = [format_rows(rows + controld_rows(config, controlds))]
+    if verbose:
+        for h in config.hosts:
+            answer = controlds.get(h.name)
+            out.append(f"controld {h.name}: {h.metrics_url or 'no /metrics (metrics_port 0)'}")
+            if isinstance(answer, dict):
+                out += [f"  {line}" for line in answer.get("recent", [])[-10:]]
+    out.append(summary_line(config, health, stale_after))
+    return "\n".join(out)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import re
 import sys
 import time
@@ -507,13 +508,24 @@ def run(
 
 
 def main_cli(args: argparse.Namespace, progress: Progress) -> int:
+    """`zz drill`: exit 0 PASS, 1 FAIL, 2 refused (not up, no kv service, no checker...).
+    `args.json`: the report as JSON on stdout; `args.quiet`: nothing on stdout."""
     config = load(args.config)
     try:
         report, out = run(config, args, progress)
     except (DrillError, RackError) as e:
         print(f"zz drill {args.kind}: {e}", file=sys.stderr)
         return 2
-    print(rp.format_text(report))
     png = out / "timeline.png"
-    print(f"report: {out / 'report.json'}" + (f", {png}" if png.exists() else ""))
+    if getattr(args, "json", False):
+        doc = {
+            "result": report.result,
+            "report_json": str(out / "report.json"),
+            "timeline_png": str(png) if png.exists() else None,
+            "report": report.to_json(),
+        }
+        print(json.dumps(doc, indent=1, default=str), flush=True)
+    elif not getattr(args, "quiet", False):
+        print(rp.format_text(report))
+        print(f"report: {out / 'report.json'}" + (f", {png}" if png.exists() else ""))
     return 0 if report.result == "PASS" else 1
