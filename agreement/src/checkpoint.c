@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byz.h"
 #include "replica.h"
 
 void zz_encode_state(zz_replica *r, zz_buf *b)
@@ -363,7 +364,7 @@ void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m)
         uint32_t to = m->sender;
         zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);
         zz_auth_mac(b, st, &to, &k, 1);
-        if (!b->oom && conn && r->conf->byzantine != ZZ_BYZ_SILENT)
+        if (!b->oom && conn && !zz_byz_silent(r))
             zz_net_send_conn(r->net, conn, b->p + st, b->len - st);
         r->st.fetches_served++;
         return;

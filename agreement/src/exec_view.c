@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "byz.h"
 #include "faults.h"
 #include "log.h"
 #include "replica.h"
@@ -394,7 +395,7 @@ void zw_send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_
     if (h >= ZZ_MAX_HOSTS || sent_hosts[h] || r->zz.wake->links[h] < 0)
         return;
     sent_hosts[h] = 1;
-    if (r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (zz_byz_silent(r))
         return;
     zz_net_send_link(r->net, r->zz.wake->links[h], msg, len);
     r->st.controld_sends++;
@@ -402,7 +403,7 @@ void zw_send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_
 
 void zw_bcast_raw(zz_replica *r, const uint8_t *msg, size_t len)
 {
-    if (r->conf->byzantine != ZZ_BYZ_SILENT)
+    if (!zz_byz_silent(r))
         zz_net_bcast(r->net, msg, len);
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byz.h"
 #include "replica.h"
 #include "zzlayer.h"
 
@@ -93,7 +94,7 @@ static void push_exec_commit(zz_replica *r, zz_slot *s)
     zz_detect_dispatched(r, s->seq);
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++) {
         /* Sleeping replicas get nothing; woken ones replay the log first (rounds.c). */
-        if (!r->zz.exec_conn[i] || r->conf->byzantine == ZZ_BYZ_SILENT || !zz_exec_counts(r, i))
+        if (!r->zz.exec_conn[i] || zz_byz_silent(r) || !zz_exec_counts(r, i))
             continue;
         uint32_t to = ZZ_PRINCIPAL_EXEC + i;
         zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);

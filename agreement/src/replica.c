@@ -9,6 +9,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "byz.h"
+
 uint8_t *zz_memdup(const void *p, size_t n)
 {
     uint8_t *q = malloc(n ? n : 1);
@@ -240,7 +242,7 @@ void zz_bcast_mac(zz_replica *r, zz_buf *b, size_t start)
         keys[k++] = (zz_mackey *)mk;
     }
     zz_auth_mac(b, start, recv, keys, k);
-    if (b->oom || r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (b->oom || zz_byz_silent(r))
         return;
     zz_net_bcast(r->net, b->p + start, b->len - start);
 }
@@ -252,7 +254,7 @@ void zz_send_mac(zz_replica *r, uint32_t to, zz_buf *b, size_t start)
         return;
     zz_mackey *k = (zz_mackey *)mk;
     zz_auth_mac(b, start, &to, &k, 1);
-    if (b->oom || r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (b->oom || zz_byz_silent(r))
         return;
     zz_net_send_peer(r->net, to, b->p + start, b->len - start);
 }
@@ -261,7 +263,7 @@ void zz_bcast_signed(zz_replica *r, zz_buf *b, size_t start)
 {
     if (zz_auth_sign(b, start, r->conf->sign) != 0 || b->oom)
         return;
-    if (r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (zz_byz_silent(r))
         return;
     zz_net_bcast(r->net, b->p + start, b->len - start);
 }

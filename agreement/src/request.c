@@ -4,13 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byz.h"
 #include "replica.h"
 
 void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_t flags,
                    const uint8_t *res, uint32_t len)
 {
     zz_client *c = &r->clients[ci];
-    if (!c->conn || r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (!c->conn || zz_byz_silent(r))
         return;
     uint32_t principal = r->conf->keys[ci].id;
     zz_buf *b = &r->rbuf;
@@ -29,7 +30,7 @@ void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_
 static void send_affirm(zz_replica *r, uint32_t ci)
 {
     zz_client *c = &r->clients[ci];
-    if (!c->conn || r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (!c->conn || zz_byz_silent(r))
         return;
     uint32_t principal = r->conf->keys[ci].id;
     zz_buf *b = &r->rbuf;
@@ -219,13 +220,13 @@ void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m)
          * signed copy too. Only a signed request can make a backup suspect the primary
          * (zz_has_pending): every replica, the primary included, can check a signature,
          * so a client that breaks the primary's MAC entry cannot force a view change. */
-        if (!zz_is_primary(r) && !relayed && r->conf->byzantine != ZZ_BYZ_SILENT)
+        if (!zz_is_primary(r) && !relayed && !zz_byz_silent(r))
             zz_net_send_peer(r->net, zz_primary(r, r->view), m->raw, m->raw_len);
     } else if (t < c->pend_t) {
         r->st.requests_dup++;
         return;
     } else if (is_signed && !zz_is_primary(r) && !relayed &&
-               r->conf->byzantine != ZZ_BYZ_SILENT) {
+               !zz_byz_silent(r)) {
         /* The client retransmits its signed request: it is still waiting, so relay it
          * again (the primary may have missed the first relay, e.g. one that came before
          * anything marked our link to it as a peer's, when only the signature counts). */
@@ -335,18 +336,10 @@ static void send_pp(zz_replica *r, int only, uint32_t to, uint64_t seq, const ui
         zz_bcast_mac(r, b, st);
 }
 
-/* Test-only fault (byzantine equivocate): every backup gets a different batch for the same
- * seq (the seed differs), so no PREPARE quorum can form and the backups must change view. */
-static void equivocate(zz_replica *r, uint64_t seq, zz_buf *batch, uint64_t seed)
+static void send_pp_to(zz_replica *r, uint32_t to, uint64_t seq, const uint8_t *batch,
+                       uint32_t len)
 {
-    for (uint32_t i = 0; i < r->n; i++) {
-        if (i == r->id)
-            continue;
-        uint64_t other = seed ^ (0xA5A5A5A5ULL * (i + 1));
-        for (int k = 0; k < 8; k++)
-            batch->p[8 + k] = (uint8_t)(other >> (56 - 8 * k));
-        send_pp(r, 1, i, seq, batch->p, (uint32_t)batch->len);
-    }
+    send_pp(r, 1, to, seq, batch, len);
 }
 
 static void propose_loop(zz_replica *r);
@@ -355,7 +348,7 @@ void zz_try_propose(zz_replica *r)
 {
     /* Accepting a proposal can execute, and execution calls back here: one loop at a time. */
     if (r->proposing || !zz_is_primary(r) || r->in_vc ||
-        r->conf->byzantine == ZZ_BYZ_DROP_REQUESTS)
+        zz_byz_drops_requests(r))
         return;
     r->proposing = 1;
     propose_loop(r);
@@ -381,9 +374,7 @@ static void propose_loop(zz_replica *r)
         uint8_t d[ZZ_DIGEST_LEN];
         zz_sha256(r->out2.p, r->out2.len, d);
         r->st.batches_proposed++;
-        if (r->conf->byzantine == ZZ_BYZ_EQUIVOCATE)
-            equivocate(r, seq, &r->out2, seed);
-        else
+        if (!zz_byz_pre_prepare(r, seq, &r->out2, seed, send_pp_to))
             send_pp(r, 0, 0, seq, r->out2.p, (uint32_t)r->out2.len);
         /* Our own PRE-PREPARE is relayed on retransmission; copy it before accepting,
          * which reuses the encoder buffers. */

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "byz.h"
 #include "faults.h"
 #include "log.h"
 #include "replica.h"
@@ -277,7 +278,7 @@ void zz_wake_on_certified(zz_replica *r, zz_report_rec *k)
 {
     /* Test-only Byzantine agreement replica: a signed statement blaming the lowest awake
      * (correct) replica for every certified seq; alone it must never wake anyone. */
-    if (r->zz.wake && r->conf->byzantine == ZZ_BYZ_FALSE_FAULT)
+    if (r->zz.wake && zz_byz_false_fault(r))
         zw_send_statement(r, k, 1);
 }
 

@@ -1,6 +1,7 @@
 /* status.c - retransmission: replicas broadcast STATUS while they wait for something, and
  * peers answer with what the sender lacks (pre-prepares, votes, NEW-VIEW, view changes,
  * checkpoint proofs). This is what makes the protocol indifferent to lost messages. */
+#include "byz.h"
 #include "replica.h"
 
 #define ZZ_RETRANSMIT_MAX 64 /* sequence numbers answered per STATUS */
@@ -49,7 +50,7 @@ void zz_on_status(zz_replica *r, const zz_msg *m)
 {
     const zz_status *ps = &m->u.status;
     uint32_t j = m->sender;
-    if (r->conf->byzantine == ZZ_BYZ_SILENT)
+    if (zz_byz_silent(r))
         return;
     r->st.retransmits++;
     if (ps->stable_seq < r->stable && ps->last_exec < r->stable)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byz.h"
 #include "choose.h"
 #include "replica.h"
 
@@ -34,7 +35,7 @@ static void put_entries(zz_replica *r, zz_buf *b, int prepared)
 
 static void send_own_vc(zz_replica *r)
 {
-    if (r->vc_raw[r->id] && r->conf->byzantine != ZZ_BYZ_SILENT)
+    if (r->vc_raw[r->id] && !zz_byz_silent(r))
         zz_net_bcast(r->net, r->vc_raw[r->id], r->vc_len[r->id]);
     r->vc_sent_ms = zz_now_ms(r);
 }
@@ -128,7 +129,7 @@ void zz_on_view_change(zz_replica *r, const zz_msg *m)
     uint32_t s = m->sender;
     /* A replica still asking for the view we already entered missed our NEW-VIEW. */
     if (vc->new_view == r->view && !r->in_vc && r->nv_raw &&
-        r->conf->byzantine != ZZ_BYZ_SILENT)
+        !zz_byz_silent(r))
         zz_net_send_peer(r->net, s, r->nv_raw, r->nv_len);
     if (r->vc_raw[s] && vc->new_view <= r->vc_view[s])
         return;
@@ -244,7 +245,7 @@ static void try_new_view(zz_replica *r)
     free(r->nv_raw);
     r->nv_raw = zz_memdup(b->p + st, b->len - st);
     r->nv_len = r->nv_raw ? (uint32_t)(b->len - st) : 0;
-    if (r->nv_raw && r->conf->byzantine != ZZ_BYZ_SILENT)
+    if (r->nv_raw && !zz_byz_silent(r))
         zz_net_bcast(r->net, r->nv_raw, r->nv_len);
     install_new_view(r, min_s, ch, nch, info, msgs, nvc);
     free(ch);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byz.h"
 #include "replica.h"
 #include "zzlayer.h"
 
@@ -306,7 +307,7 @@ static void send_log(zz_replica *r, zz_conn *conn, uint32_t to, uint64_t from)
     zz_end_body(b, st);
     zz_mackey *k = (zz_mackey *)zz_mac_for(r, to);
     zz_auth_mac(b, st, &to, &k, 1);
-    if (!b->oom && conn && r->conf->byzantine != ZZ_BYZ_SILENT)
+    if (!b->oom && conn && !zz_byz_silent(r))
         zz_net_send_conn(r->net, conn, b->p + st, b->len - st);
     r->st.fetches_served++;
 }
