@@ -101,13 +101,6 @@ DETECTABLE = frozenset(
 KNOWN_OPEN: dict[str, str] = {}
 # Defects that follow from the order or the combination of faults, whatever the behaviour.
 KNOWN_OPEN_SEQUENCES: dict[str, str] = {
-    "woken-again-mid-recovery": "f = 2 (seed 3202 --behaviours equivocate, round 18 of a run"
-    " of 58fd731): a spare put back to sleep while still recovering and woken again for a"
-    " round at a checkpoint seq F that two agreement replicas had made stable recovered at F"
-    " and never reported it; the round closed undecided and the views did not return to f+1."
-    " The log the agreement replicas serve at the wake-up is read before the new wake notice"
-    " and judged by the previous round's seq, whose patience has run out, so the runtime takes"
-    " the highest certified checkpoint (execution/runtime.py, _fault_seq/_recover_target)",
     "follow-up-spare-silent": "f = 2, two equivocating replicas (seed 3202, round 16 of a run"
     " of d9d0110): the spare woken by a follow-up round at the same seq reported that seq"
     " but none of the next ones within the timer once the round was decided, and was"
