@@ -640,7 +640,12 @@ class Campaign:
             r.linearizability = f"{name}: {v}"
 
     async def run(self, after_round: Callable[[], None] = lambda: None) -> None:
-        await asyncio.to_thread(zh.lincheck_binary)
+        # Set-up builds the checker (scripts/setup.sh); a campaign refuses to start without
+        # it rather than build it on its clock, as a drill does.
+        try:
+            zh.lincheck_binary(build=False)
+        except zh.LincheckError as e:
+            raise CampaignError(f"cannot check the rounds' histories: {e}") from None
         for k in range(1, self.opts.rounds + 1):
             r = await self.play_round(k)
             self.rounds.append(r)
