@@ -386,6 +386,37 @@ void zz_wake_free(zz_replica *r)
     r->zz.wake = NULL;
 }
 
+/* ---- the layer's state as a whole (zzexec.h) ---- */
+
+int zz_exec_init(zz_replica *r, char *err, size_t errcap)
+{
+    if (r->conf->external_exec) {
+        r->zz.xlog = calloc(r->conf->exec_log ? r->conf->exec_log : 1, sizeof *r->zz.xlog);
+        r->zz.n_reports = r->L + ZZ_DETECT_RECORDS;
+        r->zz.reports = calloc(r->zz.n_reports, sizeof *r->zz.reports);
+        if (!r->zz.xlog || !r->zz.reports) {
+            snprintf(err, errcap, "out of memory allocating the execution log (exec_log=%u)",
+                     r->conf->exec_log);
+            return -1;
+        }
+    }
+    return zz_wake_init(r, err, errcap);
+}
+
+void zz_exec_free(zz_replica *r)
+{
+    zz_wake_free(r);
+    zz_xlog_free(r);
+    zz_detect_free(r);
+}
+
+void zz_exec_on_close(zz_replica *r, const zz_conn *conn)
+{
+    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
+        if (r->zz.exec_conn[i] == conn)
+            r->zz.exec_conn[i] = NULL;
+}
+
 /* ---- sending ---- */
 
 void zw_send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_t len,

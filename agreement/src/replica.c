@@ -137,11 +137,6 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->stable_proof = xcalloc(r->n, sizeof(uint8_t *), &fail);
     r->stable_proof_len = xcalloc(r->n, sizeof(uint32_t), &fail);
     r->clients = xcalloc(c->nkeys, sizeof(zz_client), &fail);
-    if (c->external_exec) {
-        r->zz.xlog = xcalloc(c->exec_log, sizeof(zz_xlog_entry), &fail);
-        r->zz.n_reports = r->L + ZZ_DETECT_RECORDS;
-        r->zz.reports = xcalloc(r->zz.n_reports, sizeof(zz_report_rec), &fail);
-    }
     r->queue = xcalloc(c->nkeys, sizeof(uint32_t), &fail);
     if (fail) {
         snprintf(err, errcap, "out of memory allocating the replica (L=%u n=%u)", r->L, r->n);
@@ -157,7 +152,7 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
     r->net = zz_net_new(c, r, zz_replica_on_frame, zz_replica_on_close, err, errcap);
     if (!r->net)
         return -1;
-    if (zz_wake_init(r, err, errcap) != 0)
+    if (zz_exec_init(r, err, errcap) != 0)
         return -1;
     r->last_progress_ms = zz_now_ms(r);
     return 0;
@@ -204,9 +199,7 @@ void zz_replica_free(zz_replica *r)
     }
     free(r->clients);
     free(r->queue);
-    zz_wake_free(r);
-    zz_xlog_free(r);
-    zz_detect_free(r);
+    zz_exec_free(r);
     zz_buf_free(&r->out);
     zz_buf_free(&r->out2);
     zz_buf_free(&r->rbuf);
@@ -220,9 +213,7 @@ void zz_replica_on_close(void *ctx, zz_conn *conn)
     for (uint32_t i = 0; i < r->conf->nkeys; i++)
         if (r->clients[i].conn == conn)
             r->clients[i].conn = NULL;
-    for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
-        if (r->zz.exec_conn[i] == conn)
-            r->zz.exec_conn[i] = NULL;
+    zz_exec_on_close(r, conn);
 }
 
 /* ---- sending ---- */

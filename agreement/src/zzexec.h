@@ -5,7 +5,7 @@
  * header declares; the layer's own files call each other through zzlayer.h.
  *
  * State: everything the layer keeps lives in zz_exec, the replica's `zz` member, which the
- * layer owns (allocated in zz_replica_init, freed by the zz_*_free calls below).
+ * layer owns (zz_exec_init, zz_exec_free).
  *
  * Invariants: `exec_state` is the one awake set that EXEC-COMMIT pushes, certificates and
  * fault rows use; the execution log holds the batches of (xlog_low, last_exec]; the layer
@@ -95,11 +95,12 @@ typedef struct {
 void zz_try_execute(zz_replica *r);
 void zz_exec_readonly(zz_replica *r, uint32_t ci, const zz_msg *m);
 
-/* set-up and teardown (replica.c) */
-int zz_wake_init(zz_replica *r, char *err, size_t errcap);
-void zz_wake_free(zz_replica *r);
-void zz_detect_free(zz_replica *r);
-void zz_xlog_free(zz_replica *r);
+/* set-up and teardown (replica.c; exec_view.c): the execution log, the report records and
+ * the fault state with external execution; -1 with err set. zz_exec_free frees it all
+ * (also after a failed init); zz_exec_on_close forgets a closed execution connection. */
+int zz_exec_init(zz_replica *r, char *err, size_t errcap);
+void zz_exec_free(zz_replica *r);
+void zz_exec_on_close(zz_replica *r, const zz_conn *conn);
 
 /* messages of the layer, after replica.c authenticated them */
 void zz_on_exec_message(zz_replica *r, const zz_msg *m); /* EXEC-REPORT, EXEC-CHECKPOINT */

@@ -9,6 +9,12 @@
 
 #include "replica.h"
 
+/* set-up and teardown of the parts (zz_exec_init, zz_exec_free) */
+int zz_wake_init(zz_replica *r, char *err, size_t errcap);
+void zz_wake_free(zz_replica *r);
+void zz_detect_free(zz_replica *r);
+void zz_xlog_free(zz_replica *r);
+
 /* xlog.c */
 const zz_xlog_entry *zz_xlog_get(const zz_replica *r, uint64_t seq);
 /* Send the execution log from the stable execution checkpoint on to execution replica i on
