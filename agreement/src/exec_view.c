@@ -1,8 +1,9 @@
 /* exec_view.c - the view of the execution replicas zz-agreed keeps for ZZ fault handling
  * (docs/fault-detection.md "In zz-agreed"): the awake set (r->zz.exec_state) and the id-list
  * helpers the other fault files use, the view on disk (conf->exec_view, one line per
- * execution replica), set-up and teardown of struct zz_wake, sending to controld and to the
- * agreement peers, and the fault counters in the stats file.
+ * execution replica), set-up and teardown of struct zz_wake and of the layer's state as a
+ * whole (zz_exec_init, zz_exec_free), sending to controld and to the agreement peers, and
+ * the fault counters in the stats file.
  *
  * Invariants: r->zz.exec_state is the awake set every certificate, row and EXEC-COMMIT push
  * uses; the file on disk holds only that view (no statement, round or resolution) and is
