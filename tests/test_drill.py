@@ -337,6 +337,93 @@ def test_mac_split_drill(up_rack: Config, tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_agreed
 @needs_go
+def test_big_request_drill(up_rack: Config, tmp_path: Path) -> None:
+    """A client sending, twice a second, a request over the service's request limit (one
+    byte over, 4 MiB, just under 16 MiB) to every agreement replica and a PUT just under the
+    limit: no view change, every oversized request refused by every replica with REJECTED
+    replies, the ones under it answered, honest kv clients within the drill's bounds
+    (issue 15 item 1)."""
+    r = _run(up_rack, "big-request", tmp_path)
+    assert r.result == "PASS", r.reasons
+    big = r.details["big_request"]
+    sent = big["sent"]
+    assert sent["over"] >= 10 and sent["under_ok"] >= 10, sent
+    assert sent["over_refused"] >= sent["over"] - 1 and not sent.get("over_unanswered"), sent
+    assert max(map(int, big["sizes_over"])) > 15 << 20, big  # just under the frame limit
+    rows = r.details["big_request_replicas"]
+    assert all(row["view_changes"] == 0 for row in rows.values()), rows
+    assert all(row["requests_too_large"] >= sent["over_refused"] for row in rows.values()), rows
+    assert all(row["request_limit"] == big["request_limit"] for row in rows.values()), rows
+    honest = r.details["honest"]
+    assert honest["attack"]["ops_per_s"] >= honest["bound"]["min_ops_per_s"], honest
+    assert r.details["controld_deltas"]["woken"] == 0 and not r.woken
+
+
+@pytest.fixture
+def short_timeouts_rack(tmp_path: Path) -> Iterator[Config]:
+    """A rack whose agreement replicas close a half-sent frame after 2 s and a connection
+    that authenticated nothing after 3 s (defaults 20 s / 10 s), so that a drill of a few
+    seconds sees both."""
+    config = load(write_rack(tmp_path))
+    try:
+        rackctl.up(config, overrides=OVERRIDES | HALF_FRAMES_OVERRIDES)
+        yield config
+    finally:
+        rackctl.down(config)
+        for pid in leftovers(config):
+            os.kill(pid, signal.SIGKILL)
+
+
+HALF_FRAMES_OVERRIDES = {"frame_timeout_ms": 2000, "unauth_timeout_ms": 3000}
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
+def test_half_frames_drill(short_timeouts_rack: Config, tmp_path: Path) -> None:
+    """An unauthenticated attacker with 48 connections per agreement replica announcing a
+    16 MiB frame and sending 4 KiB of it, and 16 that send nothing: each is closed after
+    frame_timeout_ms / unauth_timeout_ms and counted, no replica's RSS grows more than
+    32 MiB, honest kv clients within the drill's bounds (issue 15 item 2)."""
+    r = _run(short_timeouts_rack, "half-frames", tmp_path)
+    assert r.result == "PASS", r.reasons
+    half = r.details["half_frames"]
+    assert half["sent"]["half_connections"] >= 4 * 48 and half["sent"]["idle_connections"] >= 4 * 16
+    assert 1.5 < max(half["held_s"]["half"]) < 3.5 and 2.5 < max(half["held_s"]["idle"]) < 4.5
+    rows = r.details["half_frames_replicas"]
+    assert all(
+        row["frame_timeouts"] >= 48 and row["unauth_timeouts"] >= 16 for row in rows.values()
+    )
+    assert all(v["growth"] < 32 for v in r.details["agreed_rss_mib"].values())
+    honest = r.details["honest"]
+    assert honest["attack"]["ops_per_s"] >= honest["bound"]["min_ops_per_s"], honest
+    assert r.details["controld_deltas"]["woken"] == 0 and not r.woken
+
+
+def test_half_frames_drill_refuses_a_watch_shorter_than_the_timeouts(tmp_path: Path) -> None:
+    """With zz-agreed's default timeouts (20 s / 10 s) the default --after cannot see the
+    connections closed: the drill refuses and names the --set overrides."""
+    from zz.drill.client_faults import HalfFrames
+    from zz.rackctl import RackState
+
+    config = load(write_rack(tmp_path))
+    d = argparse.Namespace()
+    d.rack = argparse.Namespace(state=RackState.__new__(RackState))
+    d.rack.state.overrides = {}
+    kind = HalfFrames(d)  # type: ignore[arg-type]
+    with pytest.raises(drill.DrillError, match="frame_timeout_ms=2000"):
+        kind.refuse(_args("half-frames", config, tmp_path, after=12.0))
+    kind.refuse(_args("half-frames", config, tmp_path, after=23.0))
+    d.rack.state.overrides = dict(HALF_FRAMES_OVERRIDES)
+    kind.refuse(_args("half-frames", config, tmp_path, after=8.0))
+    d.rack.state.overrides["max_conns_per_source"] = 64
+    with pytest.raises(drill.DrillError, match="max_conns_per_source 64"):
+        kind.refuse(_args("half-frames", config, tmp_path, after=8.0))
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
 @pytest.mark.parametrize(
     ("kind", "cp_phase"),
     # A crash right after a checkpoint, a liar right before the next one (CP = 32).

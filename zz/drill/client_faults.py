@@ -1,5 +1,6 @@
 # zz/drill/client_faults.py - the drill kinds whose fault is not an execution replica's: the
-# agreement primary killed, and three faulty clients (flood, slow reader, MAC split).
+# agreement primary killed, and faulty clients (flood, slow reader, MAC split, oversized
+# requests) and an unauthenticated attacker holding half-sent frames.
 """Drill kinds with no execution fault (docs/operations.md, "Drills"): nothing may be
 detected, no spare woken, and honest clients go on within bounds."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import time
@@ -15,10 +17,11 @@ from typing import Any, ClassVar
 
 from zz import kvop, wire
 from zz import report as rp
-from zz.client import Client, ClientParams, ClientTimeout
+from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge
+from zz.crypto import SIG_LEN
 from zz.drill.kind import PRIMARY_KEYS, DrillKind
 from zz.drill.load import first_client
-from zz.drill.observe import Observer, sleeping
+from zz.drill.observe import Observer, agreed_stats, sleeping
 from zz.drill.rack import DrillError
 
 # slow-reader: a client that never reads its replies, on SLOW_CONNS connections to every
@@ -41,6 +44,36 @@ SLOW_MAX_RSS_MIB = 32.0
 # (22 view changes in 30 s). Bounds: no view change at all, and honest throughput and p99
 # as for slow-reader (SLOW_MIN_THROUGHPUT, SLOW_MAX_P99, SLOW_P99_FLOOR_MS).
 MAC_SPLIT_RATE = 50.0
+# big-request: a client that sends, BIG_RATE rounds a second, one REQUEST over the service's
+# request limit (zz.config.request_limit, the stats' limits.request_limit) to every
+# agreement replica, its size cycling through BIG_OVER (None: one byte over the limit; the
+# last just under the 16 MiB frame limit), then one kv PUT of its own key BIG_UNDER bytes
+# under the limit (its signed retransmission fits too), ordered and answered. Before the
+# limits one valid 16 MiB request made every primary build a batch it could not send (22-35
+# view changes in 20-30 s). Bounds: no view change, every oversized request refused with
+# REJECTED replies (limits.requests_too_large), honest throughput and p99 as for
+# slow-reader. BIG_RATE is where the bound holds on 2 busy cores (docs/security.md).
+BIG_RATE = 2.0
+BIG_OVER: tuple[int | None, ...] = (None, 4 << 20, None, wire.MAX_MSG - 64)
+BIG_UNDER = 256
+BIG_REJECT_WAIT_S = 5.0
+BIG_KEY = b"big-request"
+# half-frames: an unauthenticated attacker, per agreement replica HALF_CONNS connections
+# that each announce a 16 MiB frame and send HALF_SENT bytes of it, and IDLE_CONNS that send
+# nothing, all held until the replica closes them (then opened again HALF_REOPEN_S later).
+# Bounds: every attacking connection closed within its timeout (frame_timeout_ms /
+# unauth_timeout_ms, as the rack runs them) plus HALF_SLACK_S, counted in limits.
+# frame_timeouts / unauth_timeouts; no agreement replica's RSS more than HALF_MAX_RSS_MIB
+# above its value at the attack; honest clients as for slow-reader. The attacker stays
+# HALF_HEADROOM connections under the per-source cap (max_conns_per_source): honest
+# clients on this machine share its source address.
+HALF_CONNS = 48
+IDLE_CONNS = 16
+HALF_SENT = 4 << 10
+HALF_REOPEN_S = 0.5
+HALF_SLACK_S = 1.5
+HALF_MAX_RSS_MIB = 32.0
+HALF_HEADROOM = 32
 
 
 class Primary(DrillKind):
@@ -388,4 +421,366 @@ class MacSplit(ClientFault):
         d.notes.append(
             f"mac-split: {changes} view changes; honest {attack['ops_per_s']:.0f} ops/s (quiet"
             f" {quiet['ops_per_s']:.0f}), p99 {attack['p99_ms']} ms (quiet {quiet['p99_ms']})"
+        )
+
+
+def _limits_delta(x: dict[str, Any], base: dict[str, Any], key: str) -> int:
+    """Growth of the stats counter limits.<key> from `base` to `x`."""
+    return int(x.get("limits", {}).get(key, 0)) - int(base.get("limits", {}).get(key, 0))
+
+
+def _settled_limits(
+    d: Any, obs: Observer, keys: tuple[str, ...], want: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    """Each agreement replica's growth of limits.<key> since the fault, read afresh from
+    the stats files (rewritten every status period, so the last poll may miss the end of
+    the attack) until every row reaches `want` or 3 s have passed."""
+    s = d.service
+    t_end = time.monotonic() + 3.0
+    while True:
+        rows: dict[str, dict[str, int]] = {}
+        for r in range(s.n):
+            name = f"{s.name}/agreed-{r}"
+            x = agreed_stats(d.config, s, r) or obs.agreed.get(name, {})
+            base = obs.agreed_base.get(name, {})
+            rows[name] = {k: _limits_delta(x, base, k) for k in keys}
+        short = any(rows[n][k] < v for n, w in want.items() for k, v in w.items() if n in rows)
+        if not short or time.monotonic() >= t_end:
+            return rows
+        time.sleep(0.25)
+
+
+class BigRequest(ClientFault):
+    """A client sending requests over the service's request limit and just under it
+    (BIG_* above): no view change, every oversized one refused, honest clients within
+    bounds."""
+
+    name = "big-request"
+    sent_key = "big_request"
+
+    def choose(self, obs: Observer) -> None:
+        """Build the oversized requests before the load starts: MACs over 16 MiB take a
+        while, and the honest clients share the drill's event loop."""
+        d = self.drill
+        _, params = self.faulty_client("the big-request client")
+        limit = params.max_request
+        if limit is None:
+            raise DrillError(f"{d.service.name}: no request limit known")
+        self.params = params
+        agreement_macs = {r: params.keys[r] for r in range(params.n)}
+        plain = len(kvop.encode_put(BIG_KEY, b""))
+        empty = wire.Request(params.service, params.principal, 0, 0, b"").with_macs(agreement_macs)
+        over_overhead = len(empty.encode()) + plain
+        # A replica refuses each copy at intake, before it looks at the timestamp.
+        self.oversized: dict[int, bytes] = {}
+        for want in BIG_OVER:
+            size = max(want or 0, limit + 1)
+            op = kvop.encode_put(BIG_KEY, b"o" * (size - over_overhead))
+            req = wire.Request(params.service, params.principal, time.time_ns(), 0, op)
+            self.oversized[size] = req.with_macs(agreement_macs).encode()
+            assert len(self.oversized[size]) == size
+
+    async def inject(self, obs: Observer) -> int | None:
+        self.task = asyncio.create_task(self._big_request())
+        return None
+
+    async def _big_request(self) -> None:
+        """A faulty client (the principal after the honest ones): BIG_RATE rounds a second,
+        each one REQUEST over the limit (a kv PUT of BIG_KEY, valid MACs for every agreement
+        replica, sent raw to every agreement replica, the client's size check skipped: built
+        in choose()) and one PUT of BIG_KEY just under the limit, invoked as an honest client
+        would."""
+        d = self.drill
+        params = self.params
+        limit = params.max_request
+        assert limit is not None
+        msgs = self.oversized
+        sent: Counter[str] = Counter()
+        sizes: Counter[int] = Counter()
+        d.details["big_request"] = {"client": params.principal, "request_limit": limit,
+                                    "rate_per_s": BIG_RATE, "sizes_over": sizes,
+                                    "sent": sent}  # fmt: skip
+        everyone = list(range(params.n))
+        macs = {r: params.keys[r] for r in everyone}
+        macs |= {wire.exec_principal(i): k for i, k in params.exec_keys.items()}
+        # Bytes a request adds to its op (header, MAC vector): the PUT is sized from it.
+        empty = wire.Request(params.service, params.principal, 0, 0, b"").with_macs(macs)
+        overhead = len(empty.encode())
+        plain = len(kvop.encode_put(BIG_KEY, b""))
+        under = kvop.encode_put(BIG_KEY, b"u" * (limit - overhead - plain - SIG_LEN - BIG_UNDER))
+        d.details["big_request"]["under_bytes"] = len(under) + overhead
+        c = Client(params)
+        c.start()
+        try:
+            for k in range(1 << 30):
+                t0 = time.monotonic()
+                size = max(BIG_OVER[k % len(BIG_OVER)] or 0, limit + 1)
+                seen = c.stats["rejected_replies"]
+                c._send(msgs[size], everyone)
+                sent["over"] += 1
+                sizes[size] += 1
+                # Every agreement replica answers REJECTED (counted once its MAC checks).
+                t_end = time.monotonic() + BIG_REJECT_WAIT_S
+                while c.stats["rejected_replies"] < seen + params.n:
+                    if time.monotonic() >= t_end:
+                        sent["over_unanswered"] += 1
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    sent["over_refused"] += 1
+                try:
+                    reply = await c.invoke(under, timeout=10.0)
+                    ok = kvop.decode_reply(reply).status == kvop.OK
+                    sent["under_ok" if ok else "under_not_ok"] += 1
+                except ClientTimeout:
+                    sent["under_timeout"] += 1
+                except RequestTooLarge:
+                    sent["under_refused"] += 1
+                sent["rejected_replies"] = c.stats["rejected_replies"]
+                await asyncio.sleep(max(0.0, 1.0 / BIG_RATE - (time.monotonic() - t0)))
+        finally:
+            sent["rejected_replies"] = c.stats["rejected_replies"]
+            await c.close()
+
+    def report_details(self, details: dict[str, Any]) -> None:
+        super().report_details(details)
+        big = details.get("big_request")
+        if isinstance(big, dict) and isinstance(big.get("sizes_over"), Counter):
+            big["sizes_over"] = {str(k): v for k, v in sorted(big["sizes_over"].items())}
+
+    def judge(self, r: rp.DrillReport, obs: Observer) -> None:
+        """No view change while the client runs, every oversized request refused by every
+        agreement replica (limits.requests_too_large grew by at least the number sent, and
+        REJECTED replies came back), the ones just under the limit ordered and answered,
+        and honest throughput and p99 within the SLOW_* bounds of the quiet seconds."""
+        d = self.drill
+        super().judge(r, obs)  # no wake-up, spares still asleep, progress
+        quiet, attack, _bound = self.honest_windows(r, "big-request client")
+        big = r.details.get("big_request", {})
+        sent = big.get("sent", {})
+        over = int(sent.get("over", 0))
+        refused = int(sent.get("over_refused", 0))
+        want = {f"{d.service.name}/agreed-{i}": {"requests_too_large": refused}
+                for i in range(d.service.n)}  # fmt: skip
+        grown = _settled_limits(d, obs, ("requests_too_large",), want)
+        rows = {}
+        for n, x in sorted(obs.agreed_of(d.service).items()):
+            base = obs.agreed_base.get(n, {})
+            rows[n] = {
+                "view": x.get("view"),
+                "view_changes": int(x.get("view_changes", 0)) - int(base.get("view_changes", 0)),
+                "requests_too_large": grown.get(n, {}).get("requests_too_large", 0),
+                "request_limit": x.get("limits", {}).get("request_limit"),
+            }
+        r.details["big_request_replicas"] = rows
+        changes = sum(row["view_changes"] for row in rows.values())
+        if changes:
+            d.reasons.append(f"{changes} view changes under the big-request client: {rows}")
+        if refused == 0:
+            d.reasons.append("no oversized request was refused by every agreement replica")
+        # The last one may still be in flight when the drill cancels the client.
+        if sent.get("over_unanswered") or refused < over - 1:
+            d.reasons.append(f"oversized requests without a REJECTED reply from every agreement"
+                             f" replica within {BIG_REJECT_WAIT_S:g} s: {sent}")  # fmt: skip
+        short = {n: row["requests_too_large"] for n, row in rows.items()
+                 if row["requests_too_large"] < refused}  # fmt: skip
+        if short:
+            d.reasons.append(f"{refused} oversized requests refused, but"
+                             f" limits.requests_too_large grew only {short}")  # fmt: skip
+        limits = {n: row["request_limit"] for n, row in rows.items()
+                  if row["request_limit"] != big.get("request_limit")}  # fmt: skip
+        if limits:
+            d.reasons.append(f"stats limits.request_limit {limits} is not zz.config's"
+                             f" {big.get('request_limit')}")  # fmt: skip
+        rejected = int(sent.get("rejected_replies", 0))
+        failed = {k: v for k, v in sent.items() if k.startswith("under_") and k != "under_ok"}
+        if not sent.get("under_ok") or failed:
+            d.reasons.append(f"requests just under the limit not all answered: {sent}")
+        d.notes.append(
+            f"big-request: {changes} view changes, {refused} of {over} oversized requests refused"
+            f" ({rejected} REJECTED replies), {sent.get('under_ok', 0)} just under the limit"
+            f" answered; honest {attack['ops_per_s']:.0f} ops/s (quiet {quiet['ops_per_s']:.0f}),"
+            f" p99 {attack['p99_ms']} ms (quiet {quiet['p99_ms']})"
+        )
+
+
+class HalfFrames(ClientFault):
+    """An unauthenticated attacker holding half-sent 16 MiB frames and idle connections on
+    every agreement replica (HALF_* above): each closed within its timeout, memory bounded,
+    honest clients within bounds."""
+
+    name = "half-frames"
+    sent_key = "half_frames"
+
+    def _timeouts(self) -> tuple[float, float]:
+        """frame_timeout_ms and unauth_timeout_ms (s) as the rack runs them: its
+        `zz rack up --set` values, else zz-agreed's defaults (docs/security.md)."""
+        ov = self.drill.rack.state.overrides
+
+        def ms(key: str, default: int) -> float:
+            v = ov.get(key, default)
+            vals = list(v.values()) if isinstance(v, dict) else [v]
+            return max(int(x) for x in vals) / 1000
+
+        return ms("frame_timeout_ms", 20000), ms("unauth_timeout_ms", 10000)
+
+    def refuse(self, args: Any) -> None:
+        frame, unauth = self._timeouts()
+        need = max(frame, unauth) + HALF_SLACK_S + 1.0
+        if args.after < need:
+            raise DrillError(
+                f"half-frames: --after {args.after:g} s cannot see connections closed after"
+                f" frame_timeout_ms / unauth_timeout_ms ({frame:g} s / {unauth:g} s): watch"
+                f" at least {math.ceil(need)} s, or bring the rack up with lower ones"
+                " (zz rack up --set frame_timeout_ms=2000 --set unauth_timeout_ms=3000)"
+            )
+        v = self.drill.rack.state.overrides.get("max_conns_per_source", 256)
+        cap = min(int(x) for x in (v.values() if isinstance(v, dict) else [v]))
+        if cap < HALF_CONNS + IDLE_CONNS + HALF_HEADROOM:
+            raise DrillError(f"half-frames: max_conns_per_source {cap} leaves no room for"
+                             f" {HALF_CONNS + IDLE_CONNS} attacking connections and the"
+                             " honest clients on the same address")  # fmt: skip
+
+    async def inject(self, obs: Observer) -> int | None:
+        d = self.drill
+        d.rack.agreed_rss(d.service, d.details.setdefault("agreed_rss_mib", {}), "before")
+        self.task = asyncio.create_task(self._attack())
+        return None
+
+    async def _attack(self) -> None:
+        """HALF_CONNS connections to every agreement replica that announce a 16 MiB frame
+        and send HALF_SENT bytes of it, and IDLE_CONNS that send nothing; each waits for the
+        replica to close it (how long it was held is kept), then is opened again."""
+        d = self.drill
+        s = d.service
+        frame_s, unauth_s = self._timeouts()
+        head = wire.MAX_MSG.to_bytes(4, "big") + os.urandom(HALF_SENT)
+        sent: Counter[str] = Counter()
+        held: dict[str, list[float]] = {"half": [], "idle": []}
+        open_at_end: dict[str, list[float]] = {"half": [], "idle": []}
+        closed: Counter[str] = Counter()  # "agreed-R half" / "agreed-R idle"
+        d.details["half_frames"] = {
+            "conns_per_replica": {"half": HALF_CONNS, "idle": IDLE_CONNS},
+            "announced_bytes": wire.MAX_MSG, "sent_bytes": HALF_SENT,
+            "frame_timeout_s": frame_s, "unauth_timeout_s": unauth_s, "sent": sent,
+            "held_s": held, "open_at_end_s": open_at_end, "closed": closed,
+        }  # fmt: skip
+        rss = d.details.setdefault("agreed_rss_mib", {})
+        loop = asyncio.get_running_loop()
+        addrs = [d.rack.agreed_proc(s, r) for r in range(s.n)]
+
+        async def one(r: int, kind: str) -> None:
+            addr = (addrs[r].address, addrs[r].port)
+            while True:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                opened: float | None = None
+                try:
+                    await loop.sock_connect(sock, addr)
+                    opened = time.monotonic()
+                    sent[f"{kind}_connections"] += 1
+                    if kind == "half":
+                        await loop.sock_sendall(sock, head)
+                        sent["bytes"] += len(head)
+                    while await loop.sock_recv(sock, 4096):
+                        sent["bytes_received"] += 1  # nothing is ever due to us
+                    raise ConnectionResetError  # closed by the replica
+                except OSError:
+                    if opened is None:
+                        sent["connect_failed"] += 1
+                    else:
+                        held[kind].append(round(time.monotonic() - opened, 2))
+                        closed[f"agreed-{r} {kind}"] += 1
+                        opened = None
+                finally:
+                    if opened is not None:  # cancelled at the end of the drill, still open
+                        open_at_end[kind].append(round(time.monotonic() - opened, 2))
+                    sock.close()
+                await asyncio.sleep(HALF_REOPEN_S)
+
+        async def watch_rss() -> None:
+            while True:
+                d.rack.agreed_rss(s, rss, "max")
+                await asyncio.sleep(0.5)
+
+        tasks = [asyncio.create_task(watch_rss())]
+        for r in range(s.n):
+            tasks += [asyncio.create_task(one(r, "half")) for _ in range(HALF_CONNS)]
+            tasks += [asyncio.create_task(one(r, "idle")) for _ in range(IDLE_CONNS)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def report_details(self, details: dict[str, Any]) -> None:
+        super().report_details(details)
+        half = details.get("half_frames")
+        if isinstance(half, dict) and isinstance(half.get("closed"), Counter):
+            half["closed"] = dict(sorted(half["closed"].items()))
+
+    def judge(self, r: rp.DrillReport, obs: Observer) -> None:
+        """Every attacking connection closed by the replica within its timeout plus
+        HALF_SLACK_S (a half-sent frame: the smaller of frame_timeout_ms and
+        unauth_timeout_ms; an idle one: unauth_timeout_ms), the closes counted in every
+        replica's limits (frame_timeouts / unauth_timeouts), nobody refused over the
+        per-source cap, no agreement replica's RSS more than HALF_MAX_RSS_MIB above its
+        value at the attack, and honest throughput and p99 within the SLOW_* bounds."""
+        d = self.drill
+        s = d.service
+        super().judge(r, obs)  # no wake-up, spares still asleep, progress
+        quiet, attack, bound = self.honest_windows(r, "half-sent frames")
+        bound["max_rss_growth_mib"] = HALF_MAX_RSS_MIB
+        half = r.details.get("half_frames", {})
+        frame_s, unauth_s = self._timeouts()
+        # The sweep closes a half-sent frame at the first of its two timeouts, counting it a
+        # frame timeout when frame_timeout_ms is the smaller (or equal) one.
+        limit_s = {"half": min(frame_s, unauth_s), "idle": unauth_s}
+        half_key = "frame_timeouts" if frame_s <= unauth_s else "unauth_timeouts"
+        closed = half.get("closed", {})
+        per = {"half": HALF_CONNS, "idle": IDLE_CONNS}
+        for kind in ("half", "idle"):
+            longest = max(half.get("held_s", {}).get(kind, []) + half.get(
+                "open_at_end_s", {}).get(kind, []), default=0.0)  # fmt: skip
+            if longest > limit_s[kind] + HALF_SLACK_S:
+                d.reasons.append(f"a {kind} connection held {longest:.1f} s, over its"
+                                 f" {limit_s[kind]:g} s timeout + {HALF_SLACK_S:g} s")  # fmt: skip
+            few = {i: closed.get(f"agreed-{i} {kind}", 0) for i in range(s.n)
+                   if closed.get(f"agreed-{i} {kind}", 0) < per[kind]}  # fmt: skip
+            if few:
+                d.reasons.append(f"of {per[kind]} {kind} connections per agreement replica,"
+                                 f" only {few} closed by the replica")  # fmt: skip
+        want: dict[str, dict[str, int]] = {}
+        for i in range(s.n):
+            n_half, n_idle = closed.get(f"agreed-{i} half", 0), closed.get(f"agreed-{i} idle", 0)
+            w = want.setdefault(f"{s.name}/agreed-{i}", {"unauth_timeouts": n_idle})
+            w[half_key] = w.get(half_key, 0) + n_half
+        keys = ("frame_timeouts", "unauth_timeouts", "conns_refused_source", "conns_refused",
+                "unauth_buffer_refusals")  # fmt: skip
+        rows = _settled_limits(d, obs, keys, want)
+        r.details["half_frames_replicas"] = rows
+        for n, w in sorted(want.items()):
+            row = rows.get(n, {})
+            short = {k: (row.get(k, 0), v) for k, v in w.items() if row.get(k, 0) < v}
+            if short:
+                d.reasons.append(f"{n}: limits counters (grown, closed by it) {short}")
+            if row.get("conns_refused_source") or row.get("conns_refused"):
+                d.reasons.append(f"{n} refused connections over a cap, which the attack stays"
+                                 f" under: {row}")  # fmt: skip
+        rss = r.details.get("agreed_rss_mib", {})
+        for name, row in sorted(rss.items()):
+            grown = row.get("max", 0.0) - row.get("before", 0.0)
+            row["growth"] = round(grown, 1)
+            if "before" in row and grown > HALF_MAX_RSS_MIB:
+                d.reasons.append(f"{name} RSS grew {grown:.0f} MiB under the half-sent frames"
+                                 f" (bound {HALF_MAX_RSS_MIB:.0f} MiB)")  # fmt: skip
+        if sent_failed := half.get("sent", {}).get("connect_failed"):
+            d.notes.append(f"half-frames: {sent_failed} connects failed")
+        holds = {k: max(v, default=None) for k, v in half.get("held_s", {}).items()}
+        growth = ", ".join(f"{n} {row.get('growth')}" for n, row in sorted(rss.items()))
+        d.notes.append(
+            f"half-frames: longest hold {holds} s (timeouts {limit_s}); honest"
+            f" {attack['ops_per_s']:.0f} ops/s (quiet {quiet['ops_per_s']:.0f}), p99"
+            f" {attack['p99_ms']} ms (quiet {quiet['p99_ms']}); agreed RSS growth {growth} MiB"
         )

@@ -4,10 +4,17 @@
 
 from __future__ import annotations
 
-from zz.drill.client_faults import ClientFlood, MacSplit, Primary, SlowReader
+from zz.drill.client_faults import (
+    BigRequest,
+    ClientFlood,
+    HalfFrames,
+    MacSplit,
+    Primary,
+    SlowReader,
+)
 from zz.drill.exec_faults import ByzantineHost, CorruptSnapshot, Crash, Slow, WrongReply
 from zz.drill.kind import DrillKind
 
-CLIENT_KINDS = (Primary, ClientFlood, SlowReader, MacSplit)
+CLIENT_KINDS = (Primary, ClientFlood, SlowReader, MacSplit, BigRequest, HalfFrames)
 EXEC_KINDS = (WrongReply, Crash, Slow, CorruptSnapshot, ByzantineHost)
 KINDS: dict[str, type[DrillKind]] = {k.name: k for k in CLIENT_KINDS + EXEC_KINDS}
