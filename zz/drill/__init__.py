@@ -22,7 +22,7 @@ The package, one concern a module:
 * runner.py  - Drill: the phases every kind shares, the report, the restore; run(), the CLI
 * kind.py    - DrillKind: what a kind needs, injects, must see, reports, and whether it convicts
 * kinds.py   - the registry, name -> class (argparse's choices come from it)
-* client_faults.py - primary, client-flood, slow-reader, mac-split
+* client_faults.py - primary, client-flood, slow-reader, mac-split, big-request, half-frames
 * exec_faults.py   - wrong-reply, crash, slow, corrupt-snapshot, byzantine-host
 * observe.py - Observer (stats files, controlds) and the rules read from it
 * load.py    - the honest kv or HTTP load
