@@ -76,6 +76,11 @@ HALF_MAX_RSS_MIB = 32.0
 HALF_HEADROOM = 32
 
 
+def _limits_delta(x: dict[str, Any], base: dict[str, Any], key: str) -> int:
+    """Growth of the stats counter limits.<key> from `base` to `x`."""
+    return int(x.get("limits", {}).get(key, 0)) - int(base.get("limits", {}).get(key, 0))
+
+
 class Primary(DrillKind):
     """SIGKILL of the agreement primary (`view % n`): survivors all in a later view, the
     service resumes, nobody woken."""
@@ -154,6 +159,27 @@ class ClientFault(DrillKind):
         d.notes.append(f"{self.name}: no detection, wake-up or conviction may happen;"
                        f" spares after the drill: {', '.join(asleep) or 'none'}")  # fmt: skip
         self.need_progress(r)
+
+    def settled_limits(
+        self, obs: Observer, keys: tuple[str, ...], want: dict[str, dict[str, int]]
+    ) -> dict[str, dict[str, int]]:
+        """Each agreement replica's growth of limits.<key> since the fault, read afresh from
+        the stats files (rewritten every status period, so the last poll may miss the end of
+        the attack) until every row reaches `want` or 3 s have passed."""
+        d = self.drill
+        s = d.service
+        t_end = time.monotonic() + 3.0
+        while True:
+            rows: dict[str, dict[str, int]] = {}
+            for r in range(s.n):
+                name = f"{s.name}/agreed-{r}"
+                x = agreed_stats(d.config, s, r) or obs.agreed.get(name, {})
+                base = obs.agreed_base.get(name, {})
+                rows[name] = {k: _limits_delta(x, base, k) for k in keys}
+            short = any(rows[n][k] < v for n, w in want.items() for k, v in w.items() if n in rows)
+            if not short or time.monotonic() >= t_end:
+                return rows
+            time.sleep(0.25)
 
     def honest_windows(
         self, r: rp.DrillReport, what: str
@@ -424,32 +450,6 @@ class MacSplit(ClientFault):
         )
 
 
-def _limits_delta(x: dict[str, Any], base: dict[str, Any], key: str) -> int:
-    """Growth of the stats counter limits.<key> from `base` to `x`."""
-    return int(x.get("limits", {}).get(key, 0)) - int(base.get("limits", {}).get(key, 0))
-
-
-def _settled_limits(
-    d: Any, obs: Observer, keys: tuple[str, ...], want: dict[str, dict[str, int]]
-) -> dict[str, dict[str, int]]:
-    """Each agreement replica's growth of limits.<key> since the fault, read afresh from
-    the stats files (rewritten every status period, so the last poll may miss the end of
-    the attack) until every row reaches `want` or 3 s have passed."""
-    s = d.service
-    t_end = time.monotonic() + 3.0
-    while True:
-        rows: dict[str, dict[str, int]] = {}
-        for r in range(s.n):
-            name = f"{s.name}/agreed-{r}"
-            x = agreed_stats(d.config, s, r) or obs.agreed.get(name, {})
-            base = obs.agreed_base.get(name, {})
-            rows[name] = {k: _limits_delta(x, base, k) for k in keys}
-        short = any(rows[n][k] < v for n, w in want.items() for k, v in w.items() if n in rows)
-        if not short or time.monotonic() >= t_end:
-            return rows
-        time.sleep(0.25)
-
-
 class BigRequest(ClientFault):
     """A client sending requests over the service's request limit and just under it
     (BIG_* above): no view change, every oversized one refused, honest clients within
@@ -457,6 +457,9 @@ class BigRequest(ClientFault):
 
     name = "big-request"
     sent_key = "big_request"
+    # Set by choose(): the client's parameters and the oversized requests by size.
+    params: ClientParams
+    oversized: dict[int, bytes]
 
     def choose(self, obs: Observer) -> None:
         """Build the oversized requests before the load starts: MACs over 16 MiB take a
@@ -472,7 +475,7 @@ class BigRequest(ClientFault):
         empty = wire.Request(params.service, params.principal, 0, 0, b"").with_macs(agreement_macs)
         over_overhead = len(empty.encode()) + plain
         # A replica refuses each copy at intake, before it looks at the timestamp.
-        self.oversized: dict[int, bytes] = {}
+        self.oversized = {}
         for want in BIG_OVER:
             size = max(want or 0, limit + 1)
             op = kvop.encode_put(BIG_KEY, b"o" * (size - over_overhead))
@@ -562,7 +565,7 @@ class BigRequest(ClientFault):
         refused = int(sent.get("over_refused", 0))
         want = {f"{d.service.name}/agreed-{i}": {"requests_too_large": refused}
                 for i in range(d.service.n)}  # fmt: skip
-        grown = _settled_limits(d, obs, ("requests_too_large",), want)
+        grown = self.settled_limits(obs, ("requests_too_large",), want)
         rows = {}
         for n, x in sorted(obs.agreed_of(d.service).items()):
             base = obs.agreed_base.get(n, {})
@@ -758,7 +761,7 @@ class HalfFrames(ClientFault):
             w[half_key] = w.get(half_key, 0) + n_half
         keys = ("frame_timeouts", "unauth_timeouts", "conns_refused_source", "conns_refused",
                 "unauth_buffer_refusals")  # fmt: skip
-        rows = _settled_limits(d, obs, keys, want)
+        rows = self.settled_limits(obs, keys, want)
         r.details["half_frames_replicas"] = rows
         for n, w in sorted(want.items()):
             row = rows.get(n, {})
