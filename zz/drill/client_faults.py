@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from zz import kvop, wire
@@ -139,6 +140,25 @@ class ClientFault(DrillKind):
             details[self.sent_key] = dict(sent)
         elif isinstance(sent, dict) and "sent" in sent:
             sent["sent"] = dict(sent["sent"])
+
+    def start_watching_rss(self, attack: Coroutine[Any, Any, None]) -> None:
+        """Record every agreement replica's RSS at the fault, then start the attack (which
+        samples "max" while it runs: zz/drill/rack.py agreed_rss)."""
+        d = self.drill
+        d.rack.agreed_rss(d.service, d.details.setdefault("agreed_rss_mib", {}), "before")
+        self.task = asyncio.create_task(attack)
+
+    def judge_rss(self, r: rp.DrillReport, bound_mib: float, under: str) -> dict[str, Any]:
+        """Each replica's RSS growth (kept as its row's "growth"); a reason for each one over
+        `bound_mib`. Returns the rows."""
+        rss = r.details.get("agreed_rss_mib", {})
+        for name, row in sorted(rss.items()):
+            grown = row.get("max", 0.0) - row.get("before", 0.0)
+            row["growth"] = round(grown, 1)
+            if "before" in row and grown > bound_mib:
+                self.drill.reasons.append(f"{name} RSS grew {grown:.0f} MiB under {under}"
+                                          f" (bound {bound_mib:.0f} MiB)")  # fmt: skip
+        return rss
 
     def judge(self, r: rp.DrillReport, obs: Observer) -> None:
         """No WAKEUP accepted, no replica woken, the spares asleep before still asleep,
@@ -278,9 +298,7 @@ class SlowReader(ClientFault):
     sent_key = "slow_reader"
 
     async def inject(self, obs: Observer) -> int | None:
-        d = self.drill
-        d.rack.agreed_rss(d.service, d.details.setdefault("agreed_rss_mib", {}), "before")
-        self.task = asyncio.create_task(self._slow_reader())
+        self.start_watching_rss(self._slow_reader())
         return None
 
     async def _slow_reader(self) -> None:
@@ -343,13 +361,7 @@ class SlowReader(ClientFault):
         quiet, attack, bound = self.honest_windows(r, "slow reader")
         bound["max_rss_growth_mib"] = SLOW_MAX_RSS_MIB
         p99 = attack["p99_ms"]
-        rss = r.details.get("agreed_rss_mib", {})
-        for name, row in sorted(rss.items()):
-            grown = row.get("max", 0.0) - row.get("before", 0.0)
-            row["growth"] = round(grown, 1)
-            if "before" in row and grown > SLOW_MAX_RSS_MIB:
-                d.reasons.append(f"{name} RSS grew {grown:.0f} MiB under the slow reader"
-                                 f" (bound {SLOW_MAX_RSS_MIB:.0f} MiB)")  # fmt: skip
+        rss = self.judge_rss(r, SLOW_MAX_RSS_MIB, "the slow reader")
         who = str(r.details.get("slow_reader", {}).get("client"))
         dropped = {
             n: x.get("limits", {}).get("slow_readers", {}).get(who, 0)
@@ -645,9 +657,7 @@ class HalfFrames(ClientFault):
                              " honest clients on the same address")  # fmt: skip
 
     async def inject(self, obs: Observer) -> int | None:
-        d = self.drill
-        d.rack.agreed_rss(d.service, d.details.setdefault("agreed_rss_mib", {}), "before")
-        self.task = asyncio.create_task(self._attack())
+        self.start_watching_rss(self._attack())
         return None
 
     async def _attack(self) -> None:
@@ -771,13 +781,7 @@ class HalfFrames(ClientFault):
             if row.get("conns_refused_source") or row.get("conns_refused"):
                 d.reasons.append(f"{n} refused connections over a cap, which the attack stays"
                                  f" under: {row}")  # fmt: skip
-        rss = r.details.get("agreed_rss_mib", {})
-        for name, row in sorted(rss.items()):
-            grown = row.get("max", 0.0) - row.get("before", 0.0)
-            row["growth"] = round(grown, 1)
-            if "before" in row and grown > HALF_MAX_RSS_MIB:
-                d.reasons.append(f"{name} RSS grew {grown:.0f} MiB under the half-sent frames"
-                                 f" (bound {HALF_MAX_RSS_MIB:.0f} MiB)")  # fmt: skip
+        rss = self.judge_rss(r, HALF_MAX_RSS_MIB, "the half-sent frames")
         if sent_failed := half.get("sent", {}).get("connect_failed"):
             d.notes.append(f"half-frames: {sent_failed} connects failed")
         holds = {k: max(v, default=None) for k, v in half.get("held_s", {}).items()}
