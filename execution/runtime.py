@@ -215,6 +215,12 @@ class Runtime:
         # The wake notice whose seq was last taken (its mtime), by _wake_watch or by
         # _peek_wake_notice, which looks before a resumed replica judges anything by it.
         self._notice_taken = _mtime(self.state_dir / WAKE_NOTICE)
+        # What _wake_watch compares against: the notice as it was when this runtime was made,
+        # before it listens. Read at the task's first step instead, it took a notice that
+        # controld wrote while the freshly provisioned spare was paused before that step
+        # ran (the notice is written before the resume) for an old one, and the woken spare
+        # stayed silent until it was convicted (campaign seed 3302 round 3 at f = 2).
+        self._notice_at_start = self._notice_taken
         self._last_agreement_frame = time.monotonic()
         # The seq of a batch abandoned half-run because the checkpoint being recovered was
         # collected (StaleCheckpoint): nothing executes until a newer one is installed.
@@ -807,7 +813,7 @@ class Runtime:
         A replica that slept was frozen mid-flight; once it runs again it must learn the
         cluster's stable checkpoint now, not when the stall check next fires."""
         path = self.state_dir / WAKE_NOTICE
-        seen = _mtime(path)
+        seen = self._notice_at_start
         while True:
             await asyncio.sleep(_WAKE_POLL)
             now = _mtime(path)
@@ -867,7 +873,9 @@ class Runtime:
     def poke_wake(self) -> None:
         """SIGUSR1 (the guest agent's "wake"): look at the wake notice now, whatever its
         mtime says. A spare paused right after boot missed a notice that controld wrote
-        over 9p just after the resume (observed; the cause is not known)."""
+        over 9p around the resume. A watch that read its baseline only at its first step
+        explains that (fixed: _notice_at_start); the poke stays as the guest agent's
+        direct signal."""
         self._wake_poked = True
         self.counters["wake_pokes"] += 1
 

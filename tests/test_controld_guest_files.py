@@ -164,3 +164,36 @@ def test_a_resumed_runtime_takes_the_wake_notice_before_the_log(tmp_path: Path) 
     assert rt.counters["wake_notices_peeked"] == 1 and rt.counters["recover_target_dropped"] == 1
     rt._on_fetch_reply(None, reply)  # type: ignore[arg-type]
     assert rt.counters["wake_notices_peeked"] == 1  # the same notice is taken once
+
+
+def test_a_spare_paused_before_its_wake_watch_ran_still_wakes(tmp_path: Path) -> None:
+    """controld writes the wake notice before it resumes a spare. A spare provisioned and
+    paused before its notice watch took its first step must still take that notice as new
+    (campaign seed 3302 round 3, f = 2: the woken fresh spare stayed silent and was
+    convicted)."""
+    import asyncio
+
+    from zz.execution.runtime import WAKE_NOTICE
+
+    ctx = _ctx(tmp_path)
+    state = tmp_path / "st"
+    rt = Runtime(
+        ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=state, asleep=True)
+    )
+
+    async def run() -> None:
+        await rt.start()
+        try:
+            # No await since start(): the watch task has not run a step yet, as in a spare
+            # stopped right after it began listening and resumed after the notice was written.
+            (state / WAKE_NOTICE).write_text(json.dumps({"recovering_from_seq": 7, "awake": [1]}))
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not rt.asleep:
+                    break
+        finally:
+            await rt.shutdown()
+
+    asyncio.run(run())
+    assert not rt.asleep and rt.counters["wake_notices"] == 1
+    assert rt._fault_seq == 7
