@@ -59,30 +59,225 @@ def test_buckets_throughput_and_latency() -> None:
     assert rp.buckets([]) == []
 
 
+# controld's log lines (controld/daemon.py `_note`) as Observer.lines gives them: (t after
+# the fault, "host: line").
+CONTROLD_LINES = {
+    "woken": [
+        (0.95, "h3: woke kv0/2 from paused in 16.4 ms; notice /r/s3/exec-2/controld-wakeup.json")
+    ],
+    "convicted": [(1.1, "h1: convicted kv0/0 destroyed; state kept as /r/s1/exec-0.forensic-41")],
+    "shut_down": [
+        (1.0, f"{h}: SHUTDOWN kv0 seq 41 convict [0] sleep [] active [1, 2]")
+        for h in ("h1", "h3", "h2")
+    ],
+    "spares_restored": [
+        (
+            33.2,
+            "h1: provisioned kv0/0 paused (zz-rt-kv0-x0) {'domain': 'zz-rt-kv0-x0',"
+            " 'low_priority_boot': True, 'answering_s': 32.112, 'seconds': 32.747}",
+        )
+    ],
+}
+
+
+def _entries(r: rp.DrillReport) -> rp.DrillReport:
+    for key, cls in rp.ENTRY_FIELDS.items():
+        setattr(r, key, cls.from_lines(CONTROLD_LINES[key]))
+    return r
+
+
+def test_controld_lines_become_structured_entries() -> None:
+    """report.json's convicted / woken / shut-down / restored lists hold entries with
+    fields, not controld's English lines; a line of another form is no entry."""
+    r = _entries(rp.DrillReport("wrong-reply", "rt", "kv0", 1.0e9))
+    assert r.convicted == [rp.Convicted(1.1, "h1", "kv0", 0, "/r/s1/exec-0.forensic-41")]
+    assert r.woken == [
+        rp.Woken(0.95, "h3", "kv0", 2, "paused", 16.4, "/r/s3/exec-2/controld-wakeup.json")
+    ]
+    assert [(x.host, x.seq, x.convict, x.sleep, x.active) for x in r.shut_down] == [
+        (h, 41, [0], [], [1, 2]) for h in ("h1", "h3", "h2")
+    ]
+    (spare,) = r.spares_restored
+    assert (spare.who, spare.mode, spare.domain, spare.t_s) == (
+        "kv0/0",
+        "paused",
+        "zz-rt-kv0-x0",
+        33.2,
+    )
+    assert spare.detail["seconds"] == 32.747 and spare.detail["low_priority_boot"] is True
+    assert rp.Convicted.from_lines([(1.0, "h1: SHUTDOWN kv0/0 destroy failed: boom")]) == []
+    doc = r.to_json()
+    assert doc["convicted"] == [
+        {"t_s": 1.1, "host": "h1", "service": "kv0", "replica": 0,
+         "state_kept": "/r/s1/exec-0.forensic-41"}
+    ]  # fmt: skip
+    assert doc["woken"][0]["from_state"] == "paused" and doc["woken"][0]["resume_ms"] == 16.4
+
+
 def test_report_json_png_and_text(tmp_path: Path) -> None:
-    r = rp.DrillReport("wrong-reply", "rt", "kv0", 1.0e9, result="PASS")
+    r = _entries(rp.DrillReport("wrong-reply", "rt", "kv0", 1.0e9, result="PASS"))
     r.detection_s, r.wakeup_s, r.first_correct_reply_s = 0.9, 0.95, 1.2
-    r.convicted = ["h1: convicted kv0/0 destroyed"]
     r.linearizability, r.linearizable = "kv0: linearizable: 302 operations", True
     r.timeline = rp.buckets(_samples())
     js, png = rp.write(r, tmp_path / "out")
     assert png is not None
     data = png.read_bytes()
     assert data.startswith(rp.PNG_MAGIC) and len(data) > 10_000
-    assert json.loads(js.read_text())["convicted"] == r.convicted
+    doc = json.loads(js.read_text())
+    assert list(doc)[0] == "schema_version" and doc["schema_version"] == rp.SCHEMA_VERSION == 2
+    assert doc["convicted"][0]["service"] == "kv0" and doc["convicted"][0]["replica"] == 0
     back = rp.load(js)
-    assert back == r
+    assert back == r and isinstance(back.spares_restored[0], rp.SpareRestored)
     text = rp.format_text(r)
     for want in (
         "detection time            900 ms",
         "wake-up time              950 ms",
         "first correct reply       1200 ms",
-        "convicted kv0/0",
+        "convicted                 kv0/0 on h1 at 1100 ms (state kept as /r/s1/exec-0.forensic-41)",
+        "shut down                 kv0 seq 41: convict [0] sleep [] active [1, 2] (at h1, h2, h3)",
+        "woken                     kv0/2 on h3 at 950 ms (from paused in 16.4 ms)",
+        "spares restored           kv0/0 paused on h1 at 33.2 s, provisioned in 32.7 s",
         "RESULT: PASS",
     ):
         assert want in text, text
     r.result, r.reasons = "FAIL", ["missing: WAKEUP"]
     assert "FAIL: missing: WAKEUP" in rp.format_text(r)
+
+
+def test_a_version_1_report_is_read_with_its_lines_parsed(tmp_path: Path) -> None:
+    """report.json before schema versions (no `schema_version`, entries as "host: line"):
+    `load` parses the lines into entries (times unknown: 0) and says so; a newer schema is
+    refused by name."""
+    old = rp.DrillReport("crash", "rt", "kv0", 1.0e9, result="PASS").to_json()
+    del old["schema_version"]
+    for key, lines in CONTROLD_LINES.items():
+        old[key] = [line for _, line in lines]
+    (tmp_path / "report.json").write_text(json.dumps(old))
+    r = rp.load(tmp_path / "report.json")
+    assert r.schema_version == rp.SCHEMA_VERSION
+    assert [(c.who, c.host, c.t_s) for c in r.convicted] == [("kv0/0", "h1", 0.0)]
+    assert [w.who for w in r.woken] == ["kv0/2"] and len(r.shut_down) == 3
+    assert any("version 1" in n for n in r.notes)
+    old["convicted"] = ["h1: something else"]
+    (tmp_path / "report.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="convicted"):
+        rp.load(tmp_path / "report.json")
+    (tmp_path / "report.json").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(ValueError, match="schema version 99"):
+        rp.load(tmp_path / "report.json")
+
+
+def _steady(rate: float, t0: float, t1: float, latency: float = 0.01) -> list[rp.Sample]:
+    """Operations returning at `rate` per second from t0 to t1, each issued `latency`
+    before it returns (times off the 100 ms bucket edges)."""
+    n = round((t1 - t0) * rate)
+    return [rp.Sample(t0 + (k + 0.5) / rate - latency, t0 + (k + 0.5) / rate) for k in range(n)]
+
+
+def test_throughput_after_recovery_under_half_is_degraded() -> None:
+    """100 ops/s for 4 s before the fault, an outage, then 30 ops/s to the end of a 15 s
+    watch: every check passed, yet the verdict is DEGRADED (its own exit code), not PASS.
+    At 60 ops/s it is PASS."""
+    for after_rate, want in ((30.0, "DEGRADED"), (60.0, "PASS")):
+        samples = _steady(100, -4.0, 0.0) + _steady(after_rate, 2.0, 15.0)
+        r = rp.DrillReport("crash", "rt", "kv0", 0.0)
+        r.detection_s = 1.5
+        rp.throughput(r, samples, before_s=4.0, end_s=15.0)
+        assert r.load_before == pytest.approx(100)
+        assert r.load_after == pytest.approx(after_rate)
+        assert r.details["after_window_s"] == [10.0, 15.0]  # the last 5 s of the watch
+        assert rp.verdict(r) == want and r.result == want
+        if want == "DEGRADED":
+            (why,) = r.degraded
+            assert "30 ops/s" in why and "30% of the 100 ops/s" in why and "below 50%" in why
+            assert f"DEGRADED: {why}" in rp.format_text(r)
+            assert rp.EXIT_CODES["DEGRADED"] not in (
+                rp.EXIT_CODES["PASS"],
+                rp.EXIT_CODES["FAIL"],
+                2,
+            )
+        else:
+            assert r.degraded == []
+    # A failed check wins over the throughput rule.
+    r.degraded, r.reasons = ["slow"], ["missing: SHUTDOWN"]
+    assert rp.verdict(r) == "FAIL"
+
+
+def test_after_window_starts_at_the_first_correct_reply() -> None:
+    """The throughput after recovery never counts the outage: the window starts at the
+    first correct reply when that is within the last 5 s, and with under 1 s left there is
+    no figure (and no verdict on it)."""
+    assert rp.after_window(15.0, 2.0) == (10.0, 15.0)
+    assert rp.after_window(15.0, 12.5) == (12.5, 15.0)
+    assert rp.after_window(15.0, 14.5) is None
+    assert rp.after_window(15.0, None) == (10.0, 15.0)
+    samples = _steady(100, -4.0, 0.0) + _steady(80, 12.5, 15.0)
+    r = rp.DrillReport("crash", "rt", "kv0", 0.0)
+    r.detection_s = 12.0
+    rp.throughput(r, samples, before_s=4.0, end_s=15.0)
+    assert r.details["after_window_s"] == [round(r.first_correct_reply_s, 3), 15.0]
+    assert r.load_after == pytest.approx(80, rel=0.05) and rp.verdict(r) == "PASS"
+
+
+def test_first_correct_reply_is_never_before_detection() -> None:
+    """Operations issued after the fault that return before its detection was seen (the
+    stats files are read about once a second) do not make the first correct reply earlier
+    than the detection: it is the first such return at or after it, measured from the
+    fault; the earlier returns are kept in details and noted."""
+    samples = [
+        rp.Sample(-0.5, -0.49),  # before the fault: never a first correct reply
+        rp.Sample(-0.01, 0.05),  # issued before the fault
+        rp.Sample(0.10, 0.31),  # after the fault, returned before the detection at 1.0 s
+        rp.Sample(0.20, 0.62),
+        rp.Sample(0.40, 1.37, ok=False),  # not an acknowledged answer
+        rp.Sample(0.50, 1.41),
+        rp.Sample(1.20, 1.25),  # the first return after the detection
+    ]
+    assert rp.first_reply(samples, 1.0) == (1.25, 0.31, 2)
+    assert rp.first_reply(samples, None) == (0.31, 0.31, 0)  # nothing detected: no bound
+    assert rp.first_reply(samples, 2.0) == (None, 0.31, 4)  # nothing returned after it
+    r = rp.DrillReport("primary", "rt", "kv0", 0.0)
+    r.detection_s = 1.0
+    rp.throughput(r, samples, before_s=1.0, end_s=1.5)
+    assert r.first_correct_reply_s == 1.25 >= r.detection_s
+    assert r.details["first_reply_after_fault_s"] == 0.31
+    assert r.details["replies_before_detection"] == 2
+    assert any("2 operation(s) issued after the fault returned before" in n for n in r.notes)
+    assert r.marks()["first_correct_reply"] >= r.marks()["detection"]
+
+
+def test_timeline_marks_conviction_and_restore_and_keeps_the_legend_off_the_data() -> None:
+    """The picture marks the first conviction and the last spare restored, and its legend
+    lies outside both panels (it never covers a bucket or a mark)."""
+    import matplotlib.pyplot as plt
+
+    r = _entries(rp.DrillReport("wrong-reply", "rt", "kv0", 0.0, result="PASS"))
+    r.detection_s, r.wakeup_s = 0.9, 0.95
+    samples = _steady(100, -4.0, 0.0) + _steady(50, 1.2, 36.0)
+    rp.throughput(r, samples, before_s=4.0, end_s=36.0)
+    r.timeline = rp.buckets(samples)
+    assert r.marks() == {
+        "fault": 0.0,
+        "detection": 0.9,
+        "wakeup": 0.95,
+        "first_correct_reply": r.first_correct_reply_s,
+        "conviction": 1.1,
+        "spare_restored": 33.2,
+    }
+    fig = rp.timeline_figure(r)
+    try:
+        fig.canvas.draw()
+        top, bottom = fig.axes
+        legend = top.get_legend()
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "conviction (1100 ms)" in labels and "spare restored (33.2 s)" in labels
+        assert "before the fault (100 ops/s)" in labels and "after recovery (50 ops/s)" in labels
+        box = legend.get_window_extent()
+        for ax in (top, bottom):
+            assert not box.overlaps(ax.get_window_extent()), (box, ax.get_window_extent())
+        assert box.x1 <= fig.bbox.x1 + 1  # and it is in the picture
+    finally:
+        plt.close(fig)
 
 
 def test_png_for_an_empty_timeline(tmp_path: Path) -> None:
@@ -117,7 +312,7 @@ def test_drill_cli_json_and_quiet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`zz drill --json` prints the report as JSON (progress on stderr); -q prints nothing;
-    the exit code is the verdict (0 PASS, 1 FAIL)."""
+    the exit code is the verdict (0 PASS, 1 FAIL, 3 DEGRADED)."""
     from zz import cli
     from zz.drill import runner
 
@@ -127,22 +322,24 @@ def test_drill_cli_json_and_quiet(
     def fake_run(cfg: Config, args: argparse.Namespace, progress: drill.Progress) -> tuple:
         progress("load: 4 kv clients")
         r = rp.DrillReport(args.kind, cfg.rack.name, "kv0", 0.0, result=result)
-        r.convicted = ["h1: convicted kv0/1 destroyed"]
+        r.convicted = [rp.Convicted(1.5, "h1", "kv0", 1, "/r/exec-1.forensic-9")]
         rp.write(r, out)
         return r, out
 
     monkeypatch.setattr(runner, "run", fake_run)
-    for result, code in (("PASS", 0), ("FAIL", 1)):
+    for result, code in (("PASS", 0), ("FAIL", 1), ("DEGRADED", 3)):
         assert cli.main(["drill", "crash", str(config.path), "--json"]) == code
         got = capsys.readouterr()
         doc = json.loads(got.out)
         assert doc["result"] == result and doc["report"]["convicted"] == [
-            "h1: convicted kv0/1 destroyed"
-        ]
+            {"t_s": 1.5, "host": "h1", "service": "kv0", "replica": 1,
+             "state_kept": "/r/exec-1.forensic-9"}
+        ]  # fmt: skip
+        assert doc["report"]["schema_version"] == rp.SCHEMA_VERSION
         assert doc["report_json"] == str(out / "report.json")
         assert doc["timeline_png"] == str(out / "timeline.png")
         assert got.err == "load: 4 kv clients\n"
-    assert cli.main(["drill", "crash", str(config.path), "-q"]) == 1
+    assert cli.main(["drill", "crash", str(config.path), "-q"]) == 3  # the last: DEGRADED
     got = capsys.readouterr()
     assert got.out == "" and got.err == ""
 
@@ -441,9 +638,12 @@ def test_execution_fault_drill(
         assert r.details["fault_at_seq"] % up_rack.rack.checkpoint_interval == cp_phase
     assert r.detection_s is not None and r.wakeup_s is not None
     assert r.first_correct_reply_s is not None
-    assert any("convicted kv0/0" in c for c in r.convicted), r.convicted
-    assert any("woke kv0/2" in w for w in r.woken), r.woken
-    assert any("provisioned kv0/0 paused" in s for s in r.spares_restored), r.spares_restored
+    assert "kv0/0" in {c.who for c in r.convicted}, r.convicted
+    assert "kv0/2" in {w.who for w in r.woken}, r.woken
+    assert ("kv0/0", "paused") in {(x.who, x.mode) for x in r.spares_restored}, r.spares_restored
+    assert r.first_correct_reply_s >= r.detection_s
+    marks = r.marks()
+    assert marks["conviction"] > 0 and marks["spare_restored"] >= marks["conviction"]
     if kind == "corrupt-snapshot":
         assert r.details["corrupted_files"] > 0
         assert any("from x0" in x for x in r.details["rejected"]), r.details["rejected"]
@@ -462,8 +662,8 @@ def test_corrupt_snapshot_drill_on_zfs(zfs_rack: Config, tmp_path: Path) -> None
     assert r.result == "PASS", r.reasons
     assert r.details["corrupted_files"] > 0 and r.details["corrupted_from_checkpoint"] > 0
     assert any("from x0" in x for x in r.details["rejected"]), r.details["rejected"]
-    assert any("convicted kv0/0" in c for c in r.convicted), r.convicted
-    assert any("woke kv0/2" in w for w in r.woken), r.woken
+    assert "kv0/0" in {c.who for c in r.convicted}, r.convicted
+    assert "kv0/2" in {w.who for w in r.woken}, r.woken
     assert r.detection_s is not None and r.detection_s < 5, r.detection_s
 
 
@@ -488,9 +688,8 @@ def test_byzantine_host_drill(tmp_path: Path) -> None:
         assert sorted(r.details["faulted"]) == sorted(
             ["kv0/exec-1 (wrong-reply)", "kv1/exec-0 (wrong-reply)", "kv0/agreed-2", "kv1/agreed-1"]
         )
-        assert any("convicted kv0/1 " in c for c in r.convicted), r.convicted
-        assert any("convicted kv1/0 " in c for c in r.convicted), r.convicted
-        assert any("woke kv0/2" in w for w in r.woken) and any("woke kv1/2" in w for w in r.woken)
+        assert {"kv0/1", "kv1/0"} <= {c.who for c in r.convicted}, r.convicted
+        assert {"kv0/2", "kv1/2"} <= {w.who for w in r.woken}, r.woken
     finally:
         rackctl.down(config)
         for pid in leftovers(config):
@@ -507,5 +706,5 @@ def test_two_faults_in_a_row(up_rack: Config, tmp_path: Path) -> None:
     assert first.result == "PASS", first.reasons
     second = _run(up_rack, "wrong-reply", tmp_path, after=14.0)
     assert second.result == "PASS", second.reasons
-    assert any("convicted kv0/1 " in c for c in second.convicted), second.convicted
-    assert any("woke kv0/0" in w for w in second.woken), second.woken
+    assert "kv0/1" in {c.who for c in second.convicted}, second.convicted
+    assert "kv0/0" in {w.who for w in second.woken}, second.woken

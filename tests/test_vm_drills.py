@@ -199,9 +199,9 @@ def test_vm_wrong_reply_drill_f2(tmp_path: Path) -> None:
     matching replies again), the liar convicted, a fresh spare provisioned."""
     with vm_rack_up("vmf2", 5, [2], floor_ms=4000) as config:
         r = _run(config, "wrong-reply", tmp_path / "drill")
-        assert any("convicted kv0/0 " in c for c in r.convicted), r.convicted
-        assert any("woke kv0/3" in w or "woke kv0/4" in w for w in r.woken), r.woken
-        assert any("provisioned kv0/0 paused" in x for x in r.spares_restored)
+        assert "kv0/0" in {c.who for c in r.convicted}, r.convicted
+        assert {w.who for w in r.woken} & {"kv0/3", "kv0/4"}, r.woken
+        assert ("kv0/0", "paused") in {(x.who, x.mode) for x in r.spares_restored}
 
 
 @pytest.mark.slow
@@ -222,9 +222,9 @@ def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
         # a snapshot its peers' controlds read through clones.
         r = _run(config, "wrong-reply", tmp_path / "drill", before=10.0, cp_phase=31)
         assert r.details["fault_at_seq"] > config.rack.checkpoint_interval, r.details
-        assert any("convicted kv0/0 " in c for c in r.convicted), r.convicted
-        assert any("woke kv0/2" in w for w in r.woken), r.woken
-        assert any("provisioned kv0/0 paused" in x for x in r.spares_restored)
+        assert "kv0/0" in {c.who for c in r.convicted}, r.convicted
+        assert "kv0/2" in {w.who for w in r.woken}, r.woken
+        assert ("kv0/0", "paused") in {(x.who, x.mode) for x in r.spares_restored}
         snaps = _zfs_snapshots(config)
         assert any(s.startswith(f"{zfs_dataset(svc, 1)}@ckpt-") for s in snaps), snaps
         assert any(s.startswith(f"{zfs_dataset(svc, 0)}-forensic-") for s in snaps), snaps
@@ -236,8 +236,8 @@ def test_vm_wrong_reply_drill_on_zfs(tmp_path: Path) -> None:
         # stable. Spare 0 recovers from it through the controlds and rejects h-of-1's copies.
         r = _run(config, "corrupt-snapshot", tmp_path / "corrupt")
         assert r.details["corrupted_files"] > 0, r.details
-        assert any("convicted kv0/1 " in c for c in r.convicted), r.convicted
-        assert any("woke kv0/0" in w for w in r.woken), r.woken
+        assert "kv0/1" in {c.who for c in r.convicted}, r.convicted
+        assert "kv0/0" in {w.who for w in r.woken}, r.woken
         host1 = svc.exec_host(config, 1).name
         assert any(f"from controld-{host1}:" in x for x in r.details["rejected"]), r.details
 
@@ -260,8 +260,8 @@ def test_vm_byzantine_host_drill(tmp_path: Path) -> None:
     with vm_rack_up("vmbh", 4, [1, 1], placement="rotate", floor_ms=5000) as config:
         r = _run(config, "byzantine-host", tmp_path / "drill", host="h2")
         assert set(r.service.split(",")) == {"kv0", "kv1"}
-        assert any("convicted kv0/1 " in c for c in r.convicted), r.convicted
-        assert any("convicted kv1/0 " in c for c in r.convicted), r.convicted
-        assert any("woke kv0/2" in w for w in r.woken) and any("woke kv1/2" in w for w in r.woken)
-        restored = " ".join(r.spares_restored)
-        assert "provisioned kv0/1 paused" in restored and "provisioned kv1/0 paused" in restored
+        assert "kv0/1" in {c.who for c in r.convicted}, r.convicted
+        assert "kv1/0" in {c.who for c in r.convicted}, r.convicted
+        assert "kv0/2" in {w.who for w in r.woken} and "kv1/2" in {w.who for w in r.woken}
+        restored = {(x.who, x.mode) for x in r.spares_restored}
+        assert {("kv0/1", "paused"), ("kv1/0", "paused")} <= restored, r.spares_restored

@@ -81,24 +81,19 @@ class ExecFault(DrillKind):
             d.reasons.append("controld accepted a WAKEUP but woke no replica")
         if not r.convicted:
             d.reasons.append("missing: SHUTDOWN — no faulty replica was convicted")
+        convicted = {c.who for c in r.convicted}
         for name in d.faulted:
             m = _EXEC_NAME.match(name)
-            if (
-                m
-                and r.convicted
-                and not any(f"convicted {m.group(1)}/{m.group(2)} " in c for c in r.convicted)
-            ):
+            if m and r.convicted and f"{m.group(1)}/{m.group(2)}" not in convicted:
                 d.reasons.append(f"{m.group(1)}/exec-{m.group(2)} was faulty but not convicted")
         faulted = {f"{m.group(1)}/{m.group(2)}" for n in d.faulted if (m := _EXEC_NAME.match(n))}
-        for line in r.convicted:
-            m = re.search(r"convicted (\S+/\d+) ", line)
-            if m and m.group(1) not in faulted:
-                # Not a safety failure (a replica too slow for the timer counts as faulty),
-                # but a spare spent: the report says so.
-                d.notes.append(f"also convicted, not faulted by the drill: {m.group(1)}"
-                               " (too slow for the execution-report timer?)")  # fmt: skip
+        for who in sorted(convicted - faulted):
+            # Not a safety failure (a replica too slow for the timer counts as faulty), but
+            # a spare spent: the report says so.
+            d.notes.append(f"also convicted, not faulted by the drill: {who}"
+                           " (too slow for the execution-report timer?)")  # fmt: skip
         for svc in d.services:
-            if r.woken and not any(f"woke {svc.name}/" in w for w in r.woken):
+            if r.woken and not any(w.service == svc.name for w in r.woken):
                 d.reasons.append(f"no spare of {svc.name} was woken")
         if r.convicted and not r.spares_restored:
             d.reasons.append("no fresh spare provisioned after the conviction")

@@ -74,10 +74,15 @@ class DrillKind:
 
     # ---- shared by the verdicts -----------------------------------------------------------
     def need_progress(self, r: rp.DrillReport) -> None:
-        """The service went on: an operation issued after the fault completed, and some
-        completed in the last 3 s."""
+        """The service went on: an operation issued after the fault completed (after its
+        detection, when there was one), and some completed at the end of the watch (the
+        report's after-recovery window, rp.after_window)."""
         reasons = self.drill.reasons
         if r.first_correct_reply_s is None:
-            reasons.append("no operation issued after the fault completed")
+            after = " after the fault's detection" if r.detection_s is not None else ""
+            reasons.append(f"no operation issued after the fault completed{after}")
         if r.load_after is not None and r.load_after == 0:
-            reasons.append("no operation completed in the last 3 s: the service is stuck")
+            reasons.append(
+                "no operation completed at the end of the watch"
+                f" ({r.details.get('after_window_s')} s after the fault): the service is stuck"
+            )

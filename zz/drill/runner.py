@@ -149,6 +149,7 @@ class Drill:
         self.running_now: list[int] = []
         self.spares_at_start: dict[str, list[int]] = {}
         self.samples: list[rp.Sample] = []
+        self.load_end_ns = 0  # when the load was told to stop (the end of the watch)
         if self.kind.convicts and self.service.n_exec <= self.service.active:
             raise DrillError(f"{self.service.name} has no sleeping spare to wake")
 
@@ -290,7 +291,7 @@ class Drill:
             if not m:
                 continue
             s, i = self.config.service(m.group(1)), int(m.group(2))
-            if any(f"{s.name}/{i}" in c for c in report.convicted):
+            if any((c.service, c.replica) == (s.name, i) for c in report.convicted):
                 continue
             if "(" in name:
                 self.rack.set_fault(s, i, None)
@@ -330,6 +331,7 @@ class Drill:
             await self._settle(obs)
             await obs.read_controlds()
         finally:
+            self.load_end_ns = time.monotonic_ns()
             load.stop.set()
             load.gate.set()
             if self.kind.task is not None:
@@ -352,6 +354,9 @@ class Drill:
         )
         self._load_figures(r, obs, load)
         self._control_plane(r, obs)
+        # The first correct reply counts from the detection, so after _control_plane.
+        end_s = (self.load_end_ns - obs.fault_ns) / 1e9
+        rp.throughput(r, self.samples, self.args.before, end_s)
         r.details.update(self.details)
         r.details["faulted"] = self.faulted
         r.details["tally"] = dict(load.tally)
@@ -362,16 +367,14 @@ class Drill:
         self.kind.report_details(r.details)
         self.kind.judge(r, obs)
         r.reasons = self.reasons
-        r.result = "FAIL" if self.reasons else "PASS"
+        rp.verdict(r)
         return r
 
     def _load_figures(self, r: rp.DrillReport, obs: Observer, load: Load) -> None:
-        """Operations, the timeline, throughput before and at the end, the first correct
-        reply after the fault, and the histories checked (kv) or the acknowledged POSTs
-        found (HTTP)."""
+        """Operations, the timeline, and the histories checked (kv) or the acknowledged
+        POSTs found (HTTP); the samples for rp.throughput."""
         f_ns = obs.fault_ns
         samples: list[rp.Sample] = []
-        first_ret: float | None = None
         verdicts = []
         for name, rec in load.recorders.items():
             h = rec.history()
@@ -379,8 +382,6 @@ class Drill:
                 call = (o.call - f_ns) / 1e9
                 ret = None if o.ret is None else (o.ret - f_ns) / 1e9
                 samples.append(rp.Sample(call, ret))
-                if ret is not None and call >= 0 and (first_ret is None or ret < first_ret):
-                    first_ret = ret
             r.operations += len(h.operations)
             r.pending += sum(1 for o in h.operations if o.pending)
             out = self.out_dir
@@ -395,20 +396,12 @@ class Drill:
             call = (c - f_ns) / 1e9
             ret = None if ret_ns is None else (ret_ns - f_ns) / 1e9
             samples.append(rp.Sample(call, ret, ok))
-            if ok and ret is not None and call >= 0 and (first_ret is None or ret < first_ret):
-                first_ret = ret
             r.operations += 1
             r.pending += ret is None
         if self.http:
             self._check_acked(r, load)
-        r.first_correct_reply_s = first_ret
         self.samples = samples
         r.timeline = rp.buckets(samples)
-        before = [x for x in samples if x.ret is not None and -self.args.before <= x.ret < 0]
-        r.load_before = len(before) / self.args.before if self.args.before else None
-        end = max((x.ret for x in samples if x.ret is not None), default=0.0)
-        tail = [x for x in samples if x.ret is not None and end - 3.0 <= x.ret and x.ret > 0]
-        r.load_after = len(tail) / 3.0 if end > 3.0 else None
         if verdicts:
             r.linearizable = all(v.linearizable for _, v in verdicts)
             r.linearizability = "; ".join(f"{n}: {v}" for n, v in verdicts)
@@ -421,10 +414,12 @@ class Drill:
         the fault, and each agreement replica's detection latency."""
         woke = obs.lines(r"^woke ")
         r.wakeup_s = woke[0][0] if woke else None
-        r.woken = [ln for _, ln in woke]
-        r.convicted = [ln for _, ln in obs.lines(r"^convicted ")]
-        r.shut_down = [ln for _, ln in obs.lines(r"^SHUTDOWN .* convict ")]
-        r.spares_restored = [ln for _, ln in obs.lines(r"^provisioned .* (paused|hibernated)")]
+        r.woken = rp.Woken.from_lines(woke)
+        r.convicted = rp.Convicted.from_lines(obs.lines(r"^convicted "))
+        r.shut_down = rp.ShutDown.from_lines(obs.lines(r"^SHUTDOWN .* convict "))
+        r.spares_restored = rp.SpareRestored.from_lines(
+            obs.lines(r"^provisioned .* (paused|hibernated)")
+        )
         keys, s = self.kind.detect_keys, self.service
         det = obs.first(
             lambda e: e.source.startswith(f"{s.name}/agreed") and e.what.split()[0] in keys
@@ -508,7 +503,8 @@ def run(
 
 
 def main_cli(args: argparse.Namespace, progress: Progress) -> int:
-    """`zz drill`: exit 0 PASS, 1 FAIL, 2 refused (not up, no kv service, no checker...).
+    """`zz drill`: exit 0 PASS, 1 FAIL, 3 DEGRADED (rp.EXIT_CODES), 2 refused (not up, no
+    kv service, no checker...).
     `args.json`: the report as JSON on stdout; `args.quiet`: nothing on stdout."""
     config = load(args.config)
     try:
@@ -528,4 +524,4 @@ def main_cli(args: argparse.Namespace, progress: Progress) -> int:
     elif not getattr(args, "quiet", False):
         print(rp.format_text(report))
         print(f"report: {out / 'report.json'}" + (f", {png}" if png.exists() else ""))
-    return 0 if report.result == "PASS" else 1
+    return rp.EXIT_CODES.get(report.result, 1)
