@@ -65,7 +65,13 @@ CONTROLD_LINES = {
     "woken": [
         (0.95, "h3: woke kv0/2 from paused in 16.4 ms; notice /r/s3/exec-2/controld-wakeup.json")
     ],
-    "convicted": [(1.1, "h1: convicted kv0/0 destroyed; state kept as /r/s1/exec-0.forensic-41")],
+    "convicted": [
+        (
+            1.1,
+            "h1: convicted kv0/0 destroyed; state kept as /r/s1/exec-0.forensic-41,"
+            " console log in /r/s1/exec-0.forensic-41/console",
+        )
+    ],
     "shut_down": [
         (1.0, f"{h}: SHUTDOWN kv0 seq 41 convict [0] sleep [] active [1, 2]")
         for h in ("h1", "h3", "h2")
@@ -90,7 +96,20 @@ def test_controld_lines_become_structured_entries() -> None:
     """report.json's convicted / woken / shut-down / restored lists hold entries with
     fields, not controld's English lines; a line of another form is no entry."""
     r = _entries(rp.DrillReport("wrong-reply", "rt", "kv0", 1.0e9))
-    assert r.convicted == [rp.Convicted(1.1, "h1", "kv0", 0, "/r/s1/exec-0.forensic-41")]
+    assert r.convicted == [
+        rp.Convicted(
+            1.1, "h1", "kv0", 0, ["/r/s1/exec-0.forensic-41"], "/r/s1/exec-0.forensic-41/console"
+        )
+    ]
+    zfs = "h2: convicted kv0/1 destroyed; state kept as p/kv0-x1-forensic-9@forensic-9, /r/x1.f"
+    (c,) = rp.Convicted.from_lines([(2.0, zfs)])
+    assert (c.who, c.state_kept, c.console_log) == (
+        "kv0/1",
+        ["p/kv0-x1-forensic-9@forensic-9", "/r/x1.f"],
+        None,
+    )
+    (c,) = rp.Convicted.from_lines([(2.0, "h2: convicted kv0/1 destroyed; state kept as None")])
+    assert c.state_kept == [] and c.console_log is None
     assert r.woken == [
         rp.Woken(0.95, "h3", "kv0", 2, "paused", 16.4, "/r/s3/exec-2/controld-wakeup.json")
     ]
@@ -109,7 +128,8 @@ def test_controld_lines_become_structured_entries() -> None:
     doc = r.to_json()
     assert doc["convicted"] == [
         {"t_s": 1.1, "host": "h1", "service": "kv0", "replica": 0,
-         "state_kept": "/r/s1/exec-0.forensic-41"}
+         "state_kept": ["/r/s1/exec-0.forensic-41"],
+         "console_log": "/r/s1/exec-0.forensic-41/console"}
     ]  # fmt: skip
     assert doc["woken"][0]["from_state"] == "paused" and doc["woken"][0]["resume_ms"] == 16.4
 
@@ -322,7 +342,7 @@ def test_drill_cli_json_and_quiet(
     def fake_run(cfg: Config, args: argparse.Namespace, progress: drill.Progress) -> tuple:
         progress("load: 4 kv clients")
         r = rp.DrillReport(args.kind, cfg.rack.name, "kv0", 0.0, result=result)
-        r.convicted = [rp.Convicted(1.5, "h1", "kv0", 1, "/r/exec-1.forensic-9")]
+        r.convicted = [rp.Convicted(1.5, "h1", "kv0", 1, ["/r/exec-1.forensic-9"])]
         rp.write(r, out)
         return r, out
 
@@ -333,7 +353,7 @@ def test_drill_cli_json_and_quiet(
         doc = json.loads(got.out)
         assert doc["result"] == result and doc["report"]["convicted"] == [
             {"t_s": 1.5, "host": "h1", "service": "kv0", "replica": 1,
-             "state_kept": "/r/exec-1.forensic-9"}
+             "state_kept": ["/r/exec-1.forensic-9"], "console_log": None}
         ]  # fmt: skip
         assert doc["report"]["schema_version"] == rp.SCHEMA_VERSION
         assert doc["report_json"] == str(out / "report.json")

@@ -144,18 +144,32 @@ def _ints(text: str) -> list[int]:
 
 @dataclass
 class Convicted(Entry):
-    """`convicted S/I destroyed; state kept as PATH`: controld destroyed a replica a
-    SHUTDOWN certificate convicted and set its state aside for forensics."""
+    """`convicted S/I destroyed; state kept as KEPT`: controld destroyed a replica a
+    SHUTDOWN certificate convicted and set its state aside for forensics. KEPT is
+    controld/actions.py set_aside_state's list: a ZFS dataset@snapshot, the state
+    directory, `console log in PATH` (comma-separated; `None`: nothing was there)."""
 
     service: str = ""
     replica: int = 0
-    state_kept: str = ""
+    state_kept: list[str] = field(default_factory=list)  # datasets, directories
+    console_log: str | None = None  # the convicted replica's console log, kept with it
 
     PATTERN = re.compile(r"convicted (\S+)/(\d+) destroyed; state kept as (.*)$")
 
     @classmethod
     def _fields(cls, m: re.Match[str]) -> dict[str, Any]:
-        return {"service": m.group(1), "replica": int(m.group(2)), "state_kept": m.group(3)}
+        kept, console = [], None
+        for item in m.group(3).split(", "):
+            if item.startswith("console log in "):
+                console = item.removeprefix("console log in ")
+            elif item and item != "None":
+                kept.append(item)
+        return {
+            "service": m.group(1),
+            "replica": int(m.group(2)),
+            "state_kept": kept,
+            "console_log": console,
+        }
 
 
 @dataclass
@@ -522,7 +536,8 @@ def format_text(report: DrillReport) -> str:
             " times below count from when it answered)"
         )
     convicted = [
-        f"{c.who} on {c.host} at {_s(c.t_s)} (state kept as {c.state_kept})" for c in r.convicted
+        f"{c.who} on {c.host} at {_s(c.t_s)} (state kept as {', '.join(c.state_kept) or '—'})"
+        for c in r.convicted
     ]
     woken = [
         f"{w.who} on {w.host} at {_s(w.t_s)} (from {w.from_state} in {w.resume_ms:g} ms)"
