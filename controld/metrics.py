@@ -209,8 +209,10 @@ class HostCollector(Collector):
                     **lab,
                     reason=str(reason),
                 )
-        # Per peer: zz-agreed counts the drops it can attribute (outside the window);
-        # a malformed message has no sender it could be counted under.
+        # Per peer (one series per configured peer): drops outside the window, charged to
+        # the sender; malformed messages, charged to the peer whose own messages the
+        # connection carries (zz-agreed replica.c attribute_conn; on a connection no peer
+        # was identified on, only by reason above).
         for key, prefix in (("peer_window_drops", "A"), ("exec_window_drops", "E")):
             drops = st.get(key)
             if isinstance(drops, list):
@@ -219,6 +221,19 @@ class HostCollector(Collector):
                         "zz_agreement_window_drops",
                         "Messages dropped outside the"
                         " window, per peer (A<r> agreement, E<i> execution)",
+                        n,
+                        **lab,
+                        peer=f"{prefix}{j}",
+                    )
+        for key, prefix in (("peer_malformed_drops", "A"), ("exec_malformed_drops", "E")):
+            drops = st.get(key)
+            if isinstance(drops, list):
+                for j, n in enumerate(drops):
+                    f.counter(
+                        "zz_agreement_malformed_drops",
+                        "Malformed messages dropped (undecodable, wrong service or sender,"
+                        " failed authenticator, bad frame length) on a peer's connection,"
+                        " per peer (A<r> agreement, E<i> execution)",
                         n,
                         **lab,
                         peer=f"{prefix}{j}",

@@ -505,8 +505,13 @@ def test_client_flood_then_primary_drill(up_rack: Config, tmp_path: Path) -> Non
     assert flood.details["controld_deltas"]["woken"] == 0 and not flood.woken
 
     primary = _run(up_rack, "primary", tmp_path)
-    assert primary.result == "PASS", primary.reasons
+    # Until the drill starts it again the service runs on 3 of 4 agreement replicas, every
+    # quorum waiting for all three: on the loaded 2-core test machine two runs came to 47%
+    # and 46% of the throughput before (DEGRADED). A failed check fails the test.
+    assert primary.result in ("PASS", "DEGRADED") and not primary.reasons, primary.reasons
     assert primary.first_correct_reply_s is not None and primary.first_correct_reply_s < 8
+    assert primary.detection_s is not None
+    assert primary.first_correct_reply_s >= primary.detection_s
     assert primary.details["killed"] == f"{up_rack.services[0].name}/agreed-0"
     state = rackctl.load_state(up_rack)
     assert state is not None and all(p.alive() for p in state.procs), "restarted after the drill"

@@ -147,6 +147,9 @@ def test_scrape_a_live_rack(live_rack: Config) -> None:
         peers = {x.labels["peer"] for x in s["zz_agreement_window_drops_total"]
                  if x.labels["replica"] == str(r)}  # fmt: skip
         assert {"A0", "A1", "A2", "A3"} <= peers
+        malformed = {x.labels["peer"]: x.value for x in s["zz_agreement_malformed_drops_total"]
+                     if x.labels["replica"] == str(r)}  # fmt: skip
+        assert {"A0", "A1", "A2", "A3"} <= set(malformed) and not any(malformed.values())
     for i in (0, 1):
         s = scraped[svc.exec_host(config, i).name]
         assert 0 <= value(s, "zz_execution_lag_seqs", replica=str(i)) <= 2  # caught up
@@ -237,6 +240,7 @@ AGREED = {
     "exec_mismatches": 5, "exec_timeouts": 7, "retransmits": 9, "state_transfers": 0,
     "dropped": {"auth": 3, "short": 1, "framing": 2}, "dropped_total": 6,
     "peer_window_drops": [0, 4, 0, 0], "exec_window_drops": [0, 0, 1],
+    "peer_malformed_drops": [0, 0, 3, 0], "exec_malformed_drops": [2, 0, 0],
     "fault_statements_sent": 2, "fault_statements_received": 6, "fault_statements_rejected": 1,
     "wakeups_sent": 1, "wakeups_received": 2, "wakeups_rejected": 0, "wakeups_relayed": 0,
     "shutdowns_sent": 1, "shutdowns_received": 3, "shutdowns_rejected": 0,
@@ -299,6 +303,12 @@ async def test_stats_files_map_onto_families(tmp_path: Path) -> None:
     assert value(s, "zz_agreement_messages_dropped_total", **a, reason="auth") == 3
     assert value(s, "zz_agreement_window_drops_total", **a, peer="A1") == 4
     assert value(s, "zz_agreement_window_drops_total", **a, peer="E2") == 1
+    assert value(s, "zz_agreement_malformed_drops_total", **a, peer="A2") == 3
+    assert value(s, "zz_agreement_malformed_drops_total", **a, peer="E0") == 2
+    assert value(s, "zz_agreement_malformed_drops_total", **a, peer="A1") == 0
+    assert (
+        len([x for x in s["zz_agreement_malformed_drops_total"] if x.labels["replica"] == "0"]) == 7
+    )
     assert value(s, "zz_agreement_exec_view", **a, exec="1", state="sleeping") == 1
     e = {"host": "h0", "service": "web", "replica": "2"}
     assert {x.labels["replica"] for x in s["zz_execution_up"]} == {"2"}

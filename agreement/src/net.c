@@ -67,6 +67,7 @@ struct zz_conn {
     uint64_t retry_timer;
     int ever_up;
     uint32_t tag; /* the owner's label for this connection (zz_net_conn_tag) */
+    uint32_t sender; /* sender slot + 1 its framing errors are charged to; 0 none */
     /* accepted connections only: resource limits (docs/security.md "Resource limits") */
     uint64_t since_ms;       /* accepted at (monotonic) */
     uint64_t frame_since_ms; /* an incomplete frame waits since; 0 = none */
@@ -675,6 +676,8 @@ static long parse_frames(zz_net *n, zz_conn *c, const uint8_t *buf, size_t len, 
         uint32_t L = get_be32(buf + p);
         if (L < ZZ_HDR_LEN || L > ZZ_MAX_MSG) {
             n->st.framing_errors++;
+            if (c->sender && c->sender <= ZZ_NET_SENDER_SLOTS)
+                n->st.framing_from[c->sender - 1]++;
             return -1;
         }
         if (len - p - 4 < L)
@@ -1263,6 +1266,13 @@ void zz_net_conn_set_tag(zz_conn *c, uint32_t tag)
         c->tag = tag;
         zz_net_conn_set_trusted(c); /* labels go to connections whose sender authenticated */
     }
+}
+
+uint32_t zz_net_conn_sender(const zz_conn *c) { return c ? c->sender : 0; }
+void zz_net_conn_set_sender(zz_conn *c, uint32_t slot_plus_1)
+{
+    if (c && !c->sender && slot_plus_1 <= ZZ_NET_SENDER_SLOTS)
+        c->sender = slot_plus_1;
 }
 
 void zz_net_conn_set_trusted(zz_conn *c)

@@ -21,9 +21,15 @@ typedef void (*zz_on_frame)(void *ctx, zz_conn *conn, const uint8_t *msg, size_t
 typedef void (*zz_on_close)(void *ctx, zz_conn *conn);
 typedef void (*zz_on_timer)(void *ctx);
 
+/* The principals a connection can be charged to (zz_net_conn_set_sender): agreement
+ * replica j is slot j, execution replica i slot ZZ_MAX_REPLICAS + i. */
+#define ZZ_NET_SENDER_SLOTS (ZZ_MAX_REPLICAS + ZZ_MAX_EXEC)
+
 typedef struct {
     uint64_t frames_in, frames_out, bytes_in, bytes_out;
     uint64_t framing_errors; /* bad frame length: connection closed */
+    /* of those, on a connection charged to a sender slot (zz_net_conn_set_sender) */
+    uint64_t framing_from[ZZ_NET_SENDER_SLOTS];
     uint64_t conns_accepted, reconnects;
     uint64_t injected_drops, injected_dups, injected_delays;
     uint64_t send_overflow;  /* frames dropped because a peer's queue was full */
@@ -70,6 +76,11 @@ void zz_net_conn_set_tag(zz_conn *c, uint32_t tag);
 /* The owner authenticated a message received on `c` (a tag implies it): the connection no
  * longer needs to authenticate within unauth_timeout_ms. */
 void zz_net_conn_set_trusted(zz_conn *c);
+/* The sender slot (0 .. ZZ_NET_SENDER_SLOTS-1) + 1 of the principal whose own messages
+ * arrive on `c`, 0: none known. Set once, by the owner; a framing error on `c` is then
+ * also counted in framing_from[slot]. An out-of-range slot is ignored. */
+uint32_t zz_net_conn_sender(const zz_conn *c);
+void zz_net_conn_set_sender(zz_conn *c, uint32_t slot_plus_1);
 
 /* The connection carries the requests of owner `owner` (1 .. conf->nkeys: a key index + 1,
  * 0: none): replies queued on all of an owner's connections share one budget,

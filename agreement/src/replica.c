@@ -400,26 +400,53 @@ static int authenticate(zz_replica *r, const zz_msg *m, int relayed)
     return pk && zz_verify_sig(m, pk) ? 0 : ZZ_DROP_AUTH;
 }
 
+/* Per peer, malformed: a connection is charged to the principal whose own messages it
+ * carries, named by the first authenticated message of a type only its sender sends and
+ * nobody relays: STATUS from an agreement peer (sent by zz_status_tick, never stored or
+ * forwarded), EXEC-REPORT or FETCH from an execution replica. Pre-prepares, view changes,
+ * checkpoints and requests are relayed by others and name nobody. */
+static void attribute_conn(zz_replica *r, zz_conn *conn, const zz_msg *m)
+{
+    if (!conn || zz_net_conn_sender(conn))
+        return;
+    if (m->type == ZZ_STATUS && m->sender < r->n && m->sender < ZZ_MAX_REPLICAS &&
+        m->sender != r->id)
+        zz_net_conn_set_sender(conn, m->sender + 1);
+    else if ((m->type == ZZ_EXEC_REPORT || m->type == ZZ_FETCH) &&
+             m->sender >= ZZ_PRINCIPAL_EXEC && m->sender - ZZ_PRINCIPAL_EXEC < ZZ_MAX_EXEC)
+        zz_net_conn_set_sender(conn, ZZ_MAX_REPLICAS + (m->sender - ZZ_PRINCIPAL_EXEC) + 1);
+}
+
+/* A message dropped at intake: counted by reason, and for the connection's peer if known. */
+static void drop_from(zz_replica *r, zz_conn *conn, int why)
+{
+    drop(r, why);
+    uint32_t slot = zz_net_conn_sender(conn);
+    if (slot && slot <= ZZ_NET_SENDER_SLOTS)
+        r->st.malformed_from[slot - 1]++;
+}
+
 void zz_replica_on_frame(void *ctx, zz_conn *conn, const uint8_t *buf, size_t len)
 {
     zz_replica *r = ctx;
     zz_msg m;
     enum zz_err e = zz_decode(buf, len, &m);
     if (e != ZZ_OK) {
-        drop(r, (int)e);
+        drop_from(r, conn, (int)e);
         return;
     }
     if (m.service != r->conf->service) {
-        drop(r, ZZ_DROP_SENDER);
+        drop_from(r, conn, ZZ_DROP_SENDER);
         return;
     }
     int why = authenticate(r, &m, conn && zz_net_conn_tag(conn) == ZZ_TAG_PEER);
     if (why) {
         if (why == ZZ_DROP_AUTH)
             zz_exec_auth_failed(r, &m); /* a replaced key: counted per slot (spares.c) */
-        drop(r, why);
+        drop_from(r, conn, why);
         return;
     }
+    attribute_conn(r, conn, &m);
     zz_net_conn_set_trusted(conn); /* authenticated: no unauth_timeout_ms (net.c) */
     if (m.type != ZZ_REQUEST && m.sender < r->n)
         zz_net_conn_set_tag(conn, ZZ_TAG_PEER);
@@ -522,6 +549,16 @@ void zz_write_stats(zz_replica *r)
     fprintf(f, "], \"exec_window_drops\": [");
     for (uint32_t i = 0; i < nx && i < ZZ_MAX_EXEC; i++)
         fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->st.exec_window[i]);
+    /* malformed per peer (attribute_conn): intake drops + framing errors, same shapes */
+    fprintf(f, "], \"peer_malformed_drops\": [");
+    for (uint32_t i = 0; i < r->n && i < ZZ_MAX_REPLICAS; i++)
+        fprintf(f, "%s%llu", i ? ", " : "",
+                (unsigned long long)(r->st.malformed_from[i] + ns->framing_from[i]));
+    fprintf(f, "], \"exec_malformed_drops\": [");
+    for (uint32_t i = 0; i < nx && i < ZZ_MAX_EXEC; i++)
+        fprintf(f, "%s%llu", i ? ", " : "",
+                (unsigned long long)(r->st.malformed_from[ZZ_MAX_REPLICAS + i] +
+                                     ns->framing_from[ZZ_MAX_REPLICAS + i]));
     fprintf(f, "], ");
     zz_signed_write_stats(r, f);
     zz_limits_write_stats(r, f);

@@ -125,6 +125,10 @@ typedef struct {
     /* seq-indexed messages above the window, per sender (also in dropped[ZZ_DROP_WINDOW]) */
     uint64_t exec_window[ZZ_MAX_EXEC];  /* EXEC-REPORT, EXEC-CHECKPOINT */
     uint64_t peer_window[ZZ_MAX_REPLICAS]; /* CHECKPOINT, FAULT-STATEMENT */
+    /* messages dropped at intake (undecodable, wrong service or sender, failed
+     * authenticator) on a connection charged to a sender slot (net.h ZZ_NET_SENDER_SLOTS;
+     * replica.c attribute_conn); also in dropped[] by reason */
+    uint64_t malformed_from[ZZ_NET_SENDER_SLOTS];
     /* fault detection in zz-agreed (wake.h) */
     uint64_t fault_statements_sent, fault_statements_received, fault_statements_rejected;
     uint64_t wakeups_sent, wakeups_received, wakeups_rejected, wakeups_relayed;
