@@ -619,6 +619,8 @@ class Daemon:
         }
 
     async def _op_list(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        recs = self.inventory.replicas()
+        shown = await asyncio.to_thread(lambda: [self._observed(r) for r in recs])
         return {
             "replicas": [
                 {
@@ -629,10 +631,30 @@ class Daemon:
                     "pending": r.pending,
                     "domain": r.domain,
                     "error": r.error,
+                    "hv_state": hv_state,
+                    "consistent": consistent,
                 }  # fmt: skip
-                for r in self.inventory.replicas()
+                for r, (hv_state, consistent) in zip(recs, shown, strict=True)
             ]
         }
+
+    def _observed(self, rec: inv.Replica) -> tuple[str, bool | None]:
+        """What the hypervisor shows for a record's domain (`gone` when it has none) and
+        whether that agrees with the record's state (None: it could not be asked; a record
+        pending an action counts as agreeing). `zz rack up` re-provisions a replica whose
+        record it contradicts (docs/operations.md)."""
+        try:
+            shown = self.hv.state(rec.domain)
+        except DomainNotFound:
+            shown = "gone"
+        except HypervisorError as e:
+            return f"unknown ({e})", None
+        if rec.pending is not None:
+            return shown, True
+        try:
+            return shown, rec.state in inv.consistent_states(self.hv, rec)
+        except HypervisorError:
+            return shown, None
 
     def _placement_check(self, svc: Service, index: int) -> None:
         """Only replicas the config places here, and at most one execution replica of a

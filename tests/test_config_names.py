@@ -63,6 +63,8 @@ def test_bad_names_are_refused_naming_the_field(
         ["rack", "plan"],
         ["rack", "up"],
         ["rack", "down"],
+        ["rack", "stop"],
+        ["rack", "start"],
         ["rack", "render"],
         ["status"],
         ["keys"],

@@ -5,7 +5,8 @@
 
 Exit codes: 0 success (`zz status`: healthy), 1 failure (`zz status`: degraded; a drill
 that fails; a rack down that had to kill), 2 usage or config error (`zz status`: the rack
-is not running), 130 Ctrl-C, 141 stdout closed under us (`zz status | head -1`).
+is not running), 3 a drill DEGRADED (every check passed, the throughput after recovery
+stayed under half of before), 130 Ctrl-C, 141 stdout closed under us (`zz status | head -1`).
 Every command takes -q (nothing on stdout but what --json asks for; errors still on
 stderr) and -v (more: status adds each controld's metrics URL and last log lines; logs
 at INFO, -vv DEBUG; an error shows its traceback)."""
@@ -155,6 +156,7 @@ def _cmd_rack_up(args: argparse.Namespace) -> int:
     config = load(args.config)
     t0 = time.monotonic()
     overrides = dict(_key_value(kv) for kv in args.set or [])
+    old = rackctl.load_state(config) if rackctl.state_path(config).exists() else None
     try:
         state = rackctl.up(
             config,
@@ -164,27 +166,87 @@ def _cmd_rack_up(args: argparse.Namespace) -> int:
             overrides=overrides,
         )
     except rackctl.AlreadyUp as e:
-        print(f"zz rack up: {e}", file=sys.stderr)
-        if args.json:
-            old = rackctl.load_state(config)
-            _json({"rack": config.rack.name, "ok": True, "already_up": True, "message": str(e),
-                   "state_file": str(rackctl.state_path(config)),
-                   "state": old.to_json() if old else None})  # fmt: skip
-        return 0
+        return _already_up(args, config, "up", e)
     except (rackctl.RackError, OSError) as e:
         print(f"zz rack up: {e}", file=sys.stderr)
+        if args.json:
+            _json({"rack": config.rack.name, "ok": False, "error": str(e)})
         return 1
-    took = time.monotonic() - t0
+    repaired = old is not None and len(state.repairs) > len(old.repairs)
+    how = "repaired" if repaired else "up"
+    return _rack_result(args, config, state, time.monotonic() - t0, how)
+
+
+def _already_up(args: argparse.Namespace, config: Any, verb: str, e: Exception) -> int:
+    from zz import rackctl
+
+    print(f"zz rack {verb}: {e}", file=sys.stderr)
     if args.json:
-        _json({"rack": config.rack.name, "ok": True, "already_up": False,
-               "took_s": round(took, 1), "state_file": str(rackctl.state_path(config)),
+        old = rackctl.load_state(config)
+        _json({"rack": config.rack.name, "ok": True, "already_up": True, "message": str(e),
+               "state_file": str(rackctl.state_path(config)),
+               "state": old.to_json() if old else None})  # fmt: skip
+    return 0
+
+
+def _rack_result(args: argparse.Namespace, config: Any, state: Any, took: float, how: str) -> int:
+    """What `rack up` and `rack start` print: the recorded rack, and for a repair what was
+    restarted; --json: the document of docs/operations.md."""
+    from zz import rackctl
+
+    repaired = state.repairs[-1]["restarted"] if how == "repaired" else []
+    if args.json:
+        _json({"rack": config.rack.name, "ok": True, "already_up": False, "how": how,
+               "repaired": repaired, "took_s": round(took, 1),
+               "state_file": str(rackctl.state_path(config)),
                "state": state.to_json()})  # fmt: skip
         return 0
     _out(args, rackctl.format_state(state))
-    _out(args, f"rack {config.rack.name!r} up in {took:.1f} s;"
+    for line in repaired:
+        _out(args, f"repaired: {line}")
+    _out(args, f"rack {config.rack.name!r} {how} in {took:.1f} s;"
                f" state in {rackctl.state_path(config)}")  # fmt: skip
-    _out(args, f"`zz rack down {args.config}` stops it")
+    _out(args, f"`zz rack stop {args.config}` stops it keeping its state,"
+               f" `zz rack down {args.config}` tears it down")  # fmt: skip
     return 0
+
+
+def _cmd_rack_start(args: argparse.Namespace) -> int:
+    from zz import rackctl
+
+    config = load(args.config)
+    t0 = time.monotonic()
+    old = rackctl.load_state(config) if rackctl.state_path(config).exists() else None
+    try:
+        state = rackctl.start(config, progress=_progress_of(args))
+    except rackctl.AlreadyUp as e:
+        return _already_up(args, config, "start", e)
+    except (rackctl.RackError, OSError) as e:
+        print(f"zz rack start: {e}", file=sys.stderr)
+        if args.json:
+            _json({"rack": config.rack.name, "ok": False, "error": str(e),
+                   "cannot_continue": isinstance(e, rackctl.CannotContinue)})  # fmt: skip
+        return 1
+    was_alive = old is not None and bool(old.alive())
+    return _rack_result(args, config, state, time.monotonic() - t0,
+                        "repaired" if was_alive else "started")  # fmt: skip
+
+
+def _cmd_rack_stop(args: argparse.Namespace) -> int:
+    from zz import rackctl
+
+    config = load(args.config)
+    try:
+        report = rackctl.stop(config, progress=_progress_of(args))
+    except (rackctl.RackError, OSError) as e:
+        print(f"zz rack stop: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        _json({"rack": config.rack.name, "clean": report.clean, "stopped": report.stopped,
+               "killed": report.killed, "leftovers": report.leftovers,
+               "domains": report.domains, "kept": report.kept,
+               "nothing": report.nothing})  # fmt: skip
+    return 0 if report.clean else 1
 
 
 def _key_value(text: str) -> tuple[str, int | str]:
@@ -199,7 +261,9 @@ def _cmd_rack_down(args: argparse.Namespace) -> int:
 
     config = load(args.config)
     try:
-        report = rackctl.down(config, progress=_progress_of(args))
+        report = rackctl.down(
+            config, progress=_progress_of(args), purge_forensics=args.purge_forensics
+        )
     except (rackctl.RackError, OSError) as e:
         print(f"zz rack down: {e}", file=sys.stderr)
         return 1
@@ -350,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Keys if missing, replica files, one controld per host, every agreement"
         " replica, every execution replica through its host's controld (active ones running,"
         " spares paused or hibernated); recorded in run/rack.json (docs/operations.md)."
-        " A rack that is already up is left alone.",
+        " A rack that is up is left alone; one with dead members is repaired.",
     )
     ru.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     ru.add_argument(
@@ -361,9 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ru.add_argument(
         "--store",
-        choices=("dir", "zfs"),
-        default="dir",
-        help="checkpoint store: directories (default) or a ZFS pool per host",
+        choices=("auto", "dir", "zfs"),
+        default="auto",
+        help="checkpoint store: a ZFS pool per host (auto, the default, where zpool works;"
+        " else directories, saying why) or as given",
     )
     ru.add_argument(
         "--set",
@@ -381,8 +446,34 @@ def build_parser() -> argparse.ArgumentParser:
         " the rack's ZFS pools. Exit 1 if something had to be killed.",
     )
     rd.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
-    _json_flag(rd, "what was stopped, killed and destroyed")
+    rd.add_argument(
+        "--purge-forensics",
+        action="store_true",
+        help="also delete the kept states of convicted replicas (exec-*.forensic-*)",
+    )
+    _json_flag(rd, "what was stopped, killed, destroyed, deleted and kept")
     rd.set_defaults(func=_cmd_rack_down)
+    rs = rsub.add_parser(
+        "stop",
+        help="stop every process and guest of the rack, keeping all its state",
+        description="Stop the controlds (their replicas with them), the rack's guests and the"
+        " agreement replicas; keep keys, execution state, ZFS pools, inventories, logs and"
+        " forensic states; run/rack.json is marked stopped (docs/operations.md).",
+    )
+    rs.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    _json_flag(rs, "what was stopped and what was kept")
+    rs.set_defaults(func=_cmd_rack_stop)
+    rst = rsub.add_parser(
+        "start",
+        help="bring a stopped rack back from disk (or repair one with dead members)",
+        description="Start the controlds on their inventories, the agreement replicas and"
+        " every execution replica on its state directory, with the same keys. Refused, with"
+        " the reason, when a service would not continue its sequence numbers"
+        " (docs/operations.md).",
+    )
+    rst.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    _json_flag(rst, "the recorded rack (run/rack.json); progress goes to stderr")
+    rst.set_defaults(func=_cmd_rack_start)
 
     from zz.drill import KINDS, add_arguments
 
@@ -391,7 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="inject a fault into a running rack under load and report",
         description="Run KV load on a service of a rack that is up, inject the fault, watch,"
         " and write run/drills/<kind>-<time>/report.json + timeline.png (docs/operations.md)."
-        " Kinds: " + ", ".join(KINDS) + ".",
+        " Kinds: " + ", ".join(KINDS) + ". Exit 0 PASS, 1 FAIL, 3 DEGRADED (every check"
+        " passed, but the throughput in the last 5 s of the watch stayed under 50% of the"
+        " throughput before the fault), 2 refused to start.",
     )
     add_arguments(dr)
     _json_flag(dr, "the report (report.json's content and its paths); progress goes to stderr")

@@ -28,9 +28,11 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +52,9 @@ STATE_NAME = "rack.json"
 DOWN_NAME = "rack.down"
 BACKENDS = ("process", "libvirt")
 STORES = ("dir", "zfs")
+# `zz rack up --store`: auto (the default) is zfs wherever zpool answers, else dir with the
+# reason (choose_store).
+STORE_CHOICES = ("auto", *STORES)
 ZFS_POOL_SIZE = 256 << 20  # zfs-fuse refuses vdevs under 64 MiB; sparse file
 
 Progress = Callable[[str], None]
@@ -61,6 +66,35 @@ class RackError(Exception):
 
 class AlreadyUp(RackError):
     pass
+
+
+# ---- the checkpoint store ------------------------------------------------------------------
+def choose_store(requested: str) -> tuple[str, str]:
+    """The store a rack gets and why: `dir` and `zfs` as asked; `auto` is zfs when the
+    zpool/zfs commands answer (zfs-fuse started if none runs, as root), else dir, with
+    what failed. ZFS checkpoints are snapshots (O(1)); the directory store copies the whole
+    state at every checkpoint (docs/checkpoints.md)."""
+    if requested not in STORE_CHOICES:
+        raise RackError(f"store must be one of {', '.join(STORE_CHOICES)}, not {requested!r}")
+    if requested != "auto":
+        return requested, f"--store {requested} given"
+    from zz.snapshots import StorageError
+    from zz.snapshots.zfs import ZfsMissingError, ensure_zfs_daemon, run_zfs
+
+    try:
+        run_zfs(["zpool", "list", "-H"])
+        return "zfs", "zpool answers: checkpoints are ZFS snapshots"
+    except ZfsMissingError as e:
+        return "dir", f"fallback, ZFS is not usable here: {e}"
+    except StorageError as e:
+        if os.geteuid() != 0:
+            return "dir", (f"fallback, ZFS is not usable here: `zpool list` fails ({e}) and"
+                           " only root may start zfs-fuse")  # fmt: skip
+    try:
+        ensure_zfs_daemon()
+    except StorageError as e:
+        return "dir", f"fallback, ZFS is not usable here: {e}"
+    return "zfs", "zfs-fuse started: checkpoints are ZFS snapshots"
 
 
 def _quiet(_: str) -> None:
@@ -123,6 +157,13 @@ class RackState:
     pools: list[dict[str, str]] = field(default_factory=list)  # {"name", "vdev"}
     overrides: dict[str, Any] = field(default_factory=dict)  # replica-file keys (--set)
     complete: bool = False
+    store_reason: str = ""  # why this store (choose_store)
+    # `zz rack stop`: when, and the highest seq each service had reached (what `start`
+    # must continue from); None while the rack runs.
+    stopped_at: float | None = None
+    stopped_seq: dict[str, int] = field(default_factory=dict)
+    # What `up`/`start` restarted in a rack with dead members, oldest first.
+    repairs: list[dict[str, Any]] = field(default_factory=list)
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.procs:
@@ -149,6 +190,10 @@ class RackState:
             pools=list(d.get("pools", [])),
             overrides=dict(d.get("overrides", {})),
             complete=bool(d.get("complete")),
+            store_reason=str(d.get("store_reason", "")),
+            stopped_at=d.get("stopped_at"),
+            stopped_seq={str(k): int(v) for k, v in d.get("stopped_seq", {}).items()},
+            repairs=list(d.get("repairs", [])),
         )
 
 
@@ -192,14 +237,19 @@ def remove_file(path: Path, root: Path) -> None:
 def _remove_each(
     removals: list[tuple[Callable[[Path, Path], None], Path]], root: Path, report: DownReport | None
 ) -> None:
-    """Run every removal; one refused (outside `root`) is reported and the rest still run."""
+    """Run every removal; one refused (outside `root`) is reported and the rest still run.
+    What existed and went is listed in `report.deleted`."""
     for remove, path in removals:
+        existed = os.path.lexists(path)
         try:
             remove(path, root)
         except RackError as e:
             if report is None:
                 raise
             report.refused.append(str(e))
+            continue
+        if existed and report is not None:
+            report.deleted.append(str(path))
 
 
 def state_path(config: Config) -> Path:
@@ -450,31 +500,33 @@ def up(
     timeout: float = 120.0,
     overrides: dict[str, Any] | None = None,
 ) -> RackState:
-    """Bring the rack up; AlreadyUp if its recorded processes still run. On any failure
-    everything started so far is torn down before the error goes up."""
+    """Bring the rack up. A rack already recorded: one whose processes all run and whose
+    execution replicas are all where their controlds say is left alone (AlreadyUp); one
+    with dead members is repaired (`repair`), or the error says why it cannot be; a stopped
+    one is refused (`start` brings it back); one whose processes are all dead is torn down
+    (forensic states kept) and brought up anew. `store` is dir, zfs or auto
+    (choose_store). On any failure everything started so far is torn down before the
+    error goes up."""
     if backend not in BACKENDS:
         raise RackError(f"backend must be one of {', '.join(BACKENDS)}")
-    if store not in STORES:
-        raise RackError(f"store must be one of {', '.join(STORES)}")
+    if store not in STORE_CHOICES:
+        raise RackError(f"store must be one of {', '.join(STORE_CHOICES)}")
     if backend == "libvirt":
-        import importlib.util
-
-        if importlib.util.find_spec("libvirt") is None:
-            from zz.controld.hypervisor import LIBVIRT_HINT
-
-            raise RackError(f"--backend libvirt needs libvirt-python: {LIBVIRT_HINT}")
+        _need_libvirt()
+    agreed = agreed or DEFAULT_AGREED
     old = load_state(config)
     if old is not None:
-        alive = old.alive()
-        if alive:
-            raise AlreadyUp(
-                f"rack {config.rack.name!r} is already up ({len(alive)} of {len(old.procs)}"
-                f" processes running, started {time.ctime(old.started_at)}); "
-                f"`zz rack down {config.path}` first"
+        if old.alive():
+            return repair(config, old, agreed, progress, timeout, by="up")
+        if old.stopped_at is not None:
+            raise RackError(
+                f"rack {config.rack.name!r} was stopped at {time.ctime(old.stopped_at)} with"
+                f" its state kept: `zz rack start {config.path}` brings it back; `zz rack down"
+                f" {config.path}` discards it (forensic states are kept) before a new `up`"
             )
-        progress(f"a dead rack is recorded in {state_path(config)}: tearing its rest down")
+        progress(f"a dead rack is recorded in {state_path(config)}: tearing its rest down"
+                 " (its execution state goes, forensic states stay)")  # fmt: skip
         down(config, progress=progress)
-    agreed = agreed or DEFAULT_AGREED
     if not agreed.exists():
         raise RackError(f"{agreed} not built: make -C agreement")
     try:
@@ -489,15 +541,16 @@ def up(
                     " 127.0.0.1 (as 10.0.2.2, QEMU user networking); give every simulated"
                     " host 127.0.0.1 and its own ports"
                 )
-    busy = [f"{who} ({a[0]}:{a[1]})" for who, a in _listeners(config) if _port_busy(a)]
-    if busy:
-        raise RackError("ports in use: " + ", ".join(busy))
+    _check_ports(config)
+    store, why = choose_store(store)
+    progress(f"checkpoint store: {store} ({why})")
     if not config.rack.key_dir.exists():
         out = keys.generate(config)
         progress(f"keys generated in {out}")
     _remove_exec_state(config)
     (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
     state = RackState(config.rack.name, str(config.path), backend, store, time.time())
+    state.store_reason = why
     state.overrides = dict(overrides or {})
     _save_state(config, state)
     try:
@@ -510,6 +563,23 @@ def up(
     state.complete = True
     _save_state(config, state)
     return state
+
+
+def _need_libvirt() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("libvirt") is None:
+        from zz.controld.hypervisor import LIBVIRT_HINT
+
+        raise RackError(f"--backend libvirt needs libvirt-python: {LIBVIRT_HINT}")
+
+
+def _check_ports(config: Config, only: set[str] | None = None) -> None:
+    """Every listener of the rack (or those named in `only`) must be free."""
+    busy = [f"{who} ({a[0]}:{a[1]})" for who, a in _listeners(config)
+            if (only is None or who in only) and _port_busy(a)]  # fmt: skip
+    if busy:
+        raise RackError("ports in use: " + ", ".join(busy))
 
 
 def _clear_stale_pool(name: str, vdev: Path, progress: Progress) -> None:
@@ -533,7 +603,6 @@ def _clear_stale_pool(name: str, vdev: Path, progress: Progress) -> None:
 
 def _up(config: Config, state: RackState, agreed: Path, progress: Progress, timeout: float) -> None:
     run = config.rack.run_dir
-    pools: dict[str, str] = {}
     if state.store == "zfs":
         from zz.snapshots.zfs import create_file_pool, ensure_zfs_daemon
 
@@ -546,10 +615,31 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
             create_file_pool(name, vdev, ZFS_POOL_SIZE)
             state.pools.append({"name": name, "vdev": str(vdev)})
             _save_state(config, state)
-            pools[h.name] = name
             progress(f"ZFS pool {name} on {vdev}")
+    _start_controlds(config, state, [h.name for h in config.hosts], progress, timeout)
+    names = [f"{s.name}/agreed-{r}" for s in config.services for r in range(s.n)]
+    _start_agreed(config, state, agreed, names, progress, timeout)
+    if any(s.uses_execution_replicas for s in config.services):
+        progress("execution replicas through controld (active running, spares asleep):")
+        # A guest boots in ~10 s under TCG alone, minutes on a busy 2-core host.
+        _provision_all(config, state, progress, _provision_timeout(state, timeout))
+        _wait_linked(config, progress, timeout)
+
+
+def _provision_timeout(state: RackState, timeout: float) -> float:
+    return timeout if state.backend == "process" else 900.0
+
+
+def _start_controlds(
+    config: Config, state: RackState, hosts: list[str], progress: Progress, timeout: float
+) -> None:
+    """A controld for each host named (its home, inventory and audit log are kept in
+    run/controld/<host>/ from any earlier run), recorded in `state`."""
     t0 = time.monotonic()
+    pools = {h["name"] for h in state.pools}
     for h in config.hosts:
+        if h.name not in hosts:
+            continue
         cmd = [sys.executable, "-m", "zz.controld", "--config", str(config.path)]
         # A rack on one machine is a drill ground: zz drill switches runtimes' faults.
         cmd += ["--host", h.name, "--backend", state.backend, "--drill-faults"]
@@ -557,32 +647,262 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
             # A guest boots under TCG here (docs/design.md §9): tens of seconds on a busy host.
             cmd += ["--ready-timeout", "300"]
         if state.store == "zfs":
-            cmd += ["--store", "zfs", "--zfs-pool", pools[h.name]]
-        log = run / "controld" / f"{h.name}.log"
+            pool = pool_name(config, h)
+            if pool not in pools:
+                raise RackError(f"rack.json records no ZFS pool {pool} for host {h.name}")
+            cmd += ["--store", "zfs", "--zfs-pool", pool]
+        log = config.rack.run_dir / "controld" / f"{h.name}.log"
         _start(state, config, "controld", h.name, cmd, log, (h.address, h.control_port))
     for h in config.hosts:
-        _wait_listening(state.proc(h.name), f"controld {h.name}", timeout)
-    progress(f"controld on {len(config.hosts)} hosts ({state.backend} backend)"
+        if h.name in hosts:
+            _wait_listening(state.proc(h.name), f"controld {h.name}", timeout)
+    progress(f"controld on {len(hosts)} hosts ({state.backend} backend)"
              f" ({time.monotonic() - t0:.1f} s)")  # fmt: skip
+
+
+def _start_agreed(
+    config: Config,
+    state: RackState,
+    agreed: Path,
+    names: list[str],
+    progress: Progress,
+    timeout: float,
+) -> None:
+    """zz-agreed for each agreement replica named (`<service>/agreed-<r>`), from freshly
+    rendered replica files, recorded in `state`."""
+    run = config.rack.run_dir
     t0 = time.monotonic()
+    started = []
     for s in config.services:
+        mine = [r for r in range(s.n) if f"{s.name}/agreed-{r}" in names]
+        if not mine:
+            continue
         render.render_service(config, s, state.overrides)
-        for r in range(s.n):
+        for r in mine:
             conf = run / f"s{s.id}" / f"agreed-{r}.conf"
             log = run / f"s{s.id}" / f"agreed-{r}.log"
             addr = config.replica_address(s, r)
-            _start(state, config, "agreed", f"{s.name}/agreed-{r}",
-                   [str(agreed), "--conf", str(conf)], log, addr)  # fmt: skip
-    for p in state.procs:
-        if p.kind == "agreed":
-            _wait_listening(p, p.name, timeout)
-    n = sum(1 for p in state.procs if p.kind == "agreed")
-    progress(f"{n} agreement replicas listening ({time.monotonic() - t0:.1f} s)")
-    if any(s.uses_execution_replicas for s in config.services):
-        progress("execution replicas through controld (active running, spares asleep):")
-        # A guest boots in ~10 s under TCG alone, minutes on a busy 2-core host.
-        _provision_all(config, state, progress, timeout if state.backend == "process" else 900)
+            started.append(_start(state, config, "agreed", f"{s.name}/agreed-{r}",
+                                  [str(agreed), "--conf", str(conf)], log, addr))  # fmt: skip
+    for p in started:
+        _wait_listening(p, p.name, timeout)
+    progress(f"{len(started)} agreement replicas listening ({time.monotonic() - t0:.1f} s)")
+
+
+# ---- dead members: repair, stop, start -------------------------------------------------------
+def agreed_data_dir(config: Config, service: Service, r: int) -> Path:
+    """Where agreement replica `r` of `service` keeps its state on disk (its log, view and
+    checkpoints): run/s<id>/agreed-<r>.data/. `start` continues a stopped rack's sequence
+    numbers only when every agreement replica of a service has one; zz-agreed writes none
+    yet, so today these are always missing."""
+    return config.rack.run_dir / f"s{service.id}" / f"agreed-{r}.data"
+
+
+def agreement_on_disk(config: Config, service: Service) -> str | None:
+    """None when every agreement replica of `service` has its state on disk
+    (agreed_data_dir, not empty), else which have none."""
+    missing = []
+    for r in range(service.n):
+        d = agreed_data_dir(config, service, r)
+        if not (d.is_dir() and any(d.iterdir())):
+            missing.append(r)
+    if not missing:
+        return None
+    return (f"agreement replica{'s' if len(missing) > 1 else ''}"
+            f" {', '.join(map(str, missing))} of {service.name} keep no state on disk"
+            f" ({agreed_data_dir(config, service, missing[0])} is missing or empty:"
+            " zz-agreed keeps its log, view and checkpoints in memory only)")  # fmt: skip
+
+
+def reached_seq(config: Config, service: Service) -> int:
+    """The highest sequence number the service is known to have reached, from what its
+    replicas left on disk: the agreement replicas' stats (last_exec), the execution
+    replicas' status files (last_executed) and their checkpoint manifests (ckpt-<n>)."""
+    from zz import status as st
+
+    best = 0
+    for s in st.agreement_stats(config, service, float("inf")):
+        if s:
+            best = max(best, int(s.get("last_exec", 0)))
+    if service.uses_execution_replicas:
+        for i in range(service.n_exec):
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                data = json.loads(service.exec_status_path(config, i).read_text())
+                best = max(best, int(data.get("last_executed", 0)))
+            state = service.exec_state_dir(config, i)
+            for m in state.glob("manifests/ckpt-*.manifest") if state.is_dir() else []:
+                n = m.name.removeprefix("ckpt-").removesuffix(".manifest")
+                if n.isdigit():
+                    best = max(best, int(n))
+    return best
+
+
+def start_blockers(config: Config, state: RackState) -> list[str]:
+    """Why the recorded rack cannot be started again with the sequence numbers it had
+    (empty: it can): a service that ordered anything needs its agreement replicas' state
+    on disk, else a restarted cluster would order from seq 1 again, under execution
+    replicas (and clients) that remember later ones."""
+    out = []
+    for s in config.services:
+        seq = max(state.stopped_seq.get(s.name, 0), reached_seq(config, s))
+        if seq == 0:
+            continue  # nothing ordered yet: a cluster from seq 0 continues it exactly
+        why = agreement_on_disk(config, s)
+        if why is not None:
+            out.append(f"{s.name} reached seq {seq}, but {why}")
+    return out
+
+
+def repair(
+    config: Config,
+    state: RackState,
+    agreed: Path,
+    progress: Progress = _quiet,
+    timeout: float = 120.0,
+    by: str = "up",
+) -> RackState:
+    """A recorded rack with some processes alive: restart its dead controlds and agreement
+    replicas and re-provision every execution replica its controld does not hold as the
+    hypervisor shows it. AlreadyUp when nothing is dead; RackError naming the members when
+    a repair would be unsafe (more than g agreement replicas of a service dead, without
+    their state on disk) or impossible (their ports taken). Recorded in state.repairs."""
+    if state.stopped_at is not None:
+        raise RackError(
+            f"rack {config.rack.name!r} is recorded as stopped at {time.ctime(state.stopped_at)}"
+            f" but {len(state.alive())} of its processes run: `zz rack down {config.path}`"
+        )
+    if state.backend == "libvirt":
+        _need_libvirt()
+    dead = [p for p in state.procs if not p.alive()]
+    dead_agreed = [p for p in dead if p.kind == "agreed"]
+    why_not = []
+    for s in config.services:
+        gone = [p.name for p in dead_agreed if p.name.startswith(f"{s.name}/agreed-")]
+        if len(gone) > s.g and agreement_on_disk(config, s) is not None:
+            why_not.append(
+                f"{len(gone)} of {s.name}'s {s.n} agreement replicas are dead"
+                f" ({', '.join(gone)}), more than g = {s.g}: they keep no state on disk,"
+                " so restarted they would rejoin without their logs, more amnesiac replicas"
+                " than the service tolerates"
+            )
+    if why_not:
+        raise RackError(
+            f"rack {config.rack.name!r} cannot be repaired: " + "; ".join(why_not)
+            + f". `zz rack down {config.path}` and `zz rack up {config.path}` start it anew"
+            " (same keys, execution state discarded, forensic states kept)"
+        )
+    if dead and not agreed.exists():
+        raise RackError(f"{agreed} not built: make -C agreement")
+    names = {p.name for p in dead}
+    listeners = {f"controld {n}" if n in {h.name for h in config.hosts} else n for n in names}
+    _check_ports(config, listeners)
+    restarted: list[str] = []
+    for p in dead:
+        state.procs.remove(p)
+        restarted.append(f"{p.kind} {p.name} (pid {p.pid} dead)")
+    if dead:
+        progress(f"dead: {', '.join(restarted)}")
+        _save_state(config, state)
+    ctl = [p.name for p in dead if p.kind == "controld"]
+    if ctl:
+        _start_controlds(config, state, ctl, progress, timeout)
+    if dead_agreed:
+        _start_agreed(config, state, agreed, [p.name for p in dead_agreed], progress, timeout)
+    fixed = _reprovision(config, state, progress, _provision_timeout(state, timeout))
+    if not restarted and not fixed:
+        raise AlreadyUp(
+            f"rack {config.rack.name!r} is already up: all {len(state.procs)} processes run"
+            f" and its controlds hold all {len(state.replicas)} execution replicas as their"
+            f" hypervisors show them (started {time.ctime(state.started_at)})"
+        )
+    if fixed:
         _wait_linked(config, progress, timeout)
+    state.repairs.append({"at": time.time(), "by": by, "restarted": restarted + fixed})
+    state.complete = True
+    _save_state(config, state)
+    return state
+
+
+def _reprovision(
+    config: Config, state: RackState, progress: Progress, timeout: float, every: bool = False
+) -> list[str]:
+    """Ask each controld for its inventory with what the hypervisor shows (`list`), and
+    provision again every execution replica slot of its host that it does not hold as it
+    should (`every`: all of them, after `start`): a record the hypervisor contradicts is
+    destroyed (forgotten; its state directory stays) and provisioned in the mode it had
+    (recovering: active); a slot without a record is provisioned active if the agreement
+    replicas count it awake, else as a spare. The runtime resumes from its state directory.
+    Returns one line per replica provisioned; state.replicas follows."""
+    from zz import status as st
+    from zz.controld.rpc import RpcError
+
+    views = {s.name: st.exec_view(config, s, float("inf")) for s in config.services}
+
+    async def call(h: Host, op: dict[str, Any]) -> dict[str, Any]:
+        try:
+            reply = await operator_call(config, h, op, timeout)
+        except RpcError as e:
+            raise RackError(f"controld {h.name}: {op['op']}: {e}") from e
+        if not reply.get("ok"):
+            what = " ".join(f"{k}={v}" for k, v in op.items())
+            raise RackError(f"controld {h.name}: {what}: {reply.get('error', reply)}")
+        return reply
+
+    async def host_fix(h: Host) -> list[tuple[ReplicaRecord, str]]:
+        listed = (await call(h, {"op": "list"}))["replicas"]
+        held = {(r["service"], r["index"]): r for r in listed}
+        done = []
+        for s in config.services:
+            if not s.uses_execution_replicas:
+                continue
+            for i in range(s.n_exec):
+                if s.exec_host(config, i).index != h.index:
+                    continue
+                rec = held.get((s.name, i))
+                if rec is not None and rec.get("pending") is not None:
+                    continue  # controld is acting on it right now
+                if rec is not None and rec["state"] != "convicted":
+                    if not every and rec.get("consistent", True):
+                        continue
+                    mode = "active" if rec["state"] in ("active", "recovering") else rec["state"]
+                    why = (f"{rec['state']} in controld's inventory, the hypervisor shows"
+                           f" {rec.get('hv_state', '?')}")  # fmt: skip
+                    await call(h, {"op": "destroy", "service": s.name, "index": i})
+                else:
+                    awake = views[s.name].get("awake")
+                    active = i in awake if awake is not None else i < s.active
+                    mode = "active" if active else s.sleep
+                    why = "not in controld's inventory"
+                t0 = time.monotonic()
+                await call(h, {"op": "provision", "service": s.name, "index": i, "mode": mode})
+                line = (f"{s.name}/exec-{i} on {h.name} ({why}): provisioned {mode}"
+                        f" ({time.monotonic() - t0:.1f} s)")  # fmt: skip
+                progress(f"  {line}")
+                addr = s.exec_address(config, i)
+                done.append((ReplicaRecord(s.name, i, h.name, mode,
+                                           domain_name(config, s, i), *addr), line))  # fmt: skip
+        return done
+
+    async def run() -> list[str]:
+        results = await asyncio.gather(*(host_fix(h) for h in config.hosts),
+                                       return_exceptions=True)  # fmt: skip
+        lines, errors = [], []
+        for r in results:
+            if isinstance(r, BaseException):
+                errors.append(r)
+                continue
+            for rec, line in r:
+                state.replicas = [x for x in state.replicas
+                                  if (x.service, x.index) != (rec.service, rec.index)]  # fmt: skip
+                state.replicas.append(rec)
+                lines.append(line)
+        state.replicas.sort(key=lambda x: (x.service, x.index))
+        _save_state(config, state)
+        if errors:
+            raise errors[0]
+        return lines
+
+    return asyncio.run(run())
 
 
 # ---- down ---------------------------------------------------------------------------------
@@ -596,6 +916,8 @@ class DownReport:
     # Removals refused because the path led outside the rack's run directory.
     refused: list[str] = field(default_factory=list)
     nothing: bool = False
+    deleted: list[str] = field(default_factory=list)  # paths and pools removed
+    kept: list[str] = field(default_factory=list)  # forensic states, logs, keys, ...
 
     @property
     def clean(self) -> bool:
@@ -685,44 +1007,88 @@ def rack_leftovers(config: Config) -> list[int]:
     return out
 
 
-def _remove_exec_state(config: Config, report: DownReport | None = None) -> None:
-    """Execution replicas' state directories (and convicted ones' forensic copies), and
-    the agreement replicas' view of them (awake, sleeping, convicted: agreed-<r>.exec-view):
-    the agreement replicas keep no log across a restart, so a new rack starts from seq 0
-    with its planned roles and must not meet a replica that remembers a later state. Logs
-    and status files stay. Nothing outside run_dir is touched (a symlink leading out is
-    refused: RackError, or listed in `report.refused` when there is a report)."""
+def _remove_exec_state(
+    config: Config, report: DownReport | None = None, purge_forensics: bool = False
+) -> list[Path]:
+    """Execution replicas' state directories and the agreement replicas' state: their
+    view of the execution replicas (awake, sleeping, convicted: agreed-<r>.exec-view) and
+    data directories (agreed_data_dir): a new rack starts from seq 0 with its planned roles
+    and must not meet a replica that remembers a later state. The forensic states of
+    convicted replicas (exec-<i>.forensic-<seq>: their state and console logs) go only with
+    `purge_forensics`; returns the ones kept. Logs and status files stay. Nothing outside
+    run_dir is touched (a symlink leading out is refused: RackError, or listed in
+    `report.refused` when there is a report)."""
     run = config.rack.run_dir
     todo: list[tuple[Callable[[Path, Path], None], Path]] = []
+    kept: list[Path] = []
     for s in config.services:
         base = run / f"s{s.id}"
         for r in range(s.n):
             todo.append((remove_file, base / f"agreed-{r}.exec-view"))
+            todo.append((remove_tree, agreed_data_dir(config, s, r)))
         for i in range(s.n_exec):
             for d in base.glob(f"exec-{i}") if base.exists() else []:
                 todo.append((remove_tree, d))
-            for d in base.glob(f"exec-{i}.forensic-*") if base.exists() else []:
-                todo.append((remove_tree, d))
+            for d in sorted(base.glob(f"exec-{i}.forensic-*")) if base.exists() else []:
+                if purge_forensics:
+                    todo.append((remove_tree, d))
+                else:
+                    kept.append(d)
     _remove_each(todo, run, report)
+    return kept
 
 
-def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> DownReport:
-    """Stop every recorded process (controlds first: they destroy their replicas), then
-    agreement replicas, then whatever still names this rack's config or run directory;
-    destroy leftover zz-<rack>-* domains and the rack's pools; remove run/rack.json and
-    controld's replica/save directories. Logs and stats stay in run_dir."""
-    report = DownReport()
-    state = load_state(config)
-    if state is None:
-        report.nothing = True
-    else:
+# A ZFS forensic dataset: <pool>/s<id>-exec-<i>[-<n>]-forensic-<seq>[-<n>] (controld's
+# set_aside_state; -<n> when the name was taken).
+_FORENSIC_DATASET = re.compile(r"s(\d+)-exec-(\d+)(?:-\d+)?-forensic-(\d+)(?:-\d+)?")
+FORENSIC_STREAM_DIR = "zfs"  # in a forensic state: `zfs send` streams of its datasets
+
+
+def _save_zfs_forensics(config: Config, pool: str, report: DownReport) -> None:
+    """Before `pool` is destroyed: every forensic dataset's @forensic-<seq> snapshot as a
+    `zfs send` stream into the matching forensic state, run/s<id>/exec-<i>.forensic-<seq>/zfs/
+    <dataset>@<snapshot>.zfs-send (`zfs recv POOL/NAME < FILE` restores one). A stream that
+    cannot be written is reported in `refused` (and makes the exit 1)."""
+    from zz.snapshots import StorageError
+    from zz.snapshots.zfs import run_zfs
+
+    try:
+        out = run_zfs(["zfs", "list", "-H", "-o", "name", "-t", "snapshot", "-r", pool])
+    except StorageError as e:
+        report.refused.append(f"forensic datasets of pool {pool}: cannot list them: {e}")
+        return
+    for snap in out.split():
+        dataset, _, snapname = snap.partition("@")
+        leaf = dataset.rsplit("/", 1)[-1]
+        m = _FORENSIC_DATASET.fullmatch(leaf)
+        if m is None or not snapname.startswith("forensic-"):
+            continue  # its checkpoints (ckpt-<n>) are in the forensic snapshot already
+        sid, index, seq = m.groups()
+        dest_dir = config.rack.run_dir / f"s{sid}" / f"exec-{index}.forensic-{seq}"
+        dest = dest_dir / FORENSIC_STREAM_DIR / f"{leaf}@{snapname}.zfs-send"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as fh:
+            proc = subprocess.run(["zfs", "send", snap], stdout=fh, stderr=subprocess.PIPE,
+                                  timeout=600, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            dest.unlink(missing_ok=True)
+            why = proc.stderr.decode(errors="replace").strip()
+            report.refused.append(f"forensic snapshot {snap}: zfs send failed: {why}")
+            continue
+        report.kept.append(f"{snap} as {dest}")
+
+
+def _stop_everything(config: Config, state: RackState | None, report: DownReport,
+                     timeout: float) -> None:  # fmt: skip
+    """Every recorded process (controlds first: they stop their replicas), the rack's
+    libvirt domains, then whatever still names its config or run directory."""
+    if state is not None:
         ctl = [p for p in state.procs if p.kind == "controld"]
         rest = [p for p in state.procs if p.kind != "controld"]
         # controld's SIGTERM path destroys its replicas (process backend: terminate, 10 s
         # grace each), so it gets longer than a replica.
         _stop_procs(ctl, timeout + 15, report)
         _stop_procs(rest, timeout, report)
-    run = config.rack.run_dir
     # Domains before the sweep: a guest's QEMU names the run dir (its console socket), and
     # libvirt should destroy it rather than find it killed under its feet.
     _destroy_domains(config, report)
@@ -731,6 +1097,27 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     report.leftovers = pids
+
+
+def down(
+    config: Config,
+    progress: Progress = _quiet,
+    timeout: float = 15.0,
+    purge_forensics: bool = False,
+) -> DownReport:
+    """Stop every recorded process (controlds first: they destroy their replicas), then
+    agreement replicas, then whatever still names this rack's config or run directory;
+    destroy leftover zz-<rack>-* domains and the rack's pools (their forensic datasets
+    saved as streams first); remove run/rack.json, controld's replica/save directories
+    and inventories, the execution and agreement replicas' state. Forensic states stay
+    unless `purge_forensics`; logs and stats stay in run_dir. The report lists what was
+    deleted and what was kept."""
+    report = DownReport()
+    state = load_state(config)
+    if state is None:
+        report.nothing = True
+    _stop_everything(config, state, report, timeout)
+    run = config.rack.run_dir
     pools = list(state.pools) if state else []
     if pools:
         from zz.snapshots.zfs import destroy_pool, pool_exists
@@ -743,10 +1130,14 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
                 report.refused.append(f"recorded pool {p.get('name')!r} on {vdev}: not this rack's")
                 continue
             if pool_exists(p["name"]):
+                if not purge_forensics:
+                    _save_zfs_forensics(config, p["name"], report)
                 destroy_pool(p["name"])
                 report.pools.append(p["name"])
+                report.deleted.append(f"ZFS pool {p['name']}")
             _remove_each([(remove_file, vdev)], run, report)
-    _remove_exec_state(config, report)
+    kept = _remove_exec_state(config, report, purge_forensics)
+    report.kept[:0] = [f"forensic state {k}" for k in kept]
     todo: list[tuple[Callable[[Path, Path], None], Path]] = []
     for h in config.hosts:
         home = run / "controld" / h.name
@@ -760,9 +1151,12 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
     _remove_each(todo, run, report)
     if run.is_dir():
         write_atomic(run / DOWN_NAME, f"{time.time():.3f}\n")
+        report.kept.append(f"logs, stats files and audit logs in {run}")
+    if config.rack.key_dir.exists():
+        report.kept.append(f"keys in {config.rack.key_dir}")
     for why in report.refused:
         progress(f"rack {config.rack.name!r}: {why}")
-    if report.nothing and not (report.leftovers or report.domains):
+    if report.nothing and not (report.leftovers or report.domains or report.deleted):
         progress(f"rack {config.rack.name!r}: nothing running (no {state_path(config)})")
     else:
         progress(
@@ -770,7 +1164,155 @@ def down(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
             f" {len(report.killed)} killed, {len(report.leftovers)} leftovers,"
             f" {len(report.domains)} domains, {len(report.pools)} pools destroyed"
         )
+        for line in report.deleted:
+            progress(f"  deleted {line}")
+    for line in report.kept:
+        progress(f"  kept {line}")
     return report
+
+
+def stop(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> DownReport:
+    """Stop every process and guest of the rack and keep everything else: keys, the
+    execution replicas' state (directories, ZFS pools and datasets), controlds' inventories
+    and audit logs, logs, forensic states; run/rack.json is marked stopped, with the seq
+    each service had reached, for `start`."""
+    report = DownReport()
+    state = load_state(config)
+    if state is None:
+        report.nothing = True
+        progress(f"rack {config.rack.name!r}: nothing to stop (no {state_path(config)})")
+        return report
+    if state.stopped_at is not None and not state.alive():
+        report.nothing = True
+        progress(f"rack {config.rack.name!r}: stopped already ({time.ctime(state.stopped_at)})")
+        return report
+    _stop_everything(config, state, report, timeout)
+    # What the replicas reached: zz-agreed writes its stats file once more as it exits on
+    # SIGTERM, so a request ordered in its last second counts too.
+    for s in config.services:
+        state.stopped_seq[s.name] = max(reached_seq(config, s), state.stopped_seq.get(s.name, 0))
+    state.stopped_at = time.time()
+    _save_state(config, state)
+    write_atomic(config.rack.run_dir / DOWN_NAME, f"{time.time():.3f}\n")
+    report.kept = _kept_on_stop(config, state)
+    progress(
+        f"rack {config.rack.name!r} stopped: {len(report.stopped)} stopped,"
+        f" {len(report.killed)} killed, {len(report.leftovers)} leftovers,"
+        f" {len(report.domains)} domains destroyed"
+    )
+    for line in report.kept:
+        progress(f"  kept {line}")
+    progress(f"`zz rack start {config.path}` brings it back, `zz rack down {config.path}`"
+             " discards it")  # fmt: skip
+    return report
+
+
+def _kept_on_stop(config: Config, state: RackState) -> list[str]:
+    run = config.rack.run_dir
+    out = [f"keys in {config.rack.key_dir}", f"rack record {state_path(config)}"]
+    for s in config.services:
+        if s.uses_execution_replicas:
+            dirs = [s.exec_state_dir(config, i) for i in range(s.n_exec)]
+            out += [f"execution state {d}" for d in dirs if d.exists()]
+        out += [f"forensic state {d}" for d in sorted((run / f"s{s.id}").glob("exec-*.forensic-*"))]
+    out += [f"ZFS pool {p['name']} on {p['vdev']} (imported)" for p in state.pools]
+    for h in config.hosts:
+        home = run / "controld" / h.name
+        files = [n for n in ("inventory.json", "audit.log") if (home / n).exists()]
+        if files:
+            out.append(f"controld {h.name}'s {' and '.join(files)} in {home}")
+    out.append(f"logs and stats files in {run}")
+    return out
+
+
+def _import_pools(config: Config, state: RackState, progress: Progress) -> None:
+    """The recorded pools, imported from their vdev files if zfs-fuse no longer has them
+    (it was restarted); a pool of the name on another file is an error."""
+    if not state.pools:
+        return
+    from zz.snapshots.zfs import ensure_zfs_daemon, pool_exists, pool_vdevs, run_zfs
+
+    ensure_zfs_daemon()
+    for p in state.pools:
+        name, vdev = p["name"], Path(p["vdev"]).absolute()
+        if name not in {pool_name(config, h) for h in config.hosts}:
+            raise RackError(f"rack.json records pool {name!r}: not this rack's")
+        if pool_exists(name):
+            theirs = pool_vdevs(name)
+            if theirs != [str(vdev)]:
+                raise RackError(f"ZFS pool {name} is on {', '.join(theirs) or '?'}, not on"
+                                f" this rack's {vdev}")  # fmt: skip
+            continue
+        if not vdev.exists():
+            raise RackError(f"ZFS pool {name}: its vdev {vdev} is gone; the rack's state with"
+                            " it: `zz rack down` and `zz rack up` start anew")  # fmt: skip
+        run_zfs(["zpool", "import", "-d", str(vdev.parent), name])
+        progress(f"ZFS pool {name} imported from {vdev}")
+
+
+class CannotContinue(RackError):
+    """`start` would not continue the rack's sequence numbers."""
+
+
+def start(
+    config: Config,
+    agreed: Path | None = None,
+    progress: Progress = _quiet,
+    timeout: float = 120.0,
+) -> RackState:
+    """Bring a stopped rack (or one whose processes all died) back from disk: same keys,
+    the controlds on their inventories, the agreement replicas, and every execution replica
+    provisioned again on its state directory in the mode its controld recorded. A rack
+    with processes alive is repaired like `up` does (AlreadyUp when nothing is dead).
+    CannotContinue, before anything starts, when a service reached a seq its agreement
+    replicas cannot continue from (start_blockers). A failed start stops what it started
+    and keeps the state."""
+    state = load_state(config)
+    if state is None:
+        raise RackError(f"no rack recorded in {state_path(config)}: `zz rack up {config.path}`")
+    agreed = agreed or DEFAULT_AGREED
+    if state.alive():
+        return repair(config, state, agreed, progress, timeout, by="start")
+    blockers = start_blockers(config, state)
+    if blockers:
+        raise CannotContinue(
+            f"rack {config.rack.name!r} cannot start where it stopped: " + "; ".join(blockers)
+            + ". Restarted, they would order from seq 1 again, below what the execution"
+            " replicas executed and the clients saw. Nothing was started; the state stays"
+            f" on disk. `zz rack down {config.path}` and `zz rack up {config.path}` start the"
+            " rack anew from seq 0 with the same keys (execution state discarded, forensic"
+            " states kept)"
+        )
+    if state.backend == "libvirt":
+        _need_libvirt()
+    if not agreed.exists():
+        raise RackError(f"{agreed} not built: make -C agreement")
+    _check_ports(config)
+    was = state.stopped_at
+    progress(f"rack {config.rack.name!r}: starting from disk"
+             + (f" (stopped {time.ctime(was)})" if was else " (its processes had died)"))
+    state.procs = []
+    state.stopped_at = None
+    state.complete = False
+    _save_state(config, state)
+    (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
+    try:
+        _import_pools(config, state, progress)
+        _start_controlds(config, state, [h.name for h in config.hosts], progress, timeout)
+        names = [f"{s.name}/agreed-{r}" for s in config.services for r in range(s.n)]
+        _start_agreed(config, state, agreed, names, progress, timeout)
+        if any(s.uses_execution_replicas for s in config.services):
+            progress("execution replicas through controld, on their state directories:")
+            _reprovision(config, state, progress, _provision_timeout(state, timeout), every=True)
+            _wait_linked(config, progress, timeout)
+    except BaseException:
+        progress("start failed: stopping what was started (the rack's state stays on disk)")
+        with contextlib.suppress(Exception):
+            stop(config, progress=progress)
+        raise
+    state.complete = True
+    _save_state(config, state)
+    return state
 
 
 def format_state(state: RackState) -> str:

@@ -75,11 +75,18 @@ def _stats_path(run: Path, r: int) -> Path:
     return run / f"agreed-{r}.stats.json"
 
 
-def _agreement_stats(
+def agreement_stats(
     config: Config, svc: Service, stale_after: float, not_before: float = 0.0
 ) -> list[Stats]:
+    """Each agreement replica's stats file (None: missing, or older than `stale_after` s or
+    than `not_before`); `stale_after` inf reads what a stopped rack left."""
     run = config.rack.run_dir / f"s{svc.id}"
     return [_read(_stats_path(run, r), stale_after, not_before) for r in range(svc.n)]
+
+
+def exec_view(config: Config, svc: Service, stale_after: float) -> dict[str, list[int]]:
+    """Who is awake, sleeping, convicted (_exec_view) from the stats files."""
+    return _exec_view(agreement_stats(config, svc, stale_after))
 
 
 def _ints(d: dict[str, Any], keys: tuple[str, ...]) -> dict[str, int]:
@@ -211,7 +218,7 @@ def rack_status(
     written before `not_before` (the rack's last `down`) count as stale."""
     rows: list[Row] = []
     for svc in config.services:
-        stats = _agreement_stats(config, svc, stale_after, not_before)
+        stats = agreement_stats(config, svc, stale_after, not_before)
         rows += _agreement_rows(config, svc, stats)
         if svc.uses_execution_replicas:
             rows += _execution_rows(config, svc, stale_after, stats, controlds, not_before)
