@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # main.sh - the main job: set up, plan and bring up a one-machine rack (zz rack up: 4
-# simulated hosts with a controld each, the guestbook web app with f = g = 1 running in
-# QEMU/libvirt VMs, one of them a paused spare), serve it over HTTP with `zz proxy`, use it with curl, run the wrong-reply drill
+# simulated hosts with a controld each and a ZFS pool each, the guestbook web app with
+# f = g = 1 running in QEMU/libvirt VMs, one of them a paused spare), serve it over HTTP with `zz proxy`, use it with curl, run the wrong-reply drill
 # under HTTP load (zz drill: detection, wake-up, conviction, report + timeline.png), then
 # tear the rack down. Exit status 0 iff the drill says RESULT: PASS.
 # Idempotent: leftovers of an earlier, interrupted run (processes, temp dirs) are removed
@@ -46,11 +46,29 @@ kill_named() {
     echo "$n"
 }
 
-# Leftovers of an interrupted run: its processes, then its temp dirs.
+# ZFS pools of an interrupted run: the rack's pools (zzmainh<i>) whose vdev file is in a
+# $PREFIX* dir. zfs-fuse keeps them imported after the dir is gone, and the next `up` refuses
+# a pool of its name on another file.
+destroy_leftover_pools() {
+    local pool vdev
+    command -v zpool >/dev/null || return 0
+    for pool in $(zpool list -H -o name 2>/dev/null | grep -E '^zzmainh[0-9]+$'); do
+        vdev=$(zpool status "$pool" 2>/dev/null | awk '$1 ~ /^\// {print $1; exit}')
+        case "$vdev" in
+        "$PREFIX"*)
+            echo "[main] destroying ZFS pool $pool left by an earlier run ($vdev)"
+            zpool destroy -f "$pool" || true
+            ;;
+        esac
+    done
+}
+
+# Leftovers of an interrupted run: its processes, its pools, then its temp dirs.
 cleanup_leftovers() {
     local d n
     n=$(kill_named "$PREFIX")
     [ "$n" -eq 0 ] || echo "[main] killed $n leftover process(es) of an earlier run"
+    destroy_leftover_pools
     for d in "$PREFIX"*/; do
         [ -d "$d" ] || continue
         echo "[main] removing leftover ${d%/}"
@@ -132,8 +150,10 @@ echo "\$ zz rack plan $RACK"
 echo
 # detect_floor_ms, the floor of the execution-report timer (docs/operations.md): 2 s, as
 # a correct replica in a TCG guest on a loaded 2-core host is sometimes late by 1 s.
-echo "\$ zz rack up $RACK --backend $BACKEND --set detect_floor_ms=2000"
-"$PY" -m zz rack up "$RACK" --backend "$BACKEND" --set detect_floor_ms=2000
+# --store zfs: each guest's state is a dataset of its host's pool, checkpoints are ZFS
+# snapshots (setup.sh installs zfs-fuse; without it the job fails rather than falling back).
+echo "\$ zz rack up $RACK --backend $BACKEND --store zfs --set detect_floor_ms=2000"
+"$PY" -m zz rack up "$RACK" --backend "$BACKEND" --store zfs --set detect_floor_ms=2000
 echo
 
 URL=http://127.0.0.1:$HTTP_PORT
