@@ -18,6 +18,12 @@ def _kv(opts: dict[str, Any]) -> App:
     return KvApp(**opts)
 
 
+def _files(opts: dict[str, Any]) -> App:
+    from zz.execution.apps.files import FilesApp
+
+    return FilesApp(**opts)
+
+
 def _microbench(opts: dict[str, Any]) -> App:
     from zz.execution.apps.microbench import MicrobenchApp
 
@@ -39,6 +45,7 @@ def _guestbook(opts: dict[str, Any]) -> App:
 # One builder per bundled app of the catalogue (zz/appspec.py _SPECS).
 _BUILDERS: dict[str, Callable[[dict[str, Any]], App]] = {
     "echo": lambda _opts: EchoApp(),
+    "files": _files,
     "kv": _kv,
     "microbench": _microbench,
     "wsgi:guestbook": _guestbook,

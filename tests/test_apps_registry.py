@@ -16,7 +16,7 @@ from zz.httpop import decode_response, encode_request
 
 
 def test_bundled_names() -> None:
-    assert app_names() == ["echo", "kv", "microbench", "wsgi:guestbook"]
+    assert app_names() == ["echo", "files", "kv", "microbench", "wsgi:guestbook"]
     for name in app_names():
         assert isinstance(create_app(name), App)
 
@@ -25,7 +25,7 @@ def test_unknown_app_lists_valid_ones() -> None:
     with pytest.raises(UnknownAppError) as e:
         create_app("kvv")
     msg = str(e.value)
-    assert "'kvv'" in msg and "echo, kv, microbench, wsgi:guestbook" in msg
+    assert "'kvv'" in msg and "echo, files, kv, microbench, wsgi:guestbook" in msg
     with pytest.raises(UnknownAppError, match="cannot load"):
         create_app("wsgi:no_such_module_zz:app")
 

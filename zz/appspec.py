@@ -73,6 +73,19 @@ _SPECS: dict[str, AppSpec] = {
             ),
         ),
         AppSpec(
+            "files",
+            "POSIX-style file service (lookup, read, write, rename, ...) behind `zz mount`",
+            (
+                Option("max_bytes", int, 1 << 33, "capacity: bytes of all files", 0, 1 << 50),
+                Option("max_inodes", int, 1_000_000, "most inodes, the root included", 1),
+                Option("max_file_size", int, 1 << 30, "largest file in bytes", 0, 1 << 50),
+                Option("max_io", int, 1 << 20, "largest READ or WRITE in bytes", 4096, 1 << 24),
+                Option("root_mode", int, 0o755, "permission bits of the root directory", 0, 0o7777),
+                Option("root_uid", int, 0, "owner of the root directory", 0, _U32_MAX),
+                Option("root_gid", int, 0, "group of the root directory", 0, _U32_MAX),
+            ),
+        ),
+        AppSpec(
             "microbench",
             "burns E of CPU per request as SHA-256 iterations; optional reply size, writes",
             (
