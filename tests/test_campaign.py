@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,76 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
     assert not leftover, "the rack's directory is removed after a clean run"
     for d in leftover:
         assert not rackctl.rack_leftovers(load(d / "rack.toml"))
+
+
+@pytest.mark.slow
+@needs_agreed
+@pytest.mark.skipif(not AGREED.exists(), reason=f"no zz-agreed at {AGREED}")
+def test_a_slot_re_keyed_before_a_restart_is_not_convicted_after_it(tmp_path: Path) -> None:
+    """The campaign's rack restart after a round whose conviction some agreement replicas
+    had not applied (seed 3101 rounds 26 and 27). Slot 0's controld re-keyed it for a
+    successor and announced the key, which every agreement replica held: slot 0 is awake,
+    not convicted, there. The restart keeps the key directory, so the correct runtime
+    started in slot 0 speaks the new key; each agreement replica must take it at start, or
+    it drops all the runtime sends and the runtime, silent at seq 1, is convicted."""
+    import asyncio
+    import socket
+    import time
+
+    from zz import keys, wire
+    from zz.drill import start_load, stop_load
+
+    config = load(cp.write_rack(tmp_path / "rack", 1))
+    s = config.services[0]
+    camp = cp.Campaign(config, cp.Options(agreed=AGREED), random.Random(1), lambda _: None)
+    stats = [config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.stats.json" for r in range(s.n)]
+
+    def agreed() -> list[dict[str, object]]:
+        out = []
+        for p in stats:
+            try:
+                out.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                out.append({})
+        return out
+
+    def wait(pred: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, f"{what}: {agreed()}"
+            time.sleep(0.2)
+
+    camp.up()
+    try:
+        kd = config.rack.key_dir
+        h = s.exec_host(config, 0).index
+        ctl = keys.load_secret(
+            keys.secret_path(kd, keys.RACK_SERVICE, keys.controld_principal(h))
+        ).sign
+        assert ctl is not None
+        raw = keys.rotate_exec(kd, config, s, 0, 5, ctl, h)
+        for r in range(s.n):
+            with socket.create_connection(config.replica_address(s, r), timeout=5) as sock:
+                sock.sendall(wire.frame(raw))
+        wait(lambda: all(d.get("spares_ready_held") == 1 for d in agreed()), "held")
+
+        camp.restart("test: slot 0 re-keyed")
+        assert asyncio.run(camp._ready(60)) == []  # every runtime linked: ready for a round
+
+        async def run_load() -> dict[str, int]:
+            ld = start_load(config, [s], 2, None)
+            # Past the report timer's floor (cp.OVERRIDES, 4 s) after the first seqs.
+            await asyncio.sleep(8)
+            await stop_load(ld)
+            return dict(ld.tally)
+
+        tally = asyncio.run(run_load())
+        assert tally.get("ok", 0) > 0, tally
+        for d in agreed():
+            assert d["exec_convicted"] == [] and d["wakeups_sent"] == 0, d
+            assert d["exec_awake"] == [0, 1], d
+        st = json.loads(s.exec_status_path(config, 0).read_text())
+        assert st["last_executed"] > 0, st
+        assert all(d["exec_key_epoch"][0] == 1 for d in agreed())
+    finally:
+        cp.down(config)

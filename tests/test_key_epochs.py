@@ -4,6 +4,7 @@
 # counted per sender.
 from __future__ import annotations
 
+import contextlib
 import socket
 from pathlib import Path
 
@@ -98,6 +99,90 @@ def test_agreed_refuses_the_replaced_key_of_a_slot(tmp_path: Path) -> None:
         )
         assert c.stats(1)["exec_key_epoch"][spare] == 1
         assert f"exec {spare} key epoch 1 from" in c.log_path(1).read_text()
+
+
+def test_a_restart_takes_the_announced_key_of_a_slot_not_convicted_here(tmp_path: Path) -> None:
+    """Awake slot 0 is re-keyed for a successor and its SPARE-READY held by every agreement
+    replica (a conviction not applied here yet, as at agreement replicas 0 and 3 in campaign
+    seed 3101 round 26); the rack restarts (views gone, `.keys` files kept). Each replica
+    must take the slot's key from the key directory's announcement at start: the runtime
+    started in slot 0 uses it, and a replica on the old key drops everything it sends, so
+    the correct runtime never reports seq 1 and is convicted (round 27)."""
+    with Cluster(tmp_path, app="kv", f=1) as c:
+        c.start()
+        kd = c.dir / "keys"
+        svc = c.service
+        x = wire.exec_principal(0)
+        old = _secret(kd, x)
+        raw = keys.rotate_exec(kd, c.config, svc, 0, 5, _controld_key(kd), 0)
+        new = _secret(kd, x)
+        for r in range(c.n):
+            _send(c.port(r), raw)
+        c.wait_for(
+            lambda: all(s["spares_ready_held"] == 1 for s in c.stats_all()),
+            what="the announcement held everywhere (slot 0 is not convicted here)",
+        )
+        assert all(s["exec_key_epoch"][0] == 0 for s in c.stats_all())
+
+        # The rack restart (zz/rackctl.py down, up): every replica stops, the views go.
+        for r in range(c.n):
+            c.kill(r)
+            (c.run_dir / f"agreed-{r}.exec-view").unlink(missing_ok=True)
+        c.start()
+        c.wait_for(
+            lambda: all(s["exec_key_epoch"][0] == 1 for s in c.stats_all()),
+            what="every replica on slot 0's announced key after the restart",
+        )
+        for r in range(c.n):
+            assert "exec 0 key epoch 1 announced in" in c.log_path(r).read_text()
+            assert c.stats(r)["exec_awake"] == [0, 1]  # the key moved, not the view
+
+        # What the runtime in slot 0 sends now verifies; the old key is refused and counted.
+        old_cp, old_rep = _exec_msgs(old, c.n, 128)
+        new_cp, new_rep = _exec_msgs(new, c.n, 128)
+        auth0 = [s["dropped"]["auth"] for s in c.stats_all()]
+        for r in range(c.n):
+            _send(c.port(r), new_cp, new_rep, old_rep)
+        c.wait_for(
+            lambda: all(s["exec_stale_key_drops"][0] == 1 for s in c.stats_all()),
+            what="the old key's report dropped and counted",
+        )
+        for r in range(c.n):
+            assert c.stats(r)["dropped"]["auth"] == auth0[r] + 1
+
+
+def test_a_convicted_slot_takes_only_its_convictions_announcement(tmp_path: Path) -> None:
+    """A slot convicted here keeps its key at start, whatever the key directory announces:
+    its key moves with the SPARE-READY that answers its conviction (a replayed one must not
+    make a convicted incarnation a spare), and a file that does not verify stops zz-agreed."""
+    with Cluster(tmp_path, app="kv", f=1) as c:
+        kd = c.dir / "keys"
+        svc = c.service
+        view = c.run_dir / "agreed-0.exec-view"
+        keys.rotate_exec(kd, c.config, svc, 1, 9, _controld_key(kd), 0)
+        c.start()
+        c.wait_for(
+            lambda: all(s["exec_key_epoch"][1] == 1 for s in c.stats_all()),
+            what="awake slot 1 on the announced key from the first start",
+        )
+        c.kill(0)
+        text = view.read_text()
+        assert "exec 1 awake 0\n" in text, text
+        view.write_text(text.replace("exec 1 awake 0\n", "exec 1 convicted 9\n"))
+        (c.run_dir / "agreed-0.exec-view.keys").unlink()
+        c.start(0)
+        c.wait_for(lambda: c.stats(0)["exec_convicted"] == [1], what="replica 0 back")
+        assert c.stats(0)["exec_key_epoch"][1] == 0
+
+        c.kill(0)
+        cert = keys.spare_cert_path(kd, svc.id, wire.exec_principal(1))
+        forged = wire.decode(bytes.fromhex(cert.read_text()))
+        assert isinstance(forged, wire.SpareReady) and forged.replica == 1
+        cert.write_text(forged.signed(SigningKey(bytes(32))).encode().hex() + "\n")
+        with contextlib.suppress(RuntimeError):  # it may exit before it listens
+            c.start(0)
+        assert c.procs[0].wait(timeout=15) != 0
+        assert "spare-p257.msg: signature" in c.log_path(0).read_text()
 
 
 def test_python_verifiers_follow_the_slot_key(tmp_path: Path) -> None:

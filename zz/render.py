@@ -60,7 +60,7 @@ def _fmt(key: str, value: Any) -> str:
         if value not in BYZANTINE:
             raise ConfigError(f"override byzantine: must be one of {', '.join(BYZANTINE)}")
         return str(value)
-    if key in ("secret", "public", "stats_file", "exec_view", "rack_public"):
+    if key in ("secret", "public", "stats_file", "exec_view", "rack_public", "spare_keys"):
         s = str(value)
         if not s or any(c.isspace() for c in s):
             raise ConfigError(f"override {key}: a path without whitespace is required")
@@ -99,6 +99,8 @@ def replica_conf(
             # (keys/s0/public) verify SPARE-READY.
             "exec_view": run / f"agreed-{r}.exec-view",
             "rack_public": keys.public_path(rack.key_dir, keys.RACK_SERVICE),
+            # Re-keyed slots' signed announcements (spare-p<256+i>.msg), taken at start.
+            "spare_keys": keys.service_dir(rack.key_dir, service.id),
             "detect_k": service.detect_k,
             "detect_floor_ms": service.detect_floor_ms,
             "detect_ceiling_ms": service.detect_ceiling_ms,

@@ -74,6 +74,9 @@ typedef struct {
                                    * "always", docs/agreement.md "Signed requests") */
     char stats_file[256];         /* JSON counters, rewritten every second; "" = none */
     char exec_view[256]; /* awake/sleeping/convicted view kept across restarts; "" = none */
+    /* The service's key directory, where controld keeps each re-keyed slot's signed
+     * SPARE-READY (spare-p<256+i>.msg, hex), read at start (spares.c); "" = none. */
+    char spare_keys[256];
     /* test-only fault injection on replica-to-replica sends */
     double inject_drop, inject_dup;
     uint32_t inject_delay_ms;

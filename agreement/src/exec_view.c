@@ -264,7 +264,8 @@ int zz_wake_init(zz_replica *r, char *err, size_t errcap)
     }
     for (uint32_t i = 0; i < r->conf->n_exec; i++)
         r->zz.exec_state[i] = r->conf->exec[i].active ? ZZ_EXEC_AWAKE : ZZ_EXEC_SLEEPING;
-    if (load_view(r, err, errcap) != 0 || zw_load_keys(r, err, errcap) != 0)
+    if (load_view(r, err, errcap) != 0 || zw_load_keys(r, err, errcap) != 0 ||
+        zw_load_announced(r, err, errcap) != 0)
         return -1;
     zw_save_view(r); /* from the first start on, the file shows the view */
     for (uint32_t h = 0; h < ZZ_MAX_HOSTS; h++) {

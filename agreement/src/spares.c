@@ -289,3 +289,106 @@ void zz_on_spare_ready(zz_replica *r, const zz_msg *m)
     zz_log("zz-agreed: replica %u: SPARE-READY %u seq %llu from %u rejected: %s\n",
            r->id, x, (unsigned long long)q->seq, m->sender, why);
 }
+
+/* ---- the key directory's announcements, at start ----
+ * controld keeps each re-keyed slot's signed SPARE-READY in the service's key directory
+ * (conf spare_keys: spare-p<256+i>.msg, the message in hex), and the slot's runtime, its
+ * peers and the clients use the keys it names (zz/keys.py slot_keys). An announcement this
+ * replica did not take before it stopped (held for a conviction not applied here yet, or
+ * not delivered before the rack went down) would leave it on the slot's previous key: a
+ * correct runtime started in that slot authenticates nothing here, and is convicted at the
+ * first seq for a silence that is this replica's (campaign seeds 3101 round 27 and 3102
+ * round 4: the first round after a rack restart). So a slot that is not convicted here
+ * takes the announced epoch if it is above its own. A convicted slot's key moves only with
+ * the announcement that answers its conviction (zz_on_spare_ready: a replayed one must not
+ * turn a convicted incarnation into a spare). A file that does not verify stops the
+ * replica, as an unreadable .keys file does. */
+#define ANNOUNCE_MAX 1024 /* bytes of one SPARE-READY; it has 80 + 16 + 64 */
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Slot x's announcement file into raw (at most ANNOUNCE_MAX bytes): 1 read, 0 no file,
+ * -1 with err set. */
+static int read_announcement(const char *path, uint8_t *raw, uint32_t *len, char *err,
+                             size_t errcap)
+{
+    char text[2 * ANNOUNCE_MAX + 2];
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t n = fread(text, 1, sizeof text, f);
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr) {
+        snprintf(err, errcap, "%s: read error", path);
+        return -1;
+    }
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
+        n--;
+    if (n == 0 || n % 2 != 0 || n / 2 > ANNOUNCE_MAX) {
+        snprintf(err, errcap, "%s: not one message in hex of at most %u bytes", path,
+                 ANNOUNCE_MAX);
+        return -1;
+    }
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hexval(text[2 * i]), lo = hexval(text[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            snprintf(err, errcap, "%s: not lower-case hex", path);
+            return -1;
+        }
+        raw[i] = (uint8_t)(hi * 16 + lo);
+    }
+    *len = (uint32_t)(n / 2);
+    return 1;
+}
+
+int zw_load_announced(zz_replica *r, char *err, size_t errcap)
+{
+    const char *dir = r->conf->spare_keys;
+    if (!dir[0] || !r->zz.wake)
+        return 0;
+    for (uint32_t x = 0; x < r->conf->n_exec; x++) {
+        char path[320];
+        uint8_t raw[ANNOUNCE_MAX];
+        uint32_t len = 0;
+        if (snprintf(path, sizeof path, "%s/spare-p%u.msg", dir, ZZ_PRINCIPAL_EXEC + x) >=
+            (int)sizeof path) {
+            snprintf(err, errcap, "%s: path too long", dir);
+            return -1;
+        }
+        int got = read_announcement(path, raw, &len, err, errcap);
+        if (got <= 0) {
+            if (got < 0)
+                return -1;
+            continue;
+        }
+        zz_msg m;
+        const char *why = NULL;
+        if (zz_decode(raw, len, &m) != ZZ_OK || m.type != ZZ_SPARE_READY)
+            why = "not a SPARE-READY";
+        else if (m.service != r->conf->service)
+            why = "another service's";
+        else if (m.u.spare_ready.replica != x)
+            why = "announces another replica";
+        else
+            why = check_spare(r, &m);
+        if (why) {
+            snprintf(err, errcap, "%s: %s", path, why);
+            return -1;
+        }
+        const zz_spare_ready *q = &m.u.spare_ready;
+        if (r->zz.exec_state[x] == ZZ_EXEC_CONVICTED || q->epoch <= r->zz.wake->key_epoch[x])
+            continue;
+        zz_log("zz-agreed: replica %u: exec %u key epoch %u announced in %s\n", r->id, x,
+               q->epoch, path);
+        zw_take_key(r, x, q->epoch, q->sign_pub, q->dh_pub);
+    }
+    return 0;
+}

@@ -144,6 +144,8 @@ uint32_t zw_count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens,
 
 /* spares.c */
 int zw_load_keys(zz_replica *r, char *err, size_t errcap);
+/* At start, after zw_load_keys: the key directory's announcements (conf spare_keys). */
+int zw_load_announced(zz_replica *r, char *err, size_t errcap);
 void zw_take_key(zz_replica *r, uint32_t x, uint32_t epoch, const uint8_t *pub,
                  const uint8_t *dh);
 

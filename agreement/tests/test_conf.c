@@ -638,8 +638,9 @@ static void test_rack_public(tctx *t, const fixture *fx)
     base_lines(fx, lines);
     snprintf(lines[NBASE], 256, "rack_public %s", rack);
     snprintf(lines[NBASE + 1], 256, "exec_view %s/view", fx->dir);
-    write_conf(fx, lines, NBASE + 2);
-    t_begin(t, "rack_public and exec_view");
+    snprintf(lines[NBASE + 2], 256, "spare_keys %s/keys", fx->dir);
+    write_conf(fx, lines, NBASE + 3);
+    t_begin(t, "rack_public, exec_view and spare_keys");
     int rc = zz_conf_load(fx->conf, &c, err, sizeof err);
     if (!CHECK(t, rc == 0))
         printf("  error: %s\n", err);
@@ -648,6 +649,8 @@ static void test_rack_public(tctx *t, const fixture *fx)
     char want[512];
     snprintf(want, sizeof want, "%s/view", fx->dir);
     CHECK(t, strcmp(c.exec_view, want) == 0);
+    snprintf(want, sizeof want, "%s/keys", fx->dir);
+    CHECK(t, strcmp(c.spare_keys, want) == 0);
     /* the kept key is the one in the file: host 1's verifies a message signed with seed 2 */
     zz_signkey *sk = zz_signkey_new(fx->seed[2]);
     zz_buf b;
