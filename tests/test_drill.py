@@ -218,6 +218,15 @@ def test_throughput_after_recovery_under_half_is_degraded() -> None:
             )
         else:
             assert r.degraded == []
+    # The load paused 2 s before the fault (--cp-phase): the throughput before is measured
+    # over the --before seconds up to the pause, not over the pause.
+    samples = _steady(100, -6.0, -2.0) + _steady(2, -2.0, 0.0) + _steady(80, 2.0, 15.0)
+    r = rp.DrillReport("crash", "rt", "kv0", 0.0)
+    rp.throughput(r, samples, before_s=4.0, end_s=15.0, before_until_s=-2.0)
+    assert r.load_before == pytest.approx(100) and r.details["before_window_s"] == [-6.0, -2.0]
+    assert rp.verdict(r) == "PASS"
+    rp.throughput(r, samples, before_s=4.0, end_s=15.0)  # over the pause: not what was loaded
+    assert r.load_before == pytest.approx(51)
     # A failed check wins over the throughput rule.
     r.degraded, r.reasons = ["slow"], ["missing: SHUTDOWN"]
     assert rp.verdict(r) == "FAIL"

@@ -344,9 +344,16 @@ def after_window(
     return (start, end_s) if end_s - start >= AFTER_MIN_S else None
 
 
-def throughput(r: DrillReport, samples: list[Sample], before_s: float, end_s: float) -> None:
+def throughput(
+    r: DrillReport,
+    samples: list[Sample],
+    before_s: float,
+    end_s: float,
+    before_until_s: float = 0.0,
+) -> None:
     """The load figures and the throughput rule. `samples` on the fault's clock, `before_s`
-    seconds of load before the fault, the load stopped `end_s` after it; needs
+    seconds of load before the fault (ending `before_until_s`: 0, or earlier when the load
+    was paused before the fault, --cp-phase), the load stopped `end_s` after it; needs
     `r.detection_s`. Sets first_correct_reply_s, load_before, load_after and, when the
     throughput after recovery is under DEGRADED_FRACTION of before, `degraded`."""
     first, earliest, early = first_reply(samples, r.detection_s)
@@ -360,8 +367,9 @@ def throughput(r: DrillReport, samples: list[Sample], before_s: float, end_s: fl
             " from the detection"
         )
     ok = [s.ret for s in samples if s.ok and s.ret is not None]
-    r.load_before = sum(1 for t in ok if -before_s <= t < 0) / before_s if before_s > 0 else None
-    r.details["before_window_s"] = [-before_s, 0.0]
+    b0, b1 = before_until_s - before_s, before_until_s
+    r.load_before = sum(1 for t in ok if b0 <= t < b1) / before_s if before_s > 0 else None
+    r.details["before_window_s"] = [round(b0, 3), round(b1, 3)]
     win = after_window(end_s, first)
     r.details["after_window_s"] = None if win is None else [round(win[0], 3), round(win[1], 3)]
     if win is None:

@@ -150,6 +150,7 @@ class Drill:
         self.spares_at_start: dict[str, list[int]] = {}
         self.samples: list[rp.Sample] = []
         self.load_end_ns = 0  # when the load was told to stop (the end of the watch)
+        self.pause_ns = 0  # --cp-phase: when the load was paused before the fault
         if self.kind.convicts and self.service.n_exec <= self.service.active:
             raise DrillError(f"{self.service.name} has no sleeping spare to wake")
 
@@ -203,6 +204,7 @@ class Drill:
         cp = self.config.rack.checkpoint_interval
         want = a.cp_phase % cp
         load.gate.clear()
+        self.pause_ns = time.monotonic_ns()
         t_end = time.monotonic() + 30
         while load.inflight["kv"] and time.monotonic() < t_end:
             await asyncio.sleep(0.02)
@@ -356,7 +358,9 @@ class Drill:
         self._control_plane(r, obs)
         # The first correct reply counts from the detection, so after _control_plane.
         end_s = (self.load_end_ns - obs.fault_ns) / 1e9
-        rp.throughput(r, self.samples, self.args.before, end_s)
+        # With --cp-phase the throughput before is that of the load before its pause.
+        until = (self.pause_ns - obs.fault_ns) / 1e9 if self.pause_ns else 0.0
+        rp.throughput(r, self.samples, self.args.before, end_s, before_until_s=min(until, 0.0))
         r.details.update(self.details)
         r.details["faulted"] = self.faulted
         r.details["tally"] = dict(load.tally)
