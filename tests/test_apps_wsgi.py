@@ -169,7 +169,7 @@ def test_post_then_get_shows_escaped_entry(tmp_path: Path) -> None:
     entries = json.loads(_call(app, 3, "GET", "/entries.json").body)
     assert entries == [{"id": 1, "name": "<b>mallory</b>", "message": evil, "time_ms": T0 + 1000}]
     files = sorted(app.state.take_dirty().written)
-    assert files == ["guestbook/entries/00000001.json", "guestbook/index.json"]
+    assert files == ["guestbook/chunks/00000000.jsonl", "guestbook/meta.json"]
 
 
 def test_guestbook_errors(tmp_path: Path) -> None:

@@ -643,8 +643,15 @@ def test_guestbook_through_real_replicas_with_curl(tmp_path: Path) -> None:
         trees = []
         for i in (0, 1):
             root = cluster.run_dir / f"exec-{i}" / "store" / "live" / "guestbook"
-            trees.append({p.relative_to(root): p.read_bytes() for p in root.rglob("*.json")})
-        assert trees[0] == trees[1] and len(trees[0]) == 1 + 9
+            trees.append(
+                {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+            )
+        # One chunk file holds the 9 entries, meta.json counts them.
+        assert trees[0] == trees[1] and sorted(map(str, trees[0])) == [
+            "chunks/00000000.jsonl",
+            "meta.json",
+        ]
+        assert json.loads(trees[0][Path("meta.json")])["count"] == 9
         ok = True
     finally:
         if proxy is not None and proxy.poll() is None:

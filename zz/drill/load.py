@@ -19,6 +19,7 @@ from zz import history as zh
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service
 from zz.drill.rack import DrillError
+from zz.execution.apps.guestbook import MAX_LIMIT as GUESTBOOK_MAX_LIMIT
 from zz.http import CLIENT_ERRORS, ClientConnection
 
 KEYS_PER_DRILL = 4
@@ -173,14 +174,33 @@ def start_http_load(url: str, clients: int) -> Load:
 
 
 async def entries(url: str) -> list[dict[str, Any]]:
-    """The guestbook's final /entries.json."""
+    """Every entry of the guestbook at URL, oldest first: /entries.json page by page, each
+    page the MAX_LIMIT entries before the oldest id of the previous one (what its `Link:
+    rel="next"` names), until a page is short or reaches entry 1."""
     conn = ClientConnection(*_http_addr(url))
+    pages: list[list[dict[str, Any]]] = []
+    before: int | None = None
     try:
-        async with asyncio.timeout(30.0):
-            status, body = await conn.request("GET", "/entries.json")
+        async with asyncio.timeout(60.0):
+            while True:
+                target = f"/entries.json?limit={GUESTBOOK_MAX_LIMIT}"
+                if before is not None:
+                    target += f"&before={before}"
+                status, body = await conn.request("GET", target)
+                if status != 200:
+                    raise DrillError(f"GET {target}: HTTP {status}")
+                page = json.loads(body)
+                if not isinstance(page, list):
+                    raise DrillError(f"GET {target}: not a JSON array")
+                if not page:
+                    break
+                oldest = int(page[0].get("id", 0))
+                if before is not None and oldest >= before:
+                    raise DrillError(f"GET {target}: entry {oldest} is not before {before}")
+                pages.append(page)
+                if len(page) < GUESTBOOK_MAX_LIMIT or oldest <= 1:
+                    break
+                before = oldest
     finally:
         conn.close()
-    if status != 200:
-        raise DrillError(f"GET /entries.json: HTTP {status}")
-    data = json.loads(body)
-    return data if isinstance(data, list) else []
+    return [e for page in reversed(pages) for e in page]
