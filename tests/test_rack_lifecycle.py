@@ -123,6 +123,9 @@ def test_stop_keeps_everything_and_start_brings_the_same_rack_back(
         assert (rack.rack.run_dir / "controld" / h / "inventory.json").exists()
     assert audit.exists() and (rack.rack.run_dir / "s1" / "agreed-0.log").exists()
     assert key_digest(rack) == keys_before
+    capsys.readouterr()
+    assert cli.main(["status", str(rack.path)]) == 2  # not running
+    assert "stopped at" in (out := capsys.readouterr().out) and "`zz rack start" in out, out
     # Stopped again: nothing to do. `up` does not start a stopped rack anew.
     assert rackctl.stop(rack).nothing
     with pytest.raises(rackctl.RackError, match="was stopped .* `zz rack start"):

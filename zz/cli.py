@@ -1,4 +1,4 @@
-# zz/cli.py - the `zz` command line: keys, rack render/plan, client, proxy, status.
+# zz/cli.py - the `zz` command line: keys, rack render/plan, client, proxy, mount, status.
 # Thin argparse layer: every command is a library call so tests and scripts share the code.
 # PYTHON_ARGCOMPLETE_OK (argcomplete: `eval "$(register-python-argcomplete zz)"`)
 """The `zz` command (docs/operations.md "The zz command").
@@ -146,6 +146,39 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
         asyncio.run(proxy.serve(config, args.service, options, args.clients, args.first_client))
     except OSError as e:
         print(f"zz proxy: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_mount(args: argparse.Namespace) -> int:
+    try:
+        from zz import mount
+    except ImportError as e:
+        hint = "pip install -e '.[mount]' with Debian's fuse3, libfuse3-dev (scripts/setup.sh)"
+        print(f"zz mount: {e}: {hint}", file=sys.stderr)
+        return 1
+    if args.timeout <= 0 or args.cache < 0:
+        raise ValueError("--timeout must be positive and --cache not negative")
+    if not args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s zz-mount %(message)s")
+    options = mount.MountOptions(args.timeout, args.cache, args.allow_other)
+    config = load(args.config)
+    try:
+        asyncio.run(mount.serve(config, args.service, args.mountpoint, options,
+                                args.clients, args.first_client))  # fmt: skip
+    except (mount.MountError, OSError, RuntimeError) as e:
+        print(f"zz mount: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_umount(args: argparse.Namespace) -> int:
+    from zz import mountpoints
+
+    try:
+        mountpoints.umount(args.mountpoint, lazy=args.lazy)
+    except mountpoints.MountError as e:
+        print(f"zz umount: {e}", file=sys.stderr)
         return 1
     return 0
 
@@ -305,7 +338,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _json(st.status_document(config, rows, controlds, health, recorded))
     elif not args.quiet:
-        print(st.format_status(config, rows, controlds, health, args.stale_after, args.verbose))
+        stopped_at = (recorded or {}).get("stopped_at")
+        print(st.format_status(config, rows, controlds, health, args.stale_after, args.verbose,
+                               stopped_at))  # fmt: skip
     return health.code
 
 
@@ -560,6 +595,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="open connections from one address (default 256)",
     )
     p.set_defaults(func=_cmd_proxy)
+
+    mo = sub.add_parser(
+        "mount",
+        help="mount a files service with FUSE (docs/files.md)",
+        description="Serve a files service at MOUNTPOINT until it is unmounted: every file "
+        "operation is a BFT request, answered once f+1 replicas agree (docs/files.md).",
+    )
+    mo.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    mo.add_argument("service", metavar="SERVICE", help="service name or id (app files)")
+    mo.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    mo.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds per operation, then ETIMEDOUT (default 30)")  # fmt: skip
+    mo.add_argument("--cache", type=float, default=1.0,
+                    help="seconds the kernel keeps names and attributes (default 1)")  # fmt: skip
+    mo.add_argument("--clients", type=int, help="client principals to use (default 4)")
+    mo.add_argument("--first-client", type=int, default=0, help="first client index (default 0)")
+    mo.add_argument("--allow-other", action="store_true", help="let other users in (FUSE option)")
+    mo.set_defaults(func=_cmd_mount)
+    um = sub.add_parser("umount", help="unmount a zz mount", description="Unmount a zz mount.")
+    um.add_argument("mountpoint", metavar="MOUNTPOINT")
+    um.add_argument("--lazy", action="store_true", help="detach now, clean up when not busy")
+    um.set_defaults(func=_cmd_umount)
 
     st = sub.add_parser(
         "status",

@@ -467,6 +467,7 @@ def recorded(config: Config) -> tuple[bool, dict[str, Any] | None]:
         "store": state.store,
         "started_at": state.started_at,
         "complete": state.complete,
+        "stopped_at": state.stopped_at,
         "processes": len(state.procs),
         "alive": len(alive),
         "dead": sorted(p.name for p in state.procs if not p.alive()),

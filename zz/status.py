@@ -376,9 +376,17 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def summary_line(config: Config, health: Health, stale_after: float = 5.0) -> str:
-    """The last line of `zz status`: healthy, DEGRADED with every problem, or not running."""
+def summary_line(
+    config: Config, health: Health, stale_after: float = 5.0, stopped_at: float | None = None
+) -> str:
+    """The last line of `zz status`: healthy, DEGRADED with every problem, or not running
+    (`stopped_at`: stopped by `zz rack stop` then, its state kept)."""
     name = f"rack {config.rack.name!r}"
+    if not health.running and stopped_at is not None:
+        return (
+            f"{name}: not running, stopped at {time.ctime(stopped_at)} with its state kept;"
+            f" `zz rack start {config.path}` brings it back"
+        )
     if not health.running:
         return (
             f"{name}: not running (no process of run/rack.json alive, no replica stats newer"
@@ -399,12 +407,13 @@ def format_status(
     health: Health,
     stale_after: float = 5.0,
     verbose: int = 0,
+    stopped_at: float | None = None,
 ) -> str:
     """What `zz status` prints: the replicas and controlds, then the verdict line; only
     the verdict when the rack is not running. `verbose`: each controld's metrics URL and
     its last log lines too."""
     if not health.running:
-        return summary_line(config, health, stale_after)
+        return summary_line(config, health, stale_after, stopped_at)
     out = [format_rows(rows + controld_rows(config, controlds))]
     if verbose:
         for h in config.hosts:
