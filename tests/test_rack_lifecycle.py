@@ -313,3 +313,24 @@ def test_down_keeps_forensic_states_unless_purged(
         rc, doc = zz(capsys, "rack", "down", str(rack.path), "--purge-forensics")
         assert rc == 0 and str(kept) in doc["deleted"], doc  # type: ignore[operator]
         assert not kept.exists()
+
+
+def test_store_auto_falls_back_to_directories_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--store auto is zfs where zpool answers; without the zfs commands it is the
+    directory store with the reason. zfs and dir are taken as given; anything else names
+    the choices."""
+    from zz.snapshots.zfs import ensure_zfs_daemon
+
+    ensure_zfs_daemon()
+    store, why = rackctl.choose_store("auto")
+    assert store == "zfs" and "zpool answers" in why, why
+    assert rackctl.choose_store("dir") == ("dir", "--store dir given")
+    assert rackctl.choose_store("zfs") == ("zfs", "--store zfs given")
+    with pytest.raises(rackctl.RackError, match="auto, dir, zfs"):
+        rackctl.choose_store("btrfs")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no zpool, no zfs-fuse
+    store, why = rackctl.choose_store("auto")
+    assert store == "dir", why
+    assert why.startswith("fallback, ZFS is not usable here: ") and "zpool not found" in why, why

@@ -804,12 +804,23 @@ def repair(
     if dead:
         progress(f"dead: {', '.join(restarted)}")
         _save_state(config, state)
-    ctl = [p.name for p in dead if p.kind == "controld"]
-    if ctl:
-        _start_controlds(config, state, ctl, progress, timeout)
-    if dead_agreed:
-        _start_agreed(config, state, agreed, [p.name for p in dead_agreed], progress, timeout)
-    fixed = _reprovision(config, state, progress, _provision_timeout(state, timeout))
+    try:
+        ctl = [p.name for p in dead if p.kind == "controld"]
+        if ctl:
+            _start_controlds(config, state, ctl, progress, timeout)
+        if dead_agreed:
+            names = [p.name for p in dead_agreed]
+            _start_agreed(config, state, agreed, names, progress, timeout)
+        fixed = _reprovision(config, state, progress, _provision_timeout(state, timeout))
+    except BaseException as e:
+        # What was started runs and is recorded; the rest is as it was.
+        state.repairs.append({"at": time.time(), "by": by, "restarted": restarted,
+                              "failed": str(e) or type(e).__name__})  # fmt: skip
+        _save_state(config, state)
+        progress(f"repair failed: what it restarted runs and is recorded in"
+                 f" {state_path(config)}, the rest is as it was; `zz status {config.path}`"
+                 " shows what is missing")  # fmt: skip
+        raise
     if not restarted and not fixed:
         raise AlreadyUp(
             f"rack {config.rack.name!r} is already up: all {len(state.procs)} processes run"
