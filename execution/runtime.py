@@ -97,8 +97,12 @@ class _Link(Link):
         )
         self.rt = rt
         self.peer = peer
+        # An agreement replica sent a frame on this connection whose MAC verifies: it
+        # registered us under the keys we use (a link up shows only the TCP connection).
+        self.answered = False
 
     def on_connect(self) -> list[bytes]:
+        self.answered = False
         return self.rt.on_link_connect(self)
 
     def on_frame(self, raw: bytes) -> None:
@@ -437,6 +441,7 @@ class Runtime:
         if not m.verify_mac(self.me, self.agree_keys[link.peer]):
             self.counters["bad_mac"] += 1
             return
+        link.answered = True
         if isinstance(m, wire.ExecCommit):
             self.counters["exec_commits"] += 1
             self.collector.add(m.sender, m.seq, m.digest, m.batch, m.view)
@@ -1105,6 +1110,7 @@ class Runtime:
             "last_executed": self.last_executed,
             **self.ckpt.status(),  # last and stable checkpoint, checkpoints, mismatches
             "agreement_links_up": sum(1 for link in self._links if link.up),
+            "agreement_links_answered": sum(1 for link in self._links if link.up and link.answered),
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
             "counters": dict(sorted(self.counters.items())),

@@ -369,3 +369,43 @@ def test_fresh_spare_has_new_keys_end_to_end(tmp_path: Path) -> None:
         assert all(s["exec_stale_key_drops"] == [0, 2, 0] for s in rig.agreement())
     finally:
         gen.close()
+
+
+def test_a_runtime_no_agreement_replica_verifies_is_linked_but_not_answered(
+    tmp_path: Path,
+) -> None:
+    """What the campaign's readiness check reads (zz/campaign.py `_problems`): slot 0 is
+    re-keyed after the agreement replicas started and never announced. Its runtime connects
+    to every agreement replica (`agreement_links_up` 4), but none verifies its FETCH, so
+    none answers (`agreement_links_answered` 0); runtime 1 is answered by all four."""
+    import json
+    import time
+
+    from tests.test_execution_runtime import ExecReplicas, _kv_cluster, _port_free
+
+    for attempt in range(20):
+        c = _kv_cluster(tmp_path / f"try{attempt}", 4)
+        if all(_port_free(a[1]) for a in c.service.exec_addresses(c.config)):
+            break
+    execs = ExecReplicas(c)
+    try:
+        c.start()
+        kd = c.dir / "keys"
+        keys.rotate_exec(kd, c.config, c.service, 0, 5, _controld_key(kd), 0)
+        execs.start(0)
+        execs.start(1)
+
+        def links(i: int) -> tuple[int, int]:
+            st = execs.status(i)
+            return st.get("agreement_links_up", -1), st.get("agreement_links_answered", -1)
+
+        deadline = time.monotonic() + 30
+        while (links(0)[0], links(1)) != (c.n, (c.n, c.n)):
+            assert time.monotonic() < deadline, execs.tails()
+            time.sleep(0.1)
+        time.sleep(2)  # FETCH-REPLYs come at once on registration: none will for runtime 0
+        assert links(0) == (c.n, 0), execs.tails()
+        assert json.loads(execs.status_path(0).read_text())["last_executed"] == 0
+    finally:
+        execs.close()
+        c.__exit__(None, None, None)

@@ -419,17 +419,21 @@ class Campaign:
         running, asleep = self._controld(obs)
         if len(running) != f + 1 or len(asleep) != f:
             out.append(f"controld: running {running}, asleep {asleep}")
-        # A runtime not connected to every agreement replica yet (just started after a
-        # restart) gets the first seqs only once it is: the round waits for it. A link up
-        # does not show that the agreement replica verifies the runtime's key epoch (it
-        # takes a re-keyed slot's key at start: docs/fault-detection.md "In zz-agreed" 9.).
+        # A runtime not registered with every agreement replica yet (just started after a
+        # restart) gets the first seqs only once it is: the round waits for it. Registered
+        # means answered: a link up shows only the connection, not that the agreement
+        # replica verifies the runtime's keys (a re-keyed slot's key epoch, which zz-agreed
+        # takes at start: docs/fault-detection.md "In zz-agreed" 9.).
         for i in running:
             try:
                 st = json.loads(self.s.exec_status_path(self.config, i).read_text())
             except (OSError, ValueError):
                 st = {}
-            if st.get("agreement_links_up") != self.s.n:
-                out.append(f"exec-{i} not linked to every agreement replica yet")
+            if st.get("agreement_links_answered") != self.s.n:
+                out.append(
+                    f"exec-{i} answered by {st.get('agreement_links_answered')} of"
+                    f" {self.s.n} agreement replicas ({st.get('agreement_links_up')} linked)"
+                )
         return out
 
     async def _poll(self, obs: Observer) -> None:
