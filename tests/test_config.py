@@ -239,6 +239,7 @@ def test_detection_timers_per_service(write_rack: Callable[[str], Path]) -> None
     assert {"detect_k 8", "detect_floor_ms 800", "detect_ceiling_ms 9000"} <= set(text)
     assert f"exec_view {c.rack.run_dir}/s1/agreed-1.exec-view" in text
     assert f"rack_public {c.rack.key_dir}/s0/public" in text
+    assert f"spare_keys {c.rack.key_dir}/s1" in text  # re-keyed slots' announcements
     # An explicit override still wins over the service's value.
     text = render_service(c, s, {"detect_floor_ms": {1: 300}})[1].read_text().splitlines()
     assert "detect_floor_ms 300" in text and "detect_floor_ms 800" not in text
@@ -258,6 +259,7 @@ def test_detection_timers_per_service(write_rack: Callable[[str], Path]) -> None
     echo = load(write_rack(BASE))
     text = render_service(echo, echo.service("web"))[0].read_text()
     assert "exec_view" not in text and "detect_floor_ms" not in text
+    assert "spare_keys" not in text
 
 
 def test_viewed_from_a_guest(write_rack: Callable[[str], Path]) -> None:
