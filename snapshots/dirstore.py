@@ -29,6 +29,7 @@ from pathlib import Path
 
 from zz.atomicfile import write_atomic
 from zz.snapshots.crashpoint import crash_point
+from zz.snapshots.manifest import FETCH_TMP_DIR
 from zz.snapshots.store import CheckpointStore, StorageError, check_snapshot_name
 
 _ORDER = "ORDER"
@@ -82,7 +83,12 @@ class DirStore(CheckpointStore):
         try:
             # symlinks=True copies a link as a link instead of following it out of the tree;
             # copy2 writes new inodes (no hard links), keeping the snapshot independent.
-            shutil.copytree(self._live, tmp, symlinks=True, copy_function=_copy)
+            # The fetcher's scratch files are skipped: a background fetch renames them away
+            # while the copy runs, and copying one that vanished failed the checkpoint and
+            # killed a correct replica (campaign seed 3401 round 97).
+            shutil.copytree(
+                self._live, tmp, symlinks=True, copy_function=_copy, ignore=self._skip_scratch
+            )
             crash_point("dirstore.snapshot.copied")
             os.rename(tmp, dest)
             crash_point("dirstore.snapshot.renamed")
@@ -90,6 +96,10 @@ class DirStore(CheckpointStore):
             shutil.rmtree(tmp, ignore_errors=True)
             raise StorageError(f"cannot snapshot {self._live} as {name!r}: {e}") from e
         self._write_order([*self.list_snapshots(), name])
+
+    def _skip_scratch(self, directory: str, names: list[str]) -> set[str]:
+        parent, _, leaf = FETCH_TMP_DIR.rpartition("/")
+        return {leaf} if leaf in names and Path(directory) == self._live / parent else set()
 
     def list_snapshots(self) -> list[str]:
         try:

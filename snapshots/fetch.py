@@ -34,13 +34,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from zz.snapshots.manifest import RESERVED_DIR, FileEntry, Manifest, files_under, hash_file
+from zz.snapshots.manifest import (
+    FETCH_TMP_DIR,
+    RESERVED_DIR,
+    FileEntry,
+    Manifest,
+    files_under,
+    hash_file,
+)
 
 log = logging.getLogger("zz.snapshots.fetch")
 
 # Fetched files are assembled here and renamed into place, so a crash mid-fetch never
 # leaves a half file under a real name; the runtime wipes `.zz/` content it does not own.
-TMP_DIR = f"{RESERVED_DIR}/fetch-tmp"
+TMP_DIR = FETCH_TMP_DIR
 
 
 class FetchError(Exception):

@@ -35,6 +35,9 @@ VERSION = 1
 KIND_TOMBSTONE = 0
 KIND_FILE = 1
 RESERVED_DIR = ".zz"
+# Scratch space of the state fetcher (snapshots/fetch.py): files being assembled, renamed
+# into place once verified. Never part of a snapshot (snapshots/dirstore.py skips it).
+FETCH_TMP_DIR = f"{RESERVED_DIR}/fetch-tmp"
 MEMORY_PATH = ".zz/memory"
 MAX_PATH_BYTES = 4096
 _CHUNK = 1 << 20

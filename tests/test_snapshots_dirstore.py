@@ -107,3 +107,29 @@ def test_open_store_rejects_bad_arguments(tmp_path: Path) -> None:
         open_store("dir")
     with pytest.raises(ValueError, match="needs pool"):
         open_store("zfs", dataset="x")
+
+
+def test_snapshot_skips_the_fetchers_scratch_files(
+    store: DirStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background fetch renames its scratch files into place while a checkpoint copies
+    the live directory. A scratch file that vanished mid-copy failed the snapshot, and the
+    runtime (a correct replica) died of it (campaign seed 3401 round 97)."""
+    from zz.snapshots import dirstore
+    from zz.snapshots.manifest import FETCH_TMP_DIR
+
+    (store.path / "a").write_bytes(b"state")
+    scratch = store.path / FETCH_TMP_DIR / "140455564015296-1"
+    scratch.parent.mkdir(parents=True)
+    scratch.write_bytes(b"half a fetched file")
+    copy = dirstore._copy
+
+    def fetch_finishes_meanwhile(src: str, dst: str) -> object:
+        scratch.unlink(missing_ok=True)  # renamed into place by the fetcher
+        return copy(src, dst)
+
+    monkeypatch.setattr(dirstore, "_copy", fetch_finishes_meanwhile)
+    store.snapshot("ckpt-1")
+    with store.open_snapshot("ckpt-1") as snap:
+        assert (snap / "a").read_bytes() == b"state"
+        assert not (snap / FETCH_TMP_DIR).exists()
