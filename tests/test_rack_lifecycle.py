@@ -334,3 +334,39 @@ def test_store_auto_falls_back_to_directories_saying_why(
     store, why = rackctl.choose_store("auto")
     assert store == "dir", why
     assert why.startswith("fallback, ZFS is not usable here: ") and "zpool not found" in why, why
+
+
+@needs_agreed
+def test_stop_and_start_on_zfs_keep_the_pools(tmp_path: Path) -> None:
+    """On ZFS: stop keeps the pools (imported); start uses them, and imports one that
+    zfs-fuse no longer has (exported here, as after a restart of zfs-fuse) from its vdev
+    file; the replicas' datasets are the same ones."""
+    from zz.snapshots.zfs import ensure_zfs_daemon, pool_exists, run_zfs
+
+    ensure_zfs_daemon()
+    with rack_config(tmp_path, "lcp") as rack:
+        state = rackctl.up(rack, store="auto", overrides=FLOOR)
+        assert state.store == "zfs", state.store_reason
+        pool = rackctl.pool_name(rack, rack.hosts[1])  # exec-0's host
+
+        def datasets() -> list[str]:
+            return run_zfs(["zfs", "list", "-H", "-o", "name", "-r", pool]).split()
+
+        before = datasets()
+        assert f"{pool}/s1-exec-0" in before, before
+        report = rackctl.stop(rack)
+        assert report.clean and all(pool_exists(p["name"]) for p in state.pools)
+        assert any(f"ZFS pool {pool}" in k for k in report.kept), report.kept
+        run_zfs(["zpool", "export", pool])
+        assert not pool_exists(pool)
+        lines: list[str] = []
+        rackctl.start(rack, progress=lines.append)
+        assert any(f"ZFS pool {pool} imported from" in x for x in lines), lines
+        assert datasets() == before
+        assert [r.ok for r in kv(rack, kvop.encode_put(b"z", b"1"), kvop.encode_get(b"z"))] == [
+            True,
+            True,
+        ]
+        assert rackctl.down(rack).clean
+        assert not any(pool_exists(p["name"]) for p in state.pools)
+        assert_nothing_left(rack)
