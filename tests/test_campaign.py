@@ -321,3 +321,20 @@ def test_a_slot_re_keyed_before_a_restart_is_not_convicted_after_it(tmp_path: Pa
         assert all(d["exec_key_epoch"][0] == 1 for d in agreed())
     finally:
         cp.down(config)
+
+
+def test_a_round_waits_for_every_active_replica_to_hold_the_whole_state() -> None:
+    """The next fault waits until the runtimes woken by the last one have fetched every
+    certified file: otherwise the files may exist only at the replicas the round makes
+    faulty (seed 3402 round 53, f = 2), and a correct replica never completes."""
+    ready = {"agreement_links_answered": 4, "agreement_links_up": 4, "recovering": False}
+    assert cp.runtime_problems(0, ready, 4) == []
+    recovering = {**ready, "recovering": True, "files_pending": 17}
+    assert cp.runtime_problems(1, recovering, 4) == [
+        "exec-1 still recovering (17 files to fetch)"
+    ]
+    late = {**ready, "agreement_links_answered": 3}
+    assert cp.runtime_problems(2, late, 4) == [
+        "exec-2 answered by 3 of 4 agreement replicas (4 linked)"
+    ]
+    assert len(cp.runtime_problems(3, {}, 4)) == 1  # no status file yet: not ready
