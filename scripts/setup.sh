@@ -10,6 +10,9 @@ say() { printf '[setup] %s\n' "$*"; }
 
 # Build and test dependencies of the agreement daemon (C11 + OpenSSL, ASan/UBSan, libFuzzer).
 APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-config xxd curl)
+# `zz mount` (docs/files.md): fusermount3, and libfuse3-dev to build pyfuse3 (the mount extra).
+# fuse3 replaces Debian's fuse 2 package, whose place in zfs-fuse's dependencies it takes.
+APT_PACKAGES+=(fuse3 libfuse3-dev rsync)  # rsync: tests/test_mount.py runs it on a mount
 
 # ---- storage, Go, virtualization: their own scripts ---------------------------------------
 # Each installs its packages and starts its daemons by hand (no systemd on these machines;
@@ -52,9 +55,10 @@ say "python: $($PY --version 2>&1) at $(command -v "$PY")"
 if [ -f pyproject.toml ]; then
     # Editable install so tests and scripts see the working tree; pip is a no-op when current.
     # Extras (pyproject.toml): test (pytest, ruff, ... and matplotlib, which the report tests
-    # need), plots (matplotlib: the drill reports' timeline.png), libvirt (libvirt-python,
+    # need), plots (matplotlib: the drill reports' timeline.png), mount (pyfuse3, for
+    # `zz mount`; built against libfuse3-dev above), libvirt (libvirt-python,
     # for controld's libvirt backend; setup-virt.sh above installed libvirt-dev for it).
-    extras=test,plots
+    extras=test,plots,mount
     if $PY -c 'import libvirt' >/dev/null 2>&1 || pkg-config --exists libvirt 2>/dev/null; then
         extras=$extras,libvirt
     fi
