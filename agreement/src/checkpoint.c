@@ -186,6 +186,7 @@ static void make_stable(zz_replica *r, zz_ckpt *k, const uint8_t *dig, const uin
             ckpt_clear(r, &r->ckpts[i]);
     release_slots(r);
     promote_held(r);
+    zz_wal_stable(r); /* the log is rewritten from here (wal.c) */
 }
 
 static void send_fetch_state(zz_replica *r)
@@ -458,6 +459,69 @@ static int install_state(zz_replica *r, const uint8_t *p, uint32_t len)
     return 0;
 }
 
+int zz_restore_stable(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN],
+                      const zz_blist *proof, const uint8_t *state, uint32_t state_len)
+{
+    uint8_t d[ZZ_DIGEST_LEN], pd[ZZ_DIGEST_LEN];
+    if (seq == 0 || seq % r->conf->checkpoint_interval != 0 || state_len < 8)
+        return -1;
+    uint64_t at = 0;
+    for (int i = 0; i < 8; i++)
+        at = at << 8 | state[i];
+    zz_sha256(state, state_len, d);
+    if (at != seq || memcmp(d, dig, ZZ_DIGEST_LEN) != 0 ||
+        !zz_verify_ckpt_proof(r, proof, seq, pd) || memcmp(pd, dig, ZZ_DIGEST_LEN) != 0)
+        return -1;
+    uint8_t *copy = zz_memdup(state, state_len);
+    if (!copy || install_state(r, state, state_len) != 0) {
+        free(copy);
+        return -1;
+    }
+    r->last_exec = seq;
+    if (r->next_seq < seq)
+        r->next_seq = seq;
+    r->stable = seq;
+    memcpy(r->stable_dig, dig, ZZ_DIGEST_LEN);
+    r->ahead_seq = 0;
+    r->transfer_seq = 0;
+    for (uint32_t i = 0; i < r->n; i++) {
+        free(r->stable_proof[i]);
+        r->stable_proof[i] = NULL;
+        r->stable_proof_len[i] = 0;
+    }
+    for (uint32_t i = 0; i < r->n_ckpts; i++)
+        ckpt_clear(r, &r->ckpts[i]);
+    zz_ckpt *k = ckpt_get(r, seq);
+    uint32_t np = 0;
+    zz_blist_iter it;
+    zz_bytes item;
+    zz_blist_begin(proof, &it);
+    while (zz_blist_next(&it, &item) && np < r->n) {
+        zz_msg m;
+        if (zz_decode(item.p, item.len, &m) != ZZ_OK) /* verified above: cannot fail */
+            continue;
+        r->stable_proof[np] = zz_memdup(item.p, item.len);
+        r->stable_proof_len[np] = r->stable_proof[np] ? item.len : 0;
+        np++;
+        uint8_t *vote = zz_memdup(item.p, item.len);
+        if (k && vote)
+            ckpt_vote(k, m.sender, vote, item.len, m.u.checkpoint.state);
+        else
+            free(vote);
+    }
+    r->stable_proof_n = np;
+    if (k) {
+        k->state = copy;
+        k->state_len = state_len;
+        memcpy(k->own_dig, d, ZZ_DIGEST_LEN);
+        k->have_own = 1;
+    } else {
+        free(copy);
+    }
+    release_slots(r);
+    return 0;
+}
+
 void zz_on_fetch_reply(zz_replica *r, const zz_msg *m)
 {
     const zz_fetch_reply *f = &m->u.fetch_reply;
@@ -468,8 +532,10 @@ void zz_on_fetch_reply(zz_replica *r, const zz_msg *m)
         if (s->seq != f->seq || !s->has_pp || s->batch ||
             memcmp(s->digest, f->digest, ZZ_DIGEST_LEN) != 0)
             return;
-        if (zz_slot_set_batch(r, s, f->data.p, f->data.len) == 0)
+        if (zz_slot_set_batch(r, s, f->data.p, f->data.len) == 0) {
+            zz_wal_slot(r, s, 1, 0);
             zz_try_execute(r);
+        }
         return;
     }
     if (f->kind != ZZ_FETCH_STATE || !r->transfer_seq || f->seq != r->transfer_seq ||

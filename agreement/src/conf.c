@@ -425,7 +425,8 @@ enum {
     K_EXECUTION, K_F, K_EXEC_LOG, K_DETECT_K, K_DETECT_FLOOR, K_DETECT_CEILING, K_EXEC,
     K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
     K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_CLIENT_OUT,
-    K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_REQUIRE_SIGNED, K_SPARE_KEYS, K_COUNT
+    K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_REQUIRE_SIGNED, K_SPARE_KEYS, K_DATA_DIR, K_DURABILITY,
+    K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -436,7 +437,7 @@ static const char *const key_names[K_COUNT] = {
     "detect_ceiling_ms", "exec", "controld", "exec_view", "rack_public", "max_request",
     "batch_bytes", "max_conns", "max_conns_per_source", "frame_timeout_ms", "unauth_timeout_ms",
     "unauth_buffer_bytes", "client_out_bytes", "client_out_total", "out_stall_timeout_ms",
-    "require_signed", "spare_keys",
+    "require_signed", "spare_keys", "data_dir", "durability",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -635,6 +636,20 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
     case K_EXEC_VIEW:
         if (parse_path(tok[1], c->exec_view, sizeof c->exec_view) < 0)
             return bad(ps, line, name, "path longer than %zu", sizeof c->exec_view - 1);
+        return 0;
+    case K_DATA_DIR:
+        if (parse_path(tok[1], c->data_dir, sizeof c->data_dir) < 0)
+            return bad(ps, line, name, "path longer than %zu", sizeof c->data_dir - 1);
+        return 0;
+    case K_DURABILITY:
+        if (strcmp(tok[1], "fsync") == 0)
+            c->durability = ZZ_DUR_FSYNC;
+        else if (strcmp(tok[1], "write") == 0)
+            c->durability = ZZ_DUR_WRITE;
+        else if (strcmp(tok[1], "off") == 0)
+            c->durability = ZZ_DUR_OFF;
+        else
+            return bad(ps, line, name, "'%s' is not one of fsync, write, off", tok[1]);
         return 0;
     case K_RACK_PUBLIC:
         if (parse_path(tok[1], ps->rack_public, sizeof ps->rack_public) < 0)

@@ -19,6 +19,13 @@
 #define ZZ_DEFAULT_BATCH_BYTES 4194304u
 #define ZZ_MIN_MAX_REQUEST 1024u
 
+/* The durable-state policy (`durability`, docs/agreement.md "Durable state"). */
+enum zz_durability {
+    ZZ_DUR_FSYNC = 0, /* write + fdatasync before any dependent byte is sent (the default) */
+    ZZ_DUR_WRITE = 1, /* write to the kernel only: survives a process crash, not the host's */
+    ZZ_DUR_OFF = 2,   /* no log: the replica's state is lost with the process */
+};
+
 typedef struct {
     char host[64];
     uint16_t port;
@@ -77,6 +84,8 @@ typedef struct {
     /* The service's key directory, where controld keeps each re-keyed slot's signed
      * SPARE-READY (spare-p<256+i>.msg, hex), read at start (spares.c); "" = none. */
     char spare_keys[256];
+    char data_dir[256];  /* the write-ahead log's directory (wal.c); "" = no durable state */
+    uint32_t durability; /* enum zz_durability; used only with data_dir */
     /* test-only fault injection on replica-to-replica sends */
     double inject_drop, inject_dup;
     uint32_t inject_delay_ms;

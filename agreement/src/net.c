@@ -120,6 +120,8 @@ struct zz_net {
     volatile sig_atomic_t kicked;
     zz_on_timer on_kick;
     void *kick_ctx;
+    zz_on_timer barrier; /* before any write to a socket (zz_net_set_barrier) */
+    void *barrier_ctx;
     zz_net_stats st;
     uint32_t n_accepted;
     uint32_t accept_backoff_ms; /* the current accept back-off; 0: accepting normally */
@@ -388,6 +390,8 @@ static int conn_flush(zz_net *n, zz_conn *c)
 {
     if (c->fd < 0 || c->dead || (c->kind == C_PEER && c->state != L_UP))
         return 0;
+    if (n->barrier && c->out_off < c->out_len)
+        n->barrier(n->barrier_ctx); /* what these bytes depend on is durable first */
     size_t wrote = 0;
     while (c->out_off < c->out_len) {
         ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
@@ -1093,6 +1097,12 @@ void zz_net_on_kick(zz_net *n, zz_on_timer fn, void *ctx)
 {
     n->on_kick = fn;
     n->kick_ctx = ctx;
+}
+
+void zz_net_set_barrier(zz_net *n, zz_on_timer fn, void *ctx)
+{
+    n->barrier = fn;
+    n->barrier_ctx = ctx;
 }
 
 void zz_net_kick(zz_net *n)

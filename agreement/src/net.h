@@ -92,6 +92,11 @@ void zz_net_conn_set_owner(zz_net *n, zz_conn *c, uint32_t owner);
 uint64_t zz_net_owner_queued(const zz_net *n, uint32_t owner);
 uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
 
+/* Called before any byte is written to a socket (at most once per write attempt): the owner
+ * makes durable what the queued bytes depend on, e.g. the write-ahead log's group commit
+ * (wal.c). Bytes queued in one loop turn go out after one call. */
+void zz_net_set_barrier(zz_net *n, zz_on_timer fn, void *ctx);
+
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);
 void zz_net_cancel(zz_net *n, uint64_t id);

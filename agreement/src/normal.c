@@ -53,17 +53,22 @@ static void send_phase(zz_replica *r, zz_slot *s, uint8_t type)
 
 /* Our PREPARE for the slot's pre-prepare, which also enters it in our Q set (the
  * pre-prepared batches a VIEW-CHANGE lists). */
-static void prepare(zz_replica *r, zz_slot *s)
+static void prepare(zz_replica *r, zz_slot *s, int new_batch)
 {
     s->has_q = 1;
     s->q_view = s->view;
     memcpy(s->q_dig, s->digest, ZZ_DIGEST_LEN);
-    if (zz_primary(r, s->view) != r->id) {
+    int backup = zz_primary(r, s->view) != r->id;
+    if (backup) {
         s->prep_view[r->id] = s->view;
         memcpy(s->prep_dig[r->id], s->digest, ZZ_DIGEST_LEN);
         s->sent_prepare = 1;
-        send_phase(r, s, ZZ_PREPARE);
     }
+    /* Durable before the PREPARE (or, at the primary, the PRE-PREPARE) goes out: after a
+     * crash this replica must not accept another batch for this seq and view. */
+    zz_wal_slot(r, s, new_batch, 1);
+    if (backup)
+        send_phase(r, s, ZZ_PREPARE);
 }
 
 static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,
@@ -96,10 +101,11 @@ static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *dige
     s->is_null = memcmp(digest, null_digest, ZZ_DIGEST_LEN) == 0;
     s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
     s->pp_time_ms = zz_now_ms(r);
-    if (batch && !s->batch)
-        zz_slot_set_batch(r, s, batch, batch_len);
+    int new_batch = batch && !s->batch && zz_slot_set_batch(r, s, batch, batch_len) == 0;
     if (!held)
-        prepare(r, s);
+        prepare(r, s, new_batch);
+    else
+        zz_wal_slot(r, s, new_batch, 0); /* held: no PREPARE yet, the pre-prepare is kept */
     zz_check_slot(r, s);
 }
 
@@ -212,8 +218,8 @@ void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
     if (s->has_pp && s->view == pp->view) {
         if (memcmp(d, s->digest, ZZ_DIGEST_LEN) != 0)
             r->st.dropped[ZZ_DROP_BADPP]++; /* equivocation: keep the first */
-        else if (!s->batch)
-            zz_slot_set_batch(r, s, pp->batch.p, pp->batch.len);
+        else if (!s->batch && zz_slot_set_batch(r, s, pp->batch.p, pp->batch.len) == 0)
+            zz_wal_slot(r, s, 1, 0);
         return;
     }
     int ok = batch_ok(r, &pp->batch);
@@ -288,7 +294,7 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
             return;
         s->held = 0;
         r->st.pp_vouched++;
-        prepare(r, s);
+        prepare(r, s, 0);
     }
     if (!s->prepared) {
         uint32_t p = count_votes(r, s, s->prep_view, s->prep_dig, zz_primary(r, s->view));
@@ -301,12 +307,15 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
         s->commit_view[r->id] = s->view;
         memcpy(s->commit_dig[r->id], s->digest, ZZ_DIGEST_LEN);
         s->sent_commit = 1;
+        /* The P entry a VIEW-CHANGE reports: durable before our COMMIT is sent. */
+        zz_wal_slot(r, s, 0, 1);
         send_phase(r, s, ZZ_COMMIT);
     }
     if (!s->committed) {
         if (count_votes(r, s, s->commit_view, s->commit_dig, UINT32_MAX) < 2 * r->g + 1)
             return;
         s->committed = 1;
+        zz_wal_slot(r, s, 0, 0); /* a restart executes it again without asking */
     }
     if (s->seq == r->last_exec + 1)
         zz_try_execute(r);

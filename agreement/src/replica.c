@@ -106,6 +106,7 @@ static void *xcalloc(size_t n, size_t sz, int *fail)
 int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
 {
     memset(r, 0, sizeof *r);
+    r->wal.fd[0] = r->wal.fd[1] = -1;
     r->conf = c;
     r->n = 3 * c->g + 1;
     r->g = c->g;
@@ -154,6 +155,11 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
         return -1;
     if (zz_exec_init(r, err, errcap) != 0)
         return -1;
+    /* Durable state: replayed before the loop runs; from here on no byte is sent before
+     * the records it depends on are written (and synced, durability fsync). */
+    if (zz_wal_recover(r, err, errcap) != 0)
+        return -1;
+    zz_net_set_barrier(r->net, zz_wal_sync, r);
     r->last_progress_ms = zz_now_ms(r);
     return 0;
 }
@@ -200,6 +206,7 @@ void zz_replica_free(zz_replica *r)
     free(r->clients);
     free(r->queue);
     zz_exec_free(r);
+    zz_wal_free(r);
     zz_buf_free(&r->out);
     zz_buf_free(&r->out2);
     zz_buf_free(&r->rbuf);
@@ -466,6 +473,7 @@ static void on_tick(void *ctx)
 static void on_stats(void *ctx)
 {
     zz_replica *r = ctx;
+    zz_wal_flush(r); /* records no send has pushed out yet: written at least once a second */
     zz_write_stats(r);
     zz_net_timer(r->net, 1000, on_stats, r);
 }
@@ -563,6 +571,7 @@ void zz_write_stats(zz_replica *r)
     zz_signed_write_stats(r, f);
     zz_limits_write_stats(r, f);
     zz_wake_write_stats(r, f);
+    zz_wal_stats(r, f);
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "
                "\"injected_drops\": %llu, \"injected_dups\": %llu, \"injected_delays\": %llu, "
                "\"send_overflow\": %llu, \"connect_failures\": %llu, "

@@ -16,6 +16,7 @@
 #include "conf.h"
 #include "crypto.h"
 #include "net.h"
+#include "wal.h"
 #include "wire.h"
 #include "zzexec.h"
 
@@ -214,6 +215,7 @@ typedef struct zz_replica {
     uint64_t last_progress_ms;      /* last time execution advanced or a view was installed */
     uint64_t last_status_ms;        /* last STATUS sent */
     uint64_t tick_exec;             /* last_exec at the previous status tick */
+    zz_wal wal;                     /* durable state (wal.c); enabled with conf->data_dir */
 } zz_replica;
 
 /* replica.c */
@@ -271,7 +273,16 @@ void zz_check_slot(zz_replica *r, zz_slot *s);
 void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq);
 int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t len);
 
+/* wal.c: log the slot's durable fields (and its batch, with_batch); before_send: a message
+ * about to be queued depends on them, so they are synced before any byte goes out. */
+void zz_wal_slot(zz_replica *r, const zz_slot *s, int with_batch, int before_send);
+
 /* checkpoint.c */
+/* Recovery (wal.c): make the checkpoint at seq our state and the stable one, from its
+ * digest, its 2g+1 signed CHECKPOINTs (verified) and our state encoding (its SHA-256 must be
+ * the digest). 0 on success; -1 leaves the replica unchanged. */
+int zz_restore_stable(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN],
+                      const zz_blist *proof, const uint8_t *state, uint32_t state_len);
 void zz_take_checkpoint(zz_replica *r);
 void zz_on_checkpoint(zz_replica *r, const zz_msg *m);
 void zz_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m);

@@ -374,18 +374,24 @@ static void propose_loop(zz_replica *r)
         uint8_t d[ZZ_DIGEST_LEN];
         zz_sha256(r->out2.p, r->out2.len, d);
         r->st.batches_proposed++;
-        if (!zz_byz_pre_prepare(r, seq, &r->out2, seed, send_pp_to))
-            send_pp(r, 0, 0, seq, r->out2.p, (uint32_t)r->out2.len);
-        /* Our own PRE-PREPARE is relayed on retransmission; copy it before accepting,
-         * which reuses the encoder buffers. */
-        uint8_t *raw = r->out.oom ? NULL : zz_memdup(r->out.p, r->out.len);
-        uint32_t raw_len = raw ? (uint32_t)r->out.len : 0;
-        zz_accept_proposal(r, s, r->view, d, r->out2.p, (uint32_t)r->out2.len);
-        if (s->seq == seq && !s->pp_raw) {
-            s->pp_raw = raw;
-            s->pp_raw_len = raw_len;
-        } else {
-            free(raw);
+        /* Accepted (and logged, wal.c) before the PRE-PREPARE is sent: a restarted primary
+         * must not propose another batch for this seq in this view. Accepting reuses the
+         * encoder buffers, so the batch is sent from a copy. */
+        zz_buf batch;
+        zz_buf_init(&batch);
+        zz_put_raw(&batch, r->out2.p, r->out2.len);
+        if (batch.oom) {
+            zz_buf_free(&batch);
+            return;
+        }
+        zz_accept_proposal(r, s, r->view, d, batch.p, (uint32_t)batch.len);
+        if (!zz_byz_pre_prepare(r, seq, &batch, seed, send_pp_to))
+            send_pp(r, 0, 0, seq, batch.p, (uint32_t)batch.len);
+        zz_buf_free(&batch);
+        /* Our own PRE-PREPARE is relayed on retransmission. */
+        if (s->seq == seq && !s->pp_raw && !r->out.oom) {
+            s->pp_raw = zz_memdup(r->out.p, r->out.len);
+            s->pp_raw_len = s->pp_raw ? (uint32_t)r->out.len : 0;
         }
     }
 }

@@ -74,6 +74,8 @@ void zz_start_view_change(zz_replica *r, uint32_t new_view)
     r->vc_raw[r->id] = zz_memdup(b->p + st, b->len - st);
     r->vc_len[r->id] = r->vc_raw[r->id] ? (uint32_t)(b->len - st) : 0;
     r->vc_view[r->id] = new_view;
+    /* Durable before it is sent: after a crash this replica stays out of the views below. */
+    zz_wal_view(r);
     send_own_vc(r);
     if (zz_primary(r, new_view) == r->id)
         try_new_view(r);
@@ -245,6 +247,8 @@ static void try_new_view(zz_replica *r)
     free(r->nv_raw);
     r->nv_raw = zz_memdup(b->p + st, b->len - st);
     r->nv_len = r->nv_raw ? (uint32_t)(b->len - st) : 0;
+    r->in_vc = 0; /* install_new_view clears it as well; the record says the view is in */
+    zz_wal_view(r);
     if (r->nv_raw && !zz_byz_silent(r))
         zz_net_bcast(r->net, r->nv_raw, r->nv_len);
     install_new_view(r, min_s, ch, nch, info, msgs, nvc);
@@ -303,6 +307,8 @@ void zz_on_new_view(zz_replica *r, const zz_msg *m)
     free(r->nv_raw);
     r->nv_raw = zz_memdup(m->raw, m->raw_len);
     r->nv_len = r->nv_raw ? m->raw_len : 0;
+    r->in_vc = 0;
+    zz_wal_view(r); /* before the PREPAREs of the new view go out */
     install_new_view(r, min_s, ch, nch, info, msgs, nvc);
     free(ch);
 }

@@ -156,7 +156,7 @@ static int contains(const char *hay, const char *needle)
 static void test_valid(tctx *t, const fixture *fx)
 {
     static zz_conf c;
-    char lines[NBASE + 8][256];
+    char lines[NBASE + 10][256];
     char err[1024] = "";
     base_lines(fx, lines);
     int n = NBASE;
@@ -168,6 +168,8 @@ static void test_valid(tctx *t, const fixture *fx)
     snprintf(lines[n++], 256, "byzantine drop-requests");
     snprintf(lines[n++], 256, "execution external");
     snprintf(lines[n++], 256, "stats_file /tmp/x.json");
+    snprintf(lines[n++], 256, "data_dir /tmp/x.data");
+    snprintf(lines[n++], 256, "durability write");
     write_keys(fx);
     write_conf(fx, lines, n);
 
@@ -188,6 +190,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.byzantine == ZZ_BYZ_DROP_REQUESTS);
     CHECK(t, c.external_exec == 1);
     CHECK(t, strcmp(c.stats_file, "/tmp/x.json") == 0);
+    CHECK(t, strcmp(c.data_dir, "/tmp/x.data") == 0 && c.durability == ZZ_DUR_WRITE);
     end_case(t);
 
     t_begin(t, "valid file: keys sorted and looked up");
@@ -252,6 +255,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
     CHECK(t, c.external_exec == 0);
     CHECK(t, c.stats_file[0] == '\0' && c.exec_view[0] == '\0');
+    CHECK(t, c.data_dir[0] == '\0' && c.durability == ZZ_DUR_FSYNC); /* no log, fsync if one */
     CHECK(t, c.detect_k == 4 && c.detect_floor_ms == 500 && c.detect_ceiling_ms == 5000);
     CHECK(t, c.controld_pub[0] == NULL && c.controld_pub[1] == NULL);
     zz_conf_free(&c);
@@ -315,6 +319,8 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"negative number", 0, "view_timeout_ms -5", 15, "view_timeout_ms", NULL},
         {"number too large", 0, "max_inflight 99999999999", 15, "max_inflight", "out of range"},
         {"require_signed 2", 0, "require_signed 2", 15, "require_signed", "out of range"},
+        {"durability bogus", 0, "durability sometimes", 15, "durability",
+         "not one of fsync, write, off"},
         {"id >= n", 3, "id 4", 3, "id", "not below n"},
         {"g = 0", 4, "g 0", 4, "g", "out of range"},
         {"3g+1 > max replicas", 4, "g 22", 4, "g", "out of range"},

@@ -1,0 +1,120 @@
+/* wal.h - durable agreement state (docs/agreement.md "Durable state"): each replica keeps
+ * its protocol state in a write-ahead log of checksummed records in its data directory,
+ * makes the records durable before any byte that depends on them leaves the process (one
+ * write + fdatasync per event-loop turn: group commit), rewrites the log at each stable
+ * checkpoint and restarts from it.
+ *
+ * Two preallocated, zero-filled files (wal-a, wal-b) take turns: a rewrite goes to the other
+ * file with the next epoch, so appends overwrite blocks that exist (fdatasync then has no
+ * file size to journal). Record framing, big-endian:
+ *   u32 len    bytes of type + body, 1 .. ZZ_WAL_MAX_RECORD
+ *   u32 crc    CRC32C (Castagnoli) over the length, the epoch, the type and the body
+ *   u32 epoch  the file's epoch (its first record's); an older one is a previous use's data
+ *   u8  type
+ *   body
+ * Every write ends with ZZ_WAL_HDR zero bytes (the end mark). A scan stops at the end mark
+ * or at a whole record of another epoch (the end), or at an invalid record: a torn tail when
+ * no valid record of the log's epoch follows it, corrupt when one does. */
+#ifndef ZZ_WAL_H
+#define ZZ_WAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+#define ZZ_WAL_HDR 12u
+#define ZZ_WAL_MAX_RECORD (64u << 20)
+#define ZZ_WAL_VERSION 1u
+#define ZZ_WAL_CHUNK (4u << 20) /* the files grow by this much of zeros */
+
+enum zz_wal_type {
+    ZZ_WAL_HEADER = 1,  /* u32 version, u16 service, u32 id, u32 n: whose log this is */
+    ZZ_WAL_STABLE = 2,  /* the stable checkpoint: seq, digest, proof, state encoding */
+    ZZ_WAL_VIEW = 3,    /* view, in view change, own VIEW-CHANGE, NEW-VIEW accepted */
+    ZZ_WAL_SLOT = 4,    /* one log slot's durable fields, its batch when newly known */
+    ZZ_WAL_SNAPEND = 5, /* the rewrite is complete: the file may replace the other one */
+};
+
+/* Why a scan stopped. */
+enum zz_wal_tail {
+    ZZ_WAL_CLEAN = 0,   /* at the log's end (the end mark, another epoch, the data's end) */
+    ZZ_WAL_TORN = 1,    /* an invalid record with nothing valid after it: a cut-short write */
+    ZZ_WAL_CORRUPT = 2, /* an invalid record followed by valid ones, or an invalid body */
+    ZZ_WAL_FOREIGN = 3, /* a header naming another replica or version: nothing is applied */
+};
+
+uint32_t zz_crc32c(uint32_t crc, const void *p, size_t n);
+
+/* Start a record of `epoch` in b (its framing with a zero length and checksum); returns its
+ * offset. zz_wal_end patches length and checksum once the body is written. */
+size_t zz_wal_begin(zz_buf *b, uint8_t type, uint32_t epoch);
+void zz_wal_end(zz_buf *b, size_t start);
+
+/* Apply one whole, checksummed record: 0 = applied, ZZ_WAL_CORRUPT = its body is invalid,
+ * ZZ_WAL_FOREIGN = it belongs to another replica (the scan stops either way). */
+typedef int zz_wal_apply(void *ctx, uint8_t type, const uint8_t *body, uint32_t len);
+
+/* Walk the records at the start of buf[0, len), calling fn for each valid one (fn may be
+ * NULL); the first record's epoch is the log's (*epoch, 0 if there is none). Returns the
+ * length of the prefix applied; *tail says why the scan stopped. */
+size_t zz_wal_scan(const uint8_t *buf, size_t len, zz_wal_apply *fn, void *ctx, int *tail,
+                   uint32_t *epoch);
+
+/* A bounds-checked reader over a record body. */
+typedef struct {
+    const uint8_t *p;
+    uint32_t len, off;
+    int bad; /* sticky: a read ran past the end */
+} zz_wal_rd;
+uint8_t zz_wal_u8(zz_wal_rd *d);
+uint16_t zz_wal_u16(zz_wal_rd *d);
+uint32_t zz_wal_u32(zz_wal_rd *d);
+uint64_t zz_wal_u64(zz_wal_rd *d);
+const uint8_t *zz_wal_raw(zz_wal_rd *d, uint32_t n);
+const uint8_t *zz_wal_bytes(zz_wal_rd *d, uint32_t *n); /* u32 length + data */
+
+/* One replica's log (the replica's r->wal). */
+typedef struct {
+    int enabled;
+    int fsync;          /* durability fsync (conf.h enum zz_durability) */
+    int fd[2];          /* wal-a, wal-b; -1 */
+    int cur;            /* the file appended to */
+    uint32_t epoch;     /* its epoch */
+    uint64_t off;       /* where the next write goes (the log's end) */
+    uint64_t size[2];   /* bytes of each file (zero-filled beyond the log) */
+    int replaying;      /* recovery applies records: nothing is logged */
+    int compact_due;    /* the stable checkpoint moved: rewrite the log at the next sync */
+    int must_sync;      /* a pending record (or the rewrite) is what a queued send depends on */
+    char path[2][300], damaged[300], dir[260];
+    zz_buf pend;        /* records not yet written */
+    zz_buf snap;        /* compaction scratch */
+    /* stats ("wal" in the stats file) */
+    uint64_t records, bytes, writes, syncs, compactions;
+    uint64_t sync_us_total, sync_us_max;
+    uint64_t recovered_records, recovered_bytes, discard_offset, recover_ms;
+    uint64_t recovered_slots, recovered_stable, recovered_last_exec, grown;
+    int recovered_tail; /* enum zz_wal_tail of the recovery scan */
+} zz_wal;
+
+struct zz_replica;
+
+/* Open the data directory, replay the log into the replica (state at the stable checkpoint,
+ * view, slots; committed batches above it are executed again) and rewrite it into the other
+ * file. A torn or corrupt tail is discarded with a log line (the damaged file copied to
+ * wal.damaged). -1 with err set: unusable directory or another replica's log. */
+int zz_wal_recover(struct zz_replica *r, char *err, size_t errcap);
+void zz_wal_free(struct zz_replica *r);
+/* The group commit, net's barrier before any byte is sent: when a pending record is one a
+ * send depends on, write all pending records and fdatasync them (or rewrite the log when
+ * the stable checkpoint moved). A failed write or sync ends the process: a replica must not
+ * send what it could forget. */
+void zz_wal_sync(void *replica);
+/* The same whatever the records (each second, so that nothing waits long). */
+void zz_wal_flush(struct zz_replica *r);
+/* Log changes (no-ops without a data directory or while replaying). */
+void zz_wal_view(struct zz_replica *r);
+void zz_wal_stable(struct zz_replica *r); /* the stable checkpoint advanced */
+void zz_wal_stats(struct zz_replica *r, void *file); /* FILE *: "wal": {...}, */
+
+#endif
