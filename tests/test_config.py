@@ -55,6 +55,7 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
         ("base_port = 17100", 'base_port = 17100\napp = "nope"', "services[0].app: unknown app"),
         ("base_port = 17100", 'base_port = 17100\napp = "wsgi:x"', "services[0].app: unknown app"),
         ("batch_max = 16", 'batch_max = 16\nclient_signatures = "never"', "rack.client_signatures"),
+        ("batch_max = 16", 'batch_max = 16\ndurability = "always"', "rack.durability: must be"),
         # Hosts: an address that is not one, a libvirt URI that is not one (issue 17).
         ('address = "127.0.0.1"', 'address = "127.0.0.1:7000"', "hosts[0].address: must be an"),
         ('address = "127.0.0.1"', 'address = "10.0.0.256"', "hosts[0].address: must be an"),
@@ -147,6 +148,25 @@ def test_client_signatures_always_renders_require_signed(
     )
     assert c.rack.client_signatures == "always"
     assert "require_signed 1" in render_service(c, c.service("web"))[0].read_text().splitlines()
+
+
+def test_durability_renders_data_dir_and_policy(write_rack: Callable[[str], Path]) -> None:
+    """docs/agreement.md "Durable state": off by default (no data_dir line, no log); "fsync"
+    and "write" give each replica its own data directory under run/ and the policy."""
+    c = load(write_rack(BASE))
+    assert c.rack.durability == "off"
+    text = render_service(c, c.service("web"))[0].read_text()
+    keys = {line.split()[0] for line in text.splitlines()}
+    assert "data_dir" not in keys and "durability" not in keys
+    for policy in ("fsync", "write"):
+        rack = BASE.replace("batch_max = 16", f'batch_max = 16\ndurability = "{policy}"')
+        c = load(write_rack(rack))
+        assert c.rack.durability == policy
+        paths = render_service(c, c.service("web"))
+        for r, path in enumerate(paths):
+            lines = path.read_text().splitlines()
+            assert f"data_dir {c.rack.run_dir / 's1' / f'agreed-{r}.data'}" in lines
+            assert f"durability {policy}" in lines
 
 
 def test_execution_replica_placement(write_rack: Callable[[str], Path]) -> None:

@@ -77,10 +77,15 @@ class Rack:
     # (MACs first, signed retransmissions) or "always" (every request, and the agreement
     # replicas order signed requests only).
     client_signatures: str = "retransmit"
+    # Durable agreement state (docs/agreement.md "Durable state"): "fsync" (each replica's
+    # write-ahead log is synced before any message that depends on it is sent), "write"
+    # (written to the kernel only: survives a process crash, not the host's) or "off".
+    durability: str = "off"
 
 
 PLACEMENTS = ("spread", "rotate")
 CLIENT_SIGNATURES = ("retransmit", "always")
+DURABILITY = ("fsync", "write", "off")
 
 
 def placement_shift(placement: str, index: int, services: int, hosts: int) -> int:
@@ -381,6 +386,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         max_request=rt.get_int("max_request", 1 << 20, lo=MIN_MAX_REQUEST),
         batch_bytes=rt.get_int("batch_bytes", 4 << 20, lo=MIN_MAX_REQUEST + BATCH_HDR_LEN + 4),
         client_signatures=rt.get_str("client_signatures", "retransmit"),
+        durability=rt.get_str("durability", "off"),
     )
     if rack.batch_bytes > MAX_BATCH_BYTES:
         raise ConfigError(
@@ -396,6 +402,10 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         raise ConfigError(
             f"rack.client_signatures: must be one of {', '.join(CLIENT_SIGNATURES)},"
             f" got {rack.client_signatures!r}"
+        )
+    if rack.durability not in DURABILITY:
+        raise ConfigError(
+            f"rack.durability: must be one of {', '.join(DURABILITY)}, got {rack.durability!r}"
         )
     if rack.placement not in PLACEMENTS:
         raise ConfigError(

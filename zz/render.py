@@ -8,7 +8,7 @@ from typing import Any
 
 from zz import keys
 from zz.atomicfile import write_atomic
-from zz.config import Config, ConfigError, Service
+from zz.config import DURABILITY, Config, ConfigError, Service
 
 # Keys a caller may set or replace; structural keys (service, id, g, listen, peer)
 # come from the rack config only, so a harness cannot render an inconsistent cluster.
@@ -45,6 +45,8 @@ OVERRIDABLE = {
     "exec_log",
     "exec_view",
     "rack_public",
+    "data_dir",
+    "durability",
 }
 BYZANTINE = ("none", "equivocate", "drop-requests", "silent", "false-fault")
 
@@ -60,7 +62,12 @@ def _fmt(key: str, value: Any) -> str:
         if value not in BYZANTINE:
             raise ConfigError(f"override byzantine: must be one of {', '.join(BYZANTINE)}")
         return str(value)
-    if key in ("secret", "public", "stats_file", "exec_view", "rack_public", "spare_keys"):
+    if key == "durability":
+        if value not in DURABILITY:
+            raise ConfigError(f"override durability: must be one of {', '.join(DURABILITY)}")
+        return str(value)
+    paths = ("secret", "public", "stats_file", "exec_view", "rack_public", "spare_keys", "data_dir")
+    if key in paths:
         s = str(value)
         if not s or any(c.isspace() for c in s):
             raise ConfigError(f"override {key}: a path without whitespace is required")
@@ -93,6 +100,10 @@ def replica_conf(
     }
     if rack.client_signatures == "always":  # only then: the default needs no line
         values["require_signed"] = 1
+    if rack.durability != "off":
+        # The replica's write-ahead log (docs/agreement.md "Durable state").
+        values["data_dir"] = run / f"agreed-{r}.data"
+        values["durability"] = rack.durability
     if service.uses_execution_replicas:
         values |= {
             # The awake/sleeping/convicted view, kept across restarts; controlds' keys

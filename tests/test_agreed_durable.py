@@ -1,0 +1,315 @@
+"""Durable agreement replicas (docs/agreement.md "Durable state"), with real zz-agreed
+processes: a replica SIGKILLed under load restarts from its write-ahead log and keeps
+ordering; a torn or bit-flipped log is detected, never replayed past the damage, and the
+replica recovers the rest from its peers; all four killed at once keep every acknowledged
+request at its seq."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import Cluster
+from zz import wire
+from zz.client import ClientTimeout
+from zz.crypto import sha256
+
+HDR = 12  # u32 len, u32 crc, u32 epoch (agreement/src/wal.h)
+SNAPEND = 5
+
+
+def _durable(r: int, tmp: Path) -> dict[str, Any]:
+    return {"data_dir": {i: str(tmp / f"data{i}") for i in range(r)}, "durability": "fsync"}
+
+
+def _cluster(tmp: Path, **kw: Any) -> Cluster:
+    return Cluster(tmp, g=1, overrides=_durable(4, tmp), **kw)
+
+
+def _loadgen(c: Cluster, clients: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
+    conf = c.write_loadgen_conf(timeout_ms=1000)
+    cmd = [
+        str(c.binary.parent / "zz-loadgen"),
+        "--conf", str(conf),
+        "--clients", str(clients),
+        "--payload", "16",
+        "--seconds", str(seconds),
+        "--json", str(out),
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _records(path: Path) -> tuple[int, list[tuple[int, int, int]]]:
+    """The epoch of a log file and its records as (offset, length incl. framing, type),
+    walked by their framing the way wal.c does (a zero length or another epoch ends it)."""
+    data = path.read_bytes()
+    if len(data) < HDR:
+        return 0, []
+    epoch = int.from_bytes(data[8:12], "big")
+    out, off = [], 0
+    while off + HDR < len(data):
+        n = int.from_bytes(data[off : off + 4], "big")
+        if n == 0 or int.from_bytes(data[off + 8 : off + 12], "big") != epoch:
+            break
+        out.append((off, HDR + n, data[off + HDR]))
+        off += HDR + n
+    return epoch, out
+
+
+def _current_log(c: Cluster, r: int) -> Path:
+    files = [c.dir / f"data{r}" / name for name in ("wal-a", "wal-b")]
+    return max((f for f in files if f.exists()), key=lambda f: _records(f)[0])
+
+
+def _secret(c: Cluster, principal: int) -> dict[int, bytes]:
+    return c.client_secret(principal - 65536)
+
+
+def _fetch_log(c: Cluster, replica: int) -> dict[int, bytes]:
+    """The committed log above replica's stable checkpoint: seq -> batch digest (FETCH
+    kind 3 as execution replica 0, docs/wire.md)."""
+    principal = wire.exec_principal(0)
+    keys: dict[int, bytes] = {}
+    for line in (c.key_dir / f"p{principal}.secret").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "mac":
+            keys[int(parts[1])] = bytes.fromhex(parts[2])
+    msg = wire.Fetch(1, principal, kind=wire.FETCH_LOG, seq=0, digest=bytes(32))
+    with socket.create_connection(("127.0.0.1", c.port(replica)), timeout=5) as s:
+        s.sendall(wire.frame(msg.with_macs({replica: keys[replica]}).encode()))
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+            chunk = s.recv(1 << 16)
+            assert chunk, "replica closed the connection without answering"
+            buf += chunk
+    reply = wire.decode(buf[4 : 4 + int.from_bytes(buf[:4], "big")])
+    assert isinstance(reply, wire.FetchReply)
+    data = reply.data
+    count, off, out = int.from_bytes(data[8:12], "big"), 12, {}
+    for _ in range(count):
+        seq = int.from_bytes(data[off : off + 8], "big")
+        digest = data[off + 8 : off + 40]
+        n = int.from_bytes(data[off + 40 : off + 44], "big")
+        batch = data[off + 44 : off + 44 + n]
+        assert n == 0 or sha256(batch) == digest
+        out[seq] = digest
+        off += 44 + n
+    return out
+
+
+def _ops_in_log(c: Cluster, replica: int) -> dict[bytes, int]:
+    """op -> seq of every request in the committed log above the stable checkpoint."""
+    principal = wire.exec_principal(0)
+    keys: dict[int, bytes] = {}
+    for line in (c.key_dir / f"p{principal}.secret").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "mac":
+            keys[int(parts[1])] = bytes.fromhex(parts[2])
+    msg = wire.Fetch(1, principal, kind=wire.FETCH_LOG, seq=0, digest=bytes(32))
+    with socket.create_connection(("127.0.0.1", c.port(replica)), timeout=5) as s:
+        s.sendall(wire.frame(msg.with_macs({replica: keys[replica]}).encode()))
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+            chunk = s.recv(1 << 16)
+            assert chunk
+            buf += chunk
+    reply = wire.decode(buf[4 : 4 + int.from_bytes(buf[:4], "big")])
+    assert isinstance(reply, wire.FetchReply)
+    data = reply.data
+    count, off, ops = int.from_bytes(data[8:12], "big"), 12, {}
+    for _ in range(count):
+        seq = int.from_bytes(data[off : off + 8], "big")
+        n = int.from_bytes(data[off + 40 : off + 44], "big")
+        if n:
+            _t, _s, reqs = wire.decode_batch(data[off + 44 : off + 44 + n])
+            for raw in reqs:
+                op = wire.decode(raw).op
+                assert op not in ops, f"{op!r} ordered twice ({ops[op]} and {seq})"
+                ops[op] = seq
+        off += 44 + n
+    return ops
+
+
+def _start(c: Cluster, r: int) -> str:
+    """Start replica r and wait for its recovery line (it listens before it replays)."""
+    size = c.log_path(r).stat().st_size if c.log_path(r).exists() else 0
+    c.start(r)
+
+    def new_log() -> str:
+        return c.log_path(r).read_bytes()[size:].decode(errors="replace")
+
+    c.wait_for(lambda: "durable state: recovered" in new_log(), timeout=20, what="recovery")
+    c.wait_for(lambda: "listening" in new_log(), timeout=20, what="listening")
+    return new_log()
+
+
+def _caught_up(c: Cluster, replicas: list[int]) -> bool:
+    st = [c.stats(r) for r in replicas]
+    return len({(s["last_exec"], s["app_digest"]) for s in st}) == 1
+
+
+def _order(c: Cluster, ops: list[bytes], client: int = 7) -> None:
+    async def run() -> None:
+        cl = c.client(client)
+        for op in ops:
+            assert await cl.invoke(op, timeout=20) == op
+
+    asyncio.run(run())
+
+
+def test_replica_killed_under_load_restarts_from_its_log_and_keeps_ordering(
+    tmp_path: Path,
+) -> None:
+    c = _cluster(tmp_path, checkpoint_interval=32, log_window=64)
+    with c:
+        c.start()
+        lg = _loadgen(c, clients=8, seconds=16, out=tmp_path / "lg.json")
+        try:
+            c.wait_for(lambda: c.stats(2)["stable_seq"] >= 64, timeout=30, what="load")
+            before = c.stats(2)
+            assert before["wal"]["enabled"] == 1 and before["wal"]["syncs"] > 0
+            c.kill(2)
+            time.sleep(0.5)
+            _start(c, 2)
+            w = c.stats(2)["wal"]
+            assert w["recovered_records"] > 0 and w["recovered_tail"] == "clean"
+            # What it had: its stable checkpoint (rewritten into the log as it advanced)
+            # and the batches it had executed above it, run again from the log.
+            assert w["recovered_stable"] >= before["stable_seq"]
+            assert w["recovered_last_exec"] >= before["stable_seq"]
+            target = c.stats(0)["last_exec"]
+            c.wait_for(lambda: c.stats(2)["last_exec"] >= target, timeout=30, what="catch up")
+            # With replica 3 down, nothing commits without replica 2: it orders again.
+            c.kill(3)
+            at = c.stats(0)["last_exec"]
+            c.wait_for(
+                lambda: c.stats(0)["last_exec"] >= at + 20, timeout=30, what="order without 3"
+            )
+        finally:
+            _, err = lg.communicate(timeout=60)
+        r = json.loads((tmp_path / "lg.json").read_text())
+        assert r["completed"] > 0 and r["wrong_results"] == 0, err
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2]), timeout=20, what="same state")
+        assert all(s["view"] == 0 for s in c.stats_all([0, 1, 2]))
+
+
+def _damage_setup(c: Cluster) -> Path:
+    """Load, then requests until replica 2's current log holds records after its rewrite;
+    replica 2 killed. Returns its current log file."""
+    lg = _loadgen(c, clients=4, seconds=2, out=c.dir / "lg.json")
+    lg.communicate(timeout=60)
+    k = 0
+    while True:
+        _order(c, [b"more-%d" % i for i in range(k, k + 4)])
+        k += 4
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="same state")
+        time.sleep(1.2)  # the once-a-second write of records no send pushed out
+        _, recs = _records(_current_log(c, 2))
+        types = [t for _o, _n, t in recs]
+        if SNAPEND in types and len(types) - types.index(SNAPEND) > 6:
+            break
+        assert k < 200, types
+    c.kill(2)
+    return _current_log(c, 2)
+
+
+@pytest.mark.parametrize("damage", ["torn", "bitflip"])
+def test_damaged_log_is_detected_and_the_replica_recovers_from_peers(
+    tmp_path: Path, damage: str
+) -> None:
+    c = _cluster(tmp_path, checkpoint_interval=128, log_window=256)
+    with c:
+        c.start()
+        path = _damage_setup(c)
+        _epoch, recs = _records(path)
+        data = bytearray(path.read_bytes())
+        if damage == "torn":
+            # A write cut short by the crash: the last record's second half never landed.
+            off, n, _t = recs[-1]
+            with path.open("r+b") as f:
+                f.truncate(off + n // 2)
+            want = "torn tail"
+        else:
+            # One bit flipped in a record between the rewrite and the last one.
+            end = [t for _o, _n, t in recs].index(SNAPEND)
+            off, n, _t = recs[(end + 1 + len(recs)) // 2]
+            data[off + n - 3] ^= 0x08
+            path.write_bytes(bytes(data))
+            want = "corrupt tail"
+        log = _start(c, 2)
+        assert want in log and f"at offset {off}" in log, c.log_tail(2)
+        w = c.stats(2)["wal"]
+        assert w["recovered_tail"] == ("torn" if damage == "torn" else "corrupt")
+        assert w["discard_offset"] == off
+        assert (c.dir / "data2" / "wal.damaged").exists()
+        # It has what was before the damage and takes the rest from its peers; with replica
+        # 3 down it is needed for every new request.
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=30, what="recovered")
+        c.kill(3)
+        _order(c, [b"after-%d" % i for i in range(5)], client=9)
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2]), timeout=20, what="same state")
+        # A restart after that replays a clean log: the damage was never written back.
+        c.kill(2)
+        _start(c, 2)
+        assert c.stats(2)["wal"]["recovered_tail"] == "clean"
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2]), timeout=20, what="same state again")
+
+
+def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(tmp_path: Path) -> None:
+    # A window large enough that the whole run stays above the stable checkpoint, so the
+    # committed log served (FETCH kind 3) covers every seq before and after the crash.
+    c = _cluster(tmp_path, checkpoint_interval=1024, log_window=2048)
+    with c:
+        c.start()
+        acked: list[bytes] = []
+
+        async def client(i: int, stop: float) -> None:
+            cl = c.client(i)
+            k = 0
+            while time.monotonic() < stop:
+                op = b"c%d-%d" % (i, k)
+                try:
+                    assert await cl.invoke(op, timeout=3) == op
+                except (ClientTimeout, TimeoutError, ConnectionError, OSError):
+                    return  # the replicas are gone
+                acked.append(op)
+                k += 1
+
+        async def run() -> None:
+            stop = time.monotonic() + 30
+            tasks = [asyncio.create_task(client(i, stop)) for i in range(6)]
+            await asyncio.sleep(3)
+            before.update(_fetch_log(c, 1))
+            for r in range(4):  # all at once, mid-flight
+                c.kill(r)
+            await asyncio.gather(*tasks)
+
+        before: dict[int, bytes] = {}
+        asyncio.run(run())
+        assert len(acked) > 20 and len(before) > 5
+        assert max(before) < 1024  # all above the stable checkpoint (0), before and after
+        for r in range(4):
+            _start(c, r)
+        # Ordering resumes from what the logs kept.
+        _order(c, [b"after-%d" % i for i in range(5)], client=20)
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=30, what="same state")
+        stats = c.stats_all()
+        assert all(s["wal"]["recovered_records"] > 0 for s in stats)
+        assert all(s["state_transfers"] == 0 for s in stats), c.summary()
+        logs = [_fetch_log(c, r) for r in range(4)]
+        for r in range(4):
+            # No seq committed before the crash holds another batch after it.
+            for seq, digest in before.items():
+                assert logs[r].get(seq) == digest, (r, seq)
+            assert logs[r] == logs[0]
+        # Every acknowledged request is in the log, exactly once, at a seq the replicas agree on.
+        ops = _ops_in_log(c, 0)
+        missing = [op for op in acked if op not in ops]
+        assert not missing, missing[:5]
