@@ -7,6 +7,7 @@ request at its seq."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -313,3 +314,20 @@ def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(tmp_path
         ops = _ops_in_log(c, 0)
         missing = [op for op in acked if op not in ops]
         assert not missing, missing[:5]
+
+
+def test_a_data_dir_holding_another_replicas_log_is_refused(tmp_path: Path) -> None:
+    c = _cluster(tmp_path)
+    with c:
+        c.start()
+        c.stop(1)
+        conf = c.conf_path(1)
+        conf.write_text(conf.read_text().replace(str(tmp_path / "data1"), str(tmp_path / "data0")))
+        # It listens before it reads its log: the start may or may not see it exit.
+        with contextlib.suppress(RuntimeError):
+            c.start(1)
+        c.wait_for(lambda: not c.alive(1), timeout=20, what="the refusal")
+        assert c.procs[1].returncode == 1
+        log = c.log_tail(1)
+        assert "another replica's or another version's log" in log, log
+        assert "give each replica its own data_dir" in log
