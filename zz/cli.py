@@ -541,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
             "detection",
             "checkpoint",
             "byzantine",
+            "guestbook-reads",
         ),
     )
     be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
