@@ -331,3 +331,39 @@ def test_a_data_dir_holding_another_replicas_log_is_refused(tmp_path: Path) -> N
         log = c.log_tail(1)
         assert "another replica's or another version's log" in log, log
         assert "give each replica its own data_dir" in log
+
+
+def test_the_execution_log_and_its_stable_checkpoint_survive_a_restart(tmp_path: Path) -> None:
+    """External execution: the batches kept for execution replicas below the agreement
+    stable checkpoint, and the stable execution checkpoint the served log starts after, come
+    back from the log (before, a restarted replica served only what lay above its own
+    stable checkpoint and named no execution checkpoint)."""
+    from tests.test_agreement_log import _fetch_log as fetch
+    from tests.test_agreement_log import _order_raw, _sign_seed
+    from zz.crypto import SigningKey
+
+    c = _cluster(tmp_path, app="kv", checkpoint_interval=8, log_window=16)
+    with c:
+        c.start()
+        _order_raw(c, 30, one_by_one=True)  # each in its own batch: a sync per phase is slow
+        digest = sha256(b"checkpoint at 8")
+        for i in (0, 1):
+            p = wire.exec_principal(i)
+            msg = wire.ExecCheckpoint(1, p, seq=8, checkpoint=digest)
+            with socket.create_connection(("127.0.0.1", c.port(1)), timeout=5) as s:
+                s.sendall(wire.frame(msg.signed(SigningKey(_sign_seed(c, p))).encode()))
+                time.sleep(0.3)
+        c.wait_for(lambda: c.stats(1)["exec_stable"] == 8, timeout=10, what="exec stable")
+        s1 = c.stats(1)
+        assert s1["stable_seq"] >= 16  # the agreement log moved past the execution log's start
+        me = wire.exec_principal(0)
+        before = fetch(c, 1, me, 0)
+        entries = wire.log_entries(before.data)
+        assert [e.seq for e in entries] == list(range(1, s1["last_exec"] + 1))
+        time.sleep(1.2)  # the once-a-second write of records nothing sent depended on
+        c.kill(1)
+        _start(c, 1)
+        assert c.stats(1)["exec_stable"] == 8
+        after = fetch(c, 1, me, 0)
+        assert (after.seq, after.digest) == (8, digest)
+        assert wire.log_entries(after.data) == entries

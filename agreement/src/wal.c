@@ -339,6 +339,21 @@ void zz_wal_view(zz_replica *r)
     w->bytes += w->pend.len - before;
 }
 
+void zz_wal_xstable(zz_replica *r)
+{
+    zz_wal *w = &r->wal;
+    if (!w->enabled || w->replaying || w->compact_due)
+        return;
+    size_t before = w->pend.len;
+    size_t st = zz_wal_begin(&w->pend, ZZ_WAL_XSTABLE, w->epoch);
+    zz_put_u64(&w->pend, r->zz.exec_stable);
+    zz_put_raw(&w->pend, r->zz.exec_stable_dig, ZZ_DIGEST_LEN);
+    zz_put_u64(&w->pend, r->zz.xlog_low);
+    zz_wal_end(&w->pend, st);
+    w->records++;
+    w->bytes += w->pend.len - before;
+}
+
 void zz_wal_stable(zz_replica *r)
 {
     zz_wal *w = &r->wal;
@@ -477,6 +492,39 @@ static int apply_slot(zz_replica *r, zz_wal_rd *d)
     return 0;
 }
 
+static int apply_xstable(zz_replica *r, zz_wal_rd *d)
+{
+    uint64_t seq = zz_wal_u64(d);
+    const uint8_t *dig = zz_wal_raw(d, ZZ_DIGEST_LEN);
+    uint64_t low = zz_wal_u64(d);
+    if (d->bad || d->off != d->len || !dig || low > seq)
+        return ZZ_WAL_CORRUPT;
+    zz_xlog_restore_stable(r, seq, dig, low);
+    return 0;
+}
+
+static int apply_xentry(zz_replica *r, zz_wal_rd *d)
+{
+    static const uint8_t null_digest[ZZ_DIGEST_LEN];
+    uint64_t seq = zz_wal_u64(d);
+    const uint8_t *dig = zz_wal_raw(d, ZZ_DIGEST_LEN);
+    uint32_t blen;
+    const uint8_t *batch = zz_wal_bytes(d, &blen);
+    if (d->bad || d->off != d->len || !dig || seq == 0)
+        return ZZ_WAL_CORRUPT;
+    uint8_t bd[ZZ_DIGEST_LEN];
+    if (memcmp(dig, null_digest, ZZ_DIGEST_LEN) == 0) {
+        if (blen != 0)
+            return ZZ_WAL_CORRUPT;
+    } else {
+        zz_sha256(batch, blen, bd);
+        if (memcmp(bd, dig, ZZ_DIGEST_LEN) != 0)
+            return ZZ_WAL_CORRUPT;
+    }
+    zz_xlog_restore(r, seq, dig, batch, blen);
+    return 0;
+}
+
 static int apply(void *ctx, uint8_t type, const uint8_t *body, uint32_t len)
 {
     zz_replica *r = ctx;
@@ -491,6 +539,8 @@ static int apply(void *ctx, uint8_t type, const uint8_t *body, uint32_t len)
     case ZZ_WAL_VIEW: rc = apply_view(r, &d); break;
     case ZZ_WAL_SLOT: rc = apply_slot(r, &d); break;
     case ZZ_WAL_SNAPEND: rc = d.len == 0 ? 0 : ZZ_WAL_CORRUPT; break;
+    case ZZ_WAL_XSTABLE: rc = apply_xstable(r, &d); break;
+    case ZZ_WAL_XENTRY: rc = apply_xentry(r, &d); break;
     default: rc = ZZ_WAL_CORRUPT; break;
     }
     if (rc == 0)
@@ -611,6 +661,7 @@ static int compact(zz_replica *r)
     put_header(b, r, ep);
     if (r->stable)
         put_stable(b, r, ep); /* always there after make_stable; without it slots still help */
+    zz_xlog_write(r, b, ep); /* external execution: its log below the stable checkpoint */
     put_view(b, r, ep);
     for (uint64_t seq = r->stable + 1; seq <= r->stable + r->L; seq++) {
         const zz_slot *s = &r->slots[seq % r->L];

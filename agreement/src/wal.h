@@ -34,6 +34,8 @@ enum zz_wal_type {
     ZZ_WAL_VIEW = 3,    /* view, in view change, own VIEW-CHANGE, NEW-VIEW accepted */
     ZZ_WAL_SLOT = 4,    /* one log slot's durable fields, its batch when newly known */
     ZZ_WAL_SNAPEND = 5, /* the rewrite is complete: the file may replace the other one */
+    ZZ_WAL_XSTABLE = 6, /* external execution: stable execution checkpoint, where its log starts */
+    ZZ_WAL_XENTRY = 7,  /* external execution: one execution log entry (seq, digest, batch) */
 };
 
 /* Why a scan stopped. */
@@ -115,6 +117,7 @@ void zz_wal_flush(struct zz_replica *r);
 /* Log changes (no-ops without a data directory or while replaying). */
 void zz_wal_view(struct zz_replica *r);
 void zz_wal_stable(struct zz_replica *r); /* the stable checkpoint advanced */
+void zz_wal_xstable(struct zz_replica *r); /* the stable execution checkpoint advanced */
 void zz_wal_stats(struct zz_replica *r, void *file); /* FILE *: "wal": {...}, */
 
 #endif

@@ -113,6 +113,56 @@ uint32_t zz_xvote_count(const zz_xvote (*tab)[ZZ_XCKPT_VOTES], uint32_t nsenders
     return n;
 }
 
+void zz_xlog_restore_stable(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN],
+                            uint64_t low)
+{
+    if (!r->zz.xlog)
+        return;
+    r->zz.exec_stable = seq;
+    memcpy(r->zz.exec_stable_dig, dig, ZZ_DIGEST_LEN);
+    xlog_collect(r, low);
+}
+
+void zz_xlog_restore(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN],
+                     const uint8_t *batch, uint32_t len)
+{
+    static const uint8_t null_digest[ZZ_DIGEST_LEN];
+    if (!r->zz.xlog || seq <= r->zz.xlog_low)
+        return;
+    zz_slot s;
+    memset(&s, 0, sizeof s);
+    s.seq = seq;
+    memcpy(s.digest, dig, ZZ_DIGEST_LEN);
+    s.is_null = memcmp(dig, null_digest, ZZ_DIGEST_LEN) == 0;
+    s.batch = (uint8_t *)batch; /* copied by zz_xlog_append */
+    s.batch_len = len;
+    zz_xlog_append(r, &s);
+}
+
+/* XSTABLE, then an XENTRY for each entry up to the agreement stable checkpoint (those above
+ * it are rebuilt from the log's slots, executed again at recovery). */
+void zz_xlog_write(zz_replica *r, zz_buf *b, uint32_t epoch)
+{
+    if (!r->zz.xlog)
+        return;
+    size_t st = zz_wal_begin(b, ZZ_WAL_XSTABLE, epoch);
+    zz_put_u64(b, r->zz.exec_stable);
+    zz_put_raw(b, r->zz.exec_stable_dig, ZZ_DIGEST_LEN);
+    zz_put_u64(b, r->zz.xlog_low);
+    zz_wal_end(b, st);
+    uint64_t top = r->stable < r->last_exec ? r->stable : r->last_exec;
+    for (uint64_t seq = r->zz.xlog_low + 1; seq <= top; seq++) {
+        const zz_xlog_entry *e = zz_xlog_get(r, seq);
+        if (!e)
+            continue;
+        st = zz_wal_begin(b, ZZ_WAL_XENTRY, epoch);
+        zz_put_u64(b, seq);
+        zz_put_raw(b, e->digest, ZZ_DIGEST_LEN);
+        zz_put_bytes(b, e->batch, e->batch ? e->batch_len : 0);
+        zz_wal_end(b, st);
+    }
+}
+
 static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])
 {
     /* The log is kept from the stable checkpoint before this one, as the execution
@@ -131,6 +181,7 @@ static void advance_stable(zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_
                 memset(&r->zz.xvotes[i][j], 0, sizeof r->zz.xvotes[i][j]);
     if (r->zz.xcert.seq <= seq)
         memset(&r->zz.xcert, 0, sizeof r->zz.xcert);
+    zz_wal_xstable(r); /* durable state: where the served log starts now */
 }
 
 static uint32_t votes_for(const zz_replica *r, uint64_t seq, const uint8_t digest[ZZ_DIGEST_LEN])

@@ -118,4 +118,14 @@ void zz_wake_write_stats(zz_replica *r, void *file); /* FILE *, JSON fields */
  * checkpoint.c serves its own committed log. */
 int zz_xlog_on_fetch(zz_replica *r, zz_conn *conn, const zz_msg *m);
 
+/* Durable state (wal.c, xlog.c): the execution log below the agreement stable checkpoint and
+ * the stable execution checkpoint are kept in the replica's log. zz_xlog_restore_stable and
+ * zz_xlog_restore put them back at recovery (no-ops without external execution);
+ * zz_xlog_write puts them into a rewrite of the log. */
+void zz_xlog_restore_stable(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN],
+                            uint64_t low);
+void zz_xlog_restore(zz_replica *r, uint64_t seq, const uint8_t dig[ZZ_DIGEST_LEN],
+                     const uint8_t *batch, uint32_t len);
+void zz_xlog_write(zz_replica *r, zz_buf *b, uint32_t epoch);
+
 #endif
