@@ -26,10 +26,13 @@ FLOOR = {"detect_floor_ms": 4000}  # no conviction of a replica this test kills 
 
 
 @contextlib.contextmanager
-def rack_config(tmp_path: Path, name: str = "lc") -> Iterator[Config]:
+def rack_config(tmp_path: Path, name: str = "lc", durability: str = "off") -> Iterator[Config]:
     """A rack config whose name no other run shares (its ZFS pool names follow it); torn
     down with its forensic states whatever happens, and anything of it left is killed."""
-    config = load(write_rack(tmp_path, name=f"{name}{uuid.uuid4().hex[:6]}"))
+    path = write_rack(tmp_path, name=f"{name}{uuid.uuid4().hex[:6]}")
+    text = path.read_text().replace("[rack]\n", f'[rack]\ndurability = "{durability}"\n', 1)
+    path.write_text(text)
+    config = load(path)
     try:
         yield config
     finally:
@@ -174,6 +177,7 @@ def test_start_refuses_what_it_cannot_continue(
     why = str(doc["error"])
     assert f"kv0 reached seq {stopped.stopped_seq['kv0']}" in why, why
     assert "agreed-0.data is missing or empty" in why and "zz rack down" in why, why
+    assert 'rack.durability is "off"' in why, why
     # Nothing started, nothing changed.
     assert not leftovers(rack)
     again = rackctl.load_state(rack)
@@ -369,4 +373,53 @@ def test_stop_and_start_on_zfs_keep_the_pools(tmp_path: Path) -> None:
         ]
         assert rackctl.down(rack).clean
         assert not any(pool_exists(p["name"]) for p in state.pools)
+        assert_nothing_left(rack)
+
+
+@needs_agreed
+def test_start_continues_the_sequence_numbers_of_durable_agreement_replicas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rack.durability = "fsync": the agreement replicas keep their log in
+    run/s<id>/agreed-<r>.data, so start brings the rack back where it stopped: the same
+    sequence numbers (past a checkpoint), the same execution state, and a client's next
+    requests are ordered after the ones before the stop; `up` restarts more than g dead
+    agreement replicas from their logs."""
+    with rack_config(tmp_path, "lcd", durability="fsync") as rack:
+        rackctl.up(rack, store="dir", overrides=FLOOR)
+        assert all(r.ok for r in kv(rack, *(kvop.encode_put(b"d%d" % n, b"%d" % n)
+                                           for n in range(40))))  # fmt: skip
+        assert rackctl.stop(rack).clean
+        stopped = rackctl.load_state(rack)
+        assert stopped is not None
+        seq = stopped.stopped_seq["kv0"]
+        assert seq >= 40, seq
+        svc = rack.services[0]
+        assert rackctl.agreement_on_disk(rack, svc) is None
+        assert rackctl.start_blockers(rack, stopped) == []
+        rc, doc = zz(capsys, "rack", "start", str(rack.path))
+        assert rc == 0 and doc["how"] == "started", doc
+        got = kv(rack, kvop.encode_get(b"d7"), kvop.encode_get(b"d39"),
+                 kvop.encode_put(b"after", b"1"))  # fmt: skip
+        assert got[:2] == [kvop.KvReply(kvop.OK, b"7"), kvop.KvReply(kvop.OK, b"39")], got
+        assert got[2].ok
+        stats = [json.loads((rack.rack.run_dir / "s1" / f"agreed-{r}.stats.json").read_text())
+                 for r in range(svc.n)]  # fmt: skip
+        # Ordered after the stop's seq, by replicas that recovered it from their logs.
+        wait_for("the next seq", lambda: rackctl.reached_seq(rack, svc) > seq, 30)
+        assert all(s["wal"]["recovered_last_exec"] >= seq for s in stats), [
+            s["wal"] for s in stats
+        ]
+        # With their logs on disk, more than g dead agreement replicas are restarted too.
+        started = rackctl.load_state(rack)
+        assert started is not None
+        dead = [started.proc("kv0/agreed-2"), started.proc("kv0/agreed-3")]
+        for p in dead:
+            os.killpg(p.pid, signal.SIGKILL)
+        wait_dead([p.pid for p in dead])
+        repaired = rackctl.up(rack)
+        assert len(repaired.repairs) == 1 and all(p.alive() for p in repaired.procs)
+        assert kv(rack, kvop.encode_get(b"after")) == [kvop.KvReply(kvop.OK, b"1")]
+        assert rackctl.down(rack).clean
+        assert not any(rackctl.agreed_data_dir(rack, svc, r).exists() for r in range(svc.n))
         assert_nothing_left(rack)

@@ -692,10 +692,11 @@ def _start_agreed(
 
 # ---- dead members: repair, stop, start -------------------------------------------------------
 def agreed_data_dir(config: Config, service: Service, r: int) -> Path:
-    """Where agreement replica `r` of `service` keeps its state on disk (its log, view and
-    checkpoints): run/s<id>/agreed-<r>.data/. `start` continues a stopped rack's sequence
-    numbers only when every agreement replica of a service has one; zz-agreed writes none
-    yet, so today these are always missing."""
+    """Where agreement replica `r` of `service` keeps its state on disk (its write-ahead
+    log: view, stable checkpoint, log slots; docs/agreement.md "Durable state"):
+    run/s<id>/agreed-<r>.data/, the `data_dir` zz rack render gives it when the rack's
+    `durability` is not "off". `start` continues a stopped rack's sequence numbers only
+    when every agreement replica of a service has one."""
     return config.rack.run_dir / f"s{service.id}" / f"agreed-{r}.data"
 
 
@@ -709,10 +710,15 @@ def agreement_on_disk(config: Config, service: Service) -> str | None:
             missing.append(r)
     if not missing:
         return None
+    why = (
+        'rack.durability is "off": zz-agreed keeps its log, view and checkpoints in memory only'
+        if config.rack.durability == "off"
+        else f'rack.durability is "{config.rack.durability}", but the rack ran without it'
+    )
+    where = agreed_data_dir(config, service, missing[0])
     return (f"agreement replica{'s' if len(missing) > 1 else ''}"
             f" {', '.join(map(str, missing))} of {service.name} keep no state on disk"
-            f" ({agreed_data_dir(config, service, missing[0])} is missing or empty:"
-            " zz-agreed keeps its log, view and checkpoints in memory only)")  # fmt: skip
+            f" ({where} is missing or empty; {why})")  # fmt: skip
 
 
 def reached_seq(config: Config, service: Service) -> int:
