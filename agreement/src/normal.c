@@ -67,7 +67,7 @@ static void prepare(zz_replica *r, zz_slot *s, int new_batch)
     /* Durable before the PREPARE (or, at the primary, the PRE-PREPARE) goes out: after a
      * crash this replica must not accept another batch for this seq and view. */
     zz_wal_slot(r, s, new_batch, 1);
-    if (backup)
+    if (backup && !zz_wal_abstains(r, s->seq))
         send_phase(r, s, ZZ_PREPARE);
 }
 
@@ -309,7 +309,8 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
         s->sent_commit = 1;
         /* The P entry a VIEW-CHANGE reports: durable before our COMMIT is sent. */
         zz_wal_slot(r, s, 0, 1);
-        send_phase(r, s, ZZ_COMMIT);
+        if (!zz_wal_abstains(r, s->seq))
+            send_phase(r, s, ZZ_COMMIT);
     }
     if (!s->committed) {
         if (count_votes(r, s, s->commit_view, s->commit_dig, UINT32_MAX) < 2 * r->g + 1)

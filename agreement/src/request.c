@@ -360,7 +360,7 @@ static void propose_loop(zz_replica *r)
     /* Adaptive batching: propose at once while few instances are in flight; requests
      * arriving meanwhile accumulate and go out together when one completes. */
     while (r->q_len > 0 && r->next_seq - r->last_exec < r->conf->max_inflight &&
-           r->next_seq + 1 <= r->stable + r->L) {
+           r->next_seq + 1 <= r->stable + r->L && !zz_wal_abstains(r, r->next_seq + 1)) {
         uint64_t now = zz_wall_ms();
         uint64_t nd_time = now > r->last_nd_time ? now : r->last_nd_time;
         uint64_t seed = zz_rand(r);

@@ -80,6 +80,8 @@ void zz_on_status(zz_replica *r, const zz_msg *m)
             zz_net_send_peer(r->net, j, r->nv_raw, r->nv_len);
             sent_nv = 1;
         }
+        if (zz_wal_abstains(r, seq))
+            continue; /* a corrupt log lost what it may have sent for seq (wal.c) */
         if (s->sent_prepare)
             resend_phase(r, j, s, ZZ_PREPARE);
         if (s->sent_commit)

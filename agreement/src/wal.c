@@ -249,6 +249,7 @@ static void put_header(zz_buf *b, const zz_replica *r, uint32_t epoch)
     zz_put_u16(b, r->conf->service);
     zz_put_u32(b, r->id);
     zz_put_u32(b, r->n);
+    zz_put_u64(b, zz_wal_abstains(r, r->wal.abstain_until) ? r->wal.abstain_until : 0);
     zz_wal_end(b, st);
 }
 
@@ -370,10 +371,13 @@ static int apply_header(zz_replica *r, zz_wal_rd *d)
     uint32_t version = zz_wal_u32(d);
     uint16_t service = zz_wal_u16(d);
     uint32_t id = zz_wal_u32(d), n = zz_wal_u32(d);
-    if (d->bad || d->off != d->len)
-        return ZZ_WAL_CORRUPT;
     if (version != ZZ_WAL_VERSION || service != r->conf->service || id != r->id || n != r->n)
         return ZZ_WAL_FOREIGN;
+    uint64_t abstain = zz_wal_u64(d); /* still abstaining when this file was written */
+    if (d->bad || d->off != d->len)
+        return ZZ_WAL_CORRUPT;
+    if (abstain > r->wal.abstain_until)
+        r->wal.abstain_until = abstain;
     return 0;
 }
 
@@ -791,6 +795,7 @@ typedef struct {
     const zz_replica *r;
     int complete, foreign;
     uint32_t n;
+    uint64_t stable; /* the seq of its stable checkpoint record, 0 if none */
 } probe;
 
 static int probe_record(void *ctx, uint8_t type, const uint8_t *body, uint32_t len)
@@ -806,6 +811,10 @@ static int probe_record(void *ctx, uint8_t type, const uint8_t *body, uint32_t l
     }
     if (type == ZZ_WAL_SNAPEND)
         p->complete = 1;
+    if (type == ZZ_WAL_STABLE && len >= 8) {
+        zz_wal_rd d = {body, len, 0, 0};
+        p->stable = zz_wal_u64(&d);
+    }
     return 0;
 }
 
@@ -833,6 +842,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
     size_t len[2] = {0, 0};
     uint32_t epoch[2] = {0, 0};
     int complete[2] = {0, 0}, pick = -1;
+    uint64_t file_stable[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
         int rerr = 0;
         if (access(w->path[i], F_OK) == 0 && open_file(w, i) == 0)
@@ -846,7 +856,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
             free(buf[1]);
             return -1;
         }
-        probe p = {r, 0, 0, 0};
+        probe p = {r, 0, 0, 0, 0};
         int tail;
         zz_wal_scan(buf[i], len[i], probe_record, &p, &tail, &epoch[i]);
         if (p.foreign) {
@@ -859,6 +869,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
             return -1;
         }
         complete[i] = p.complete;
+        file_stable[i] = p.stable;
         if (complete[i] && (pick < 0 || epoch[i] > epoch[pick]))
             pick = i;
     }
@@ -924,6 +935,18 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
                 break;
             }
     }
+    if (tail == ZZ_WAL_CORRUPT && pick >= 0) {
+        /* Records the replica had synced, and may have acted on, are lost. They were about
+         * seqs of the window of their file's stable checkpoint (a stable checkpoint that
+         * moves starts a new file): no vote or proposal for those seqs goes out until the
+         * stable checkpoint passes them, so none can contradict a lost one. */
+        uint64_t s = r->stable > file_stable[other] ? r->stable : file_stable[other];
+        if (s + r->L > w->abstain_until)
+            w->abstain_until = s + r->L;
+        zz_log("zz-agreed: replica %u: durable state: no PRE-PREPARE, PREPARE or COMMIT for "
+               "seqs up to %llu until the stable checkpoint passes them\n", r->id,
+               (unsigned long long)w->abstain_until);
+    }
     w->recovered_bytes = valid;
     w->recovered_tail = tail;
     w->recovered_stable = r->stable;
@@ -963,6 +986,12 @@ void zz_wal_free(zz_replica *r)
     zz_buf_free(&w->snap);
 }
 
+int zz_wal_abstains(const zz_replica *r, uint64_t seq)
+{
+    uint64_t until = r->wal.abstain_until;
+    return until && seq <= until && r->stable < until;
+}
+
 void zz_wal_stats(zz_replica *r, void *file)
 {
     const zz_wal *w = &r->wal;
@@ -972,7 +1001,7 @@ void zz_wal_stats(zz_replica *r, void *file)
                   "\"recovered_records\": %llu, \"recovered_bytes\": %llu, "
                   "\"recovered_tail\": \"%s\", \"discard_offset\": %llu, "
                   "\"recovered_stable\": %llu, \"recovered_last_exec\": %llu, "
-                  "\"recover_ms\": %llu}, ",
+                  "\"recover_ms\": %llu, \"abstain_until\": %llu, \"abstaining\": %d}, ",
             w->enabled, w->fsync, (unsigned long long)w->records, (unsigned long long)w->bytes,
             (unsigned long long)w->writes, (unsigned long long)w->syncs,
             (unsigned long long)(w->syncs ? w->sync_us_total / w->syncs : 0),
@@ -981,5 +1010,6 @@ void zz_wal_stats(zz_replica *r, void *file)
             (unsigned long long)w->recovered_records, (unsigned long long)w->recovered_bytes,
             tail_name(w->recovered_tail), (unsigned long long)w->discard_offset,
             (unsigned long long)w->recovered_stable,
-            (unsigned long long)w->recovered_last_exec, (unsigned long long)w->recover_ms);
+            (unsigned long long)w->recovered_last_exec, (unsigned long long)w->recover_ms,
+            (unsigned long long)w->abstain_until, w->abstain_until && r->stable < w->abstain_until);
 }

@@ -29,7 +29,8 @@
 #define ZZ_WAL_CHUNK (4u << 20) /* the files grow by this much of zeros */
 
 enum zz_wal_type {
-    ZZ_WAL_HEADER = 1,  /* u32 version, u16 service, u32 id, u32 n: whose log this is */
+    ZZ_WAL_HEADER = 1,  /* u32 version, u16 service, u32 id, u32 n: whose log this is; u64
+                         * the seq it abstains up to (zz_wal_abstains), 0 = none */
     ZZ_WAL_STABLE = 2,  /* the stable checkpoint: seq, digest, proof, state encoding */
     ZZ_WAL_VIEW = 3,    /* view, in view change, own VIEW-CHANGE, NEW-VIEW accepted */
     ZZ_WAL_SLOT = 4,    /* one log slot's durable fields, its batch when newly known */
@@ -97,6 +98,10 @@ typedef struct {
     uint64_t recovered_records, recovered_bytes, discard_offset, recover_ms;
     uint64_t recovered_slots, recovered_stable, recovered_last_exec, grown;
     int recovered_tail; /* enum zz_wal_tail of the recovery scan */
+    /* After a corrupt log (synced records lost): the highest seq a lost record can be about.
+     * Until the stable checkpoint reaches it, this replica sends no PRE-PREPARE, PREPARE or
+     * COMMIT for seqs up to it (zz_wal_abstains); 0 = none. */
+    uint64_t abstain_until;
 } zz_wal;
 
 struct zz_replica;
@@ -119,5 +124,8 @@ void zz_wal_view(struct zz_replica *r);
 void zz_wal_stable(struct zz_replica *r); /* the stable checkpoint advanced */
 void zz_wal_xstable(struct zz_replica *r); /* the stable execution checkpoint advanced */
 void zz_wal_stats(struct zz_replica *r, void *file); /* FILE *: "wal": {...}, */
+/* 1: a vote or proposal for seq must not be sent, as it could contradict one the replica sent
+ * and lost with a corrupt part of its log. */
+int zz_wal_abstains(const struct zz_replica *r, uint64_t seq);
 
 #endif
