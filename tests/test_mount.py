@@ -6,12 +6,13 @@ up, also on failure. Skipped only where /dev/fuse is absent."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,196 @@ def test_mount_refuses_bad_input(rack: Config, tmp_path: Path) -> None:
     assert res.returncode == 1 and "is not a directory" in res.stderr
     res = zz(["umount", str(tmp_path)])
     assert res.returncode == 1 and "is not a zz mount" in res.stderr
+
+
+# ---- against a real file system, across drills ----------------------------------------------
+
+
+def replica_states(config: Config) -> dict[int, str]:
+    """Execution replica index -> controld's state of it (active, recovering, paused...)."""
+    import asyncio
+
+    async def ask() -> dict[int, str]:
+        out: dict[int, str] = {}
+        for h in config.hosts:
+            reply = await rackctl.operator_call(config, h, {"op": "list"}, timeout=10)
+            for rec in reply.get("replicas", []):
+                out[int(rec["index"])] = str(rec["state"])
+        return out
+
+    return asyncio.run(ask())
+
+
+def running(config: Config) -> list[int]:
+    return sorted(i for i, st in replica_states(config).items() if st in ("active", "recovering"))
+
+
+def wait_settled(config: Config, within: float = 180.0) -> list[int]:
+    """Until f+1 replicas are active and a spare is asleep again (after a drill: the woken
+    spare serves, the convicted one is a fresh spare); the active ones."""
+    deadline = time.monotonic() + within
+    while True:
+        states = replica_states(config)
+        active = sorted(i for i, st in states.items() if st == "active")
+        asleep = [i for i, st in states.items() if st in ("paused", "hibernated")]
+        if len(active) == 2 and len(asleep) == 1:
+            return active
+        assert time.monotonic() < deadline, f"not settled within {within} s: {states}"
+        time.sleep(0.5)
+
+
+def exec_mismatches(config: Config) -> int:
+    from zz.drill.observe import agreed_stats
+
+    svc = config.services[0]
+    total = 0
+    for r in range(svc.n):
+        st = agreed_stats(config, svc, r) or {}
+        counters = st.get("counters", st)
+        total += int(counters.get("exec_mismatches", 0)) if isinstance(counters, dict) else 0
+    return total
+
+
+class Fsx:
+    """fsx in the small: one seeded sequence of file operations on two trees (the mount and
+    a local directory) in lockstep. Every result (bytes read, sizes, listings, the errno of
+    a failure) must be the same on both."""
+
+    NAMES = ("f0", "f1", "f2", "f3", "f4")
+    SPAN = 256 * 1024
+
+    def __init__(self, seed: int, mount: Path, local: Path) -> None:
+        self.rng = random.Random(seed)
+        self.roots = (mount, local)
+        self.counts: dict[str, int] = {}
+
+    def _both(self, what: str, fn: Callable[[Path], object]) -> None:
+        out = []
+        for root in self.roots:
+            try:
+                out.append(("ok", fn(root)))
+            except OSError as e:
+                out.append(("err", e.errno))
+        assert out[0] == out[1], f"{what}: mount {out[0]!r:.200} != local {out[1]!r:.200}"
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def step(self) -> None:
+        rng = self.rng
+        name = rng.choice(self.NAMES)
+        k = rng.randrange(100)
+        if k < 35:
+            off = rng.randrange(self.SPAN)
+            data = rng.randbytes(rng.randrange(1, 64 * 1024))
+
+            def write(root: Path) -> int:
+                fd = os.open(root / name, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    return os.pwrite(fd, data, off)
+                finally:
+                    os.close(fd)
+
+            self._both("write", write)
+        elif k < 50:
+            size = rng.randrange(self.SPAN + 4096)
+            self._both("truncate", lambda root: os.truncate(root / name, size))
+        elif k < 60:
+            other = rng.choice(self.NAMES)
+            self._both("rename", lambda root: os.rename(root / name, root / other))
+        elif k < 63:
+            self._both("unlink", lambda root: os.unlink(root / name))
+        elif k < 90:
+            off = rng.randrange(self.SPAN + 8192)
+            n = rng.randrange(1, 96 * 1024)
+
+            def read(root: Path) -> bytes:
+                fd = os.open(root / name, os.O_RDONLY)
+                try:
+                    return os.pread(fd, n, off)
+                finally:
+                    os.close(fd)
+
+            self._both("read", read)
+        else:
+            self._both("whole", lambda root: (root / name).read_bytes())
+            self._both("list", lambda root: sorted(
+                (p.name, p.stat().st_size) for p in root.iterdir()))  # fmt: skip
+
+
+def test_fsx_against_a_local_directory_across_drills(rack: Config, tmp_path: Path) -> None:
+    """A seeded fsx sequence on the mount and on a local directory gives the same results,
+    with a wrong-reply drill after a third of it and a crash drill after two thirds."""
+    from zz.drill.rack import Rack
+
+    svc = rack.services[0]
+    local = tmp_path / "local"
+    local.mkdir()
+    steps = 240
+    with Mount(rack, tmp_path / "mnt", timeout=120.0) as m:
+        (m.path / "fsx").mkdir()
+        fsx = Fsx(1818, m.path / "fsx", local)
+        drills = []
+        for i in range(steps):
+            if i == steps // 3:
+                liar = wait_settled(rack)[0]
+                mism = exec_mismatches(rack)
+                Rack.up(rack).set_fault(svc, liar, "wrong-reply")
+                drills.append(("wrong-reply", liar, mism))
+            if i == 2 * steps // 3:
+                active = wait_settled(rack)
+                assert liar not in active, "the liar was convicted and is a fresh spare"
+                victim = active[-1]
+                Rack.up(rack).kill_exec(svc, victim)
+                drills.append(("crash", victim, 0))
+            fsx.step()
+        same_tree(local, m.path / "fsx")
+        after = wait_settled(rack)
+        m.umount()
+    print("fsx ops", fsx.counts, "drills", drills, "active after", after)
+    assert fsx.counts["write"] > 50 and fsx.counts["read"] > 40 and fsx.counts["rename"] > 10
+    (_, liar, mism_before), (_, victim, _) = drills
+    assert exec_mismatches(rack) > mism_before, "the lying replica's reports were seen"
+    assert victim not in after, "the killed replica was convicted and is a fresh spare"
+    assert "no certified reply" not in m.log.read_text(), "no operation timed out"
+
+
+def test_untar_git_diff_across_a_crash(rack: Config, tmp_path: Path) -> None:
+    """Untar a source tree onto the mount while an active execution replica is killed, then
+    commit it to git, git fsck, and diff -r against the original."""
+    from zz.drill.rack import Rack
+
+    svc = rack.services[0]
+    src = make_tree(tmp_path)
+    for k in range(30):  # more files, so the crash lands in the middle of the untar
+        (src / "zz" / f"gen{k:02d}.txt").write_text(f"file {k}\n" * (k + 1))
+    run(["tar", "cf", str(tmp_path / "src.tar"), "-C", str(src), "."])
+    with Mount(rack, tmp_path / "mnt", timeout=120.0) as m:
+        victim = wait_settled(rack)[0]
+        (m.path / "t").mkdir()
+        tar = subprocess.Popen(["tar", "xf", str(tmp_path / "src.tar"), "-C", str(m.path / "t")])
+        try:
+            # The crash comes once tar is under way: a few of the generated files are in.
+            deadline = time.monotonic() + 120
+            while len(list((m.path / "t").glob("zz/gen*"))) < 3:
+                assert tar.poll() is None, "tar finished before the crash: make the tree bigger"
+                assert time.monotonic() < deadline, "tar made no progress"
+                time.sleep(0.05)
+            Rack.up(rack).kill_exec(svc, victim)
+            assert tar.poll() is None, "tar finished before the crash: make the tree bigger"
+            assert tar.wait(300) == 0
+        finally:
+            if tar.poll() is None:
+                tar.kill()
+                tar.wait()
+        repo = m.path / "t"
+        git = ["git", "-c", "user.email=t@zz.invalid", "-c", "user.name=zz"]
+        run(["git", "init", "-q"], cwd=repo)
+        run([*git, "add", "-A"], cwd=repo)
+        run([*git, "commit", "-q", "-m", "across a crash"], cwd=repo)
+        run(["git", "fsck", "--full", "--strict"], cwd=repo)
+        run(["diff", "-r", "--exclude=.git", str(src), str(repo)])
+        assert victim not in wait_settled(rack), "the killed replica is a fresh spare"
+        m.umount()
+    assert "no certified reply" not in m.log.read_text(), "no operation timed out"
 
 
 def test_unreachable_service_gives_errors_not_hangs(rack: Config, tmp_path: Path) -> None:
