@@ -5,6 +5,7 @@ up, also on failure. Skipped only where /dev/fuse is absent."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -212,6 +213,18 @@ def test_mount_refuses_bad_input(rack: Config, tmp_path: Path) -> None:
     assert res.returncode == 1 and "is not a directory" in res.stderr
     res = zz(["umount", str(tmp_path)])
     assert res.returncode == 1 and "is not a zz mount" in res.stderr
+    # A mount whose process was killed stays until unmounted: mounting over it is refused
+    # with the way out, and zz umount removes it.
+    with Mount(rack, tmp_path / "mnt") as m:
+        m.proc.kill()
+        m.proc.wait(10)
+        with pytest.raises(OSError) as e:
+            (m.path / "x").stat()
+        assert e.value.errno == errno.ENOTCONN
+        res = zz(["mount", str(rack.path), "kv0", str(m.path)])
+        assert res.returncode == 1 and "already a zz mount" in res.stderr, res.stderr
+        assert zz(["umount", str(m.path)]).returncode == 0
+        assert not mounted_zz(m.path) and m.path.is_dir()
 
 
 # ---- against a real file system, across drills ----------------------------------------------

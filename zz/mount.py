@@ -380,10 +380,13 @@ async def serve(
     svc = config.service(service)
     if svc.app != "files":
         raise MountError(f"service {svc.name!r} runs app {svc.app!r}, not 'files'")
+    if mounted_zz(mountpoint):
+        raise MountError(
+            f"{mountpoint} is already a zz mount (one whose process died answers 'Transport"
+            " endpoint is not connected': zz umount it first)"
+        )
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} is not a directory")
-    if mounted_zz(mountpoint):
-        raise MountError(f"{mountpoint} is already a zz mount")
     count = clients if clients is not None else min(4, svc.clients - first_client)
     pool = Pool(config, svc, count, first_client)
     pool.start()
