@@ -542,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
             "checkpoint",
             "byzantine",
             "guestbook-reads",
+            "files",
         ),
     )
     be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
