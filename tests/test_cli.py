@@ -112,11 +112,19 @@ def test_ctrl_c_ends_quietly_with_130(write_rack: Callable[[str], Path]) -> None
     exit 130, no traceback."""
     path = write_rack(PLACEABLE)
     assert zz("keys", str(path)).returncode == 0
+    # As `python -m zz`, but saying when zz.cli is imported: a Ctrl-C while the interpreter
+    # still imports is Python's own traceback, before any code of ours runs. A fixed sleep
+    # instead failed on a loaded machine (the signal came while it compiled bytecode).
+    run_main = (
+        "import sys; from zz.cli import main; sys.stderr.write('imported\\n');"
+        " sys.stderr.flush(); sys.exit(main())"
+    )
     p = subprocess.Popen(
-        [sys.executable, "-m", "zz", "client", str(path), "web", "x", "--timeout", "60"],
+        [sys.executable, "-c", run_main, "client", str(path), "web", "x", "--timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
     )  # fmt: skip
-    time.sleep(2.0)  # well inside its retries
+    assert p.stderr is not None and p.stderr.readline() == b"imported\n", p.communicate()
+    time.sleep(1.0)  # into the client's retries
     assert p.poll() is None, p.communicate()
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
