@@ -88,7 +88,7 @@ typedef struct {
     uint64_t size[2];   /* bytes of each file (zero-filled beyond the log) */
     int replaying;      /* recovery applies records: nothing is logged */
     int compact_due;    /* the stable checkpoint moved: rewrite the log at the next sync */
-    int must_sync;      /* a pending record (or the rewrite) is what a queued send depends on */
+    int must_sync;      /* a pending record is one a queued send depends on: sync it first */
     char path[2][300], damaged[300], dir[260];
     zz_buf pend;        /* records not yet written */
     zz_buf snap;        /* compaction scratch */
@@ -106,16 +106,17 @@ typedef struct {
 
 struct zz_replica;
 
-/* Open the data directory, replay the log into the replica (state at the stable checkpoint,
- * view, slots; committed batches above it are executed again) and rewrite it into the other
- * file. A torn or corrupt tail is discarded with a log line (the damaged file copied to
+/* Open the data directory and replay the log into the replica (state at the stable
+ * checkpoint, view, slots; committed batches above it are executed again). A clean log is
+ * appended to where it ends; a damaged one (or none) is rewritten into the other file. A
+ * torn or corrupt tail is discarded with a log line (the damaged file copied to
  * wal.damaged). -1 with err set: unusable directory or another replica's log. */
 int zz_wal_recover(struct zz_replica *r, char *err, size_t errcap);
 void zz_wal_free(struct zz_replica *r);
 /* The group commit, net's barrier before any byte is sent: when a pending record is one a
  * send depends on, write all pending records and fdatasync them (or rewrite the log when
- * the stable checkpoint moved). A failed write or sync ends the process: a replica must not
- * send what it could forget. */
+ * the stable checkpoint moved); otherwise write them without a sync. A failed write or sync
+ * ends the process: a replica must not send what it could forget. */
 void zz_wal_sync(void *replica);
 /* The same whatever the records (each second, so that nothing waits long). */
 void zz_wal_flush(struct zz_replica *r);
