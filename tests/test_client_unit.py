@@ -379,6 +379,32 @@ async def test_exec_retransmission_reaches_execution_replicas(exec_rig: ExecRig)
     assert receivers == list(range(N)) + [wire.exec_principal(i) for i in range(N_EXEC)]
 
 
+async def test_exec_client_follows_the_view_change_to_the_new_primary(exec_rig: ExecRig) -> None:
+    """The primary drill's path (docs/operations.md "The primary drill's throughput"): the
+    primary of view 0 dies and the cluster moves to view 1. The request in flight needs
+    one retransmission; the execution replicas' REPLYs carry view 1, and from then on the
+    client sends to the new primary alone, with no retransmission and nothing to the dead
+    replica."""
+    exec_rig.execs[2].mode = "silent"  # a sleeping spare: only f+1 are active
+    async with Client(exec_rig.params) as c:
+        assert await c.invoke(b"warm-up", timeout=5) == b"exec:warm-up"
+        assert c.primary == 0
+        exec_rig.replicas[0].mode = "silent"
+        for rep in exec_rig.replicas:
+            rep.view = 1
+        for x in exec_rig.execs:
+            x.view = 1
+        assert await c.invoke(b"in-flight", timeout=5) == b"exec:in-flight"
+        assert c.stats["retransmits"] == 1
+        assert c.view == 1 and c.primary == 1
+        before = [len(r.received) for r in exec_rig.replicas]
+        for k in range(3):
+            assert await c.invoke(b"after-%d" % k, timeout=5) == b"exec:after-%d" % k
+        assert c.stats["retransmits"] == 1
+    after = [len(r.received) for r in exec_rig.replicas]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [0, 3, 0, 0]
+
+
 async def test_exec_read_only_is_ordered(exec_rig: ExecRig) -> None:
     async with Client(exec_rig.params) as c:
         assert await c.invoke(b"get", read_only=True, timeout=5) == b"exec:get"

@@ -522,9 +522,9 @@ def test_client_flood_then_primary_drill(up_rack: Config, tmp_path: Path) -> Non
     assert flood.details["controld_deltas"]["woken"] == 0 and not flood.woken
 
     primary = _run(up_rack, "primary", tmp_path)
-    # Until the drill starts it again the service runs on 3 of 4 agreement replicas, every
-    # quorum waiting for all three: on the loaded 2-core test machine two runs came to 47%
-    # and 46% of the throughput before (DEGRADED). A failed check fails the test.
+    # DEGRADED here measures the loaded 2-core machine's 3 s before-window, not the view
+    # change (docs/operations.md "The primary drill's throughput after the view change").
+    # A failed check fails the test.
     assert_recovered(primary)
     assert primary.first_correct_reply_s is not None and primary.first_correct_reply_s < 8
     assert primary.detection_s is not None
