@@ -5,6 +5,7 @@ matching REPLYs, zz.client); pyfuse3 (libfuse 3) in asyncio mode talks to the ke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -81,8 +82,11 @@ class Pool:
             c.start()
 
     async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
+        # All at once and bounded: closing a link to a paused replica waits up to a second
+        # for a peer that never answers, and after the unmount nothing is left to send.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(c.close() for c in self.clients))
 
     async def invoke(self, op: bytes, read_only: bool, timeout: float) -> bytes:
         loop = asyncio.get_running_loop()
