@@ -409,3 +409,35 @@ def test_a_runtime_no_agreement_replica_verifies_is_linked_but_not_answered(
     finally:
         execs.close()
         c.__exit__(None, None, None)
+
+
+def test_a_client_pool_takes_a_successors_key_before_its_next_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zz proxy and zz mount outlive convictions: once a slot is re-keyed for a convicted
+    replica's successor, the pool's clients must MAC to and verify that slot under the new
+    epoch key, or the successor, once woken, is never heard (found with zz mount)."""
+    import asyncio
+
+    from zz.client import Client
+    from zz.proxy import ClientPool
+
+    with Cluster(tmp_path, app="kv", f=1) as c:  # not started: only its key directory
+        kd = c.dir / "keys"
+        svc = c.config.service(SERVICE_ID)
+        x = wire.exec_principal(1)
+        pool = ClientPool.from_config(c.config, svc, 1)
+        client = pool.clients[0]
+        before = client.params.exec_keys[1]
+        keys.rotate_exec(kd, c.config, svc, 1, 9, _controld_key(kd), 0)
+        new = _secret(kd, x)
+        assert new.macs[wire.client_principal(0)] != before
+
+        async def invoke(self: Client, op: bytes, read_only: bool, timeout: float) -> bytes:
+            return self.params.exec_keys[1]  # what the client would use for slot 1
+
+        monkeypatch.setattr(Client, "invoke", invoke)
+        used = asyncio.run(pool.invoke(b"op", False, 5.0))
+        again = asyncio.run(pool.invoke(b"op", False, 5.0))
+        assert used == again == new.macs[wire.client_principal(0)]
+        assert pool.stats["rekeyed"] == 1  # once per announcement, not per request

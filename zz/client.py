@@ -37,6 +37,24 @@ class _NoQuorum(Exception):
     """A read-only attempt cannot gather 2g+1 matching replies; fall back to ordering."""
 
 
+def exec_key_stamp(config: Config, service: str | int) -> tuple[tuple[int, int] | None, ...]:
+    """What the key directory says of each execution slot's key epoch announcement (mtime
+    and size of its file; None: never re-keyed). A long-lived client compares it before a
+    request: when a convicted replica's successor is announced with a new key epoch
+    (docs/wire.md "Key epochs"), ClientParams.from_config must be read again, or the
+    successor, once woken, can neither read our requests nor be heard."""
+    svc = config.service(service)
+    out: list[tuple[int, int] | None] = []
+    for i in range(svc.n_exec):
+        path = keys.spare_cert_path(config.rack.key_dir, svc.id, wire.exec_principal(i))
+        try:
+            st = path.stat()
+            out.append((st.st_mtime_ns, st.st_size))
+        except FileNotFoundError:
+            out.append(None)
+    return tuple(out)
+
+
 @dataclass
 class ClientParams:
     """Everything a client needs, independent of how it was configured."""

@@ -5,7 +5,6 @@ matching REPLYs, zz.client); pyfuse3 (libfuse 3) in asyncio mode talks to the ke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -16,11 +15,10 @@ import pyfuse3
 import pyfuse3.asyncio
 
 from zz import fsop
-from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge
-from zz.config import Config, Service
-from zz.keys import spare_cert_path
+from zz.client import ClientTimeout, RequestTooLarge
+from zz.config import Config
 from zz.mountpoints import MountError, mounted_zz
-from zz.wire import exec_principal
+from zz.proxy import ClientPool
 
 log = logging.getLogger("zz.mount")
 
@@ -36,82 +34,10 @@ class MountOptions:
     max_tasks: int = 16  # FUSE requests handled at once
 
 
-class Pool:
-    """Clients first..first+count-1 of the service; a request waits for an idle one.
-
-    A client's MAC keys for an execution slot change when a convicted replica's successor
-    is announced with a new key epoch (docs/wire.md "Key epochs"). A mount lives across
-    convictions, so before each request a client whose keys predate the latest
-    announcements in the key directory is rebuilt with the current ones; otherwise the
-    successor, once woken, could neither read our requests nor be heard."""
-
-    def __init__(self, config: Config, service: Service, count: int, first: int = 0) -> None:
-        if count < 1:
-            raise MountError("--clients must be at least 1")
-        if first < 0 or first + count > service.clients:
-            raise MountError(
-                f"clients {first}..{first + count - 1} not within the {service.clients}"
-                f" client principals of service {service.name!r}"
-            )
-        self.config = config
-        self.service = service
-        stamp = self._key_stamp()
-        self.clients = [
-            Client(ClientParams.from_config(config, service.id, i))
-            for i in range(first, first + count)
-        ]
-        self._stamps = {c.params.client_index: stamp for c in self.clients}
-        self._idle: asyncio.Queue[Client] = asyncio.Queue()
-        for c in self.clients:
-            self._idle.put_nowait(c)
-        self.rekeyed = 0
-
-    def _key_stamp(self) -> tuple[tuple[int, int] | None, ...]:
-        out: list[tuple[int, int] | None] = []
-        for i in range(self.service.n_exec):
-            path = spare_cert_path(self.config.rack.key_dir, self.service.id, exec_principal(i))
-            try:
-                st = os.stat(path)
-                out.append((st.st_mtime_ns, st.st_size))
-            except FileNotFoundError:
-                out.append(None)
-        return tuple(out)
-
-    def start(self) -> None:
-        for c in self.clients:
-            c.start()
-
-    async def close(self) -> None:
-        # All at once and bounded: closing a link to a paused replica waits up to a second
-        # for a peer that never answers, and after the unmount nothing is left to send.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10):
-                await asyncio.gather(*(c.close() for c in self.clients))
-
-    async def invoke(self, op: bytes, read_only: bool, timeout: float) -> bytes:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        async with asyncio.timeout(timeout):
-            client = await self._idle.get()
-        try:
-            stamp = self._key_stamp()
-            idx = client.params.client_index
-            if self._stamps[idx] != stamp:
-                client.params = ClientParams.from_config(self.config, self.service.id, idx)
-                self._stamps[idx] = stamp
-                self.rekeyed += 1
-            left = deadline - loop.time()
-            if left <= 0:
-                raise ClientTimeout("timed out waiting for an idle client")
-            return await client.invoke(op, read_only=read_only, timeout=left)
-        finally:
-            self._idle.put_nowait(client)
-
-
 class FsService:
     """The files service through a pool of BFT clients: one op in, a certified reply out."""
 
-    def __init__(self, pool: Pool, timeout: float) -> None:
+    def __init__(self, pool: ClientPool, timeout: float) -> None:
         self.pool = pool
         self.timeout = timeout
         self.stats: dict[str, int] = {"ops": 0, "timeouts": 0, "bad_replies": 0}
@@ -392,7 +318,10 @@ async def serve(
     if not os.path.isdir(mountpoint):
         raise MountError(f"mount point {mountpoint} is not a directory")
     count = clients if clients is not None else min(4, svc.clients - first_client)
-    pool = Pool(config, svc, count, first_client)
+    try:
+        pool = ClientPool.from_config(config, svc, count, first_client)
+    except ValueError as e:
+        raise MountError(str(e)) from None
     pool.start()
     fs_service = FsService(pool, options.timeout)
     try:
@@ -433,6 +362,6 @@ async def serve(
             # After an unmount from outside the kernel session is gone: only clean up.
             pyfuse3.close(unmount=stopped or mounted_zz(mountpoint))
         log.info("unmounted %s; %s, clients rekeyed %d", mountpoint, fs_service.stats,
-                 pool.rekeyed)  # fmt: skip
+                 pool.stats["rekeyed"])  # fmt: skip
     finally:
         await pool.close()

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge
+from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge, exec_key_stamp
 from zz.config import Config, ConfigError, Service
 from zz.http import HttpError, Limits, Request, body_length, format_response, read_body, read_head
 from zz.http import text_response as _text
@@ -63,7 +63,9 @@ class ClientPool:
     """Clients 0..N-1 of one service. A Client handles one request at a time, so a request
     waits here for an idle one; the wait counts against the request's timeout."""
 
-    def __init__(self, clients: list[Client]) -> None:
+    def __init__(
+        self, clients: list[Client], config: Config | None = None, service: Service | None = None
+    ) -> None:
         if not clients:
             raise ValueError("a client pool needs at least one client")
         self.clients = clients
@@ -71,6 +73,15 @@ class ClientPool:
         for c in clients:
             self._idle.put_nowait(c)
         self.stats: Counter[str] = Counter()
+        # With the rack's config, a client whose keys predate the latest key epoch
+        # announcements is rebuilt before its next request (zz/client.py exec_key_stamp):
+        # a proxy or a mount outlives convictions, and a successor's replies under its new
+        # key would otherwise never count, nor would it read our requests.
+        self._keys = (config, service) if config is not None and service is not None else None
+        self._stamps: dict[int, tuple[tuple[int, int] | None, ...]] = {}
+        if self._keys is not None:
+            stamp = exec_key_stamp(self._keys[0], self._keys[1].id)
+            self._stamps = {c.params.client_index: stamp for c in clients}
 
     @classmethod
     def from_config(
@@ -87,7 +98,9 @@ class ClientPool:
             [
                 Client(ClientParams.from_config(config, service.id, i))
                 for i in range(first, first + count)
-            ]
+            ],
+            config,
+            service,
         )
 
     def start(self) -> None:
@@ -95,8 +108,22 @@ class ClientPool:
             c.start()
 
     async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
+        # All at once and bounded: closing a link to a paused replica waits up to a second
+        # for a peer that never answers, and nothing is left to send.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(c.close() for c in self.clients))
+
+    def _rekey(self, client: Client) -> None:
+        if self._keys is None:
+            return
+        config, service = self._keys
+        stamp = exec_key_stamp(config, service.id)
+        idx = client.params.client_index
+        if self._stamps.get(idx) != stamp:
+            client.params = ClientParams.from_config(config, service.id, idx)
+            self._stamps[idx] = stamp
+            self.stats["rekeyed"] += 1
 
     async def invoke(self, op: bytes, read_only: bool, timeout: float) -> bytes:
         loop = asyncio.get_running_loop()
@@ -106,6 +133,7 @@ class ClientPool:
         async with asyncio.timeout(timeout):
             client = await self._idle.get()
         try:
+            self._rekey(client)
             left = deadline - loop.time()
             if left <= 0:
                 raise ClientTimeout("timed out waiting for an idle client")
