@@ -319,7 +319,7 @@ zz_report_rec *zw_round_record(zz_replica *r)
     return w->rec.seq == w->seq ? &w->rec : NULL;
 }
 
-void zw_round_clear(zz_replica *r)
+static void round_clear(zz_replica *r, int keep_bodies)
 {
     struct zz_wake *w = r->zz.wake;
     int was_open = w->open;
@@ -329,7 +329,7 @@ void zw_round_clear(zz_replica *r)
     free(w->wakeup_raw);
     w->wakeup_raw = NULL;
     w->wakeup_len = 0;
-    for (uint32_t s = 0; s < r->n; s++) {
+    for (uint32_t s = 0; s < r->n && !keep_bodies; s++) {
         free(w->sd_body[s]);
         w->sd_body[s] = NULL;
         w->sd_len[s] = 0;
@@ -339,6 +339,21 @@ void zw_round_clear(zz_replica *r)
     w->resolve_failed_logged = 0;
     if (was_open)
         zz_xlog_release_held(r);
+}
+
+void zw_round_clear(zz_replica *r)
+{
+    round_clear(r, 0);
+}
+
+/* Closing a round undecided keeps the SHUTDOWN bodies peers sent for it: they decided it
+ * while we did not, and g+1 of them still certify its outcome at this seq for the follow-up
+ * over the larger awake set (nested awake sets, zz_on_shutdown). Dropped, a body that
+ * reached us just before we closed never counted, and the certificate of the peers that
+ * decided was never complete here (tests/test_round_outcomes.py, seen in CI). */
+void zw_round_close_undecided(zz_replica *r)
+{
+    round_clear(r, 1);
 }
 
 void zw_done_clear(zz_replica *r)

@@ -264,7 +264,7 @@ static void try_resolve(zz_replica *r)
      * as "-" and more spares can be woken. */
     zz_log("zz-agreed: replica %u: round at seq %llu undecided%s, next round\n", r->id,
            (unsigned long long)w->seq, all ? "" : " (a woken replica is overdue)");
-    zw_round_clear(r);
+    zw_round_close_undecided(r);
     if (!k->certified)
         zw_send_statement(r, k, 0);
 }

@@ -110,6 +110,7 @@ int zw_next_fields(FILE *f, char **line, size_t *cap, uint32_t *lineno, char **t
                    const char *path, const char *what, char *err, size_t errcap);
 int zw_parse_dec(const char *s, uint64_t max, uint64_t *out);
 void zw_round_clear(zz_replica *r);
+void zw_round_close_undecided(zz_replica *r);
 zz_report_rec *zw_round_record(zz_replica *r);
 int zw_same_ids(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t nb);
 void zw_save_view(zz_replica *r);
