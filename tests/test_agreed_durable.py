@@ -292,10 +292,13 @@ def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(tmp_path
         c.start()
         acked: list[bytes] = []
 
+        # At most 6 x 150 requests, so fewer seqs than the checkpoint interval however fast
+        # the machine (a quiet CI machine ordered 3,100 seqs in the 3 s this test once slept
+        # before the kill).
         async def client(i: int, stop: float) -> None:
             cl = c.client(i)
             k = 0
-            while time.monotonic() < stop:
+            while time.monotonic() < stop and k < 150:
                 op = b"c%d-%d" % (i, k)
                 try:
                     assert await cl.invoke(op, timeout=3) == op
@@ -307,7 +310,8 @@ def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(tmp_path
         async def run() -> None:
             stop = time.monotonic() + 30
             tasks = [asyncio.create_task(client(i, stop)) for i in range(6)]
-            await asyncio.sleep(3)
+            while len(acked) < 300 and time.monotonic() < stop - 20:
+                await asyncio.sleep(0.05)  # mid-flight: some acknowledged, more to come
             before.update(_fetch_log(c, 1))
             for r in range(4):  # all at once, mid-flight
                 c.kill(r)
