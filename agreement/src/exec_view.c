@@ -477,7 +477,8 @@ void zz_wake_write_stats(zz_replica *r, void *file)
                "\"controld_sends\": %llu, \"reply_affirms_sent\": %llu, "
                "\"detect_latency_last_ms\": %llu, \"detect_latency_max_ms\": %llu, "
                "\"spares_ready_received\": %llu, \"spares_ready_rejected\": %llu, "
-               "\"spares_ready_held\": %llu, \"shutdowns_adopted_over_own\": %llu, ",
+               "\"spares_ready_held\": %llu, \"shutdowns_adopted_over_own\": %llu, "
+               "\"shutdowns_merged\": %llu, ",
             (unsigned long long)s->fault_statements_sent,
             (unsigned long long)s->fault_statements_received,
             (unsigned long long)s->fault_statements_rejected,
@@ -490,7 +491,8 @@ void zz_wake_write_stats(zz_replica *r, void *file)
             (unsigned long long)s->detect_latency_max_ms,
             (unsigned long long)s->spares_ready_received,
             (unsigned long long)s->spares_ready_rejected, (unsigned long long)s->spares_ready_held,
-            (unsigned long long)s->shutdowns_adopted_over_own);
+            (unsigned long long)s->shutdowns_adopted_over_own,
+            (unsigned long long)s->shutdowns_merged);
     uint32_t ids[ZZ_MAX_EXEC], n;
     n = zw_list_state(r, ZZ_EXEC_AWAKE, ids);
     write_ids(f, "exec_awake", ids, n);

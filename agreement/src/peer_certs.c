@@ -157,15 +157,6 @@ uint64_t zw_body_seq(const uint8_t *p, uint32_t len)
     return v;
 }
 
-/* Between two certified outcomes of one awake set: the lower seq, then the smaller body. */
-static int outcome_cmp(const uint8_t *a, uint32_t la, const uint8_t *b, uint32_t lb)
-{
-    uint64_t sa = zw_body_seq(a, la), sb = zw_body_seq(b, lb);
-    if (sa != sb)
-        return sa < sb ? -1 : 1;
-    return body_cmp(a, la, b, lb);
-}
-
 uint32_t zw_count_body(zz_replica *r, uint8_t **bodies, const uint32_t *lens,
                        const uint8_t *body, uint32_t len)
 {
@@ -192,63 +183,130 @@ static void sleep_unnamed(zz_replica *r, const uint32_t *ours, uint32_t n_ours,
     }
 }
 
-/* After this replica decided a round, g+1 identical SHUTDOWN bodies from distinct agreement
- * replicas for another outcome win over ours, unless ours is certified too; between two
- * certified outcomes (correct replicas split) the lower seq, then the smaller body wins, so
- * every correct replica ends on the same one whatever order the bodies arrive in. Another
- * outcome may be at a lower seq of the same awake set: one fault flagged at two adjacent
- * seqs, where some replicas gathered g+1 statements for one first and some for the other
- * (campaign seed 3001 rounds 17, 22, 44); or at the same seq over a larger or smaller awake
- * set: the follow-up of a round that closed undecided elsewhere (seed 3202 round 18). */
+/* The merged outcome of the certified bodies at `seq` (each with g+1 identical copies in
+ * dn_body): convict the union of their convictions, keep active only who every one keeps
+ * active, put every other replica they name to sleep; awake is the union of their (nested)
+ * awake sets. It depends on the set of certificates only, not on the order they came in,
+ * so every correct agreement replica and every controld (zz/certs.py merge_outcomes) ends on
+ * the same one. Each conviction is vouched for by a correct agreement replica's own view;
+ * convictions only grow and the active set only shrinks as certificates arrive, so nobody
+ * ever has to wake a replica some certificate put to sleep or revive a destroyed one; an
+ * active set short of f+1 is a shortfall the next round mends (campaign seed 3502 round
+ * 63: two certified outcomes, controld acted on one, the agreement replicas on the other).
+ * Returns the number of distinct certified bodies merged, 0 on none. */
+static uint32_t merge_certified(zz_replica *r, uint64_t seq, zz_buf *out)
+{
+    struct zz_wake *w = r->zz.wake;
+    uint8_t named[ZZ_MAX_EXEC] = {0}, awake[ZZ_MAX_EXEC] = {0}, conv[ZZ_MAX_EXEC] = {0};
+    uint8_t act[ZZ_MAX_EXEC];
+    memset(act, 1, sizeof act);
+    uint32_t merged = 0;
+    for (uint32_t s = 0; s < r->n; s++) {
+        const uint8_t *b = w->dn_body[s];
+        uint32_t bl = w->dn_len[s], l[4][ZZ_MAX_EXEC], n[4];
+        if (!b || zw_body_seq(b, bl) != seq ||
+            zw_count_body(r, w->dn_body, w->dn_len, b, bl) < r->g + 1 ||
+            zw_body_lists(r, b, bl, l, n) != 0)
+            continue;
+        int first = 1; /* count each distinct body once */
+        for (uint32_t t = 0; t < s && first; t++)
+            first = !(w->dn_body[t] && body_cmp(w->dn_body[t], w->dn_len[t], b, bl) == 0);
+        merged += first;
+        uint8_t mine[ZZ_MAX_EXEC] = {0};
+        for (int a = 0; a < 4; a++)
+            for (uint32_t i = 0; i < n[a]; i++) {
+                named[l[a][i]] = 1;
+                awake[l[a][i]] |= a == 0;
+                conv[l[a][i]] |= a == 1;
+                mine[l[a][i]] |= a == 3;
+            }
+        for (uint32_t x = 0; x < ZZ_MAX_EXEC; x++)
+            act[x] &= mine[x];
+    }
+    if (!merged)
+        return 0;
+    uint32_t ids[4][ZZ_MAX_EXEC], cnt[4] = {0};
+    for (uint32_t x = 0; x < r->conf->n_exec && x < ZZ_MAX_EXEC; x++) {
+        if (awake[x])
+            ids[0][cnt[0]++] = x;
+        if (conv[x])
+            ids[1][cnt[1]++] = x;
+        else if (act[x])
+            ids[3][cnt[3]++] = x;
+        else if (named[x])
+            ids[2][cnt[2]++] = x;
+    }
+    zz_buf_reset(out);
+    zz_put_u64(out, seq);
+    for (int a = 0; a < 4; a++)
+        zz_put_u32_list(out, ids[a], cnt[a]);
+    return out->oom ? 0 : merged;
+}
+
+/* After this replica decided a round, the certified SHUTDOWN bodies (g+1 identical ones from
+ * distinct agreement replicas) settle it: those at the lowest certified seq, merged
+ * (merge_certified) when correct replicas split so that more than one is certified. A
+ * certified outcome wins over our own uncertified one. Another outcome may be at a lower seq
+ * of the same awake set: one fault flagged at two adjacent seqs, where some replicas
+ * gathered g+1 statements for one first and some for the other (campaign seed 3001 rounds
+ * 17, 22, 44); or at the same seq over a larger or smaller awake set: the follow-up of a
+ * round that closed undecided elsewhere (seed 3202 round 18). */
 void zw_check_done(zz_replica *r)
 {
     struct zz_wake *w = r->zz.wake;
     if (!w->done || w->open || !w->applied)
         return;
-    const uint8_t *best = NULL;
-    uint32_t best_len = 0, best_n = 0;
+    uint64_t low = UINT64_MAX;
     for (uint32_t s = 0; s < r->n; s++) {
         const uint8_t *b = w->dn_body[s];
-        uint32_t bl = w->dn_len[s];
-        if (!b || body_cmp(b, bl, w->applied, w->applied_len) == 0)
-            continue;
-        uint32_t c = zw_count_body(r, w->dn_body, w->dn_len, b, bl);
-        if (c >= r->g + 1 && (!best || outcome_cmp(b, bl, best, best_len) < 0)) {
-            best = b;
-            best_len = bl;
-            best_n = c;
-        }
+        if (b && zw_body_seq(b, w->dn_len[s]) < low &&
+            zw_count_body(r, w->dn_body, w->dn_len, b, w->dn_len[s]) >= r->g + 1)
+            low = zw_body_seq(b, w->dn_len[s]);
     }
-    if (!best)
+    if (low == UINT64_MAX)
         return;
-    uint32_t own = zw_count_body(r, w->dn_body, w->dn_len, w->applied, w->applied_len);
-    if (own >= r->g + 1 && outcome_cmp(w->applied, w->applied_len, best, best_len) < 0)
-        return;
+    zz_buf mb;
+    zz_buf_init(&mb);
+    uint32_t k = merge_certified(r, low, &mb);
     uint32_t l[4][ZZ_MAX_EXEC], n[4];
-    if (zw_body_lists(r, best, best_len, l, n) != 0)
+    if (!k || body_cmp(mb.p, (uint32_t)mb.len, w->applied, w->applied_len) == 0 ||
+        zw_body_lists(r, mb.p, (uint32_t)mb.len, l, n) != 0) {
+        zz_buf_free(&mb);
         return;
-    uint8_t *copy = zz_memdup(best, best_len);
+    }
+    uint8_t *copy = zz_memdup(mb.p, (uint32_t)mb.len);
+    uint32_t copy_len = (uint32_t)mb.len;
+    zz_buf_free(&mb);
     if (!copy)
         return;
+    uint32_t own = zw_count_body(r, w->dn_body, w->dn_len, w->applied, w->applied_len);
     uint32_t ol[4][ZZ_MAX_EXEC], on[4];
     if (zw_body_lists(r, w->applied, w->applied_len, ol, on) == 0)
         for (int a = 1; a < 4; a++)
             sleep_unnamed(r, ol[a], on[a], l, n);
-    w->done_seq = zw_body_seq(best, best_len);
+    w->done_seq = low;
     char cs[256], ss[256], as[256];
     zw_fmt_ids(cs, sizeof cs, l[1], n[1]);
     zw_fmt_ids(ss, sizeof ss, l[2], n[2]);
     zw_fmt_ids(as, sizeof as, l[3], n[3]);
-    zz_log("zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s] "
-           "adopted from a certificate of %u over our own outcome (certified by %u)\n",
-           r->id, (unsigned long long)w->done_seq, cs, ss, as, best_n, own);
-    r->st.shutdowns_adopted_over_own++;
-    /* Undo nothing: the certified lists name every replica of the round, so applying them
-     * sets each one's state afresh. */
-    zw_apply_resolution(r, w->done_seq, l[1], n[1], l[2], n[2], l[3], n[3]);
+    if (k > 1) {
+        zz_log("zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s] "
+               "merged from %u certified outcomes\n",
+               r->id, (unsigned long long)low, cs, ss, as, k);
+        r->st.shutdowns_merged++;
+    } else {
+        zz_log("zz-agreed: replica %u: SHUTDOWN seq %llu convict [%s] sleep [%s] active [%s] "
+               "adopted from a certificate of %u over our own outcome (certified by %u)\n",
+               r->id, (unsigned long long)low, cs, ss, as,
+               zw_count_body(r, w->dn_body, w->dn_len, copy, copy_len), own);
+        r->st.shutdowns_adopted_over_own++;
+    }
+    /* Undo nothing: the lists name every replica of the round, so applying them sets each
+     * one's state afresh. */
+    zw_apply_resolution(r, low, l[1], n[1], l[2], n[2], l[3], n[3]);
     free(w->applied);
     w->applied = copy;
-    w->applied_len = best_len;
+    w->applied_len = copy_len;
 }
 
 /* Apply a SHUTDOWN certificate (g+1 identical bodies in sd_body) for the round w->seq /

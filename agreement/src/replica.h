@@ -138,6 +138,7 @@ typedef struct {
     uint64_t detect_latency_last_ms, detect_latency_max_ms; /* flag -> own WAKEUP sent */
     uint64_t spares_ready_received, spares_ready_rejected, spares_ready_held;
     uint64_t shutdowns_adopted_over_own; /* a certified outcome replaced our own resolution */
+    uint64_t shutdowns_merged; /* two or more certified outcomes of a round, merged */
     /* Request size limits (request.c, normal.c; docs/security.md "Resource limits"). */
     /* client signatures (docs/agreement.md "Signed requests") */
     uint64_t req_signed_in;      /* signed REQUESTs authenticated at intake */
