@@ -465,3 +465,121 @@ def test_shutdown_pending_votes_are_bounded_per_sender() -> None:
     body = ([0, 1], [1], [], [0, 2])
     assert col.add(_shutdown(0, 500, *body)) is None
     assert col.add(_shutdown(1, 500, *body)) is not None
+
+
+def test_collector_returns_a_second_certificate_for_the_same_round() -> None:
+    """Correct agreement replicas can split so that two bodies of one round are each
+    certified (campaign seed 3502 round 63): the second is returned too, for controld to
+    merge; a vote for a certified body is late, a sender's second body still conflicting."""
+    col = ShutdownCollector(ServiceTrust(SERVICE, PUBLIC, 1, 1, 3))
+    a = ([0, 1], [1], [], [0, 2])
+    b = ([0, 1], [0], [2], [1])
+    assert col.add(_shutdown(0, 7, *a)) is None
+    assert col.add(_shutdown(2, 7, *b)) is None
+    first = col.add(_shutdown(1, 7, *a))
+    assert first is not None and first.signers == (0, 1) and first.convict == (1,)
+    col.forget_below(7)  # what controld does once it acted on it: the round stays
+    assert col.add(_shutdown(0, 7, *a)) is None and col.late_votes == 1
+    with pytest.raises(CertError, match="conflicting"):
+        col.add(_shutdown(1, 7, *b))  # replica 1 voted a: its vote stands
+    second = col.add(_shutdown(3, 7, *b))
+    assert second is not None and second.signers == (2, 3)
+    assert (second.seq, second.awake, second.convict, second.sleep, second.active) == (
+        7, (0, 1), (0,), (2,), (1,),
+    )  # fmt: skip
+    assert len(second.votes) == 2
+    # Each body is returned once; later votes for either are late.
+    assert col.add(_shutdown(3, 7, *b)) is None and col.late_votes == 2
+
+
+def _cert(seq: int, awake: list[int], convict: list[int], sleep: list[int],
+          active: list[int], signers: tuple[int, ...] = (0, 1)) -> certs.Shutdown:  # fmt: skip
+    col = ShutdownCollector(ServiceTrust(SERVICE, PUBLIC, 2, 2, 5))
+    got = [col.add(_shutdown(s, seq, awake, convict, sleep, active)) for s in signers]
+    cert = col.add(_shutdown(6, seq, awake, convict, sleep, active))
+    assert got == [None] * len(signers) and cert is not None
+    return cert
+
+
+def _lists(o: certs.Outcome) -> tuple[list[int], list[int], list[int], list[int]]:
+    return list(o.awake), list(o.convict), list(o.sleep), list(o.active)
+
+
+def test_merge_outcomes_of_the_split_round() -> None:
+    """Seed 3502 round 63 (f = 2): replica 1 lied to agreement replicas 0 and 3 only while
+    3 signed wrong checkpoints; 0 and 3 certified A, 1 and 2 certified B, both seq 4480
+    over awake [1, 3, 4]. The merge convicts both, keeps active only what both keep and
+    puts the rest to sleep, whichever certificate came first."""
+    a = _cert(4480, [1, 3, 4], [1, 3], [], [0, 2, 4])
+    b = _cert(4480, [1, 3, 4], [3], [2], [0, 1, 4], signers=(2, 3))
+    m = certs.merge_outcomes([a, b])
+    assert (m.service, m.seq) == (SERVICE, 4480)
+    assert _lists(m) == ([1, 3, 4], [1, 3], [2], [0, 4])
+    assert certs.merge_outcomes([b, a]) == m  # order independent
+    assert certs.merge_outcomes([a, b, a]) == m  # a set: a body twice counts once
+    # A merge merged with more bodies is the merge of them all (controld keeps only the
+    # outcome it acted on).
+    assert certs.merge_outcomes([certs.merge_outcomes([a]), b]) == m
+    assert certs.merge_outcomes([m, a]) == m and certs.merge_outcomes([m, b]) == m
+
+
+def test_merge_outcomes_of_one_body_is_that_body() -> None:
+    # Awake 2 is named nowhere else: one body is kept as certified, not completed.
+    c = _cert(9, [0, 1, 2], [1], [], [0, 3])
+    assert certs.merge_outcomes([c]) == c.outcome
+    assert _lists(certs.merge_outcomes([c, c])) == ([0, 1, 2], [1], [], [0, 3])
+
+
+def test_merge_outcomes_of_nested_rounds() -> None:
+    """A round at one seq certified by some, closed undecided by others, who certified the
+    follow-up round over the larger awake set (spare 4 woken for it): 4 was never active
+    for the first, so it sleeps."""
+    first = _cert(12, [0, 1, 2], [0, 2], [], [1, 3])
+    follow_up = _cert(12, [0, 1, 2, 3], [0, 2], [], [1, 3, 4], signers=(2, 3))
+    for order in ([first, follow_up], [follow_up, first]):
+        assert _lists(certs.merge_outcomes(order)) == ([0, 1, 2, 3], [0, 2], [4], [1, 3])
+
+
+def test_merge_outcomes_refuses_what_is_no_round_of_one_seq() -> None:
+    a = _cert(12, [0, 1, 2], [0, 2], [], [1, 3])
+    with pytest.raises(ValueError, match="seq"):
+        certs.merge_outcomes([a, _cert(13, [0, 1, 2], [0], [], [1, 2])])
+    with pytest.raises(ValueError, match="not nested"):
+        certs.merge_outcomes([a, _cert(12, [0, 1, 3], [0], [], [1, 3])])
+    other = certs.Outcome(SERVICE + 1, 12, (0, 1, 2), (0, 2), (), (1, 3))
+    with pytest.raises(ValueError, match="service"):
+        certs.merge_outcomes([a, other])
+    with pytest.raises(ValueError):
+        certs.merge_outcomes([])
+
+
+def test_freshness_merges_a_second_certificate_at_the_seq_acted_on(tmp_path: Path) -> None:
+    a = _cert(4480, [1, 3, 4], [1, 3], [], [0, 2, 4])
+    b = _cert(4480, [1, 3, 4], [3], [2], [0, 1, 4], signers=(2, 3))
+    fresh = Freshness()
+    assert fresh.outcome(SERVICE) is None and fresh.merged(a) is None
+    fresh.acted_shutdown(a)
+    assert fresh.outcome(SERVICE) == a.outcome
+    with pytest.raises(CertError, match="stale"):
+        fresh.check_shutdown(b)  # stale as a certificate of its own ...
+    m = fresh.merged(b)  # ... merged with what was acted on
+    assert m is not None and _lists(m) == ([1, 3, 4], [1, 3], [2], [0, 4])
+    fresh.acted_merge(m)
+    # The merged outcome survives a restart; b again (or a) adds nothing: no merge.
+    path = tmp_path / "freshness.json"
+    fresh.save(path)
+    again = Freshness.load(path)
+    assert again.outcome(SERVICE) == m and again.merged(b) is None and again.merged(a) is None
+    # Nor does a certificate over a larger awake set at that seq that decides the same.
+    assert again.merged(_cert(4480, [1, 2, 3, 4], [1, 3], [2], [0, 4])) is None
+    # Not merged: another seq, an awake set not nested, or once a later SHUTDOWN was acted on.
+    assert again.merged(_cert(4481, [1, 3, 4], [3], [2], [0, 1, 4])) is None
+    assert again.merged(_cert(4480, [0, 1, 3], [3], [], [0, 1])) is None
+    again.acted_shutdown(_cert(4490, [0, 4], [0], [], [2, 4]))
+    assert again.merged(b) is None
+    # A file written before the outcome was kept loads, with nothing to merge with.
+    (tmp_path / "old.json").write_text(
+        '{"1": {"shutdown_seq": 7, "rounds": [], "last_awake": [0, 1], "last_active": [0, 2]}}'
+    )
+    old = Freshness.load(tmp_path / "old.json")
+    assert old.outcome(SERVICE) is None and old.last_shutdown(SERVICE) == 7

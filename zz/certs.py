@@ -12,10 +12,14 @@ through what this module checks against the service's public keys (the key direc
   the same service, seq and awake set, the fault rules (``zz.faults.evaluate_evidence``)
   and that the replicas to wake are exactly the ones those rules choose.
 * ``ShutdownCollector`` gathers SHUTDOWN votes; ``g+1`` identical bodies from distinct
-  agreement replicas make one ``Shutdown`` certificate, returned once.
+  agreement replicas make one ``Shutdown`` certificate, each body returned once (a second
+  body certified for the same round is returned too).
+* ``merge_outcomes`` is the one outcome of several bodies certified at one seq: what
+  controld and zz-agreed both act on when correct agreement replicas split.
 * ``Freshness`` is the replay guard controld persists: a round already acted upon is a
   ``duplicate``, a round at or below the last completed SHUTDOWN of the service is
-  ``stale``.
+  ``stale``; it keeps the outcome acted on at that seq, which a further certificate at
+  the same seq is merged with.
 
 Every failure raises ``CertError`` with a short reason string, never anything else: a
 certificate is untrusted input and must not be able to crash controld.
@@ -27,6 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from zz import faults, keys, wire
 from zz.atomicfile import write_atomic
@@ -37,6 +42,8 @@ __all__ = [
     "ServiceTrust",
     "Wakeup",
     "Shutdown",
+    "Outcome",
+    "merge_outcomes",
     "service_of",
     "verify_wakeup",
     "verify_shutdown_vote",
@@ -111,8 +118,9 @@ class Wakeup:
 
 
 @dataclass(frozen=True)
-class Shutdown:
-    """A SHUTDOWN certificate: g+1 agreement replicas resolved the round the same way."""
+class Outcome:
+    """How the round at ``seq`` was resolved: the body of one SHUTDOWN certificate, or the
+    merge of several certified at that seq (``merge_outcomes``)."""
 
     service: int
     seq: int
@@ -120,12 +128,71 @@ class Shutdown:
     convict: tuple[int, ...]
     sleep: tuple[int, ...]
     active: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Shutdown(Outcome):
+    """A SHUTDOWN certificate: g+1 agreement replicas resolved the round the same way."""
+
     signers: tuple[int, ...]
     votes: tuple[bytes, ...] = field(repr=False)
 
     @property
     def round(self) -> tuple[int, int, tuple[int, ...]]:
         return (self.service, self.seq, self.awake)
+
+    @property
+    def outcome(self) -> Outcome:
+        """The body alone (an Outcome compares equal only to an Outcome)."""
+        return Outcome(self.service, self.seq, self.awake, self.convict, self.sleep, self.active)
+
+
+def _nested(a: Sequence[int], b: Sequence[int]) -> bool:
+    return set(a) <= set(b) or set(b) <= set(a)
+
+
+def merge_outcomes(bodies: Sequence[Outcome]) -> Outcome:
+    """The one outcome of the bodies certified for one round at one seq (campaign seed 3502
+    round 63: correct agreement replicas split and two bodies were each certified by g+1).
+
+    One distinct body is returned unchanged. Otherwise: awake is the union of the awake
+    sets, convict the union of the convict lists, active the intersection of the active
+    lists, and sleep every id any body names (awake, convict, sleep or active) that is
+    neither convicted nor active; all ascending. The result depends on the set of bodies
+    only, and merging a merge with more bodies equals merging them all at once, so
+    convictions only grow and the active set only shrinks as certificates arrive: acting
+    on each merge in turn never wakes a replica again. Raises ValueError for no bodies,
+    bodies of different services or seqs, or awake sets that are not nested (one contains
+    the other: the rounds of one seq grow their awake set).
+    """
+    if not bodies:
+        raise ValueError("no SHUTDOWN body to merge")
+    first = bodies[0]
+    for b in bodies:
+        if (b.service, b.seq) != (first.service, first.seq):
+            raise ValueError(
+                f"service {b.service} seq {b.seq} merged with service {first.service}"
+                f" seq {first.seq}"
+            )
+    distinct = sorted({(b.awake, b.convict, b.sleep, b.active) for b in bodies})
+    for i, (awake, *_) in enumerate(distinct):
+        for other, *_ in distinct[i + 1 :]:
+            if not _nested(awake, other):
+                raise ValueError(f"awake sets {list(awake)} and {list(other)} are not nested")
+    if len(distinct) == 1:
+        return Outcome(first.service, first.seq, *distinct[0])
+    awake_u = set().union(*(set(d[0]) for d in distinct))
+    convict = set().union(*(set(d[1]) for d in distinct))
+    active = set.intersection(*(set(d[3]) for d in distinct))
+    named = awake_u.union(*(set(d[1]) | set(d[2]) | set(d[3]) for d in distinct))
+    return Outcome(
+        first.service,
+        first.seq,
+        tuple(sorted(awake_u)),
+        tuple(sorted(convict)),
+        tuple(sorted(named - convict - active)),
+        tuple(sorted(active)),
+    )
 
 
 def _decode(raw: bytes, what: str) -> wire.Message:
@@ -292,44 +359,55 @@ MAX_PENDING_PER_SENDER = 16
 class _Tally:
     bodies: dict[bytes, dict[int, bytes]] = field(default_factory=dict)  # body -> sender -> raw
     voted: dict[int, bytes] = field(default_factory=dict)  # sender -> body
+    certified: set[bytes] = field(default_factory=set)  # bodies returned as certificates
+
+
+Round = tuple[int, tuple[int, ...]]  # (seq, awake)
 
 
 class ShutdownCollector:
     """Collects SHUTDOWN votes of one service; ``add`` returns each certificate once.
 
     A round is ``(seq, awake)``. Votes count per identical body; a sender that votes two
-    different bodies for one round raises ``conflicting`` and its first vote stands.
+    different bodies for one round raises ``conflicting`` and its first vote stands. Once
+    a body of a round is certified, votes for it are ``late_votes``, and the round's other
+    bodies go on counting: correct agreement replicas can split so that a second body
+    reaches ``g+1`` too (campaign seed 3502 round 63), and that certificate is returned as
+    well, for the caller to merge (``merge_outcomes``).
     """
 
     def __init__(self, trust: ServiceTrust) -> None:
         self.trust = trust
-        self._pending: dict[tuple[int, tuple[int, ...]], _Tally] = {}
-        self._done: set[tuple[int, tuple[int, ...]]] = set()
-        self.late_votes = 0  # votes for a round already certified (harmless)
+        self._pending: dict[Round, _Tally] = {}  # rounds without a certificate yet
+        self._done: dict[Round, _Tally] = {}  # rounds with one (their votes go on counting)
+        self.late_votes = 0  # votes for a body already certified (harmless)
 
     def add(self, raw: bytes) -> Shutdown | None:
         msg = verify_shutdown_vote(raw, self.trust)
         key = (msg.seq, tuple(msg.awake))
-        if key in self._done:
-            self.late_votes += 1
-            return None
         body = msg.body()
-        tally = self._pending.setdefault(key, _Tally())
+        done = self._done.get(key)
+        tally = done if done is not None else self._pending.setdefault(key, _Tally())
         prev = tally.voted.get(msg.sender)
-        if prev is not None:
-            if prev != body:
-                raise CertError(
-                    "conflicting", f"replica {msg.sender} voted twice for seq {msg.seq}"
-                )
+        if prev is not None and prev != body:
+            raise CertError("conflicting", f"replica {msg.sender} voted twice for seq {msg.seq}")
+        if body in tally.certified:
+            self.late_votes += 1
+            tally.voted.setdefault(msg.sender, body)
             return None
-        self._limit_sender(msg.sender, key)
+        if prev is not None:
+            return None
+        if done is None:
+            # Certified rounds are few (each needs a correct replica's vote): only the
+            # pending ones are bounded per sender.
+            self._limit_sender(msg.sender, key)
         tally.voted[msg.sender] = body
         votes = tally.bodies.setdefault(body, {})
         votes[msg.sender] = bytes(raw)
         if len(votes) < self.trust.g + 1:
             return None
-        del self._pending[key]
-        self._done.add(key)
+        tally.certified.add(body)
+        self._done[key] = self._pending.pop(key, tally)
         signers = tuple(sorted(votes))
         return Shutdown(
             service=msg.service,
@@ -357,7 +435,7 @@ class ShutdownCollector:
         """Drop pending votes and certified rounds below ``seq`` (after a completed
         SHUTDOWN, Freshness rejects them anyway)."""
         self._pending = {k: v for k, v in self._pending.items() if k[0] >= seq}
-        self._done = {k for k in self._done if k[0] >= seq}
+        self._done = {k: v for k, v in self._done.items() if k[0] >= seq}
 
 
 # Rounds acted upon are remembered per service from the last completed SHUTDOWN on; past
@@ -373,6 +451,9 @@ class _ServiceFreshness:
     last_awake: tuple[int, ...] = ()
     last_active: tuple[int, ...] = ()
     floor: int = 0
+    # The outcome acted on at shutdown_seq: its certificate's body, or the merge of the
+    # certificates acted on at that seq (merge_outcomes).
+    outcome: Outcome | None = None
 
 
 class Freshness:
@@ -381,7 +462,10 @@ class Freshness:
     A WAKEUP round ``(seq, awake)`` is acted upon once (``duplicate`` afterwards). A
     WAKEUP or SHUTDOWN at or below the seq of the last completed SHUTDOWN is ``stale``: a
     round is resolved at most once per seq (an undecided round is followed by another
-    round at the same seq over a larger awake set, never by a second SHUTDOWN).
+    round at the same seq over a larger awake set). When correct agreement replicas split,
+    a second body can be certified at that seq: ``merged`` gives the merge of it with the
+    outcome acted on (``outcome``), for controld to act on what it adds
+    (``acted_merge``); the certificate itself stays ``stale``.
 
     A certificate over the awake set of the last SHUTDOWN acted on, which that SHUTDOWN
     changed, is a ``sibling``: the same fault flagged at another seq, where some agreement
@@ -438,9 +522,37 @@ class Freshness:
         s.floor, s.shutdown_seq = s.shutdown_seq, c.seq
         s.last_awake, s.last_active = c.awake, c.active
         s.rounds = {r for r in s.rounds if r[0] > c.seq}
+        s.outcome = c.outcome
 
     def last_shutdown(self, service: int) -> int:
         return self._s.get(service, _ServiceFreshness()).shutdown_seq
+
+    def outcome(self, service: int) -> Outcome | None:
+        """The outcome acted on at the service's last SHUTDOWN seq (None before any)."""
+        s = self._s.get(service)
+        return s.outcome if s is not None else None
+
+    def merged(self, c: Shutdown) -> Outcome | None:
+        """The outcome acted on merged with ``c``, a certificate at that same seq over an
+        awake set nested with the acted outcome's, if the merge convicts, puts to sleep or
+        keeps active other replicas than what was acted on; else None (also for a
+        certificate at a seq the stale floor moved past)."""
+        o = self.outcome(c.service)
+        if o is None or c.seq != o.seq or c.seq != self.last_shutdown(c.service):
+            return None
+        try:
+            m = merge_outcomes([o, c])
+        except ValueError:
+            return None
+        return None if (m.convict, m.sleep, m.active) == (o.convict, o.sleep, o.active) else m
+
+    def acted_merge(self, o: Outcome) -> None:
+        """Record the merged outcome ``o`` of the last SHUTDOWN seq as acted on. The sibling
+        guard keeps the first certificate's awake and active sets."""
+        s = self._svc(o.service)
+        if o.seq != s.shutdown_seq:
+            raise CertError("stale", f"merged seq {o.seq}, last shutdown {s.shutdown_seq}")
+        s.outcome = o
 
     # -- persistence
     def to_json(self) -> str:
@@ -452,6 +564,7 @@ class Freshness:
                     "last_awake": list(s.last_awake),
                     "last_active": list(s.last_active),
                     "floor": s.floor,
+                    **({"outcome": _outcome_json(s.outcome)} if s.outcome is not None else {}),
                 }
                 for svc, s in sorted(self._s.items())
             },
@@ -472,6 +585,7 @@ class Freshness:
                     tuple(int(j) for j in s.get("last_awake", [])),
                     tuple(int(j) for j in s.get("last_active", [])),
                     int(s.get("floor", 0)),
+                    _outcome_from_json(int(svc), int(s["shutdown_seq"]), s.get("outcome")),
                 )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"freshness state: {e}") from e
@@ -488,3 +602,19 @@ class Freshness:
             return cls.from_json(path.read_text())
         except FileNotFoundError:
             return cls()
+
+
+_OUTCOME_LISTS = ("awake", "convict", "sleep", "active")
+
+
+def _outcome_json(o: Outcome) -> dict[str, list[int]]:
+    return {name: list(getattr(o, name)) for name in _OUTCOME_LISTS}
+
+
+def _outcome_from_json(service: int, seq: int, d: Any) -> Outcome | None:
+    """The outcome Freshness persisted for ``seq`` (absent in files written before it
+    was kept: None, no merge for that seq)."""
+    if d is None:
+        return None
+    lists = [tuple(int(j) for j in d[name]) for name in _OUTCOME_LISTS]
+    return Outcome(service, seq, *lists)
