@@ -50,6 +50,12 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 MODES = ("paused", "hibernated", "active")
 
 
+def _lists(o: certs.Outcome) -> str:
+    """`convict [..] sleep [..] active [..]`: how SHUTDOWN log lines give an outcome (zz
+    drill, zz campaign and zz/report.py parse them)."""
+    return f"convict {list(o.convict)} sleep {list(o.sleep)} active {list(o.active)}"
+
+
 class OpError(Exception):
     """An operator request that cannot be served; the message goes into the reply."""
 
@@ -899,6 +905,11 @@ class Daemon:
         try:
             self.freshness.check_shutdown(cert)
         except certs.CertError as e:
+            before = self.freshness.outcome(svc.id)
+            merged = self.freshness.merged(cert) if e.reason == "stale" else None
+            if merged is not None and before is not None:
+                self._merge_shutdown(svc, cert, whole, before, merged)
+                return True
             self._audit("shutdown-certificate", e.reason, cert.votes, None, e, **whole)
             self.counters[f"shutdown_{e.reason}"] += 1
             if e.reason == "sibling" and cert.seq < self.freshness.last_shutdown(svc.id):
@@ -909,15 +920,48 @@ class Daemon:
         self._audit("shutdown-certificate", "acted", cert.votes, None, **whole)
         col.forget_below(cert.seq)
         self.counters["shutdown_accepted"] += 1
-        self._note(f"SHUTDOWN {svc.name} seq {cert.seq} convict {list(cert.convict)} "
-                   f"sleep {list(cert.sleep)} active {list(cert.active)}")  # fmt: skip
-        named = sorted({*cert.convict, *cert.sleep, *cert.active})
+        self._note(f"SHUTDOWN {svc.name} seq {cert.seq} {_lists(cert.outcome)}")
+        self._queue_shutdown(svc, cert.outcome, None)
+        return True
+
+    def _merge_shutdown(
+        self,
+        svc: Service,
+        cert: certs.Shutdown,
+        whole: dict[str, Any],
+        before: certs.Outcome,
+        merged: certs.Outcome,
+    ) -> None:
+        """A second certificate at the seq of the SHUTDOWN acted on, over a nested awake
+        set, with another body: correct agreement replicas split and each body got g+1
+        (campaign seed 3502 round 63). zz-agreed settles on the merge of the two
+        (zz.certs.merge_outcomes), and so does this controld: it acts on what the merge
+        adds to what it acted on, which is only ever more convicted and fewer active."""
+        self.freshness.acted_merge(merged)
+        self.freshness.save(self.freshness_path)
+        lists = {f"merged_{k}": list(getattr(merged, k)) for k in ("convict", "sleep", "active")}
+        self._audit("shutdown-certificate", "merged", cert.votes, None, **whole, **lists)
+        self.counters["shutdown_merged"] += 1
+        self._note(f"SHUTDOWN {svc.name} seq {merged.seq} {_lists(merged)} (merged with"
+                   " another certificate)")  # fmt: skip
+        self._queue_shutdown(svc, merged, before)
+
+    def _queue_shutdown(
+        self, svc: Service, outcome: certs.Outcome, before: certs.Outcome | None
+    ) -> None:
+        """Queue the actions of `outcome` that `before` (the outcome acted on at its seq,
+        None for the first) did not take: newly convicted, newly asleep, newly active."""
+        done = before or certs.Outcome(outcome.service, outcome.seq, (), (), (), ())
+
+        def new(ids: tuple[int, ...], old: tuple[int, ...]) -> list[int]:
+            return [x for x in ids if x not in old]
+
+        named = sorted({*outcome.convict, *outcome.sleep, *outcome.active})
         work = (
-            svc, cert.seq, list(cert.convict), list(cert.sleep), list(cert.active), named,
-            cert.awake,
+            svc, outcome.seq, new(outcome.convict, done.convict), new(outcome.sleep, done.sleep),
+            new(outcome.active, done.active), named, outcome.awake,
         )  # fmt: skip
         self._work.put_nowait(("shutdown", work))
-        return True
 
     def _lower_sibling(self, svc: Service, cert: certs.Shutdown) -> None:
         """A certificate for the round we acted on, at a lower seq: the agreement replicas

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import zfs_pool
 
-from zz import keys, wire
+from zz import audit, keys, wire
 from zz.config import Config, load
 from zz.controld import actions
 from zz.controld import inventory as inv
@@ -499,6 +499,82 @@ async def test_a_spare_woken_for_a_sibling_sleeps_once_the_lower_seq_is_settled(
         await h0.send(*votes)
         assert h0.counters()["shutdown_accepted"] == 1
         assert h0.state(2) == "paused", h0.counters()
+
+
+@pytest.mark.parametrize("order", ["xy", "yx"])
+async def test_two_certificates_for_one_seq_are_merged(rack: Rack, order: str) -> None:
+    """Correct agreement replicas can split so that two bodies for one round are each
+    certified by g+1 (f = 2, campaign seed 3502 round 63: every controld acted on the
+    first, zz-agreed settled on another, and convicted the fresh spare it counted as
+    active). Both act on the merge (zz.certs.merge_outcomes): the f = 1 form here, round
+    (7, [0, 1]) with spare 2 woken, X = convict [1] active [0, 2] (agreement 0 and 1),
+    Y = convict [0] sleep [2] active [1] (2 and 3); merged: convict [0, 1] sleep [2]
+    active []. Whichever comes first, each host ends the same: 0 and 1 destroyed, their
+    state kept aside and fresh spares asleep in their slots, 2 asleep."""
+    x = ([1], [], [0, 2])
+    y = ([0], [2], [1])
+
+    def cert(body: tuple[list[int], list[int], list[int]], by: tuple[int, int]) -> list[bytes]:
+        return [
+            wire.Shutdown(SVC, r, 7, [0, 1], *body).signed(rack.signers[r]).encode() for r in by
+        ]
+
+    first, second = (cert(x, (0, 1)), cert(y, (2, 3)))[:: 1 if order == "xy" else -1]
+    async with nodes(rack, "libvirt", 0, 1, 2) as (h0, h1, h2):
+        assert (await h1.rpc("provision", service="web", index=0, mode="active"))["ok"]
+        assert (await h2.rpc("provision", service="web", index=1, mode="active"))["ok"]
+        assert (await h0.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        svc = rack.config.service("web")
+        old = {}
+        for h, i in ((h1, 0), (h2, 1)):
+            old[i] = h.daemon.inventory.get("web", i).domain
+            (svc.exec_state_dir(rack.config, i) / "marker").write_text(f"evidence {i}")
+        hosts = (h0, h1, h2)
+        for h in hosts:
+            await h.send(rack.valid_wakeup())
+        assert h0.state(2) == "recovering"
+        for h in hosts:
+            await h.send(*first)
+        for h in hosts:
+            c = h.counters()
+            assert c["shutdown_accepted"] == 1 and "shutdown_merged" not in c, c
+        for h in hosts:
+            await h.send(*second)
+        for h, i in ((h1, 0), (h2, 1)):
+            c = h.counters()
+            assert c["shutdown_accepted"] == 1 and c["shutdown_merged"] == 1, c
+            assert c["convicted"] == 1 and c["reprovisioned"] == 1, c
+            rec = h.daemon.inventory.get("web", i)
+            assert rec.state == "paused" and rec.role == "standby"
+            assert rec.domain == old[i] and h.hv.state(rec.domain) == "paused"
+            kept = svc.exec_state_dir(rack.config, i).with_name(f"exec-{i}.forensic-7")
+            assert (kept / "marker").read_text() == f"evidence {i}"
+        assert h0.counters()["shutdown_merged"] == 1
+        assert h0.state(2) == "paused"
+        assert h0.hv.state(h0.daemon.inventory.get("web", 2).domain) == "paused"
+        merged = "SHUTDOWN web seq 7 convict [0, 1] sleep [2] active [] (merged with another"
+        assert any(merged in line for line in h0.daemon.recent), list(h0.daemon.recent)
+        # The merged outcome is kept (freshness.json): a certificate of the follow-up round
+        # at 7 saying the same, or either one again, does nothing more.
+        follow = [
+            wire.Shutdown(SVC, r, 7, [0, 1, 2], [0, 1], [2], []).signed(rack.signers[r]).encode()
+            for r in (0, 1)
+        ]
+        for h in hosts:
+            await h.send(*follow, *first, *second)
+        for h in hosts:
+            c = h.counters()
+            assert c["shutdown_merged"] == 1 and c["shutdown_stale"] == 1, c
+        assert h1.counters()["convicted"] == 1 and h2.counters()["convicted"] == 1
+    # The audit log holds the second certificate, verdict merged, with the merged lists;
+    # it verifies offline.
+    logs = audit.load_hosts(rack.config, "h0")
+    entry = next(e for e in logs[0].scan.entries if e.verdict == "merged")
+    assert entry.kind == "shutdown-certificate" and entry.messages == tuple(second)
+    assert [entry.header[f"merged_{k}"] for k in ("convict", "sleep", "active")] == [
+        [0, 1], [2], [],
+    ]  # fmt: skip
+    assert not [f for f in audit.verify_logs(rack.config, logs).findings if f.level == "error"]
 
 
 # ---- restart ----------------------------------------------------------------------------

@@ -116,6 +116,10 @@ def test_controld_lines_become_structured_entries() -> None:
     assert [(x.host, x.seq, x.convict, x.sleep, x.active) for x in r.shut_down] == [
         (h, 41, [0], [], [1, 2]) for h in ("h1", "h3", "h2")
     ]
+    # A second certificate at that seq, merged with the first (docs/controld.md, SHUTDOWN).
+    merged = "h1: SHUTDOWN kv0 seq 41 convict [0, 1] sleep [2] active [] (merged with another"
+    (m,) = rp.ShutDown.from_lines([(1.2, merged + " certificate)")])
+    assert (m.seq, m.convict, m.sleep, m.active) == (41, [0, 1], [2], [])
     (spare,) = r.spares_restored
     assert (spare.who, spare.mode, spare.domain, spare.t_s) == (
         "kv0/0",

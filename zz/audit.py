@@ -52,7 +52,7 @@ _U32 = struct.Struct(">I")
 AUTHENTIC = {
     "wakeup": {"acted", "duplicate", "stale", "sibling"},
     "shutdown": {"vote", "late"},
-    "shutdown-certificate": {"acted", "stale", "sibling"},
+    "shutdown-certificate": {"acted", "merged", "stale", "sibling"},
     "spare-ready": {"sent"},
 }
 # Refusals of messages that may well verify: the round was seen already, or the message
@@ -63,8 +63,15 @@ NOT_ABOUT_SIGNATURES = {"conflicting", "duplicate", "stale", "sibling", "unexpec
 ACTING = {
     ("wakeup", "acted"),
     ("shutdown-certificate", "acted"),
+    ("shutdown-certificate", "merged"),
     ("spare-ready", "sent"),
     ("action", "done"),
+}
+# Certificates acted on (the events of `zz audit verify --json`).
+CERTIFICATES_ACTED = {
+    ("wakeup", "acted"),
+    ("shutdown-certificate", "acted"),
+    ("shutdown-certificate", "merged"),
 }
 
 
@@ -605,6 +612,10 @@ def describe(e: Entry) -> list[str]:
     if e.kind == "shutdown-certificate":
         signed = ", ".join(_who(s) for s in h.get("signers", []))
         tail = "" if v == "acted" else f" ({v}: not acted on again)"
+        if v == "merged":
+            tail = (f" (merged with the outcome acted on at that seq: convict"
+                    f" {_xs(h.get('merged_convict'))}, sleep {_xs(h.get('merged_sleep'))},"
+                    f" active {_xs(h.get('merged_active'))})")  # fmt: skip
         return [f"SHUTDOWN certificate seq {seq}, round awake [{_xs(h.get('awake'))}], signed by"
                 f" {signed}: convict {_xs(h.get('convict'))}, sleep {_xs(h.get('sleep'))},"
                 f" active {_xs(h.get('active'))}{tail}"]  # fmt: skip
@@ -763,7 +774,7 @@ def verify_logs(config: Config, logs: Sequence[HostLog]) -> VerifyResult:
             key = f"{e.kind} {e.verdict}".strip()
             result.tally[key] = result.tally.get(key, 0) + 1
             base = {"n": e.n, "time": e.time, "kind": e.kind, "verdict": e.verdict}
-            if (e.kind, e.verdict) in {("wakeup", "acted"), ("shutdown-certificate", "acted")}:
+            if (e.kind, e.verdict) in CERTIFICATES_ACTED:
                 sid = e.header.get("service")
                 check.events.append(
                     {**base, "service": _service_name(trust, sid), "lines": describe(e),

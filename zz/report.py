@@ -198,7 +198,8 @@ class Woken(Entry):
 @dataclass
 class ShutDown(Entry):
     """`SHUTDOWN S seq N convict [..] sleep [..] active [..]`: a controld acted on a
-    SHUTDOWN certificate (each host that received it logs it)."""
+    SHUTDOWN certificate (each host that received it logs it); with `(merged with another
+    certificate)` after it, on the merge of two certified at that seq (docs/controld.md)."""
 
     service: str = ""
     seq: int = 0
@@ -207,7 +208,8 @@ class ShutDown(Entry):
     active: list[int] = field(default_factory=list)
 
     PATTERN = re.compile(
-        r"SHUTDOWN (\S+) seq (\d+) convict \[([\d, ]*)\] sleep \[([\d, ]*)\] active \[([\d, ]*)\]$"
+        r"SHUTDOWN (\S+) seq (\d+) convict \[([\d, ]*)\] sleep \[([\d, ]*)\] active \[([\d, ]*)\]"
+        r"( \(merged with another certificate\))?$"
     )
 
     @classmethod
