@@ -15,6 +15,7 @@ from pathlib import Path
 from tests.cluster import SERVICE_ID, Cluster
 from tests.test_agreement_log import _secret
 from tests.test_agreement_window import _order_until, _send_all
+from tests.test_sibling_rounds import _send, _sign_key
 from zz import certs, wire
 from zz.ports import free_port
 
@@ -235,3 +236,55 @@ def test_a_body_that_came_before_the_round_closed_undecided_still_counts(
             ),
             what="0 and 2 convicted everywhere, no round open",
         )
+
+
+def test_two_certified_outcomes_of_one_round_are_merged(tmp_path: Path) -> None:
+    """Correct agreement replicas can split so that two different outcomes of one round are
+    each certified by g+1 (campaign seed 3502 round 63: replica 1 equivocated to agreement
+    replicas 0 and 3 while 3 was faulty too; 0 and 3 certified convict [1, 3], 1 and 2
+    convict [3] sleep [2]). Every controld acted on the first certificate it completed and
+    destroyed 1; the agreement replicas ended on the smaller body, counted 1's fresh spare
+    awake and convicted it for silence. Both sides now take the merged outcome
+    (zz/certs.py merge_outcomes): the union of the convictions, active only who every
+    certificate keeps active. Here 0 and 1 certify the round's real outcome (convict [1],
+    active [0, 2, 3]); the test signs another as agreement replicas 2 and 3 (convict
+    [1, 2], active [0, 3]); every replica must end on convict [1, 2], active [0, 3]."""
+    with _f2_cluster(tmp_path) as (c, _, _):
+        _send_all(c, _reports(c, {0: P, 1: Q, 2: P}))
+        _order_until(c, SEQ)
+        c.wait_for(
+            lambda: all(s["fault_round_open"] and 3 in s["exec_awake"] for s in c.stats_all()),
+            what="a round at SEQ that woke 3",
+        )
+        _send_all(c, _reports(c, {3: P}))
+        c.wait_for(
+            lambda: all(
+                s["exec_convicted"] == [1] and s["exec_awake"] == [0, 2, 3]
+                for s in c.stats_all()
+            ),
+            what="1 convicted everywhere, 0, 2 and 3 active",
+        )
+        kd = c.dir / "keys"
+        other = [
+            wire.Shutdown(SERVICE_ID, r, SEQ, [0, 1, 2], [1, 2], [], [0, 3])
+            .signed(_sign_key(kd, r))
+            .encode()
+            for r in (2, 3)
+        ]
+        for r in range(c.n):
+            _send(c.port(r), *other)
+        c.wait_for(
+            lambda: all(
+                s["exec_convicted"] == [1, 2] and s["exec_awake"] == [0, 3]
+                and s["exec_sleeping"] == [4] and s["shutdowns_merged"] == 1
+                for s in c.stats_all()
+            ),
+            what="the merged outcome everywhere: convict [1, 2], active [0, 3]",
+        )
+        trust = certs.ServiceTrust.load(kd, c.service)
+        collector = certs.ShutdownCollector(trust)
+        real = [wire.Shutdown(SERVICE_ID, r, SEQ, [0, 1, 2], [1], [], [0, 2, 3])
+                .signed(_sign_key(kd, r)).encode() for r in (0, 1)]  # fmt: skip
+        got = [x for x in (collector.add(v) for v in [*real, *other]) if x is not None]
+        merged = certs.merge_outcomes(got)
+        assert (merged.convict, merged.sleep, merged.active) == ((1, 2), (), (0, 3)), merged

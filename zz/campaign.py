@@ -106,13 +106,6 @@ KNOWN_OPEN_SEQUENCES: dict[str, str] = {
     " but none of the next ones within the timer once the round was decided, and was"
     " convicted; its runtime's log is lost, cause not confirmed (not seen since; a state"
     " hole like seed 3402 round 53's, now excluded by runtime_problems, would explain it)",
-    "split-outcome": "f = 2, one replica equivocating to two agreement replicas while"
-    " another signs wrong checkpoints (seed 3502 round 63): the agreement replicas that saw"
-    " the lies certified convict [1, 3], the two that did not certified convict [3] sleep"
-    " [2]; every controld acted on the first, every agreement replica kept the second (the"
-    " smaller body), so they counted the fresh spare of 1 as awake, timed it out and"
-    " convicted it at the next seq (a false conviction of a correct spare; service and"
-    " cost recovered within the round). Two outcomes certified by g+1 each for one round",
 }
 # What tests/test_campaign.py runs: behaviours today's code handles.
 TESTED = ("wrong-reply", "slow", "crash-before-checkpoint", "corrupt-snapshot")
