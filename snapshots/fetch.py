@@ -253,8 +253,14 @@ class StateFetcher:
 
         Returns True if this call (or a concurrent one) had to fetch it. Blocks while
         another thread fetches the same file."""
-        self._last_foreground = time.monotonic()
-        return self._ensure(rel, foreground=True)
+        fetched = self._ensure(rel, foreground=True)
+        # Only a fetch makes the background step aside: the app calls this for every file
+        # it touches, and under steady load the background never ran (a woken spare took
+        # 24 s for 4 files in the short campaign, and stayed in recovery, where one more
+        # fault can leave no replica with the whole state, that long).
+        if fetched:
+            self._last_foreground = time.monotonic()
+        return fetched
 
     def ensure_under(self, rel: str) -> int:
         """ensure() every pending file at or below `rel` (a rename of a directory)."""
