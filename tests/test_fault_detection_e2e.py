@@ -15,7 +15,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,7 @@ def _start(
     controld_up: bool = True,
     cp: int = CP,
     f: int = 1,
+    before_execs: Callable[[Cluster], None] | None = None,
 ) -> Iterator[FaultRig]:
     for attempt in range(20):
         cluster = Cluster(
@@ -193,6 +194,8 @@ def _start(
         if controld_up:
             rig.controld.start(cluster.control_port)
         cluster.start()
+        if before_execs is not None:  # e.g. what sits between a runtime and the cluster
+            before_execs(cluster)
         for i in range(svc.n_exec):
             execs.start(i)
         for i in range(svc.n_exec):
