@@ -36,6 +36,7 @@ from zz.execution.recovery import (
 from zz.execution.registry import create_app
 from zz.execution.replycache import PATH as REPLIES_PATH
 from zz.execution.replycache import ReplyCache
+from zz.execution.reports import SentReports
 from zz.execution.state import StateDir
 from zz.link import Link
 from zz.snapshots import checkpoint_name
@@ -176,6 +177,9 @@ class Runtime:
         )
         self.collector = CommitCollector(service.n, service.g, opts.window)
         self.replies = ReplyCache()
+        # The newest EXEC-REPORTs, sent again on every fresh connection to an agreement
+        # replica: one lost on a link that broke would show this replica silent there.
+        self.sent_reports = SentReports(service.n, config.rack.log_window)
         self.counters: Counter[str] = Counter()
         fault_file = self.state_dir / FAULT_FILE if opts.drill_faults else None
         self.faults = DrillFaults(self, opts.inject_fault, fault_file)
@@ -418,8 +422,19 @@ class Runtime:
         # Registration (FETCH kind 3) must be re-sent after every reconnect: the agreement
         # replica forgets the connection, and with it where to push EXEC-COMMITs.
         if link.peer < wire.PRINCIPAL_EXEC:
-            return [self._fetch_msg(link.peer), *self.ckpt.latest_msgs()]
+            return [self._fetch_msg(link.peer), *self.ckpt.latest_msgs(), *self._resend(link.peer)]
         return self.ckpt.latest_msgs()
+
+    def _resend(self, r: int) -> list[bytes]:
+        """The kept EXEC-REPORTs agreement replica `r` may have missed while the link was
+        down or breaking (execution/reports.py), each with its one MAC for `r`. One it
+        already holds changes nothing there (docs/fault-detection.md)."""
+        out = [
+            rep.with_macs({r: self.agree_keys[r]}).encode()
+            for rep in self.sent_reports.for_replica(r)
+        ]
+        self.counters["reports_resent"] += len(out)
+        return out
 
     def on_link_frame(self, link: _Link, raw: bytes) -> None:
         if link.peer >= wire.PRINCIPAL_EXEC:
@@ -460,6 +475,7 @@ class Runtime:
             self.counters["bad_log"] += 1
             return
         self.counters["fetch_replies"] += 1
+        self.sent_reports.stable_at(m.sender, m.seq)  # it needs no report at or below it
         self.vouches.offer(
             m.sender, certified_through, (e.seq for e in entries), above=self.last_executed
         )
@@ -659,6 +675,7 @@ class Runtime:
                         rep = wire.ExecReport.of(self.svc.id, self.me, cert.seq, refs)
                         if not self.faults.report(cert.seq, rep):
                             self._send_agreement(rep.with_macs(self.agree_keys).encode())
+                            self.sent_reports.add(rep)
                     self.counters["batches_executed"] += 1
                     if c is not None:
                         self.ckpt.announce(cert.seq, c, self.sign_key)
@@ -1113,6 +1130,7 @@ class Runtime:
             "agreement_links_answered": sum(1 for link in self._links if link.up and link.answered),
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
+            "reports_kept": len(self.sent_reports),
             "counters": dict(sorted(self.counters.items())),
             "certificates": dict(sorted(self.collector.dropped.items())),
             "recovery": dict(self.recovery),
