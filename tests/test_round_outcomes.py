@@ -102,6 +102,25 @@ def _reports(
     return {r: [_report(c, i, rep, r) for i, rep in rows.items()] for r in to}
 
 
+def _liar_round(c: Cluster) -> None:
+    """Replica 1 answers wrongly at SEQ; spare 3 is woken and reports right; the round
+    convicts 1 everywhere and keeps 0, 2 and 3 active."""
+    # Reports before the seq is ordered: judged at dispatch, no deadline race.
+    _send_all(c, _reports(c, {0: P, 1: Q, 2: P}))
+    _order_until(c, SEQ)
+    c.wait_for(
+        lambda: all(s["fault_round_open"] and 3 in s["exec_awake"] for s in c.stats_all()),
+        what="a round at SEQ that woke 3",
+    )
+    _send_all(c, _reports(c, {3: P}))
+    c.wait_for(
+        lambda: all(
+            s["exec_convicted"] == [1] and s["exec_awake"] == [0, 2, 3] for s in c.stats_all()
+        ),
+        what="1 convicted everywhere, 0, 2 and 3 active",
+    )
+
+
 def test_every_controld_learns_a_rounds_outcome(tmp_path: Path) -> None:
     """Replica 1 answers wrongly at SEQ; spare 3 is woken, 1 convicted. Spare 4 sleeps
     through the round, and its host's controld must still get the SHUTDOWN certificate: its
@@ -111,18 +130,7 @@ def test_every_controld_learns_a_rounds_outcome(tmp_path: Path) -> None:
     saw, for such a sibling and never woke 4; the round never closed (campaign seed 3202
     round 14)."""
     with _f2_cluster(tmp_path) as (c, h0, h1):
-        # Reports before the seq is ordered: judged at dispatch, no deadline race.
-        _send_all(c, _reports(c, {0: P, 1: Q, 2: P}))
-        _order_until(c, SEQ)
-        c.wait_for(
-            lambda: all(s["fault_round_open"] and 3 in s["exec_awake"] for s in c.stats_all()),
-            what="a round at SEQ that woke 3",
-        )
-        _send_all(c, _reports(c, {3: P}))
-        c.wait_for(
-            lambda: all(s["exec_convicted"] == [1] for s in c.stats_all()),
-            what="1 convicted everywhere",
-        )
+        _liar_round(c)
         trust = certs.ServiceTrust.load(c.dir / "keys", c.service)
         for host, listener in (("h0", h0), ("h1", h1)):
             collector = certs.ShutdownCollector(trust)
@@ -250,20 +258,7 @@ def test_two_certified_outcomes_of_one_round_are_merged(tmp_path: Path) -> None:
     active [0, 2, 3]); the test signs another as agreement replicas 2 and 3 (convict
     [1, 2], active [0, 3]); every replica must end on convict [1, 2], active [0, 3]."""
     with _f2_cluster(tmp_path) as (c, _, _):
-        _send_all(c, _reports(c, {0: P, 1: Q, 2: P}))
-        _order_until(c, SEQ)
-        c.wait_for(
-            lambda: all(s["fault_round_open"] and 3 in s["exec_awake"] for s in c.stats_all()),
-            what="a round at SEQ that woke 3",
-        )
-        _send_all(c, _reports(c, {3: P}))
-        c.wait_for(
-            lambda: all(
-                s["exec_convicted"] == [1] and s["exec_awake"] == [0, 2, 3]
-                for s in c.stats_all()
-            ),
-            what="1 convicted everywhere, 0, 2 and 3 active",
-        )
+        _liar_round(c)
         kd = c.dir / "keys"
         other = [
             wire.Shutdown(SERVICE_ID, r, SEQ, [0, 1, 2], [1, 2], [], [0, 3])
