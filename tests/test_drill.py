@@ -467,9 +467,9 @@ def _args(kind: str, config: Config, out: Path, **kw: object) -> argparse.Namesp
         zh.lincheck_binary()
     ns = argparse.ArgumentParser()
     drill.add_arguments(ns)
-    # The watch ends 3 s after the fault is handled: what follows is the same rack idling.
-    a = ns.parse_args([kind, str(config.path), "--before", "3", "--after", "8",
-                       "--after-recovery", "3", "--out", str(out)])  # fmt: skip
+    # The watch ends 2 s after the fault is handled: what follows is the same rack idling.
+    a = ns.parse_args([kind, str(config.path), "--before", "2", "--after", "8",
+                       "--after-recovery", "2", "--out", str(out)])  # fmt: skip
     for k, v in kw.items():
         setattr(a, k, v)
     return a
