@@ -165,7 +165,8 @@ def _order(c: Cluster, ops: list[bytes], client: int = 7) -> None:
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("policy", ["fsync", "write"])
+# The write policy differs from fsync only in the sync call; its kill run (17 s) is `long`.
+@pytest.mark.parametrize("policy", ["fsync", pytest.param("write", marks=pytest.mark.long)])
 def test_replica_killed_under_load_restarts_from_its_log_and_keeps_ordering(
     tmp_path: Path, policy: str
 ) -> None:

@@ -384,6 +384,9 @@ from test_images import _all_domains, _answers, _wait_ok, image  # noqa: E402, F
 
 
 @pytest.mark.slow
+# `long`: the same interface drives real guests in test_controld_libvirt_vms.py and
+# test_controld_daemon.py::test_real_guest_wakeup on every run.
+@pytest.mark.long
 def test_real_guest_through_the_interface(request: pytest.FixtureRequest) -> None:
     pytest.importorskip("libvirt")
     img = request.getfixturevalue("image")  # test_images' fixture: builds or skips

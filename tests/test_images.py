@@ -196,6 +196,9 @@ def conn() -> Iterator[object]:
 
 
 @pytest.mark.slow
+# `long`: controld's real-guest tests (test_controld_daemon.py, test_controld_libvirt_vms.py)
+# boot, pause and resume the same image through the product's code on every run.
+@pytest.mark.long
 def test_guest_boots_suspends_resumes(image, conn) -> None:  # type: ignore[no-untyped-def]
     import libvirt
 
