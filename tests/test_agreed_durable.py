@@ -320,26 +320,27 @@ def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(tmp_path
 
         before: dict[int, bytes] = {}
         asyncio.run(run())
-        assert len(acked) > 20 and len(before) > 5
-        assert max(before) < 1024  # all above the stable checkpoint (0), before and after
+        assert len(acked) > 20 and len(before) > 5, (len(acked), len(before))
+        # all above the stable checkpoint (0), before and after
+        assert max(before) < 1024, max(before)
         for r in range(4):
             _start(c, r)
         # Ordering resumes from what the logs kept.
         _order(c, [b"after-%d" % i for i in range(5)], client=20)
         c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=30, what="same state")
         stats = c.stats_all()
-        assert all(s["wal"]["recovered_records"] > 0 for s in stats)
+        assert all(s["wal"]["recovered_records"] > 0 for s in stats), [s["wal"] for s in stats]
         assert all(s["state_transfers"] == 0 for s in stats), c.summary()
         logs = [_fetch_log(c, r) for r in range(4)]
         for r in range(4):
             # No seq committed before the crash holds another batch after it.
             for seq, digest in before.items():
-                assert logs[r].get(seq) == digest, (r, seq)
-            assert logs[r] == logs[0]
+                assert logs[r].get(seq) == digest, (r, seq, sorted(logs[r])[:3], c.summary())
+            assert logs[r] == logs[0], (r, sorted(set(logs[r]) ^ set(logs[0]))[:10], c.summary())
         # Every acknowledged request is in the log, exactly once, at a seq the replicas agree on.
         ops = _ops_in_log(c, 0)
         missing = [op for op in acked if op not in ops]
-        assert not missing, missing[:5]
+        assert not missing, (len(missing), missing[:5], c.summary())
 
 
 def test_a_data_dir_holding_another_replicas_log_is_refused(tmp_path: Path) -> None:
