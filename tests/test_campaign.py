@@ -250,7 +250,11 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
         assert not rackctl.rack_leftovers(load(d / "rack.toml"))
 
 
+# `long`: the zz-agreed side of the same finding is
+# tests/test_key_epochs.py::test_a_restart_takes_the_announced_key_of_a_slot_not_convicted_here,
+# in the default run; this one replays it through a whole campaign rack (14 s).
 @pytest.mark.slow
+@pytest.mark.long
 @needs_agreed
 @pytest.mark.skipif(not AGREED.exists(), reason=f"no zz-agreed at {AGREED}")
 def test_a_slot_re_keyed_before_a_restart_is_not_convicted_after_it(tmp_path: Path) -> None:

@@ -492,6 +492,21 @@ def up_rack(tmp_path: Path) -> Iterator[Config]:
         for pid in leftovers(config):
             os.kill(pid, signal.SIGKILL)
 
+@pytest.fixture(scope="module")
+def client_drill_rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
+    """One rack for the client drills that wake and convict nobody (slow-reader, mac-split,
+    big-request): each leaves the membership as it found it and measures against its own
+    quiet phase, and bringing a rack up and down costs ~7 s each time."""
+    config = load(write_rack(tmp_path_factory.mktemp("client-drills")))
+    try:
+        rackctl.up(config, overrides=OVERRIDES)
+        yield config
+    finally:
+        rackctl.down(config)
+        for pid in leftovers(config):
+            os.kill(pid, signal.SIGKILL)
+
+
 def assert_recovered(r: rp.DrillReport) -> None:
     """Every check of the drill held (no reason to FAIL). DEGRADED (throughput after
     recovery under half of before) is a measurement of the machine's load at that moment;
@@ -541,12 +556,12 @@ def test_client_flood_then_primary_drill(up_rack: Config, tmp_path: Path) -> Non
 @pytest.mark.slow
 @needs_agreed
 @needs_go
-def test_slow_reader_drill(up_rack: Config, tmp_path: Path) -> None:
+def test_slow_reader_drill(client_drill_rack: Config, tmp_path: Path) -> None:
     """A client that never reads its replies, on three connections to every agreement
     replica: honest kv clients stay within the drill's bounds of their quiet throughput and
     p99 latency, no replica's RSS grows more than 32 MiB, and every replica drops the slow
     reader's connections (issue 15 item 4)."""
-    r = _run(up_rack, "slow-reader", tmp_path)
+    r = _run(client_drill_rack, "slow-reader", tmp_path)
     assert_recovered(r)
     sent = r.details["slow_reader"]["sent"]
     assert sent["bytes"] > 64 << 20, sent  # more than one replica's old per-connection bound
@@ -561,11 +576,11 @@ def test_slow_reader_drill(up_rack: Config, tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_agreed
 @needs_go
-def test_mac_split_drill(up_rack: Config, tmp_path: Path) -> None:
+def test_mac_split_drill(client_drill_rack: Config, tmp_path: Path) -> None:
     """A client whose requests authenticate at the backups but not at the primary (and their
     signed copies with a wrong signature): no view change, honest kv clients within the
     drill's bounds of their quiet throughput and p99 latency (issue 15 item 5)."""
-    r = _run(up_rack, "mac-split", tmp_path)
+    r = _run(client_drill_rack, "mac-split", tmp_path)
     assert_recovered(r)
     sent = r.details["mac_split"]["sent"]
     assert sent["mac_split"] > 100 and sent["bad_signature"] > 50, sent
@@ -580,13 +595,13 @@ def test_mac_split_drill(up_rack: Config, tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_agreed
 @needs_go
-def test_big_request_drill(up_rack: Config, tmp_path: Path) -> None:
+def test_big_request_drill(client_drill_rack: Config, tmp_path: Path) -> None:
     """A client sending, twice a second, a request over the service's request limit (one
     byte over, 4 MiB, just under 16 MiB) to every agreement replica and a PUT just under the
     limit: no view change, every oversized request refused by every replica with REJECTED
     replies, the ones under it answered, honest kv clients within the drill's bounds
     (issue 15 item 1)."""
-    r = _run(up_rack, "big-request", tmp_path)
+    r = _run(client_drill_rack, "big-request", tmp_path)
     assert_recovered(r)
     big = r.details["big_request"]
     sent = big["sent"]

@@ -179,13 +179,19 @@ def f2_rig(tmp_path: Path) -> Iterator[FaultRig]:
     yield from _start(tmp_path, {}, TIMERS, cp=CP, f=2)
 
 
+# `long`: tests/test_drill.py::test_execution_fault_drill[crash-0] crashes a replica at the
+# same phase through the real controld on every run; this one only prints what it saw.
 @pytest.mark.slow
+@pytest.mark.long
 @needs_go
 def test_crash_right_after_a_checkpoint(f1_rig: FaultRig) -> None:
     print(_drill(f1_rig, faulty=1, spare=2, fault="crash", phase=0))
 
 
+# `long`: tests/test_drill.py::test_execution_fault_drill[wrong-reply-31] lies one seq before
+# a checkpoint through the real controld on every run; this one only prints what it saw.
 @pytest.mark.slow
+@pytest.mark.long
 @needs_go
 def test_wrong_reply_right_before_the_next_checkpoint(f1_rig: FaultRig) -> None:
     print(_drill(f1_rig, faulty=1, spare=2, fault="wrong-reply", phase=CP - 2))
