@@ -481,6 +481,13 @@ def zfs_rack(tmp_path: Path) -> Iterator[Config]:
         yield config
 
 
+def rack_down(config: Config) -> None:
+    """Take a test's rack down and kill whatever of it survived (a failed test's too)."""
+    rackctl.down(config)
+    for pid in leftovers(config):
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def up_rack(tmp_path: Path) -> Iterator[Config]:
     config = load(write_rack(tmp_path))
@@ -488,9 +495,7 @@ def up_rack(tmp_path: Path) -> Iterator[Config]:
         rackctl.up(config, overrides=OVERRIDES)
         yield config
     finally:
-        rackctl.down(config)
-        for pid in leftovers(config):
-            os.kill(pid, signal.SIGKILL)
+        rack_down(config)
 
 def assert_recovered(r: rp.DrillReport) -> None:
     """Every check of the drill held (no reason to FAIL). DEGRADED (throughput after
@@ -548,9 +553,7 @@ def short_timeouts_rack(tmp_path: Path) -> Iterator[Config]:
         rackctl.up(config, overrides=OVERRIDES | HALF_FRAMES_OVERRIDES)
         yield config
     finally:
-        rackctl.down(config)
-        for pid in leftovers(config):
-            os.kill(pid, signal.SIGKILL)
+        rack_down(config)
 
 
 HALF_FRAMES_OVERRIDES = {"frame_timeout_ms": 2000, "unauth_timeout_ms": 3000}
@@ -673,9 +676,7 @@ def test_byzantine_host_drill(tmp_path: Path) -> None:
         assert {"kv0/1", "kv1/0"} <= {c.who for c in r.convicted}, r.convicted
         assert {"kv0/2", "kv1/2"} <= {w.who for w in r.woken}, r.woken
     finally:
-        rackctl.down(config)
-        for pid in leftovers(config):
-            os.kill(pid, signal.SIGKILL)
+        rack_down(config)
 
 
 @pytest.mark.slow

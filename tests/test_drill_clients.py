@@ -6,16 +6,14 @@
 # failed).
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_drill import OVERRIDES, _run, assert_recovered, needs_go
+from tests.test_drill import OVERRIDES, _run, assert_recovered, needs_go, rack_down
 from tests.test_execution_runtime import needs_agreed
-from tests.test_rackctl import leftovers, write_rack
+from tests.test_rackctl import write_rack
 from zz import rackctl
 from zz.config import Config, load
 
@@ -30,9 +28,7 @@ def client_drill_rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Conf
         rackctl.up(config, overrides=OVERRIDES)
         yield config
     finally:
-        rackctl.down(config)
-        for pid in leftovers(config):
-            os.kill(pid, signal.SIGKILL)
+        rack_down(config)
 
 
 @pytest.mark.slow
