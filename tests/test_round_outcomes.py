@@ -182,21 +182,28 @@ def test_the_follow_up_rounds_certificate_is_adopted(tmp_path: Path) -> None:
         assert c.stats(1)["shutdowns_adopted_over_own"] == 1, c.stats(1)
 
 
+def _two_liars_woke_3(c: Cluster) -> None:
+    """Replicas 0 and 2 equivocate at SEQ with the same wrong digest to agreement replicas
+    0 and 2; 1 and 3 see every report right. The round at SEQ wakes 3 everywhere."""
+    _send_all(c, _reports(c, {0: Q, 1: P, 2: Q}, to=[0, 2]))
+    _send_all(c, _reports(c, {0: P, 1: P, 2: P}, to=[1, 3]))
+    _order_until(c, SEQ)
+    c.wait_for(
+        lambda: all(3 in s["exec_awake"] for s in c.stats_all()),
+        what="the round at SEQ woke 3 everywhere",
+    )
+
+
 def test_a_certified_round_wins_over_its_certified_follow_up(tmp_path: Path) -> None:
     """As above, but agreement replica 3 is up and, like 1, saw every report right: 1 and 3
     decide the first round (convict 0 and 2, active 1 and 3), a certificate of two, while
     0 and 2 close it undecided and go on over [0, 1, 2, 3]. Their bodies for the first
     round reach 0 and 2 after that (their awake set is larger now) and must still count;
-    two certified outcomes of one seq end on the same one everywhere, the lower body (the
-    first round's), and the spare only the follow-up woke (4) goes back to sleep."""
+    two certified outcomes of one seq end on the same merged one everywhere (both convict
+    0 and 2; only 1 and 3 are active in both), and the spare only the follow-up woke (4)
+    goes back to sleep."""
     with _f2_cluster(tmp_path) as (c, _, _):
-        _send_all(c, _reports(c, {0: Q, 1: P, 2: Q}, to=[0, 2]))
-        _send_all(c, _reports(c, {0: P, 1: P, 2: P}, to=[1, 3]))
-        _order_until(c, SEQ)
-        c.wait_for(
-            lambda: all(3 in s["exec_awake"] for s in c.stats_all()),
-            what="the round at SEQ woke 3 everywhere",
-        )
+        _two_liars_woke_3(c)
         _send_all(c, _reports(c, {3: P}))
         c.wait_for(
             lambda: all(
@@ -217,13 +224,7 @@ def test_a_body_that_came_before_the_round_closed_undecided_still_counts(
     alone was never a certificate at 0 and 2, and their round stayed open (seen in CI as a
     flaky run of the test above)."""
     with _f2_cluster(tmp_path) as (c, _, _):
-        _send_all(c, _reports(c, {0: Q, 1: P, 2: Q}, to=[0, 2]))
-        _send_all(c, _reports(c, {0: P, 1: P, 2: P}, to=[1, 3]))
-        _order_until(c, SEQ)
-        c.wait_for(
-            lambda: all(3 in s["exec_awake"] for s in c.stats_all()),
-            what="the round at SEQ woke 3 everywhere",
-        )
+        _two_liars_woke_3(c)
         _send_all(c, _reports(c, {3: P}, to=[1]))
         c.wait_for(
             lambda: all(
