@@ -415,6 +415,31 @@ def test_open_rounds_need_g_plus_1_agreement_replicas(tmp_path: Path) -> None:
     assert drill.open_rounds(obs) == {kv0.name}
 
 
+def test_a_fresh_spare_woken_by_a_later_round_is_not_awaited(tmp_path: Path) -> None:
+    """A convicted slot's fresh spare is awaited until the agreement replicas count it
+    asleep; once a later round woke it (seed 3602, f = 2, rounds 2 and 8: convicted at
+    one seq, woken at the next) it is awake and the rack is ready again."""
+    from zz.drill.observe import Event
+
+    config = load(write_rack(tmp_path))
+    kv = config.services[0]
+    obs = drill.Observer(config, [kv])
+    obs.events = [
+        Event(1, "controld h1", "SHUTDOWN kv0 seq 1576 convict [0] sleep []"),
+        Event(2, "controld h1", "provisioned kv0/0 paused (zz-rt-kv0-x0)"),
+    ]
+    view = {"exec_awake": [1, 2], "exec_sleeping": [], "exec_convicted": [0]}
+    obs.agreed = {f"{kv.name}/agreed-{r}": dict(view) for r in range(kv.n)}
+    assert drill.awaiting_spares(obs) == {"kv0/0"}
+    for d in obs.agreed.values():
+        d.update(exec_sleeping=[0], exec_convicted=[])
+    assert drill.awaiting_spares(obs) == set()
+    for d in obs.agreed.values():  # the next round woke it and convicted 2
+        d.update(exec_awake=[0, 1], exec_sleeping=[], exec_convicted=[2])
+    obs.events.append(Event(3, "controld h3", "provisioned kv0/2 paused (zz-rt-kv0-x2)"))
+    assert drill.awaiting_spares(obs) == set()
+
+
 async def test_guestbook_load_connection_keeps_alive_and_reopens() -> None:
     """The HTTP load's client (zz/http.py ClientConnection, zz/drill/load.py): requests
     share one connection until the server says Connection: close, then a new one opens; a

@@ -194,7 +194,9 @@ def awaiting_spares(obs: Observer) -> set[str]:
     """ "svc/i" convicted by a SHUTDOWN some controld acted on whose fresh spare is not
     provisioned yet (a host re-provisions its convicted replicas one after the other), or
     not yet back in the agreement replicas' sleeping set (its SPARE-READY is sent once the
-    guest is paused; until they have it, a next fault could not wake it)."""
+    guest is paused; until they have it, a next fault could not wake it). A fresh spare
+    that a later round woke is awake, not awaited: counting it kept the campaign waiting
+    for a slot that was serving (seed 3602, f = 2, rounds 2 and 8)."""
     convicted = set()
     for _, line in obs.lines(r"^SHUTDOWN \S+ seq \d+ convict \["):
         m = re.search(r"SHUTDOWN (\S+) seq \d+ convict \[([\d, ]*)\]", line)
@@ -206,16 +208,17 @@ def awaiting_spares(obs: Observer) -> set[str]:
         if (m := re.search(r"provisioned (\S+) ", line))
     }
     # Services whose zz-agreed reports its sleeping set (fault detection on), and it.
-    watched, asleep = set(), set()
+    watched, placed = set(), set()
     for name, d in obs.agreed.items():
         if "exec_sleeping" in d:
             svc = name.split("/agreed-", 1)[0]
             watched.add(svc)
-            asleep |= {f"{svc}/{i}" for i in d.get("exec_sleeping") or []}
+            for key in ("exec_sleeping", "exec_awake"):
+                placed |= {f"{svc}/{i}" for i in d.get(key) or []}
     return {
         c
         for c in convicted
-        if c not in restored or (c.split("/", 1)[0] in watched and c not in asleep)
+        if c not in restored or (c.split("/", 1)[0] in watched and c not in placed)
     }
 
 
