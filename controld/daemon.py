@@ -510,10 +510,14 @@ class Daemon:
         if fileserve.bad_range(m.offset, m.length):
             self.counters["file_fetch_bad_range"] += 1
         r = await asyncio.to_thread(
-            self.snapshots.read, svc, idx, m.seq, m.path_text(), m.offset, m.length
+            self.snapshots.read, svc, idx, m.seq, m.path_text(), m.offset, m.length, m.sha256
         )
-        served = r.status in (fileserve.OK, fileserve.LATER)
+        served = r.status in (fileserve.OK, fileserve.LATER, fileserve.COPY)
         self.counters["file_chunks_served" if served else "file_fetch_misses"] += 1
+        if r.status == fileserve.COPY:
+            self.counters["file_copies_served"] += 1
+        # Copies whose bytes did not hash to what the manifest said: skipped, never sent.
+        self.counters["file_copies_mismatched"] = self.snapshots.copy_counters["mismatched"]
         out = wire.FileData(svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         await send(wire.frame(out.encode()))
         return True

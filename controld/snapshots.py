@@ -12,20 +12,31 @@ it one more source, never a wrong state. A directory store is ``run/s<id>/exec-<
 runtime's dataset ``<pool>/s<id>-exec-<i>``, whose snapshots controld reads through clones
 of its own (``--ctl-``). The runtime destroys a collected snapshot's clones with it
 (ZfsStore.destroy_snapshot), so a clone held here never blocks its garbage collection.
+
+A request that names the file's certified SHA-256 is also answered from the forensic
+states kept on this host (``run/s<id>/exec-<i>.forensic-<seq>/``, controld/actions.py
+set_aside_state) of the slots placed here: a convicted replica's checkpoints and live
+state, by hash only, each copy hashed here before it is sent (a liar's files are right
+where their hash matches, and only those are served). A forensic state kept as a ZFS
+dataset is not read (it has no mountpoint; docs/recovery.md "Known limits").
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from pathlib import Path
 
 from zz.config import Config, Host, Service
 from zz.controld.actions import replica_dataset
+from zz.crypto import NULL_DIGEST
 from zz.naming import zfs_dataset
 from zz.snapshots import StorageError
+from zz.snapshots.copies import CopyFinder, Place
 from zz.snapshots.dirstore import DirStore
-from zz.snapshots.fileserve import NO_CHECKPOINT, OK, FileRead, SnapshotFiles
+from zz.snapshots.fileserve import COPY, LATER, NO_CHECKPOINT, OK, FileRead, SnapshotFiles
+from zz.snapshots.manifest import Manifest, ManifestError
 from zz.snapshots.store import CheckpointStore
 from zz.snapshots.zfs import ZfsStore
 
@@ -40,15 +51,27 @@ class HostSnapshots:
         # (service id, index) -> (inode of the state dir, its files): a convicted replica's
         # directory is renamed aside and its successor starts a new one at the same path.
         self._files: dict[tuple[int, int], tuple[int, SnapshotFiles]] = {}
+        # forensic state directory -> its files, served by hash only
+        self._forensic: dict[Path, SnapshotFiles] = {}
+        # copies found by hash and served, candidates that did not hash right (skipped)
+        self.copy_counters: Counter[str] = Counter()
 
     def replicas(self, svc: Service) -> list[int]:
         """Indexes of `svc`'s execution replicas placed on this host."""
         return [i for i in range(svc.n_exec) if svc.exec_host(self.config, i) == self.host]
 
     def read(
-        self, svc: Service, requester: int, seq: int, path: str, offset: int, length: int
+        self,
+        svc: Service,
+        requester: int,
+        seq: int,
+        path: str,
+        offset: int,
+        length: int,
+        sha256: bytes = NULL_DIGEST,
     ) -> FileRead:
-        """The range from the first replica here that has it (never the requester's own)."""
+        """The range from the first replica here that has it (never the requester's own);
+        with a `sha256`, failing that, a verified copy from a forensic state here."""
         best = FileRead(NO_CHECKPOINT)
         for i in self.replicas(svc):
             if i == requester:
@@ -56,11 +79,52 @@ class HostSnapshots:
             files = self._open(svc, i)
             if files is None:
                 continue
-            r = files.read(seq, path, offset, length)
-            if r.status == OK:
+            r = files.read(seq, path, offset, length, sha256)
+            if r.status in (OK, COPY):
                 return r
-            best = r
+            if best.status != LATER:
+                best = r
+        if sha256 != NULL_DIGEST:
+            for files in self._forensics(svc):
+                r = files.read(seq, path, offset, length, sha256)
+                if r.status == COPY:
+                    return r
         return best
+
+    def _forensics(self, svc: Service) -> list[SnapshotFiles]:
+        """The forensic states of `svc`'s slots on this host that hold a directory store."""
+        out = []
+        for i in self.replicas(svc):
+            state = svc.exec_state_dir(self.config, i)
+            for d in sorted(state.parent.glob(f"{state.name}.forensic-*")):
+                files = self._forensic_files(d)
+                if files is not None:
+                    out.append(files)
+        with self._lock:  # purged since: let go
+            for gone in [d for d in self._forensic if not d.is_dir()]:
+                self._forensic.pop(gone).release()
+        return out
+
+    def _forensic_files(self, d: Path) -> SnapshotFiles | None:
+        with self._lock:
+            hit = self._forensic.get(d)
+            if hit is not None:
+                return hit
+            if not (d / "store" / "snapshots").is_dir() or not (d / "manifests").is_dir():
+                return None
+            try:
+                store = DirStore(d / "store")
+            except StorageError:
+                return None
+            files = SnapshotFiles(
+                store,
+                d / "manifests",
+                path_reads=False,
+                live=lambda: _forensic_live(d),
+                copies=CopyFinder(counters=self.copy_counters),
+            )
+            self._forensic[d] = files
+            return files
 
     def _open(self, svc: Service, i: int) -> SnapshotFiles | None:
         state = svc.exec_state_dir(self.config, i)
@@ -77,7 +141,9 @@ class HostSnapshots:
                 return None
             if hit is not None:  # a successor's state dir: let go of the predecessor's
                 hit[1].release()
-            files = SnapshotFiles(store, Path(state) / "manifests")
+            files = SnapshotFiles(
+                store, Path(state) / "manifests", copies=CopyFinder(counters=self.copy_counters)
+            )
             self._files[(svc.id, i)] = (ino, files)
             return files
 
@@ -107,3 +173,23 @@ class HostSnapshots:
             for _, files in self._files.values():
                 files.release()
             self._files.clear()
+            for files in self._forensic.values():
+                files.release()
+            self._forensic.clear()
+
+
+def _forensic_live(d: Path) -> Place | None:
+    """A forensic state's live directory, described by its newest checkpoint manifest
+    (the convicted replica may have changed files since: each copy is hashed anyway)."""
+    newest = None
+    for p in (d / "manifests").glob("ckpt-*.manifest"):
+        num = p.name[5 : -len(".manifest")]
+        if num.isdigit() and (newest is None or int(num) > newest[0]):
+            newest = (int(num), p)
+    if newest is None:
+        return None
+    try:
+        m = Manifest.decode(newest[1].read_bytes())
+    except (OSError, ManifestError):
+        return None
+    return Place(f"{d.name}/live", m, lambda: d / "store" / "live")

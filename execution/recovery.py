@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from zz import wire
 from zz.crypto import NULL_DIGEST, SigningKey
-from zz.snapshots.fetch import LaterBytes, Source, SourceError, SourceRanking
-from zz.snapshots.fileserve import CHALLENGE, LATER, MAX_CHUNK, OK
+from zz.snapshots.fetch import CopyBytes, LaterBytes, Source, SourceError, SourceRanking
+from zz.snapshots.fileserve import CHALLENGE, COPY, LATER, MAX_CHUNK, OK
 from zz.snapshots.manifest import Manifest, ManifestError
 
 log = logging.getLogger("zz.execution.recovery")
@@ -150,21 +150,24 @@ class PeerSource(Source):
             self._sock = None
         self._challenge = b""
 
-    def fetch(self, seq: int, path: str, size: int) -> bytes:
+    def fetch(self, seq: int, path: str, size: int, sha256: bytes = NULL_DIGEST) -> bytes:
         out = bytearray()
-        later = False
+        later = copy = False
         while True:
-            data, total, status = self._chunk(seq, path, len(out))
+            data, total, status = self._chunk(seq, path, len(out), sha256)
             later = later or status == LATER
+            copy = copy or status == COPY
             out += data
             if len(out) >= total:
-                return LaterBytes(out) if later else bytes(out)
+                if later:
+                    return LaterBytes(out)
+                return CopyBytes(out) if copy else bytes(out)
             if not data:
                 raise SourceError(f"{path}: empty chunk at {len(out)} of {total}")
             if len(out) > size + MAX_CHUNK:
                 raise SourceError(f"{path}: more than the {size} bytes expected")
 
-    def _chunk(self, seq: int, path: str, offset: int) -> tuple[bytes, int, int]:
+    def _chunk(self, seq: int, path: str, offset: int, sha256: bytes) -> tuple[bytes, int, int]:
         with self._lock:
             may_reconnect = True
             while True:
@@ -182,6 +185,7 @@ class PeerSource(Source):
                         MAX_CHUNK,
                         self.target,
                         self._challenge,
+                        sha256,
                     )
                     self._sock.sendall(wire.frame(req.signed(self.sign_key).encode()))
                     m = self._read_answer(seq, path.encode(), offset)
@@ -199,7 +203,7 @@ class PeerSource(Source):
                     self._drop()
                     raise SourceError(f"{self.addr[0]}:{self.addr[1]}: challenged again")
                 self._challenge = m.data  # this connection's: sign the request again
-        if m.status not in (OK, LATER):
+        if m.status not in (OK, LATER, COPY):
             raise SourceError(_STATUS_TEXT.get(m.status, f"status {m.status}"))
         return m.data, m.size, m.status
 
@@ -248,7 +252,7 @@ def fetch_manifest(
     ranking = ranking or SourceRanking()
     for src in ranking.order(sources):
         try:
-            enc = src.fetch(seq, "", 0)
+            enc = src.fetch(seq, "", 0, digest)
         except SourceError as e:
             reasons.append(f"{src.name}: {e}")
             ranking.failed(src.name)

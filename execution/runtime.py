@@ -40,8 +40,9 @@ from zz.execution.reports import SentReports
 from zz.execution.state import StateDir
 from zz.link import Link
 from zz.snapshots import checkpoint_name
+from zz.snapshots.copies import Place
 from zz.snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
-from zz.snapshots.fileserve import FILE_SEND_TIMEOUT, Challenge, FileRead, bad_range
+from zz.snapshots.fileserve import COPY, FILE_SEND_TIMEOUT, Challenge, FileRead, bad_range
 from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder
 
 log = logging.getLogger("zz.execution")
@@ -330,6 +331,7 @@ class Runtime:
             o.zfs_pool,
             o.zfs_dataset or naming.zfs_dataset(self.svc, self.index),
         )
+        ck.files.live = self._live_copies
         self.app = create_app(self.svc.app)
         live = ck.store.path
         previous: Manifest | None = None
@@ -938,6 +940,18 @@ class Runtime:
             stop=self._stopping,
         )
 
+    def _live_copies(self) -> Place | None:
+        """The live state as a place to find a file by its hash (snapshots/copies.py): the
+        files of the last checkpoint's manifest, those still pending in a recovery left
+        out. Called by the file server with the store lock held; every copy is hashed
+        before it is served, so a file the app rewrote since is skipped, not sent."""
+        manifest = self.ckpt.builder.previous if hasattr(self.ckpt, "builder") else None
+        if manifest is None:
+            return None
+        fetcher = self.fetcher
+        skip = fetcher.is_pending if fetcher is not None else (lambda path: False)
+        return Place("live", manifest, lambda: self.ckpt.store.path, skip)
+
     def _bad_source(self, source: str, path: str, why: str) -> None:
         self.counters["bad_source_reports"] += 1
         bad = self.recovery.setdefault("bad_sources", [])
@@ -1097,13 +1111,19 @@ class Runtime:
                 self.counters["file_fetch_bad_range"] += 1
             async with self.ckpt.lock:
                 r = await asyncio.to_thread(
-                    self.ckpt.files.read, m.seq, m.path_text(), m.offset, m.length
+                    self.ckpt.files.read, m.seq, m.path_text(), m.offset, m.length, m.sha256
                 )
         out = wire.FileData(self.svc.id, self.me, m.seq, m.path, m.offset, r.status, r.size, r.data)
         if unbound is None:
             out = self.faults.file_data(out)  # a drill's forged bytes; never the challenge
             self.counters["file_chunks_served"] += 1
             self.counters["file_bytes_served"] += len(r.data)
+            if r.status == COPY:
+                self.counters["file_copies_served"] += 1
+            # Copies whose bytes did not hash to what a manifest said: skipped, never sent.
+            mismatched = self.ckpt.files.copies.counters["mismatched"]
+            if mismatched:
+                self.counters["file_copies_mismatched"] = mismatched
         if writer.is_closing():
             return
         writer.write(wire.frame(out.encode()))

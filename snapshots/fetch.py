@@ -15,6 +15,12 @@ with the manifest *lazily*:
   application touches it (:meth:`ensure`), or by the background loop
   (:meth:`fetch_all`), verified against its SHA-256 and size, written atomically.
 
+Every request names the file's certified SHA-256 as well as its path in checkpoint
+``seq``: a source that no longer has ``seq`` (or never had a complete one) may answer with
+any copy it holds that hashes to it (:class:`CopyBytes`; a convicted replica's forensic
+state at controld included), so a file stays fetchable while any reachable copy of it
+exists, not only while a complete checkpoint does (docs/recovery.md "Copies by hash").
+
 A source that returns wrong bytes is reported through ``on_bad_source`` and the next
 source is tried; only when no source has the right content does :class:`FetchError`
 reach the caller, so one faulty peer can delay a fetch but never corrupt the state.
@@ -34,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from zz.crypto import NULL_DIGEST
 from zz.snapshots.manifest import (
     FETCH_TMP_DIR,
     RESERVED_DIR,
@@ -70,13 +77,20 @@ class LaterBytes(bytes):
     wrong, the source did not lie: the checkpoint asked for is gone."""
 
 
+class CopyBytes(bytes):
+    """What a source returns when it served a copy it found by the requested SHA-256
+    (FILE-DATA status 7), not `path` of `seq`. The server verified it: wrong bytes are a
+    lie like wrong bytes of `path`."""
+
+
 class Source(Protocol):
     """Somewhere to read checkpoint files from: a peer's snapshot, usually over the wire."""
 
     name: str
 
-    def fetch(self, seq: int, path: str, size: int) -> bytes:
-        """The content of `path` in checkpoint `seq` (`size` bytes expected), or SourceError."""
+    def fetch(self, seq: int, path: str, size: int, sha256: bytes = NULL_DIGEST) -> bytes:
+        """The content of `path` in checkpoint `seq` (`size` bytes expected), or any copy
+        hashing to `sha256` when that is given (CopyBytes); SourceError if neither."""
         ...
 
 
@@ -337,7 +351,7 @@ class StateFetcher:
             order = self.ranking.order(self.sources)
         for src in order:
             try:
-                data = src.fetch(self.seq, rel, want.size)
+                data = src.fetch(self.seq, rel, want.size, want.sha256)
             except SourceError as e:
                 reasons.append(f"{src.name}: {e}")
                 self.counters["source_errors"] += 1
@@ -360,6 +374,8 @@ class StateFetcher:
                 self.ranking.served(src.name)
             self._install(rel, data)
             self.counters["bytes_fetched"] += len(data)
+            if isinstance(data, CopyBytes):
+                self.counters["fetched_copies"] += 1  # not path of seq: a copy by its hash
             return
         error = StaleCheckpoint if stale else FetchError
         raise error(f"{rel}: no source had the certified content: " + "; ".join(reasons))

@@ -9,6 +9,11 @@ gets bytes it will verify against that manifest. Anything else (a path outside t
 manifest, a symlink, a snapshot that is gone) is a status code, never an exception that
 reaches the transport.
 
+A request that also names the file's certified SHA-256 is served from any copy this
+server holds that hashes to it (status COPY, snapshots/copies.py) when ``path`` of
+``seq`` cannot be: another checkpoint, the live state, the verified files of a state still
+being recovered. The server verifies such a copy before it sends it.
+
 Snapshots are read through the store's ``open_snapshot`` (a ZFS clone on ZFS). A clone
 costs tens of milliseconds, so the last few stay open; the owner calls :meth:`release`
 before it destroys a snapshot, because ZFS refuses to destroy a snapshot with a clone.
@@ -21,10 +26,12 @@ import hmac
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from zz.crypto import NULL_DIGEST
+from zz.snapshots.copies import CopyFinder, Place
 from zz.snapshots.manifest import Manifest, ManifestError, normalize_path
 from zz.snapshots.store import CheckpointStore, StorageError, checkpoint_name
 
@@ -35,6 +42,7 @@ REFUSED = 3
 ERROR = 4
 LATER = 5  # the file of a later checkpoint: `seq` was collected (docs/wire.md FILE-DATA)
 CHALLENGE = 6  # not served: sign the request again with this connection's challenge (data)
+COPY = 7  # a copy found by the requested sha256 and verified here (docs/wire.md FILE-DATA)
 
 MAX_CHUNK = 4 << 20  # per FILE-DATA; far below the wire's 16 MiB frame limit
 # A requester gets this long to take one FILE-DATA before its connection is dropped.
@@ -104,13 +112,24 @@ class SnapshotFiles:
         *,
         servable: Callable[[int], bool] | None = None,
         max_open: int = 2,
+        live: Callable[[], Place | None] | None = None,
+        path_reads: bool = True,
+        copies: CopyFinder | None = None,
     ) -> None:
         self.store = store
         self.manifest_dir = Path(manifest_dir)
         # A replica still recovering holds snapshots with files it has not fetched yet:
-        # it must not hand out what it does not have.
+        # it must not hand out what it does not have by path (by hash it may: verified).
         self.servable = servable or (lambda seq: True)
         self.max_open = max_open
+        # The live state as one more place to find a copy by hash (the owner's callable:
+        # its tree and the manifest it was last checkpointed or recovered to).
+        self.live = live
+        # False: serve by hash only, each copy verified here (a convicted replica's
+        # forensic state: its snapshots may have been corrupted on purpose, and bytes
+        # served by path are the server's word).
+        self.path_reads = path_reads
+        self.copies = copies or CopyFinder()
         self._lock = threading.Lock()
         self._open: OrderedDict[str, tuple[contextlib.ExitStack, Path]] = OrderedDict()
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
@@ -153,26 +172,30 @@ class SnapshotFiles:
                 return s, m
         return None
 
-    def read(self, seq: int, path: str, offset: int, length: int) -> FileRead:
+    def read(
+        self, seq: int, path: str, offset: int, length: int, sha256: bytes = NULL_DIGEST
+    ) -> FileRead:
+        """`path` of checkpoint `seq` (OK); failing that, with a `sha256`, a verified copy
+        with that hash (COPY); failing that, `path` of the next checkpoint (LATER)."""
         if bad_range(offset, length):
             return FileRead(REFUSED)
         length = min(length, MAX_CHUNK)
         with self._lock:
-            if not self.servable(seq):
-                return FileRead(REFUSED)
-            m = self._manifest(seq)
-            if path == "":
-                if m is None:
-                    return FileRead(NO_CHECKPOINT)
-                enc = m.encode()
-                return FileRead(OK, len(enc), enc[offset : offset + length])
-            try:
-                if normalize_path(path) != path:
+            if path != "":
+                try:
+                    if normalize_path(path) != path:
+                        return FileRead(REFUSED)
+                except ManifestError:
                     return FileRead(REFUSED)
-            except ManifestError:
-                return FileRead(REFUSED)
-            r = self._read_from(seq, m, path, offset, length) if m is not None else None
-            if r is not None and r.status != NO_CHECKPOINT:
+            by_path = self.path_reads and self.servable(seq)
+            r = self._read_seq(seq, path, offset, length) if by_path else FileRead(REFUSED)
+            if r.status == OK:
+                return r
+            if sha256 != NULL_DIGEST:
+                c = self._read_copy(seq, path, sha256, offset, length)
+                if c is not None:
+                    return c
+            if not by_path or path == "" or r.status != NO_CHECKPOINT:
                 return r
             # Checkpoint `seq` was collected since the requester began recovering from it.
             # A file it has not fetched yet is one it has not touched since `seq`: once
@@ -184,6 +207,51 @@ class SnapshotFiles:
                 return FileRead(NO_CHECKPOINT)
             r = self._read_from(*later, path, offset, length)
             return FileRead(LATER, r.size, r.data) if r.status == OK else r
+
+    def _read_seq(self, seq: int, path: str, offset: int, length: int) -> FileRead:
+        m = self._manifest(seq)
+        if m is None:
+            return FileRead(NO_CHECKPOINT)
+        if path == "":
+            enc = m.encode()
+            return FileRead(OK, len(enc), enc[offset : offset + length])
+        return self._read_from(seq, m, path, offset, length)
+
+    def _read_copy(
+        self, seq: int, path: str, sha256: bytes, offset: int, length: int
+    ) -> FileRead | None:
+        """A copy hashing to `sha256` among everything held here, verified; None if none.
+        For the empty path: checkpoint `seq`'s manifest, if it hashes to `sha256` (a
+        recovering replica's recorded one, or a forensic copy's)."""
+        if path == "":
+            m = self._manifest(seq)
+            if m is None or m.digest() != sha256:
+                return None
+            data = m.encode()
+        else:
+            found = self.copies.find(self._places(), sha256)
+            if found is None:
+                return None
+            data = found
+        return FileRead(COPY, len(data), data[offset : offset + length])
+
+    def _places(self) -> Iterator[Place]:
+        """Where a copy may be: the snapshots, newest first (their manifests say what they
+        hold; an incomplete one lacks some files), then the live state."""
+        try:
+            names = self.store.list_snapshots()
+        except (OSError, StorageError):
+            names = []
+        for name in reversed(names):
+            num = name[5:]
+            if not (name.startswith("ckpt-") and num.isdigit()):
+                continue
+            m = self._manifest(int(num))
+            if m is not None:
+                yield Place(name, m, lambda name=name: self._root(name))
+        live = self.live() if self.live is not None else None
+        if live is not None:
+            yield live
 
     def _read_from(self, seq: int, m: Manifest, path: str, offset: int, length: int) -> FileRead:
         entry = m.files.get(path)

@@ -153,6 +153,17 @@ class Manifest:
         """Checkpoint digest C = SHA-256(encode())."""
         return hashlib.sha256(self.encode()).digest()
 
+    def paths_with(self, sha256: bytes) -> list[str]:
+        """The paths whose entry has content hash `sha256` (a copy of a file found by its
+        hash, snapshots/copies.py). The index is built once per manifest, O(files)."""
+        index = self.__dict__.get("_by_hash")
+        if index is None:
+            index = {}
+            for path, entry in self.files.items():
+                index.setdefault(entry.sha256, []).append(path)
+            object.__setattr__(self, "_by_hash", index)
+        return list(index.get(sha256, ()))
+
     @classmethod
     def decode(cls, data: bytes, like: Manifest | None = None) -> Manifest:
         """Strict inverse of encode(): anything encode() would not produce is an error.

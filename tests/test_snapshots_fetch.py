@@ -25,7 +25,7 @@ class DirSource:
         self.served: list[str] = []
         self.lock = threading.Lock()
 
-    def fetch(self, seq: int, path: str, size: int) -> bytes:
+    def fetch(self, seq: int, path: str, size: int, sha256: bytes = b"") -> bytes:
         if seq != self.seq:
             raise SourceError(f"no checkpoint {seq}")
         full = self.root / path
@@ -42,7 +42,7 @@ class DirSource:
 class DeadSource:
     name = "dead"
 
-    def fetch(self, seq: int, path: str, size: int) -> bytes:
+    def fetch(self, seq: int, path: str, size: int, sha256: bytes = b"") -> bytes:
         raise SourceError("connection refused")
 
 
@@ -55,7 +55,7 @@ class GatedSource(DirSource):
         self.started = threading.Event()
         self.fail_first = fail_first
 
-    def fetch(self, seq, path, size):
+    def fetch(self, seq, path, size, sha256=b""):
         self.started.set()
         assert self.gate.wait(10)
         if self.fail_first:
@@ -313,7 +313,7 @@ def test_foreground_fetch_waits_for_a_source_to_come_back(tmp_path, certified):
     class Flaky(DirSource):
         fails = 2
 
-        def fetch(self, seq, path, size):
+        def fetch(self, seq, path, size, sha256=b""):
             if self.fails:
                 self.fails -= 1
                 raise SourceError("connection refused")
@@ -337,7 +337,7 @@ def test_a_failing_source_is_asked_last_until_it_serves(tmp_path, certified):
     class Counting(DeadSource):
         asked = 0
 
-        def fetch(self, seq, path, size):
+        def fetch(self, seq, path, size, sha256=b""):
             self.asked += 1
             return super().fetch(seq, path, size)
 
@@ -357,7 +357,7 @@ class LaterSource:
         self.name = name
         self.later = later
 
-    def fetch(self, seq: int, path: str, size: int) -> bytes:
+    def fetch(self, seq: int, path: str, size: int, sha256: bytes = b"") -> bytes:
         return fetch_mod.LaterBytes(self.later[path])
 
 

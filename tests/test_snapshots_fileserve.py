@@ -54,7 +54,7 @@ class LocalSource:
     def __init__(self, files: SnapshotFiles) -> None:
         self.files = files
 
-    def fetch(self, seq: int, path: str, size: int) -> bytes:
+    def fetch(self, seq: int, path: str, size: int, sha256: bytes = b"") -> bytes:
         out = b""
         while True:
             r = self.files.read(seq, path, len(out), 3)  # tiny chunks: exercise offsets
@@ -225,7 +225,7 @@ async def test_runtime_answers_bad_ranges_and_drops_requesters_that_never_read(
     monkeypatch.setattr(
         rt.ckpt.files,
         "read",
-        lambda seq, path, offset, length: (
+        lambda seq, path, offset, length, sha256=b"": (
             real_read(seq, path, offset, length) if path != "big" else FileRead(OK, 1 << 30, chunk)
         ),
     )

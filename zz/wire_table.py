@@ -59,7 +59,7 @@ LAYOUTS = {
     "control": (("request_id", "u64"), ("json", "bytes")),
     "file_fetch": (
         ("seq", "u64"), ("path", "bytes"), ("offset", "u64"), ("length", "u32"), ("target", "u32"),
-        ("challenge", "bytes"),
+        ("challenge", "bytes"), ("sha256", "fixed", 32),
     ),
     "file_data": (
         ("seq", "u64"), ("path", "bytes"), ("offset", "u64"), ("status", "u8"), ("size", "u64"),
@@ -89,7 +89,7 @@ CHECKS = {
         ("challenge", "challenge", "in", (0, 16), "", ()),
     ),
     "file_data": (
-        ("data", "status", "in", (0, 1, 2, 3, 4, 5, 6), "", ()),
+        ("data", "status", "in", (0, 1, 2, 3, 4, 5, 6, 7), "", ()),
         ("data", "size", "in", (0,), "status", (6,)), ("data", "data", "in", (16,), "status", (6,)),
         ("data", "size", "in", (0,), "status", (1, 2, 3, 4)),
         ("data", "data", "in", (0,), "status", (1, 2, 3, 4)),
@@ -99,7 +99,7 @@ CHECKS = {
 
 # the fields a constructor may leave out: 0, empty, all zero
 OPTIONAL = {
-    "file_fetch": ("challenge",),
+    "file_fetch": ("challenge", "sha256"),
     "spare_ready": ("epoch", "sign_pub", "dh_pub"),
 }
 

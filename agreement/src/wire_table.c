@@ -116,6 +116,7 @@ const zz_field zz_fields[] = {
     {"length", ZZ_K_U32, 0, offsetof(zz_file_fetch, length), ZZ_REC_NONE},
     {"target", ZZ_K_U32, 0, offsetof(zz_file_fetch, target), ZZ_REC_NONE},
     {"challenge", ZZ_K_BYTES, 0, offsetof(zz_file_fetch, challenge), ZZ_REC_NONE},
+    {"sha256", ZZ_K_FIXED, 32, offsetof(zz_file_fetch, sha256), ZZ_REC_NONE},
     /* file_data */
     {"seq", ZZ_K_U64, 0, offsetof(zz_file_data, seq), ZZ_REC_NONE},
     {"path", ZZ_K_BYTES, 0, offsetof(zz_file_data, path), ZZ_REC_NONE},
@@ -149,7 +150,7 @@ const zz_check zz_checks[] = {
     {3, 3, ZZ_T_MAX, ZZ_ALWAYS, 0, 4194304u},
     {5, 5, ZZ_T_IN, ZZ_ALWAYS, 0, 0x10001u},
     /* file_data */
-    {5, 3, ZZ_T_IN, ZZ_ALWAYS, 0, 0x7fu},
+    {5, 3, ZZ_T_IN, ZZ_ALWAYS, 0, 0xffu},
     {5, 4, ZZ_T_IN, 3, 0x40u, 0x1u},
     {5, 5, ZZ_T_IN, 3, 0x40u, 0x10000u},
     {5, 4, ZZ_T_IN, 3, 0x1eu, 0x1u},
@@ -189,7 +190,7 @@ const zz_msgdef zz_msgdefs[ZZ_TYPE_MAX + 1] = {
     [ZZ_REPLY_AFFIRM] = {"REPLY-AFFIRM", ZZ_AUTH_MAC, A(MAC), {73, 3, 8, 0}},
     [ZZ_CONTROL] = {"CONTROL", ZZ_AUTH_MAC, A(MAC), {76, 2, 8, 0}},
     [ZZ_CONTROL_REPLY] = {"CONTROL-REPLY", ZZ_AUTH_MAC, A(MAC), {76, 2, 8, 0}},
-    [ZZ_FILE_FETCH] = {"FILE-FETCH", ZZ_AUTH_SIG, A(SIG), {78, 6, 8, 2}},
-    [ZZ_FILE_DATA] = {"FILE-DATA", ZZ_AUTH_NONE, A(NONE), {84, 6, 10, 6}},
-    [ZZ_SPARE_READY] = {"SPARE-READY", ZZ_AUTH_SIG, A(SIG), {90, 5, 16, 0}},
+    [ZZ_FILE_FETCH] = {"FILE-FETCH", ZZ_AUTH_SIG, A(SIG), {78, 7, 8, 2}},
+    [ZZ_FILE_DATA] = {"FILE-DATA", ZZ_AUTH_NONE, A(NONE), {85, 6, 10, 6}},
+    [ZZ_SPARE_READY] = {"SPARE-READY", ZZ_AUTH_SIG, A(SIG), {91, 5, 16, 0}},
 };

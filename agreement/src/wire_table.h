@@ -220,6 +220,7 @@ typedef struct {
     uint32_t length;
     uint32_t target; /* the principal of the server it is meant for */
     zz_bytes challenge;
+    const uint8_t *sha256; /* any copy with this hash */
 } zz_file_fetch;
 
 /* FILE-DATA (26): the answer to FILE-FETCH; its content is checked against the certified
@@ -228,7 +229,7 @@ typedef struct {
     uint64_t seq;
     zz_bytes path;
     uint64_t offset;
-    uint8_t status; /* 0 ok, 5 later, 6 challenge, 1-4 failures */
+    uint8_t status; /* 0 ok, 5 later, 6 challenge, 7 copy, 1-4 failures */
     uint64_t size; /* the whole file's size */
     zz_bytes data; /* 6 challenge: the connection's challenge */
 } zz_file_data;

@@ -240,6 +240,9 @@ def generate() -> str:
     chal = bytes(range(0xA0, 0xB0))  # a server's challenge (16 bytes)
     ff = wire.FileFetch(SVC, e2, 8, b"kv/6b31", 4194304, 4194304, e1, chal)
     add(valid("file-fetch", ff))
+    # the file named by its certified hash too: any copy that hashes to it may be served
+    ffh = wire.FileFetch(SVC, e2, 8, b"kv/6b31", 0, 4194304, e1, chal, sha256(b"value"))
+    add(valid("file-fetch-by-hash", ffh))
     # the first request on a connection: no challenge yet; addressed to controld of host 1
     ff0 = wire.FileFetch(SVC, e2, 8, b"", 0, 1024, wire.host_principal(1))
     add(valid("file-fetch-manifest-unchallenged", ff0))
@@ -247,6 +250,7 @@ def generate() -> str:
     add(valid("file-data", wire.FileData(SVC, e1, 8, b"kv/6b31", 3, 0, 7, b"lue")))
     add(valid("file-data-no-file", wire.FileData(SVC, e1, 8, b"nope", 0, 2, 0, b"")))
     add(valid("file-data-later", wire.FileData(SVC, e1, 8, b"kv/6b31", 0, 5, 5, b"value")))
+    add(valid("file-data-copy", wire.FileData(SVC, e1, 8, b"kv/6b31", 0, 7, 5, b"value")))
     # controld of host 1 announces the fresh spare under index 1 after the SHUTDOWN at seq 7,
     # with its new key pair (epoch 2: the slot's second fresh incarnation)
     new_x1 = sign_key(wire.exec_principal(1) + 1000)
@@ -385,7 +389,7 @@ def generate() -> str:
     add(
         invalid(
             "field-file-data-status",
-            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(7, 0, b""), b""),
+            raw_msg(26, wire.AUTH_NONE, e1, file_data_body(8, 0, b""), b""),
             "field",
         )
     )
@@ -412,7 +416,7 @@ def generate() -> str:
 
     def file_fetch_msg(length: int, challenge: bytes) -> bytes:
         body = struct.pack(">QI", 8, 1) + b"a" + struct.pack(">QI", 0, length)
-        body += struct.pack(">II", e1, len(challenge)) + challenge
+        body += struct.pack(">II", e1, len(challenge)) + challenge + NULL_DIGEST
         m = raw_msg(25, wire.AUTH_SIG, e2, body, b"")
         return m + sign_key(e2).sign(m)
 
@@ -420,8 +424,11 @@ def generate() -> str:
     add(invalid("field-file-fetch-challenge-short", file_fetch_msg(16, chal[:15]), "field"))
     add(invalid("field-file-fetch-challenge-long", file_fetch_msg(16, chal + b"x"), "field"))
     # the layout before the target and challenge: the body ends after `length`
-    old = raw_msg(25, wire.AUTH_SIG, e2, ff_body[:-8], b"")
+    old = raw_msg(25, wire.AUTH_SIG, e2, ff_body[:-40], b"")
     add(invalid("short-file-fetch-without-target", old + sign_key(e2).sign(old), "short"))
+    # the layout before the sha256: the body ends after the challenge
+    old = raw_msg(25, wire.AUTH_SIG, e2, ff_body[:-32], b"")
+    add(invalid("short-file-fetch-without-sha256", old + sign_key(e2).sign(old), "short"))
     add(
         invalid(
             "short-file-data",
