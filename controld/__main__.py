@@ -74,6 +74,7 @@ async def _run(args: argparse.Namespace) -> int:
         zfs_pool=args.zfs_pool,
         ready_timeout=args.ready_timeout,
         drill_faults=args.drill_faults,
+        agreed=args.agreed,
     )
     try:
         port = await d.start(args.port, args.metrics_port)
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--operator", type=int, default=0, help="operator index k (default 0)")
         p.add_argument("--port", type=int, help="override the host's control_port")
         p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
-        p.add_argument("op", help="status, list, provision, destroy")
+        p.add_argument("op", help="status, list, provision, destroy, forensics, purge_forensics,"
+                       " agreed_start, agreed_stop, agreed_list, agreed_log")  # fmt: skip
         p.add_argument("params", nargs="*", help="key=value (JSON values: index=2)")
         args = p.parse_args(argv[1:])
         fn = _call
@@ -170,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--drill-faults", action="store_true",
                        help="let `zz drill` switch a runtime's injected fault through"
                        " <state>/zz-fault.json (one-machine racks only)")  # fmt: skip
+        p.add_argument("--agreed", type=Path,
+                       help="the zz-agreed binary of this host's agreement replicas"
+                       " (default agreement/build/zz-agreed)")  # fmt: skip
         p.add_argument("--log-level", default="INFO")
         args = p.parse_args(argv)
         logging.basicConfig(

@@ -5,7 +5,8 @@
 """The controld daemon.
 
 Trust: an operator (CONTROL, MAC with the operator's key) may provision, destroy, list
-and ask for status; only a verified certificate may wake a replica (WAKEUP) or shut one
+and ask for status, and start, stop and watch this host's agreement replicas
+(controld/agreed.py); only a verified certificate may wake a replica (WAKEUP) or shut one
 down (SHUTDOWN, g+1 matching). Everything that fails to frame, decode, authenticate or
 verify is dropped and counted (`status` shows the counters); no message can crash the
 daemon. Certificate actions run one at a time, in arrival order, on one worker (so a
@@ -32,6 +33,7 @@ from zz.config import Config, ConfigError, Host, Service
 from zz.controld import actions, orphans
 from zz.controld import inventory as inv
 from zz.controld.actions import HostContext
+from zz.controld.agreed import MAX_LOG_LINES, MAX_WAIT_S, AgreedError, AgreedReplicas
 from zz.controld.announce import Announcer
 from zz.controld.guestsnap import GuestDatasets
 from zz.controld.hypervisor import DomainNotFound, Hypervisor, HypervisorError
@@ -42,6 +44,7 @@ from zz.controld.snapshots import HostSnapshots
 from zz.drillfaults import FAULTS
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
 from zz.naming import domain_name
+from zz.procrack import DEFAULT_AGREED
 from zz.snapshots import StorageError, fileserve
 
 log = logging.getLogger("zz.controld")
@@ -58,6 +61,38 @@ def _lists(o: certs.Outcome) -> str:
 
 class OpError(Exception):
     """An operator request that cannot be served; the message goes into the reply."""
+
+
+def _seconds(req: dict[str, Any], key: str, default: float, most: float) -> float:
+    """req[key], a finite number of seconds in 0..most (default when absent)."""
+    v = req.get(key, default)
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        raise OpError(f"{key}: a number of seconds is required, not {v!r}")
+    if not 0 <= v <= most:
+        raise OpError(f"{key}: must be in 0..{most:g}, not {v!r}")
+    return float(v)
+
+
+def _overrides(v: object) -> dict[str, Any]:
+    """The replica-file overrides of an agreed_start (`zz rack up --set`): an object of
+    keys to integers or strings, or to objects of replica number -> value (JSON keys are
+    strings: "2" is replica 2). zz.render checks the keys and values."""
+    if not isinstance(v, dict):
+        raise OpError(f"overrides must be an object, not {type(v).__name__}")
+    out: dict[str, Any] = {}
+    for key, val in v.items():
+        if isinstance(val, dict):
+            per: dict[int, Any] = {}
+            for r, x in val.items():
+                if not (isinstance(r, str) and r.isdigit()) or not isinstance(x, int | str):
+                    raise OpError(f"overrides.{key}: replica numbers to values, not {r!r}: {x!r}")
+                per[int(r)] = x
+            out[key] = per
+        elif isinstance(val, int | str) and not isinstance(val, bool):
+            out[key] = val
+        else:
+            raise OpError(f"overrides.{key}: an integer or a string, not {val!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -94,6 +129,7 @@ class Daemon:
         ready_timeout: float = 60.0,
         drill_faults: bool = False,
         limits: ConnLimits | None = None,
+        agreed: Path | None = None,
     ) -> None:
         self.config = config
         self.limits = limits or ConnLimits()
@@ -126,6 +162,11 @@ class Daemon:
         self.counters: Counter[str] = Counter()
         self.dropped_by_source: Counter[str] = Counter()  # messages dropped, per address
         self.recent: deque[str] = deque(maxlen=64)
+        # The agreement replicas placed here (zz-agreed processes: `agreed` is the binary).
+        self.agreed = AgreedReplicas(
+            config, host, home, agreed or DEFAULT_AGREED, self._note, self.counters
+        )
+        self._agreed_task: asyncio.Task[None] | None = None
         self.datasets = GuestDatasets(
             self.ctx, lambda sid: self.keys.services.get(sid, {}), self.counters
         )
@@ -159,6 +200,7 @@ class Daemon:
         for line in self.audit.notes:  # a torn tail cut, a broken chain set aside
             self.counters["audit_log_repaired"] += 1
             self._note(line)
+        self.agreed.load()
         for rec in self.inventory.reconcile():
             self.in_doubt_at_start.append(asdict(rec))
             self._note(f"in doubt at start: {rec.service}/{rec.index}: {rec.error}")
@@ -272,6 +314,7 @@ class Daemon:
         self.audit.ensure_open()  # AuditError: another controld runs on this home
         self.recover()
         self._worker = asyncio.create_task(self._work_loop())
+        self._agreed_task = asyncio.create_task(self._watch_agreed())
         if self.datasets.enabled:
             self._datasets_task = asyncio.create_task(self.datasets.run())
         self._server = await asyncio.start_server(
@@ -293,7 +336,10 @@ class Daemon:
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
         await self.announcer.close()
         await self.metrics_server.close()
-        background = [t for t in (self._worker, self._datasets_task) if t is not None]
+        # The agreement replicas run on (as libvirt domains do): a restarted controld adopts
+        # them (controld/agreed.py); `zz rack stop|down` stop them first with agreed_stop.
+        tasks = (self._worker, self._datasets_task, self._agreed_task)
+        background = [t for t in tasks if t is not None]
         for t in [*self._tasks, *background]:
             t.cancel()
         for t in [*self._tasks, *background]:
@@ -304,6 +350,17 @@ class Daemon:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.snapshots.release)
         self.audit.close()
+
+    async def _watch_agreed(self, every: float = 0.5) -> None:
+        """Notice an agreement replica that exits (counted, noted, reported; not restarted:
+        controld/agreed.py says why)."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                self.agreed.poll()
+            except Exception:  # never let the watch die: it is what reports the deaths
+                self.counters["internal_error"] += 1
+                log.exception("agreement replica watch failed")
 
     async def idle(self) -> None:
         """Wait until every queued certificate action is done (tests, bench)."""
@@ -569,6 +626,10 @@ class Daemon:
             "destroy": self._op_destroy,
             "forensics": self._op_forensics,
             "purge_forensics": self._op_purge_forensics,
+            "agreed_start": self._op_agreed_start,
+            "agreed_stop": self._op_agreed_stop,
+            "agreed_list": self._op_agreed_list,
+            "agreed_log": self._op_agreed_log,
         }
         try:
             fn = ops.get(op)
@@ -576,7 +637,8 @@ class Daemon:
                 raise OpError(f"unknown op {op!r}; one of {', '.join(sorted(ops))}")
             body = await fn(req, reply)
             body = {"ok": True, **body}
-        except (OpError, inv.IllegalTransition, KeyError, ValueError, StorageError) as e:
+        except (OpError, AgreedError, inv.IllegalTransition, KeyError, ValueError,
+                StorageError) as e:  # fmt: skip
             self.counters["control_failed"] += 1
             body = {"ok": False, "error": str(e).strip('"')}
         except (HypervisorError, OSError) as e:
@@ -626,6 +688,7 @@ class Daemon:
             "audit": self.audit.status(),
             "metrics": self.metrics_server.status(),
             "recent": list(self.recent),
+            "agreed": await asyncio.to_thread(self.agreed.describe),
         }
 
     async def _op_list(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
@@ -783,6 +846,53 @@ class Daemon:
             purged.append(item.name)
             self._note(f"purged forensic state {item.name}")
         return {"purged": purged, "failed": failed}
+
+    # ---- agreement replicas (controld/agreed.py) ---------------------------------------------
+    async def _op_agreed_start(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """Start agreement replica `replica` of `service` (placed here) on a replica file
+        rendered with `overrides` (the rack's --set values); wait up to `wait_s` (default
+        60) until it listens."""
+        svc, r = self.agreed.replica(req.get("service"), req.get("replica"))
+        overrides = _overrides(req.get("overrides", {}))
+        wait = _seconds(req, "wait_s", 60.0, MAX_WAIT_S)
+        await reply({"ok": True, "final": False, "progress": f"starting {svc.name}/agreed-{r}"})
+        rec = await asyncio.to_thread(self.agreed.start, svc, r, overrides, wait)
+        return {"agreed": asdict(rec)}
+
+    async def _op_agreed_stop(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """Stop this host's running agreement replicas (of `service`, or the one
+        `replica` of it): SIGTERM (`kill`: SIGKILL, a crash), SIGKILL after `timeout_s`
+        (default 15). Each writes its stats file once more as it exits on SIGTERM: `stats`
+        has what they left."""
+        names = self.agreed.running_names()
+        if req.get("service") is not None:
+            if req.get("replica") is not None:
+                svc, r = self.agreed.replica(req["service"], req["replica"])
+                names = [n for n in names if n == f"{svc.name}/agreed-{r}"]
+            else:
+                svc = self._service(req)
+                names = [n for n in names if n.startswith(f"{svc.name}/agreed-")]
+        elif req.get("replica") is not None:
+            raise OpError("replica needs its service")
+        kill = req.get("kill", False)
+        if not isinstance(kill, bool):
+            raise OpError(f"kill must be true or false, not {kill!r}")
+        timeout = _seconds(req, "timeout_s", 15.0, MAX_WAIT_S)
+        stopped, killed = await asyncio.to_thread(self.agreed.stop, names, timeout, kill)
+        stats = {d["name"]: d["stats"] for d in await asyncio.to_thread(self.agreed.describe)
+                 if d["name"] in names}  # fmt: skip
+        return {"stopped": stopped, "killed": killed, "stats": stats}
+
+    async def _op_agreed_list(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        return {"agreed": await asyncio.to_thread(self.agreed.describe)}
+
+    async def _op_agreed_log(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        svc, r = self.agreed.replica(req.get("service"), req.get("replica"))
+        lines = req.get("lines", 50)
+        if not isinstance(lines, int) or isinstance(lines, bool) or not 1 <= lines <= MAX_LOG_LINES:
+            raise OpError(f"lines must be an integer in 1..{MAX_LOG_LINES}, not {lines!r}")
+        tail = await asyncio.to_thread(self.agreed.log_tail, svc, r, lines)
+        return {"name": f"{svc.name}/agreed-{r}", "lines": tail}
 
     async def _destroy(self, rec: inv.Replica) -> None:
         """-> convicted (destroy the domain, drop the save file), then forget it."""

@@ -69,6 +69,20 @@ def spawn(
         )
 
 
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None
+    if it is gone or a zombie. pid and start time together name one process: a recycled pid
+    has another start time, so it is never signalled by mistake."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = stat[stat.rindex(")") + 2 :].split()
+    if rest[0] == "Z":
+        return None
+    return int(rest[19])
+
+
 def signal_group(pid: int, sig: int) -> None:
     """Send `sig` to process group `pid` (a spawn()ed process's pid); gone already is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -152,24 +152,38 @@ def replica_conf(
     return "\n".join(lines) + "\n"
 
 
-def render_service(
-    config: Config, service: Service, overrides: Mapping[str, Any] | None = None
-) -> list[Path]:
-    """Write run/s<id>/agreed-<r>.conf for every agreement replica; returns the paths."""
+def _check_overrides(service: Service, overrides: Mapping[str, Any] | None) -> None:
     for key, v in (overrides or {}).items():
         if isinstance(v, Mapping):
             bad = [r for r in v if not isinstance(r, int) or not 0 <= r < service.n]
             if bad:
                 raise ConfigError(f"override {key}: no replica {bad[0]!r} in {service.name}")
+
+
+def render_service(
+    config: Config, service: Service, overrides: Mapping[str, Any] | None = None
+) -> list[Path]:
+    """Write run/s<id>/agreed-<r>.conf for every agreement replica; returns the paths."""
+    _check_overrides(service, overrides)
+    texts = [replica_conf(config, service, r, overrides) for r in range(service.n)]
+    return [_write_conf(config, service, r, text) for r, text in enumerate(texts)]
+
+
+def render_replica(
+    config: Config, service: Service, r: int, overrides: Mapping[str, Any] | None = None
+) -> Path:
+    """Write run/s<id>/agreed-<r>.conf of agreement replica `r` alone (controld renders the
+    files of the replicas placed on its host); returns its path."""
+    _check_overrides(service, overrides)
+    return _write_conf(config, service, r, replica_conf(config, service, r, overrides))
+
+
+def _write_conf(config: Config, service: Service, r: int, text: str) -> Path:
     out_dir = config.rack.run_dir / f"s{service.id}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    texts = [replica_conf(config, service, r, overrides) for r in range(service.n)]
-    paths = []
-    for r, text in enumerate(texts):
-        path = out_dir / f"agreed-{r}.conf"
-        write_atomic(path, text)
-        paths.append(path)
-    return paths
+    path = out_dir / f"agreed-{r}.conf"
+    write_atomic(path, text)
+    return path
 
 
 def render_rack(config: Config) -> list[Path]:

@@ -62,7 +62,7 @@ def _read(path: Path, stale_after: float, not_before: float = 0.0) -> Stats:
     return data if isinstance(data, dict) else None
 
 
-def _stats_path(run: Path, r: int) -> Path:
+def agreed_stats_path(run: Path, r: int) -> Path:
     """The stats file the replica was told to write: its rendered replica file says where
     (a harness may have overridden the default)."""
     try:
@@ -81,7 +81,7 @@ def agreement_stats(
     """Each agreement replica's stats file (None: missing, or older than `stale_after` s or
     than `not_before`); `stale_after` inf reads what a stopped rack left."""
     run = config.rack.run_dir / f"s{svc.id}"
-    return [_read(_stats_path(run, r), stale_after, not_before) for r in range(svc.n)]
+    return [_read(agreed_stats_path(run, r), stale_after, not_before) for r in range(svc.n)]
 
 
 def exec_view(config: Config, svc: Service, stale_after: float) -> dict[str, list[int]]:
