@@ -13,8 +13,9 @@ runtime's dataset ``<pool>/s<id>-exec-<i>``, whose snapshots controld reads thro
 of its own (``--ctl-``). The runtime destroys a collected snapshot's clones with it
 (ZfsStore.destroy_snapshot), so a clone held here never blocks its garbage collection.
 
-A request that names the file's certified SHA-256 is also answered from the forensic
-states kept on this host (``run/s<id>/exec-<i>.forensic-<seq>/``, controld/actions.py
+A request that names the file's certified SHA-256 is also answered, each copy verified,
+from the replicas' other checkpoints and live states and from the forensic states kept on
+this host (``run/s<id>/exec-<i>.forensic-<seq>/``, controld/actions.py
 set_aside_state) of the slots placed here: a convicted replica's checkpoints and live
 state, by hash only, each copy hashed here before it is sent (a liar's files are right
 where their hash matches, and only those are served). A forensic state kept as a ZFS
@@ -55,6 +56,11 @@ class HostSnapshots:
         self._forensic: dict[Path, SnapshotFiles] = {}
         # copies found by hash and served, candidates that did not hash right (skipped)
         self.copy_counters: Counter[str] = Counter()
+        # manifests dir -> (newest manifest file, its mtime, decoded): what a live state
+        # (a replica's, a forensic one's) is looked up by; its own lock, as a SnapshotFiles
+        # asks for it with its lock held
+        self._newest: dict[Path, tuple[Path, int, Manifest]] = {}
+        self._newest_lock = threading.Lock()
 
     def replicas(self, svc: Service) -> list[int]:
         """Indexes of `svc`'s execution replicas placed on this host."""
@@ -120,7 +126,7 @@ class HostSnapshots:
                 store,
                 d / "manifests",
                 path_reads=False,
-                live=lambda: _forensic_live(d),
+                live=lambda: self._live(f"{d.name}/live", d / "manifests", store.path),
                 copies=CopyFinder(counters=self.copy_counters),
             )
             self._forensic[d] = files
@@ -141,8 +147,12 @@ class HostSnapshots:
                 return None
             if hit is not None:  # a successor's state dir: let go of the predecessor's
                 hit[1].release()
+            manifests = Path(state) / "manifests"
             files = SnapshotFiles(
-                store, Path(state) / "manifests", copies=CopyFinder(counters=self.copy_counters)
+                store,
+                manifests,
+                live=lambda: self._live(f"x{i}/live", manifests, store.path),
+                copies=CopyFinder(counters=self.copy_counters),
             )
             self._files[(svc.id, i)] = (ino, files)
             return files
@@ -160,6 +170,32 @@ class HostSnapshots:
             return None
         return None
 
+    def _live(self, name: str, manifests: Path, root: Path) -> Place | None:
+        """A live state (a replica's, asleep or not; a forensic one's) as a place to find a
+        copy by hash, described by its newest checkpoint manifest: files changed since are
+        skipped when their hash does not match (snapshots/copies.py)."""
+        newest: tuple[int, Path] | None = None
+        for p in manifests.glob("ckpt-*.manifest"):
+            num = p.name[5 : -len(".manifest")]
+            if num.isdigit() and (newest is None or int(num) > newest[0]):
+                newest = (int(num), p)
+        if newest is None:
+            return None
+        path = newest[1]
+        try:
+            mtime = path.stat().st_mtime_ns
+            with self._newest_lock:
+                hit = self._newest.get(manifests)
+            if hit is not None and hit[:2] == (path, mtime):
+                m = hit[2]
+            else:
+                m = Manifest.decode(path.read_bytes())
+                with self._newest_lock:
+                    self._newest[manifests] = (path, mtime, m)
+        except (OSError, ManifestError):
+            return None
+        return Place(name, m, lambda: root)
+
     def forget(self, svc: Service, i: int) -> None:
         """Close the clones held of replica i's snapshots (its state is being set aside)."""
         with self._lock:
@@ -176,20 +212,3 @@ class HostSnapshots:
             for files in self._forensic.values():
                 files.release()
             self._forensic.clear()
-
-
-def _forensic_live(d: Path) -> Place | None:
-    """A forensic state's live directory, described by its newest checkpoint manifest
-    (the convicted replica may have changed files since: each copy is hashed anyway)."""
-    newest = None
-    for p in (d / "manifests").glob("ckpt-*.manifest"):
-        num = p.name[5 : -len(".manifest")]
-        if num.isdigit() and (newest is None or int(num) > newest[0]):
-            newest = (int(num), p)
-    if newest is None:
-        return None
-    try:
-        m = Manifest.decode(newest[1].read_bytes())
-    except (OSError, ManifestError):
-        return None
-    return Place(f"{d.name}/live", m, lambda: d / "store" / "live")
