@@ -533,7 +533,7 @@ void zz_on_fetch_reply(zz_replica *r, const zz_msg *m)
             memcmp(s->digest, f->digest, ZZ_DIGEST_LEN) != 0)
             return;
         if (zz_slot_set_batch(r, s, f->data.p, f->data.len) == 0) {
-            zz_wal_slot(r, s, 1, 0);
+            zz_wal_slot(r, s, 1, ZZ_WAL_NODEP);
             zz_try_execute(r);
         }
         return;

@@ -120,7 +120,7 @@ struct zz_net {
     volatile sig_atomic_t kicked;
     zz_on_timer on_kick;
     void *kick_ctx;
-    zz_on_timer barrier; /* before any write to a socket (zz_net_set_barrier) */
+    zz_on_barrier barrier; /* before any write to a socket (zz_net_set_barrier) */
     void *barrier_ctx;
     zz_net_stats st;
     uint32_t n_accepted;
@@ -390,8 +390,14 @@ static int conn_flush(zz_net *n, zz_conn *c)
 {
     if (c->fd < 0 || c->dead || (c->kind == C_PEER && c->state != L_UP))
         return 0;
-    if (n->barrier && c->out_off < c->out_len)
-        n->barrier(n->barrier_ctx); /* what these bytes depend on is durable first */
+    if (n->barrier && c->out_off < c->out_len) {
+        /* What these bytes depend on is durable first. Links (agreement peers, controlds)
+         * carry proposals and votes; accepted connections carry replies and fetch answers,
+         * which depend on no record, so for them pending records are only written. */
+        int durable = c->kind != C_ACCEPTED;
+        n->st.barriers += (uint64_t)durable;
+        n->barrier(n->barrier_ctx, durable);
+    }
     size_t wrote = 0;
     while (c->out_off < c->out_len) {
         ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
@@ -975,18 +981,31 @@ static void conn_destroy(zz_net *n, zz_conn *c)
 
 /* ---- the loop ---- */
 
+/* Flush the dirty connections of one class: accepted ones (links 0) or links (1). */
+static void flush_dirty(zz_net *n, int links)
+{
+    zz_conn **pp = &n->dirty_head;
+    while (*pp) {
+        zz_conn *c = *pp;
+        if ((c->kind != C_ACCEPTED) != links) {
+            pp = &c->next_dirty;
+            continue;
+        }
+        *pp = c->next_dirty;
+        c->dirty = 0;
+        c->next_dirty = NULL;
+        conn_flush(n, c);
+    }
+}
+
 /* Flush everything queued, then close what broke, repeating because an on_close handler
- * may queue more output. */
+ * may queue more output. Accepted connections first: their bytes (replies) wait for no
+ * sync, so they leave before the links' barrier syncs the turn's records. */
 static void settle(zz_net *n)
 {
     while (n->dirty_head || n->dead_head) {
-        while (n->dirty_head) {
-            zz_conn *c = n->dirty_head;
-            n->dirty_head = c->next_dirty;
-            c->dirty = 0;
-            c->next_dirty = NULL;
-            conn_flush(n, c);
-        }
+        flush_dirty(n, 0);
+        flush_dirty(n, 1);
         while (n->dead_head) {
             zz_conn *c = n->dead_head;
             n->dead_head = c->next_dead;
@@ -1081,9 +1100,16 @@ int zz_net_run(zz_net *n)
             }
             if (e & (EPOLLIN | EPOLLERR | EPOLLHUP))
                 conn_readable(n, c);
-            if ((e & EPOLLOUT) && !c->dead)
-                conn_flush(n, c);
+            /* A link's queued bytes go out in settle, after the turn's one barrier. */
+            if ((e & EPOLLOUT) && !c->dead) {
+                if (c->kind == C_ACCEPTED || !n->barrier)
+                    conn_flush(n, c);
+                else
+                    mark_dirty(n, c);
+            }
         }
+        if (ne > 0)
+            n->st.turns++;
         run_timers(n);
     }
     settle(n); /* best effort: get queued replies out before returning */
@@ -1099,7 +1125,7 @@ void zz_net_on_kick(zz_net *n, zz_on_timer fn, void *ctx)
     n->kick_ctx = ctx;
 }
 
-void zz_net_set_barrier(zz_net *n, zz_on_timer fn, void *ctx)
+void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx)
 {
     n->barrier = fn;
     n->barrier_ctx = ctx;

@@ -49,6 +49,8 @@ typedef struct {
     uint64_t client_out_overflows; /* closed: its client over client_out_bytes */
     uint64_t out_total_overflows;  /* closed: clients together over client_out_total */
     uint64_t out_stall_timeouts;   /* closed: output queued, nothing written for the timeout */
+    uint64_t turns;    /* loop turns that handled at least one event */
+    uint64_t barriers; /* durable barrier calls (before bytes on a link) */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
@@ -94,8 +96,13 @@ uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
 
 /* Called before any byte is written to a socket (at most once per write attempt): the owner
  * makes durable what the queued bytes depend on, e.g. the write-ahead log's group commit
- * (wal.c). Bytes queued in one loop turn go out after one call. */
-void zz_net_set_barrier(zz_net *n, zz_on_timer fn, void *ctx);
+ * (wal.c). `durable` is 1 for links (agreement peers, zz_net_add_link), which carry what
+ * may depend on the owner's records, and 0 for accepted connections (clients, fetchers,
+ * execution replicas), which carry nothing that does: the owner may then skip a sync. At
+ * the end of a turn accepted connections are flushed first, then the links, so that bytes
+ * queued in one turn go out after one durable call; a link's EPOLLOUT waits for that too. */
+typedef void (*zz_on_barrier)(void *ctx, int durable);
+void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx);
 
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);

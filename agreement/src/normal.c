@@ -59,15 +59,22 @@ static void prepare(zz_replica *r, zz_slot *s, int new_batch)
     s->q_view = s->view;
     memcpy(s->q_dig, s->digest, ZZ_DIGEST_LEN);
     int backup = zz_primary(r, s->view) != r->id;
-    if (backup) {
+    /* After a host restart this replica may have sent a PREPARE for this seq and view whose
+     * record was lost: it neither sends one nor counts one of its own (wal.c). */
+    int withhold = backup && zz_wal_forgets(r, s->view, s->seq);
+    if (backup && !withhold) {
         s->prep_view[r->id] = s->view;
         memcpy(s->prep_dig[r->id], s->digest, ZZ_DIGEST_LEN);
         s->sent_prepare = 1;
     }
-    /* Durable before the PREPARE (or, at the primary, the PRE-PREPARE) goes out: after a
-     * crash this replica must not accept another batch for this seq and view. */
-    zz_wal_slot(r, s, new_batch, 1);
-    if (backup && !zz_wal_abstains(r, s->seq))
+    /* Written before the PREPARE (or, at the primary, the PRE-PREPARE) goes out, synced with
+     * the next sync (before this replica's COMMIT at the latest): a restarted process must
+     * not accept another batch for this seq and view, and a restarted host withholds them
+     * (docs/agreement.md "Durable state"). */
+    zz_wal_slot(r, s, new_batch, withhold ? ZZ_WAL_NODEP : ZZ_WAL_WRITTEN);
+    if (withhold)
+        r->wal.withheld++;
+    else if (backup && !zz_wal_abstains(r, s->seq))
         send_phase(r, s, ZZ_PREPARE);
 }
 
@@ -105,7 +112,7 @@ static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *dige
     if (!held)
         prepare(r, s, new_batch);
     else
-        zz_wal_slot(r, s, new_batch, 0); /* held: no PREPARE yet, the pre-prepare is kept */
+        zz_wal_slot(r, s, new_batch, ZZ_WAL_NODEP); /* held: no PREPARE yet, pre-prepare kept */
     zz_check_slot(r, s);
 }
 
@@ -219,7 +226,7 @@ void zz_on_pre_prepare(zz_replica *r, const zz_msg *m)
         if (memcmp(d, s->digest, ZZ_DIGEST_LEN) != 0)
             r->st.dropped[ZZ_DROP_BADPP]++; /* equivocation: keep the first */
         else if (!s->batch && zz_slot_set_batch(r, s, pp->batch.p, pp->batch.len) == 0)
-            zz_wal_slot(r, s, 1, 0);
+            zz_wal_slot(r, s, 1, ZZ_WAL_NODEP);
         return;
     }
     int ok = batch_ok(r, &pp->batch);
@@ -307,8 +314,8 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
         s->commit_view[r->id] = s->view;
         memcpy(s->commit_dig[r->id], s->digest, ZZ_DIGEST_LEN);
         s->sent_commit = 1;
-        /* The P entry a VIEW-CHANGE reports: durable before our COMMIT is sent. */
-        zz_wal_slot(r, s, 0, 1);
+        /* The P entry a VIEW-CHANGE reports: synced before our COMMIT is sent. */
+        zz_wal_slot(r, s, 0, ZZ_WAL_SYNCED);
         if (!zz_wal_abstains(r, s->seq))
             send_phase(r, s, ZZ_COMMIT);
     }
@@ -316,7 +323,7 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
         if (count_votes(r, s, s->commit_view, s->commit_dig, UINT32_MAX) < 2 * r->g + 1)
             return;
         s->committed = 1;
-        zz_wal_slot(r, s, 0, 0); /* a restart executes it again without asking */
+        zz_wal_slot(r, s, 0, ZZ_WAL_NODEP); /* a restart executes it again without asking */
     }
     if (s->seq == r->last_exec + 1)
         zz_try_execute(r);

@@ -575,12 +575,13 @@ void zz_write_stats(zz_replica *r)
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "
                "\"injected_drops\": %llu, \"injected_dups\": %llu, \"injected_delays\": %llu, "
                "\"send_overflow\": %llu, \"connect_failures\": %llu, "
-               "\"accept_backoffs\": %llu}}\n",
+               "\"accept_backoffs\": %llu, \"turns\": %llu, \"barriers\": %llu}}\n",
             (unsigned long long)ns->frames_in, (unsigned long long)ns->frames_out,
             (unsigned long long)ns->reconnects, (unsigned long long)ns->injected_drops,
             (unsigned long long)ns->injected_dups, (unsigned long long)ns->injected_delays,
             (unsigned long long)ns->send_overflow, (unsigned long long)ns->connect_failures,
-            (unsigned long long)ns->accept_backoffs);
+            (unsigned long long)ns->accept_backoffs, (unsigned long long)ns->turns,
+            (unsigned long long)ns->barriers);
     if (fclose(f) == 0)
         rename(tmp, r->conf->stats_file);
 }

@@ -274,9 +274,9 @@ void zz_check_slot(zz_replica *r, zz_slot *s);
 void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq);
 int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t len);
 
-/* wal.c: log the slot's durable fields (and its batch, with_batch); before_send: a message
- * about to be queued depends on them, so they are synced before any byte goes out. */
-void zz_wal_slot(zz_replica *r, const zz_slot *s, int with_batch, int before_send);
+/* wal.c: log the slot's durable fields (and its batch, with_batch); dep (enum zz_wal_dep):
+ * what a message about to be queued needs of them before any byte goes out to a peer. */
+void zz_wal_slot(zz_replica *r, const zz_slot *s, int with_batch, int dep);
 
 /* checkpoint.c */
 /* Recovery (wal.c): make the checkpoint at seq our state and the stable one, from its

@@ -360,7 +360,8 @@ static void propose_loop(zz_replica *r)
     /* Adaptive batching: propose at once while few instances are in flight; requests
      * arriving meanwhile accumulate and go out together when one completes. */
     while (r->q_len > 0 && r->next_seq - r->last_exec < r->conf->max_inflight &&
-           r->next_seq + 1 <= r->stable + r->L && !zz_wal_abstains(r, r->next_seq + 1)) {
+           r->next_seq + 1 <= r->stable + r->L && !zz_wal_abstains(r, r->next_seq + 1) &&
+           !zz_wal_forgets(r, r->view, r->next_seq + 1)) {
         uint64_t now = zz_wall_ms();
         uint64_t nd_time = now > r->last_nd_time ? now : r->last_nd_time;
         uint64_t seed = zz_rand(r);
@@ -375,8 +376,9 @@ static void propose_loop(zz_replica *r)
         zz_sha256(r->out2.p, r->out2.len, d);
         r->st.batches_proposed++;
         /* Accepted (and logged, wal.c) before the PRE-PREPARE is sent: a restarted primary
-         * must not propose another batch for this seq in this view. Accepting reuses the
-         * encoder buffers, so the batch is sent from a copy. */
+         * must not propose another batch for this seq in this view (after a host restart
+         * it proposes none in it, zz_wal_forgets). Accepting reuses the encoder buffers, so
+         * the batch is sent from a copy. */
         zz_buf batch;
         zz_buf_init(&batch);
         zz_put_raw(&batch, r->out2.p, r->out2.len);

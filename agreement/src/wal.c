@@ -242,14 +242,27 @@ enum {
     SL_COMMITTED = 32, SL_HAS_P = 64, SL_HAS_Q = 128,
 };
 
+/* Is the withholding after a host restart still in force (a later view or a stable
+ * checkpoint past it ends it)? */
+static int forgetting(const zz_replica *r)
+{
+    const zz_wal *w = &r->wal;
+    return w->lost_until && r->view <= w->lost_view && r->stable < w->lost_until;
+}
+
 static void put_header(zz_buf *b, const zz_replica *r, uint32_t epoch)
 {
+    static const uint8_t unknown[ZZ_WAL_BOOT_LEN];
     size_t st = zz_wal_begin(b, ZZ_WAL_HEADER, epoch);
     zz_put_u32(b, ZZ_WAL_VERSION);
     zz_put_u16(b, r->conf->service);
     zz_put_u32(b, r->id);
     zz_put_u32(b, r->n);
     zz_put_u64(b, zz_wal_abstains(r, r->wal.abstain_until) ? r->wal.abstain_until : 0);
+    zz_put_raw(b, r->wal.boot_known ? r->wal.boot : unknown, ZZ_WAL_BOOT_LEN);
+    int lost = forgetting(r);
+    zz_put_u32(b, lost ? r->wal.lost_view : 0);
+    zz_put_u64(b, lost ? r->wal.lost_until : 0);
     zz_wal_end(b, st);
 }
 
@@ -312,17 +325,23 @@ static int slot_durable(const zz_slot *s)
     return s->seq && (s->has_pp || s->has_p || s->has_q);
 }
 
-void zz_wal_slot(zz_replica *r, const zz_slot *s, int with_batch, int before_send)
+void zz_wal_slot(zz_replica *r, const zz_slot *s, int with_batch, int dep)
 {
     zz_wal *w = &r->wal;
     if (!w->enabled || w->replaying)
         return;
-    w->must_sync |= before_send;
+    /* Written-only needs the boot id: without it a host restart could not be told from a
+     * process restart, and the record is synced like a COMMIT's. */
+    if (dep == ZZ_WAL_WRITTEN && !w->boot_known)
+        dep = ZZ_WAL_SYNCED;
+    w->must_sync |= dep == ZZ_WAL_SYNCED;
+    w->must_write |= dep == ZZ_WAL_WRITTEN;
     if (w->compact_due)
         return; /* a rewrite pending: it takes every slot from memory */
     size_t before = w->pend.len;
     put_slot(&w->pend, s, with_batch, w->epoch);
     w->records++;
+    w->pend_records++;
     w->bytes += w->pend.len - before;
 }
 
@@ -337,6 +356,7 @@ void zz_wal_view(zz_replica *r)
     size_t before = w->pend.len;
     put_view(&w->pend, r, w->epoch);
     w->records++;
+    w->pend_records++;
     w->bytes += w->pend.len - before;
 }
 
@@ -352,6 +372,7 @@ void zz_wal_xstable(zz_replica *r)
     zz_put_u64(&w->pend, r->zz.xlog_low);
     zz_wal_end(&w->pend, st);
     w->records++;
+    w->pend_records++;
     w->bytes += w->pend.len - before;
 }
 
@@ -362,22 +383,41 @@ void zz_wal_stable(zz_replica *r)
         return;
     w->compact_due = 1;
     zz_buf_reset(&w->pend);
+    w->pend_records = 0;
 }
 
 /* ---- applying records (recovery) ---- */
 
 static int apply_header(zz_replica *r, zz_wal_rd *d)
 {
+    zz_wal *w = &r->wal;
     uint32_t version = zz_wal_u32(d);
     uint16_t service = zz_wal_u16(d);
     uint32_t id = zz_wal_u32(d), n = zz_wal_u32(d);
-    if (version != ZZ_WAL_VERSION || service != r->conf->service || id != r->id || n != r->n)
+    if ((version != 1 && version != ZZ_WAL_VERSION) || service != r->conf->service ||
+        id != r->id || n != r->n)
         return ZZ_WAL_FOREIGN;
     uint64_t abstain = zz_wal_u64(d); /* still abstaining when this file was written */
+    /* Version 1 synced every record a send depended on: no boot to compare. */
+    const uint8_t *boot = version >= 2 ? zz_wal_raw(d, ZZ_WAL_BOOT_LEN) : NULL;
+    uint32_t lost_view = version >= 2 ? zz_wal_u32(d) : 0;
+    uint64_t lost_until = version >= 2 ? zz_wal_u64(d) : 0;
     if (d->bad || d->off != d->len)
         return ZZ_WAL_CORRUPT;
-    if (abstain > r->wal.abstain_until)
-        r->wal.abstain_until = abstain;
+    if (abstain > w->abstain_until)
+        w->abstain_until = abstain;
+    w->log_v2 = version >= 2;
+    if (boot)
+        memcpy(w->log_boot, boot, ZZ_WAL_BOOT_LEN);
+    else
+        memset(w->log_boot, 0, ZZ_WAL_BOOT_LEN);
+    /* Still withholding when this file was written: the later view's bound is the one that
+     * can be in force. */
+    if (lost_until && (!w->lost_until || lost_view > w->lost_view ||
+                       (lost_view == w->lost_view && lost_until > w->lost_until))) {
+        w->lost_view = lost_view;
+        w->lost_until = lost_until;
+    }
     return 0;
 }
 
@@ -682,6 +722,9 @@ static int compact(zz_replica *r)
     w->off = b->len;
     w->compactions++;
     w->compact_due = 0;
+    w->must_write = 0;
+    w->unsynced = 0;
+    w->pend_records = 0;
     zz_buf_reset(&w->pend);
     if (b->cap > (8u << 20)) { /* a large window's rewrite is not kept for good */
         zz_buf_free(b);
@@ -690,33 +733,54 @@ static int compact(zz_replica *r)
     return 0;
 }
 
-/* Records nothing sent depends on wait for one that something does (or the timer). */
+/* Records a send needs only written, or that nothing sent depends on, wait for a record a
+ * send needs synced (or the timer) to be synced. */
 static void sync_now(zz_replica *r);
 
-void zz_wal_sync(void *replica)
+/* Write the pending records after the log's end, without a sync. */
+static void write_pending(zz_replica *r)
+{
+    zz_wal *w = &r->wal;
+    if (w->pend.len == 0)
+        return; /* the end mark of the last write is in place */
+    if (put_records(w, w->cur, &w->pend, w->off) != 0)
+        fatal(r, "cannot write", w->path[w->cur]);
+    w->writes++;
+    w->off += w->pend.len;
+    w->unsynced += w->pend_records;
+    w->pend_records = 0;
+    zz_buf_reset(&w->pend);
+    if (w->pend.cap > (8u << 20)) {
+        zz_buf_free(&w->pend);
+        zz_buf_init(&w->pend);
+    }
+}
+
+void zz_wal_sync(void *replica, int durable)
 {
     zz_replica *r = replica;
     zz_wal *w = &r->wal;
     if (!w->enabled || w->replaying)
         return;
-    if (w->must_sync) {
+    /* A rewrite pending holds every record a send needs, written or synced: it goes first. */
+    if (durable && (w->must_sync || (w->must_write && w->compact_due))) {
         sync_now(r);
         return;
     }
-    /* Only records nothing depends on: written (a process crash keeps them), not synced. */
-    if (!w->compact_due && w->pend.len > 0) {
-        if (put_records(w, w->cur, &w->pend, w->off) != 0)
-            fatal(r, "cannot write", w->path[w->cur]);
-        w->writes++;
-        w->off += w->pend.len;
-        zz_buf_reset(&w->pend);
-    }
+    /* Written (a process crash keeps them), synced with the next sync: records nothing sent
+     * depends on, and PRE-PREPAREs and PREPAREs (their loss in a host crash is detected at
+     * start by the boot id: zz_wal_forgets). */
+    if (!w->compact_due)
+        write_pending(r);
+    if (durable)
+        w->must_write = 0;
 }
 
 void zz_wal_flush(zz_replica *r)
 {
     zz_wal *w = &r->wal;
-    if (!w->enabled || w->replaying || (!w->compact_due && w->pend.len == 0))
+    if (!w->enabled || w->replaying ||
+        (!w->compact_due && w->pend.len == 0 && (!w->fsync || w->unsynced == 0)))
         return;
     sync_now(r);
 }
@@ -729,19 +793,15 @@ static void sync_now(zz_replica *r)
         if (compact(r) != 0)
             fatal(r, "cannot rewrite", w->path[1 - w->cur]);
     } else {
-        if (put_records(w, w->cur, &w->pend, w->off) != 0)
-            fatal(r, "cannot write", w->path[w->cur]);
-        w->writes++;
-        w->off += w->pend.len;
+        write_pending(r);
         if (w->fsync && fdatasync(w->fd[w->cur]) != 0)
             fatal(r, "cannot sync", w->path[w->cur]);
-        zz_buf_reset(&w->pend);
-        if (w->pend.cap > (8u << 20)) {
-            zz_buf_free(&w->pend);
-            zz_buf_init(&w->pend);
-        }
+        if (w->fsync)
+            w->synced_records += w->unsynced;
+        w->unsynced = 0;
     }
     w->must_sync = 0;
+    w->must_write = 0;
     uint64_t us = mono_us() - t0;
     if (w->fsync) {
         w->syncs++;
@@ -790,6 +850,37 @@ static uint8_t *read_file(int fd, size_t *len, int *err)
     return buf;
 }
 
+/* This boot's id (the kernel's random boot_id: a new one at every boot, so a log written
+ * under the same id lost nothing it had written, whatever happened to the process). 0 when
+ * read and parsed; -1 otherwise (then every record a send depends on is synced). */
+static int read_boot_id(uint8_t out[ZZ_WAL_BOOT_LEN])
+{
+    char text[64];
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    uint32_t nib = 0;
+    for (ssize_t i = 0; i < n && text[i] != '\n'; i++) {
+        char ch = text[i];
+        int v = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+              : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : ch == '-' ? -2 : -1;
+        if (v == -2)
+            continue;
+        if (v < 0 || nib >= 2 * ZZ_WAL_BOOT_LEN)
+            return -1;
+        if (nib % 2 == 0)
+            out[nib / 2] = (uint8_t)(v << 4);
+        else
+            out[nib / 2] |= (uint8_t)v;
+        nib++;
+    }
+    return nib == 2 * ZZ_WAL_BOOT_LEN ? 0 : -1;
+}
+
 /* A dry scan: whose log, which epoch, whether its rewrite completed (SNAPEND). */
 typedef struct {
     const zz_replica *r;
@@ -829,6 +920,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
         return 0;
     w->enabled = 1;
     w->fsync = c->durability == ZZ_DUR_FSYNC;
+    w->boot_known = read_boot_id(w->boot) == 0;
     snprintf(w->dir, sizeof w->dir, "%s", c->data_dir);
     snprintf(w->path[0], sizeof w->path[0], "%s/wal-a", c->data_dir);
     snprintf(w->path[1], sizeof w->path[1], "%s/wal-b", c->data_dir);
@@ -935,6 +1027,29 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
                 break;
             }
     }
+    /* Written under another boot: the host restarted (or the boot is unknown now) and the
+     * records written after the last sync may be lost, PRE-PREPAREs and PREPAREs among them.
+     * Those were about seqs of the stable checkpoint's window (a stable checkpoint that moves
+     * is rewritten and synced before the next one is sent) in the view the log recovers: no
+     * PRE-PREPARE or PREPARE for those seqs in that view. */
+    static const uint8_t unknown[ZZ_WAL_BOOT_LEN];
+    int other_boot = pick >= 0 && w->log_v2 &&
+                     memcmp(w->log_boot, unknown, ZZ_WAL_BOOT_LEN) != 0 &&
+                     (!w->boot_known || memcmp(w->log_boot, w->boot, ZZ_WAL_BOOT_LEN) != 0);
+    if (other_boot) {
+        w->boot_changed = 1;
+        uint64_t until = r->stable + r->L;
+        if (!w->lost_until || r->view > w->lost_view ||
+            (r->view == w->lost_view && until > w->lost_until)) {
+            w->lost_view = r->view;
+            w->lost_until = until;
+        }
+        zz_log("zz-agreed: replica %u: durable state: %s was written before the host restarted "
+               "(another boot id): it may lack PRE-PREPAREs and PREPAREs this replica sent, so "
+               "it sends none for seqs up to %llu in view %u; a later view or a stable "
+               "checkpoint past them ends that\n", r->id, w->path[pick],
+               (unsigned long long)w->lost_until, w->lost_view);
+    }
     if (tail == ZZ_WAL_CORRUPT && pick >= 0) {
         /* Records the replica had synced, and may have acted on, are lost. They were about
          * seqs of the window of their file's stable checkpoint (a stable checkpoint that
@@ -954,10 +1069,14 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
     w->discard_offset = tail == ZZ_WAL_CLEAN ? 0 : valid;
     free(buf[0]);
     free(buf[1]);
-    /* A clean log is appended to where it ends. Otherwise (none yet, or damage) the
-     * recovered state goes to the other file with the next epoch: the damaged file is never
-     * read again. */
-    if (pick >= 0 && tail == ZZ_WAL_CLEAN) {
+    /* A clean log of this boot is appended to where it ends. Otherwise (none yet, damage,
+     * another boot or a version-1 header) the recovered state goes to the other file with the
+     * next epoch: the damaged file is never read again, and every record of a file is
+     * written under the boot its header names. */
+    int same_boot = w->log_v2 && (w->boot_known
+                                      ? memcmp(w->log_boot, w->boot, ZZ_WAL_BOOT_LEN) == 0
+                                      : memcmp(w->log_boot, unknown, ZZ_WAL_BOOT_LEN) == 0);
+    if (pick >= 0 && tail == ZZ_WAL_CLEAN && same_boot) {
         w->off = valid;
     } else if (compact(r) != 0) {
         snprintf(err, errcap, "data_dir %s: cannot write %s: %s", w->dir,
@@ -986,6 +1105,13 @@ void zz_wal_free(zz_replica *r)
     zz_buf_free(&w->snap);
 }
 
+int zz_wal_forgets(const zz_replica *r, uint32_t view, uint64_t seq)
+{
+    const zz_wal *w = &r->wal;
+    return w->lost_until && view <= w->lost_view && seq <= w->lost_until &&
+           r->stable < w->lost_until;
+}
+
 int zz_wal_abstains(const zz_replica *r, uint64_t seq)
 {
     uint64_t until = r->wal.abstain_until;
@@ -1001,7 +1127,10 @@ void zz_wal_stats(zz_replica *r, void *file)
                   "\"recovered_records\": %llu, \"recovered_bytes\": %llu, "
                   "\"recovered_tail\": \"%s\", \"discard_offset\": %llu, "
                   "\"recovered_stable\": %llu, \"recovered_last_exec\": %llu, "
-                  "\"recover_ms\": %llu, \"abstain_until\": %llu, \"abstaining\": %d}, ",
+                  "\"recover_ms\": %llu, \"abstain_until\": %llu, \"abstaining\": %d, "
+                  "\"synced_records\": %llu, \"boot_known\": %d, \"boot_changed\": %d, "
+                  "\"lost_view\": %u, \"lost_until\": %llu, \"withholding\": %d, "
+                  "\"withheld\": %llu}, ",
             w->enabled, w->fsync, (unsigned long long)w->records, (unsigned long long)w->bytes,
             (unsigned long long)w->writes, (unsigned long long)w->syncs,
             (unsigned long long)(w->syncs ? w->sync_us_total / w->syncs : 0),
@@ -1011,5 +1140,7 @@ void zz_wal_stats(zz_replica *r, void *file)
             tail_name(w->recovered_tail), (unsigned long long)w->discard_offset,
             (unsigned long long)w->recovered_stable,
             (unsigned long long)w->recovered_last_exec, (unsigned long long)w->recover_ms,
-            (unsigned long long)w->abstain_until, w->abstain_until && r->stable < w->abstain_until);
+            (unsigned long long)w->abstain_until, w->abstain_until && r->stable < w->abstain_until,
+            (unsigned long long)w->synced_records, w->boot_known, w->boot_changed, w->lost_view,
+            (unsigned long long)w->lost_until, forgetting(r), (unsigned long long)w->withheld);
 }

@@ -1,8 +1,11 @@
 /* wal.h - durable agreement state (docs/agreement.md "Durable state"): each replica keeps
  * its protocol state in a write-ahead log of checksummed records in its data directory,
- * makes the records durable before any byte that depends on them leaves the process (one
- * write + fdatasync per event-loop turn: group commit), rewrites the log at each stable
- * checkpoint and restarts from it.
+ * writes the records before any byte to a peer that depends on them leaves the process and
+ * syncs those a COMMIT, VIEW-CHANGE or NEW-VIEW depends on first (one write + fdatasync per
+ * event-loop turn: group commit), rewrites the log at each stable checkpoint and restarts
+ * from it. A PRE-PREPARE's or PREPARE's record is synced with the next sync: a host restart
+ * (another boot id in the header) may lose it, and the replica then withholds them in the
+ * view it recovers (zz_wal_forgets).
  *
  * Two preallocated, zero-filled files (wal-a, wal-b) take turns: a rewrite goes to the other
  * file with the next epoch, so appends overwrite blocks that exist (fdatasync then has no
@@ -25,12 +28,16 @@
 
 #define ZZ_WAL_HDR 12u
 #define ZZ_WAL_MAX_RECORD (64u << 20)
-#define ZZ_WAL_VERSION 1u
+#define ZZ_WAL_VERSION 2u /* 1: a header without the boot id; still read */
+#define ZZ_WAL_BOOT_LEN 16u
 #define ZZ_WAL_CHUNK (4u << 20) /* the files grow by this much of zeros */
 
 enum zz_wal_type {
     ZZ_WAL_HEADER = 1,  /* u32 version, u16 service, u32 id, u32 n: whose log this is; u64
-                         * the seq it abstains up to (zz_wal_abstains), 0 = none */
+                         * the seq it abstains up to (zz_wal_abstains), 0 = none; version 2:
+                         * u8[16] the boot id every record of the file was written under (zeros:
+                         * unknown, every record a send depended on was synced), u32 view and
+                         * u64 seq of the PREPAREs it withholds (zz_wal_forgets), 0 = none */
     ZZ_WAL_STABLE = 2,  /* the stable checkpoint: seq, digest, proof, state encoding */
     ZZ_WAL_VIEW = 3,    /* view, in view change, own VIEW-CHANGE, NEW-VIEW accepted */
     ZZ_WAL_SLOT = 4,    /* one log slot's durable fields, its batch when newly known */
@@ -45,6 +52,17 @@ enum zz_wal_tail {
     ZZ_WAL_TORN = 1,    /* an invalid record with nothing valid after it: a cut-short write */
     ZZ_WAL_CORRUPT = 2, /* an invalid record followed by valid ones, or an invalid body */
     ZZ_WAL_FOREIGN = 3, /* a header naming another replica or version: nothing is applied */
+};
+
+/* What a message about to be sent needs of the record logged just before it (zz_wal_slot). */
+enum zz_wal_dep {
+    ZZ_WAL_NODEP = 0,   /* nothing sent depends on it: written before the next send, synced
+                         * within a second */
+    ZZ_WAL_WRITTEN = 1, /* written before the send, synced with the next sync (PRE-PREPARE,
+                         * PREPARE: a host restart that loses it is detected by the boot id,
+                         * and the replica then withholds them in that view, zz_wal_forgets) */
+    ZZ_WAL_SYNCED = 2,  /* synced before the send (COMMIT; PRE-PREPARE and PREPARE when the
+                         * boot id cannot be read) */
 };
 
 uint32_t zz_crc32c(uint32_t crc, const void *p, size_t n);
@@ -89,11 +107,26 @@ typedef struct {
     int replaying;      /* recovery applies records: nothing is logged */
     int compact_due;    /* the stable checkpoint moved: rewrite the log at the next sync */
     int must_sync;      /* a pending record is one a queued send depends on: sync it first */
+    int must_write;     /* a pending record must be written before a queued send (not synced) */
+    uint64_t unsynced;  /* records written since the last sync */
+    uint64_t pend_records; /* records in pend */
+    /* The boot this process runs in (/proc/sys/kernel/random/boot_id), and the one the
+     * replayed file's records were written under; a file is appended to only in its boot. */
+    uint8_t boot[ZZ_WAL_BOOT_LEN], log_boot[ZZ_WAL_BOOT_LEN];
+    int boot_known, log_v2;
+    /* After a restart of the host (another boot) its log may lack PRE-PREPAREs and PREPAREs
+     * it sent (written, not yet synced): none is sent for seqs up to lost_until in views up
+     * to lost_view, until the stable checkpoint passes lost_until (zz_wal_forgets). */
+    uint32_t lost_view;
+    uint64_t lost_until;
     char path[2][300], damaged[300], dir[260];
     zz_buf pend;        /* records not yet written */
     zz_buf snap;        /* compaction scratch */
     /* stats ("wal" in the stats file) */
     uint64_t records, bytes, writes, syncs, compactions;
+    uint64_t synced_records; /* records made durable by syncs (not rewrites) */
+    uint64_t withheld;       /* PREPAREs not sent because of lost_until */
+    int boot_changed;        /* the last start replayed a log of another boot */
     uint64_t sync_us_total, sync_us_max;
     uint64_t recovered_records, recovered_bytes, discard_offset, recover_ms;
     uint64_t recovered_slots, recovered_stable, recovered_last_exec, grown;
@@ -113,12 +146,15 @@ struct zz_replica;
  * wal.damaged). -1 with err set: unusable directory or another replica's log. */
 int zz_wal_recover(struct zz_replica *r, char *err, size_t errcap);
 void zz_wal_free(struct zz_replica *r);
-/* The group commit, net's barrier before any byte is sent: when a pending record is one a
- * send depends on, write all pending records and fdatasync them (or rewrite the log when
- * the stable checkpoint moved); otherwise write them without a sync. A failed write or sync
- * ends the process: a replica must not send what it could forget. */
-void zz_wal_sync(void *replica);
-/* The same whatever the records (each second, so that nothing waits long). */
+/* The group commit, net's barrier before any byte is sent (zz_on_barrier). Before bytes
+ * on a link (durable 1): when a pending record is one a send must find synced, write all
+ * pending records and fdatasync them (or rewrite the log when the stable checkpoint moved,
+ * also when a record must only be written); otherwise write them without a sync. Before
+ * bytes on an accepted connection (durable 0): pending records are written, never synced.
+ * A failed write or sync ends the process: a replica must not send what it could forget. */
+void zz_wal_sync(void *replica, int durable);
+/* Sync whatever is pending or written since the last sync (each second, so that nothing
+ * waits long). */
 void zz_wal_flush(struct zz_replica *r);
 /* Log changes (no-ops without a data directory or while replaying). */
 void zz_wal_view(struct zz_replica *r);
@@ -128,5 +164,9 @@ void zz_wal_stats(struct zz_replica *r, void *file); /* FILE *: "wal": {...}, */
 /* 1: a vote or proposal for seq must not be sent, as it could contradict one the replica sent
  * and lost with a corrupt part of its log. */
 int zz_wal_abstains(const struct zz_replica *r, uint64_t seq);
+/* 1: a PRE-PREPARE or PREPARE for (view, seq) must not be sent (nor counted as this
+ * replica's own), as the host restarted since the log was written and it may contradict one
+ * whose record was written but not synced. */
+int zz_wal_forgets(const struct zz_replica *r, uint32_t view, uint64_t seq);
 
 #endif

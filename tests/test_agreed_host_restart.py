@@ -1,0 +1,158 @@
+"""Durable agreement replicas after a host restart (docs/agreement.md "Durable state"), with
+real zz-agreed processes. A PRE-PREPARE or PREPARE record is written before its message
+leaves and synced with the next sync (at the latest the one before the replica's COMMIT):
+a process restart keeps it, a host restart may not. The log's header names the boot it was
+written under; a log of another boot makes the replica send no PREPARE in the view it
+recovers until a later view."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tests.cluster import Cluster
+
+HDR = 12  # u32 len, u32 crc, u32 epoch, then u8 type (agreement/src/wal.h)
+HEADER = 1
+# HEADER body, version 2: u32 version, u16 service, u32 id, u32 n, u64 abstain, u8[16] boot,
+# u32 lost view, u64 lost seq
+BOOT_AT = 4 + 2 + 4 + 4 + 8
+BOOT_LEN = 16
+
+
+def crc32c(data: bytes) -> int:
+    """CRC32C (Castagnoli, reflected 0x82F63B78), as wal.c computes it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_check_value() -> None:
+    assert crc32c(b"123456789") == 0xE3069283
+
+
+def _current_log(c: Cluster, r: int) -> Path:
+    """The file a restart replays: the one with the higher epoch (its first record's)."""
+    files = [c.dir / f"data{r}" / n for n in ("wal-a", "wal-b")]
+    files = [f for f in files if f.exists() and f.stat().st_size >= HDR]
+    assert files, f"replica {r} has no log file"
+    return max(files, key=lambda f: int.from_bytes(f.read_bytes()[8:12], "big"))
+
+
+def _as_if_rebooted(path: Path) -> None:
+    """Give the file's header another boot id, its checksum recomputed: the file then looks
+    written before the host restarted."""
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[0:4], "big")
+    assert data[HDR] == HEADER, "the first record is not the header"
+    assert int.from_bytes(data[HDR + 1 : HDR + 5], "big") == 2, "not a version 2 header"
+    at = HDR + 1 + BOOT_AT
+    data[at : at + BOOT_LEN] = bytes(b ^ 0xFF for b in data[at : at + BOOT_LEN])
+    # the checksum covers the length, the epoch, the type and the body
+    data[4:8] = crc32c(bytes(data[0:4]) + bytes(data[8 : HDR + length])).to_bytes(4, "big")
+    with path.open("r+b") as f:
+        f.write(bytes(data[: HDR + length]))
+
+
+def _start(c: Cluster, r: int) -> str:
+    """Start replica r and wait for its recovery line; the log lines of this start."""
+    size = c.log_path(r).stat().st_size if c.log_path(r).exists() else 0
+    c.start(r)
+
+    def new_log() -> str:
+        return c.log_path(r).read_bytes()[size:].decode(errors="replace")
+
+    c.wait_for(lambda: "durable state: recovered" in new_log(), timeout=20, what="recovery")
+    c.wait_for(lambda: "listening" in new_log(), timeout=20, what="listening")
+    return new_log()
+
+
+def _caught_up(c: Cluster, replicas: list[int]) -> bool:
+    st = [c.stats(r) for r in replicas]
+    return len({(s["last_exec"], s["app_digest"]) for s in st}) == 1
+
+
+def _order(c: Cluster, ops: list[bytes], client: int = 7) -> None:
+    async def run() -> None:
+        cl = c.client(client)
+        for op in ops:
+            assert await cl.invoke(op, timeout=20) == op
+
+    asyncio.run(run())
+
+
+def _cluster(tmp: Path) -> Cluster:
+    data = {i: str(tmp / f"data{i}") for i in range(4)}
+    return Cluster(
+        tmp,
+        g=1,
+        checkpoint_interval=32,
+        log_window=64,
+        overrides={"data_dir": data, "durability": "fsync"},
+    )
+
+
+def test_a_backup_whose_log_predates_a_host_restart_withholds_its_prepares_in_that_view(
+    tmp_path: Path,
+) -> None:
+    c = _cluster(tmp_path)
+    with c:
+        c.start()
+        _order(c, [b"first-%d" % i for i in range(10)])
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="same state")
+        # A process restart (same boot) keeps what was written: nothing is withheld.
+        c.kill(2)
+        _start(c, 2)
+        w = c.stats(2)["wal"]
+        assert w["boot_known"] == 1 and w["boot_changed"] == 0, w
+        assert w["withholding"] == 0 and w["lost_until"] == 0, w
+        c.kill(2)
+        _as_if_rebooted(_current_log(c, 2))
+        log = _start(c, 2)
+        assert "was written before the host restarted" in log, c.log_tail(2)
+        w = c.stats(2)["wal"]
+        assert w["boot_changed"] == 1 and w["withholding"] == 1 and w["lost_view"] == 0, w
+        assert w["lost_until"] == w["recovered_stable"] + 64, w
+        # The others order without its PREPAREs; it still commits (PREPAREs of backups 1, 3).
+        _order(c, [b"second-%d" % i for i in range(5)])
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="same state")
+        assert c.stats(2)["wal"]["withheld"] >= 5, c.stats(2)["wal"]
+        # Its log was rewritten under this boot with the bound: a process restart keeps it.
+        c.kill(2)
+        _start(c, 2)
+        w2 = c.stats(2)["wal"]
+        assert w2["boot_changed"] == 0 and w2["withholding"] == 1, w2
+        assert w2["lost_until"] == w["lost_until"], w2
+        # Replica 3 down: in view 0 only backup 1 prepares, so nothing prepares until the
+        # view changes; in view 1 replica 2 prepares again.
+        c.kill(3)
+        _order(c, [b"third-%d" % i for i in range(3)], client=9)
+        assert all(s["view"] >= 1 for s in c.stats_all([0, 1, 2])), c.summary()
+        assert c.stats(2)["wal"]["withholding"] == 0, c.stats(2)["wal"]
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2]), timeout=20, what="same state in view 1")
+
+
+def test_a_primary_whose_log_predates_a_host_restart_proposes_nothing_in_that_view(
+    tmp_path: Path,
+) -> None:
+    c = _cluster(tmp_path)
+    with c:
+        c.start()
+        _order(c, [b"first-%d" % i for i in range(10)])
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="same state")
+        c.kill(0)
+        _as_if_rebooted(_current_log(c, 0))
+        log = _start(c, 0)
+        assert "was written before the host restarted" in log, c.log_tail(0)
+        proposed = c.stats(0)["batches_proposed"]
+        # It may have proposed batches it lost: it proposes none in view 0, the backups
+        # change view, and the new primary (replica 1) orders.
+        _order(c, [b"second-%d" % i for i in range(3)])
+        st = c.stats(0)
+        assert st["batches_proposed"] == proposed, st
+        assert all(s["view"] >= 1 for s in c.stats_all()), c.summary()
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="same state")
+        assert c.stats(0)["wal"]["withholding"] == 0
