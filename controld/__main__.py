@@ -26,6 +26,7 @@ from zz.config import Config, ConfigError, Host, load
 from zz.controld.hypervisor import BACKENDS, HypervisorError, open_backend
 from zz.controld.rpc import RACK_SERVICE, RpcError, call
 from zz.keys import (
+    ControldKeys,
     KeyFileError,
     controld_principal,
     load_controld,
@@ -86,11 +87,31 @@ async def _run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, _reload_operators, config, host, keys)
         await stop.wait()
     finally:
         await d.stop()
         hv.close()
     return 0
+
+
+def _reload_operators(config: Config, host: Host, keys: ControldKeys) -> None:
+    """SIGHUP (`systemctl reload zz-controld@NAME`): read this host's keys again and take the
+    operators' MAC keys from them, so an operator key rotation needs no restart
+    (docs/security.md "Key rotation"). The daemon reads `keys.operators` per request. Its
+    own signing key is not swapped under a running daemon: a new one needs a restart."""
+    log = logging.getLogger("zz.controld")
+    try:
+        fresh = load_controld(config.rack.key_dir, config, host.index)
+    except KeyFileError as e:
+        log.error("SIGHUP: keys not reloaded, the old ones stay: %s", e)
+        return
+    assert fresh.secret.sign is not None and keys.secret.sign is not None
+    if fresh.secret.sign.public != keys.secret.sign.public:
+        log.warning("SIGHUP: this host's controld key changed: it takes effect at a restart")
+    keys.operators.clear()
+    keys.operators.update(fresh.operators)
+    log.info("SIGHUP: operator keys reloaded (%s)", ", ".join(map(str, sorted(fresh.operators))))
 
 
 def _value(text: str) -> Any:

@@ -13,6 +13,11 @@ APT_PACKAGES=(build-essential clang libclang-rt-14-dev llvm libssl-dev pkg-confi
 # `zz mount` (docs/files.md): fusermount3, and libfuse3-dev to build pyfuse3 (the mount extra).
 # fuse3 replaces Debian's fuse 2 package, whose place in zfs-fuse's dependencies it takes.
 APT_PACKAGES+=(fuse3 libfuse3-dev rsync)  # rsync: tests/test_mount.py runs it on a mount
+# scripts/install-host.sh, as tests/test_host_install.py runs it (offline, Debian's python3):
+# a venv that sees setuptools and wheel; systemd-analyze checks controld's unit (systemd's
+# package brings it; looked for first, since a machine may have it without the package).
+APT_PACKAGES+=(python3-venv python3-setuptools python3-wheel)
+command -v systemd-analyze >/dev/null 2>&1 || APT_PACKAGES+=(systemd)
 
 # ---- storage, Go, virtualization: their own scripts ---------------------------------------
 # Each installs its packages and starts its daemons by hand (no systemd on these machines;

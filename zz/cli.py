@@ -32,6 +32,10 @@ from zz.config import ConfigError, load
 
 def _cmd_keys(args: argparse.Namespace) -> int:
     config = load(args.config)
+    if args.operator or args.bundle or args.install:
+        return _cmd_keys_operator(args, config)
+    if args.rotate:
+        raise ValueError("--rotate: only with --operator (a host's: zz host rotate-keys)")
     try:
         out = keys.generate(config, force=args.force)
     except FileExistsError as e:
@@ -40,6 +44,88 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     n = sum(s.n + s.exec_replicas + s.clients for s in config.services)
     n += len(config.hosts) + 1  # s0: one controld per host and operator 0
     _out(args, f"wrote keys for {n} principals in {len(config.services)} services to {out}")
+    return 0
+
+
+def _cmd_keys_operator(args: argparse.Namespace, config: Any) -> int:
+    """The operator's side of keys per host (zz/hostkeys.py, docs/security.md)."""
+    from zz import hostkeys
+
+    key_dir = config.rack.key_dir
+    op = hostkeys.OPERATOR
+    if args.operator:
+        # --rotate renews the operator key (s0); the clients' keys stay.
+        made = hostkeys.create_secrets(
+            config, key_dir, op, rotate=args.rotate, services=[keys.RACK_SERVICE]
+        )
+        export = hostkeys.export_public(config, key_dir, op)
+        verb = "rotated" if args.rotate else "made"
+        _out(args, f"{verb} {len(made.created)} secrets, kept {len(made.kept)} in {key_dir}"
+                   " (operator 0 and every service's clients)")  # fmt: skip
+        _out(args, f"public keys: {export}")
+        return 0
+    if args.bundle:
+        out, exports = Path(args.bundle[0]), [Path(e) for e in args.bundle[1:]]
+        own = hostkeys.export_path(key_dir, op)
+        if own.exists() and own.resolve() not in {e.resolve() for e in exports}:
+            exports.append(own)
+        bundle = hostkeys.make_bundle(config, exports)
+        from zz.atomicfile import write_atomic
+
+        write_atomic(out, bundle.text)
+        _out(args, f"bundle of {len(bundle.keys)} public keys from {len(exports)} exports: {out}")
+        _out(args, f"fingerprint {bundle.fingerprint} (tell each host; zz host init prints it)")
+        return 0
+    bundle = hostkeys.load_bundle(config, Path(args.install))
+    rep = hostkeys.install_bundle(config, key_dir, op, bundle)
+    what = "installed" if rep.changed else "already installed"
+    _out(args, f"bundle {rep.fingerprint} {what} in {key_dir}: {len(rep.publics)} public files"
+               f" and the MAC keys of {len(rep.secrets)} secrets written")  # fmt: skip
+    return 0
+
+
+def _host_options(args: argparse.Namespace) -> Any:
+    from zz import hostinit
+
+    return hostinit.InitOptions(
+        config=Path(args.config),
+        host=args.host,
+        backend=args.backend,
+        packages=args.packages,
+        pool=args.pool,
+        no_pool=args.no_pool,
+        vdev=args.vdev,
+        vdev_size=hostinit.parse_size(args.vdev_size),
+        bundle=args.bundle,
+        etc=args.etc,
+        prefix=args.prefix,
+    )
+
+
+def _cmd_host_init(args: argparse.Namespace) -> int:
+    from zz import hostinit
+
+    report = hostinit.init(_host_options(args))
+    if args.json:
+        _json(report.json())
+    elif not args.quiet:
+        sys.stdout.write(hostinit.format_report(report))
+    return 1 if report.failed else 0
+
+
+def _cmd_host_rotate(args: argparse.Namespace) -> int:
+    from zz import hostkeys
+
+    config = load(args.config)
+    key_dir = config.rack.key_dir
+    made = hostkeys.create_secrets(config, key_dir, args.host, rotate=True)
+    export = hostkeys.export_public(config, key_dir, args.host)
+    _out(args, f"host {args.host}: {len(made.created)} new secrets in {key_dir} (their MAC keys"
+               " follow with the next bundle)")  # fmt: skip
+    for sid, p in made.rekeyed:
+        _out(args, f"  kept {hostkeys.describe(config, sid, p)}: re-keyed at a conviction on"
+                   " this host (its SPARE-READY announces the key)")  # fmt: skip
+    _out(args, f"public keys: {export}: give it to the operator for a new bundle")
     return 0
 
 
@@ -421,7 +507,72 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     k.add_argument("--force", action="store_true", help="replace an existing key directory")
+    kmode = k.add_mutually_exclusive_group()
+    kmode.add_argument(
+        "--operator",
+        action="store_true",
+        help="keys per host: make only the operator's secrets (operator 0, every client)"
+        " here, and key_dir/operator.pub",
+    )
+    kmode.add_argument(
+        "--bundle",
+        nargs="+",
+        metavar=("OUT", "EXPORT"),
+        help="keys per host: join the hosts' exports (<host>.pub files; key_dir/operator.pub"
+        " is added) into the bundle OUT and print its fingerprint",
+    )
+    kmode.add_argument(
+        "--install",
+        metavar="BUNDLE",
+        help="keys per host: install a bundle on the operator's machine (public files,"
+        " derived MAC keys)",
+    )
+    k.add_argument("--rotate", action="store_true", help="with --operator: new secrets")
     k.set_defaults(func=_cmd_keys)
+
+    ho = sub.add_parser(
+        "host",
+        help="prepare this machine as a host of a rack",
+        description="A host's own side (docs/operations.md \"Four real hosts\").",
+    )
+    hsub = ho.add_subparsers(dest="host_command", required=True, metavar="COMMAND")
+    hi = hsub.add_parser(
+        "init",
+        help="packages, ZFS pool, libvirt access, this host's keys, controld's unit env",
+        description="Prepare this machine as host NAME of the rack: every step says done, ok"
+        " (already so), skipped or FAILED; a second run changes nothing.",
+    )
+    hi.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    hi.add_argument("--host", required=True, help="this machine's name in the config's hosts")
+    hi.add_argument("--backend", default="libvirt", help="libvirt (default) or process")
+    hi.add_argument(
+        "--packages", default="check", help="check (default), install (apt-get, as root) or skip"
+    )
+    hi.add_argument("--pool", help="ZFS pool name (default zz<rack>h<index>, as zz rack up)")
+    hi.add_argument("--no-pool", action="store_true", help="no ZFS pool: the directory store")
+    hi.add_argument(
+        "--vdev", type=Path, help="the pool's vdev: a file (made sparse) or a block device"
+        " (default run_dir/zfs/<host>.img)",
+    )  # fmt: skip
+    hi.add_argument("--vdev-size", default="8G", help="size of a new vdev file (default 8G)")
+    hi.add_argument("--bundle", type=Path, help="the operator's key bundle to install")
+    hi.add_argument(
+        "--etc", type=Path, default=Path("/etc/zz"), help="where controld-<host>.env goes"
+    )
+    hi.add_argument(
+        "--prefix", type=Path, default=Path("/opt/zz"), help="the install (bin/zz-agreed)"
+    )
+    _json_flag(hi, "the steps")
+    hi.set_defaults(func=_cmd_host_init)
+    hr = hsub.add_parser(
+        "rotate-keys",
+        help="new secrets for this host's principals (then a new bundle, installed everywhere)",
+        description="Replace the secrets of every principal placed on this host with fresh"
+        " ones and export their public keys (docs/security.md \"Key rotation\").",
+    )
+    hr.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
+    hr.add_argument("--host", required=True, help="this machine's name in the config's hosts")
+    hr.set_defaults(func=_cmd_host_rotate)
 
     rack = sub.add_parser("rack", help="rack-wide operations", description="Rack operations.")
     rsub = rack.add_subparsers(dest="rack_command", required=True, metavar="COMMAND")

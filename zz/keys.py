@@ -241,10 +241,18 @@ def load_controld(key_dir: Path, config: Config, host_index: int) -> ControldKey
     # another host's controld re-keys while this one runs: the view follows the signed
     # announcements in the key directory (PeerKeys). A fixed view made a spare refilled by
     # one controld unable to fetch state through the others (seen in the campaign).
+    # A host of a rack keyed per host (zz/hostkeys.py) holds the public files of the services
+    # it carries only: another service's certificates then verify under no key (refused).
     counters: Counter[str] = Counter()
-    services: dict[int, Mapping[int, bytes]] = {
-        s.id: PeerKeys(key_dir, config, s, counters) for s in config.services
-    }
+    services: dict[int, Mapping[int, bytes]] = {}
+    for s in config.services:
+        carried = any(config.replica_host(s, r).index == host_index for r in range(s.n)) or any(
+            s.exec_host(config, i).index == host_index for i in range(s.n_exec)
+        )
+        if carried or public_path(key_dir, s.id).exists():
+            services[s.id] = PeerKeys(key_dir, config, s, counters)
+        else:
+            services[s.id] = {}
     return ControldKeys(sec, ops, services)
 
 
