@@ -111,7 +111,10 @@ class CopyFinder:
 def read_whole(full: Path, size: int) -> bytes | None:
     """The file at `full` if it is a regular file of `size` bytes (symlinks not followed),
     else None."""
-    # O_NONBLOCK: a FIFO planted in a state must not hang the server (no effect on files)
+    # Not even opened unless a regular file (a device node planted in a convicted
+    # replica's state); O_NONBLOCK: nor may a FIFO swapped in meanwhile hang the server.
+    if not stat.S_ISREG(os.lstat(full).st_mode):
+        return None
     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

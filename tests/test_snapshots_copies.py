@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from zz.crypto import NULL_DIGEST
@@ -131,3 +132,21 @@ def test_a_store_served_by_hash_only_refuses_path_reads(tmp_path: Path) -> None:
     r = files.read(16, "", 0, 1 << 20, m16.digest())
     assert (r.status, r.data) == (COPY, m16.encode())
     assert files.read(99, "", 0, 1 << 20, m16.digest()).status == REFUSED
+
+
+def test_a_symlink_or_fifo_where_a_file_was_is_neither_followed_nor_waited_on(
+    tmp_path: Path,
+) -> None:
+    """A convicted replica's state is the attacker's: a symlink to a file with the right
+    bytes elsewhere on the host is not followed, a FIFO does not hang the server."""
+    store, manifests, m16 = two_checkpoints(tmp_path)
+    outside = tmp_path / "outside"
+    outside.write_bytes(A1)
+    (store.path / "a").unlink()
+    (store.path / "a").symlink_to(outside)
+    (store.path / "d" / "b").unlink()
+    os.mkfifo(store.path / "d" / "b")
+    only_live = SnapshotFiles(store, tmp_path / "no-manifests", live=lambda: live_place(store, m16))
+    assert only_live.read(16, "a", 0, 100, sha(A1)).status != COPY
+    assert only_live.read(16, "d/b", 0, 100, sha(B)).status != COPY
+    assert only_live.copies.counters["mismatched"] == 2
