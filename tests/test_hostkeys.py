@@ -7,6 +7,7 @@ first one. Everything goes through `zz host init` / `zz host rotate-keys` / `zz 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -346,3 +347,33 @@ async def test_a_running_controld_takes_the_rotated_operator_key_on_sighup(
             p.wait()
     assert p.stderr is not None
     assert b"SIGHUP: operator keys reloaded" in p.stderr.read()
+
+
+async def test_zz_agreed_and_a_client_run_on_derived_keys(tmp_path: Path) -> None:
+    """The key files keys per host writes are what zz-agreed reads: an agreement cluster
+    (tests/cluster.py, all on host h0) keyed by host h0 and the operator's machine, whose
+    MAC keys were derived and never sent, orders a client's requests."""
+    from tests.cluster import Cluster
+
+    c = Cluster(tmp_path / "c", clients=4)
+    try:
+        key_dir = c.config.rack.key_dir
+        generated = keys.load_secret(keys.secret_path(key_dir, 1, 0))
+        shutil.rmtree(key_dir)
+        for owner in ("h0", hostkeys.OPERATOR):
+            hostkeys.create_secrets(c.config, key_dir, owner)
+            hostkeys.export_public(c.config, key_dir, owner)
+        exports = [hostkeys.export_path(key_dir, o) for o in ("h0", hostkeys.OPERATOR)]
+        bundle = hostkeys.make_bundle(c.config, exports)
+        for owner in ("h0", hostkeys.OPERATOR):
+            hostkeys.install_bundle(c.config, key_dir, owner, bundle)
+        derived = keys.load_secret(keys.secret_path(key_dir, 1, 0))
+        assert derived.sign != generated.sign and set(derived.macs) == set(generated.macs)
+        c.start()
+        client = c.client(0)
+        for i in range(5):
+            assert await client.invoke(f"op-{i}".encode(), timeout=20) == f"op-{i}".encode()
+        await client.close()
+    finally:
+        c.close()
+    assert c.leftover_pids() == []

@@ -175,7 +175,8 @@ def _packages(o: InitOptions) -> Step:
         wanted += ZFS_PACKAGES
     missing = missing_packages(wanted, installed)
     if not missing:
-        return Step("packages", "ok", f"installed: {' '.join(wanted)}")
+        have = [next(p for p in w.split("|") if installed(p)) for w in wanted]
+        return Step("packages", "ok", f"installed: {' '.join(have)}")
     names = [m.split("|")[0] for m in missing]
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", *names]
     if o.packages == "check":
