@@ -139,6 +139,22 @@ def test_host_init_reports_what_is_missing(
     out = capsys.readouterr().out
     assert "libvirt      FAILED   cannot open test:///nonexistent-zz.xml" in out
 
+    # A directory it may not write (as a user for /etc/zz): that step fails, named.
+    (tmp_path / "ro").mkdir(mode=0o500)
+    try:
+        argv = _init(rack_config, tmp_path, "--backend", "process", "--no-pool",
+                     "--packages", "skip")  # fmt: skip
+        argv[argv.index("--etc") + 1] = str(tmp_path / "ro" / "etc")
+        if os.geteuid() == 0:  # root writes anyway: make the file's place a file
+            (tmp_path / "ro").chmod(0o700)
+            (tmp_path / "ro" / "etc").write_text("")
+        assert cli.main(argv) == 1
+        out = capsys.readouterr().out
+        assert f"unit         FAILED   {tmp_path / 'ro' / 'etc'}" in out, out
+        assert "keys         ok" in out
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+
 
 @pytest.mark.parametrize(
     ("extra", "field"),

@@ -324,11 +324,19 @@ def init(o: InitOptions) -> InitReport:
     so one run names everything that is missing."""
     config, host = check_options(o)
     report = InitReport(host.name)
-    report.steps.append(_packages(o))
-    report.steps.append(_pool(o, config, host))
-    report.steps.append(_libvirt(o, host))
-    report.steps += _keys(o, config, host)
-    report.steps.append(_unit_env(o, config, host))
+    steps: list[tuple[str, Callable[[], Step | list[Step]]]] = [
+        ("packages", lambda: _packages(o)),
+        ("pool", lambda: _pool(o, config, host)),
+        ("libvirt", lambda: _libvirt(o, host)),
+        ("keys", lambda: _keys(o, config, host)),
+        ("unit", lambda: _unit_env(o, config, host)),
+    ]
+    for name, step in steps:
+        try:
+            got = step()
+        except OSError as e:  # e.g. not root: /etc/zz or the key directory not writable
+            got = Step(name, "FAILED", f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
+        report.steps += got if isinstance(got, list) else [got]
     return report
 
 
