@@ -342,3 +342,22 @@ def test_a_round_waits_for_every_active_replica_to_hold_the_whole_state() -> Non
         "exec-2 answered by 3 of 4 agreement replicas (4 linked)"
     ]
     assert len(cp.runtime_problems(3, {}, 4)) == 1  # no status file yet: not ready
+
+
+def test_a_campaign_refuses_a_tree_whose_sub_packages_come_from_another(tmp_path: Path) -> None:
+    """A copy of zz/ on PYTHONPATH without its controld, execution and snapshots would
+    run the installed tree's runtimes: the campaign refuses it, naming the package."""
+    import subprocess
+    import sys
+
+    from zz.procrack import REPO, split_tree
+
+    assert split_tree() is None
+    shutil.copytree(REPO / "zz", tmp_path / "zz", ignore=shutil.ignore_patterns("__pycache__"))
+    run = subprocess.run(
+        [sys.executable, "-m", "zz.campaign", "--rounds", "1", "--f", "1"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "zz.controld comes from" in run.stderr and f"not from {tmp_path}" in run.stderr

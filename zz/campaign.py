@@ -874,8 +874,10 @@ def main(argv: list[str] | None = None) -> int:
         clients=a.clients,
         agreed=a.agreed or (Path(os.environ["ZZ_AGREED"]) if os.environ.get("ZZ_AGREED") else None),
     )
-    from zz.procrack import REPO
+    from zz.procrack import REPO, split_tree
 
+    if why := split_tree():
+        p.error(why)
     out = a.out or REPO / "bench-results" / f"byzantine-{time.strftime('%Y%m%d-%H%M%S')}"
     opts.keep_logs = out / "logs"
     print(f"seed {seed}; writing {out / 'campaign.json'}", flush=True)

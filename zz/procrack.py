@@ -39,6 +39,27 @@ DEFAULT_AGREED = REPO / "agreement" / "build" / "zz-agreed"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def split_tree() -> str | None:
+    """Why a process started from this tree would run code of another one, or None.
+
+    The editable install maps zz.controld, zz.execution and zz.snapshots to the tree it
+    was made from, so `PYTHONPATH=<a worktree>` alone mixes that worktree's zz with the
+    installed tree's sub-packages (a campaign run from a worktree once did, and its
+    runtimes failed on the other tree's half-changed fetch code)."""
+    import importlib.util
+
+    for name in ("zz.controld", "zz.execution", "zz.snapshots"):
+        spec = importlib.util.find_spec(name)
+        origin = Path(spec.origin).resolve() if spec and spec.origin else None
+        if origin is None or not origin.is_relative_to(REPO):
+            return (
+                f"{name} comes from {origin.parent if origin else 'nowhere'}, not from {REPO}:"
+                f" install this tree (pip install -e {REPO}) or link its top-level"
+                " controld, execution and snapshots directories into zz/"
+            )
+    return None
+
+
 # ---- single processes (also used by tests/cluster.py, the tests and scripts/demo_web.py) --
 def repo_env() -> dict[str, str]:
     """Our environment with this tree first on PYTHONPATH, so `python -m zz...` imports
