@@ -77,6 +77,9 @@ struct zz_conn {
     size_t acct;             /* queued bytes counted in the totals (out_sync) */
     int abort;               /* closed as a slow reader: reset, unsent bytes discarded */
     uint64_t out_since_ms;   /* queued output made its last progress (or began) at */
+    /* links, with a barrier: frames that wait for the turn's durable barrier (release_held) */
+    uint8_t *held;
+    size_t held_len, held_cap;
 };
 
 typedef struct {
@@ -122,6 +125,8 @@ struct zz_net {
     void *kick_ctx;
     zz_on_barrier barrier; /* before any write to a socket (zz_net_set_barrier) */
     void *barrier_ctx;
+    int early;    /* link sends now go out before the durable barrier (zz_net_early) */
+    int any_held; /* some link holds frames for the durable barrier */
     zz_net_stats st;
     uint32_t n_accepted;
     uint32_t accept_backoff_ms; /* the current accept back-off; 0: accepting normally */
@@ -390,14 +395,10 @@ static int conn_flush(zz_net *n, zz_conn *c)
 {
     if (c->fd < 0 || c->dead || (c->kind == C_PEER && c->state != L_UP))
         return 0;
-    if (n->barrier && c->out_off < c->out_len) {
-        /* What these bytes depend on is durable first. Links (agreement peers, controlds)
-         * carry proposals and votes; accepted connections carry replies and fetch answers,
-         * which depend on no record, so for them pending records are only written. */
-        int durable = c->kind != C_ACCEPTED;
-        n->st.barriers += (uint64_t)durable;
-        n->barrier(n->barrier_ctx, durable);
-    }
+    /* What these bytes depend on is written first; bytes that need it synced are held
+     * until the durable barrier (release_held). */
+    if (n->barrier && c->out_off < c->out_len)
+        n->barrier(n->barrier_ctx, 0);
     size_t wrote = 0;
     while (c->out_off < c->out_len) {
         ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
@@ -425,6 +426,32 @@ static int conn_flush(zz_net *n, zz_conn *c)
     return 0;
 }
 
+/* Room for `need` more bytes at the end of c's output queue (reclaiming the written prefix
+ * before growing); the caller fills them. NULL without memory. */
+static uint8_t *out_reserve(zz_conn *c, size_t need)
+{
+    if (c->out_cap - c->out_len < need) {
+        if (c->out_off > 0) {
+            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+            c->out_len -= c->out_off;
+            c->out_off = 0;
+        }
+        if (c->out_cap - c->out_len < need) {
+            size_t nc = c->out_cap ? c->out_cap : 64 * 1024;
+            while (nc - c->out_len < need)
+                nc *= 2;
+            uint8_t *p = realloc(c->out, nc);
+            if (!p)
+                return NULL;
+            c->out = p;
+            c->out_cap = nc;
+        }
+    }
+    uint8_t *d = c->out + c->out_len;
+    c->out_len += need;
+    return d;
+}
+
 /* Append one frame; 0 on success, -1 if it was dropped (queue bound or memory). */
 static int conn_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
 {
@@ -441,33 +468,16 @@ static int conn_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
         return -1;
     if (c->out_off == c->out_len)
         c->out_since_ms = zz_net_now_ms(n);
-    if (c->out_cap - c->out_len < need) {
-        /* Reclaim the written prefix before growing. */
-        if (c->out_off > 0) {
-            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
-            c->out_len -= c->out_off;
-            c->out_off = 0;
-        }
-        if (c->out_cap - c->out_len < need) {
-            size_t nc = c->out_cap ? c->out_cap : 64 * 1024;
-            while (nc - c->out_len < need)
-                nc *= 2;
-            uint8_t *p = realloc(c->out, nc);
-            if (!p) {
-                n->st.send_overflow++;
-                return -1;
-            }
-            c->out = p;
-            c->out_cap = nc;
-        }
+    uint8_t *d = out_reserve(c, need);
+    if (!d) {
+        n->st.send_overflow++;
+        return -1;
     }
-    uint8_t *d = c->out + c->out_len;
     d[0] = (uint8_t)(len >> 24);
     d[1] = (uint8_t)(len >> 16);
     d[2] = (uint8_t)(len >> 8);
     d[3] = (uint8_t)len;
     memcpy(d + 4, msg, len);
-    c->out_len += need;
     out_sync(n, c);
     n->st.frames_out++;
     if (c->out_len - c->out_off >= FLUSH_EARLY)
@@ -580,13 +590,76 @@ static int resolve(const char *host, uint16_t port, int passive, struct sockaddr
 
 /* ---- injection and the public send API ---- */
 
+/* Keep one frame for link c until the turn's durable barrier; -1 if it was dropped. */
+static int held_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
+{
+    if (len > ZZ_MAX_MSG || (c->out_len - c->out_off) + c->held_len + 4 + len > OUT_LIMIT) {
+        n->st.send_overflow++;
+        return -1;
+    }
+    size_t need = 4 + len;
+    if (c->held_cap - c->held_len < need) {
+        size_t nc = c->held_cap ? c->held_cap : 64 * 1024;
+        while (nc - c->held_len < need)
+            nc *= 2;
+        uint8_t *p = realloc(c->held, nc);
+        if (!p) {
+            n->st.send_overflow++;
+            return -1;
+        }
+        c->held = p;
+        c->held_cap = nc;
+    }
+    uint8_t *d = c->held + c->held_len;
+    d[0] = (uint8_t)(len >> 24);
+    d[1] = (uint8_t)(len >> 16);
+    d[2] = (uint8_t)(len >> 8);
+    d[3] = (uint8_t)len;
+    memcpy(d + 4, msg, len);
+    c->held_len += need;
+    n->st.frames_out++;
+    n->any_held = 1;
+    return 0;
+}
+
+/* With a barrier, a link send waits for the turn's durable barrier unless the owner marked
+ * it early (zz_net_early): it needs only what is written. */
 static void link_send(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len)
 {
     zz_conn *c = &n->links[peer];
-    if (conn_enqueue(n, c, msg, len) < 0)
+    int rc = n->barrier && !n->early ? held_enqueue(n, c, msg, len)
+                                     : conn_enqueue(n, c, msg, len);
+    if (rc < 0)
         return;
     if (c->state == L_DOWN)
         link_connect(n, c);
+}
+
+/* The turn's durable barrier (one call), then the held frames join their links' queues. */
+static void release_held(zz_net *n)
+{
+    if (!n->any_held)
+        return;
+    n->any_held = 0;
+    n->st.barriers++;
+    n->barrier(n->barrier_ctx, 1);
+    for (uint32_t p = 0; p < n->n_links; p++) {
+        zz_conn *c = &n->links[p];
+        if (c->held_len == 0)
+            continue;
+        uint8_t *d = out_reserve(c, c->held_len);
+        if (d)
+            memcpy(d, c->held, c->held_len);
+        else
+            n->st.send_overflow++;
+        c->held_len = 0;
+        if (c->held_cap > OUT_KEEP) {
+            free(c->held);
+            c->held = NULL;
+            c->held_cap = 0;
+        }
+        conn_flush(n, c);
+    }
 }
 
 static void on_delayed(void *ctx)
@@ -981,31 +1054,20 @@ static void conn_destroy(zz_net *n, zz_conn *c)
 
 /* ---- the loop ---- */
 
-/* Flush the dirty connections of one class: accepted ones (links 0) or links (1). */
-static void flush_dirty(zz_net *n, int links)
-{
-    zz_conn **pp = &n->dirty_head;
-    while (*pp) {
-        zz_conn *c = *pp;
-        if ((c->kind != C_ACCEPTED) != links) {
-            pp = &c->next_dirty;
-            continue;
-        }
-        *pp = c->next_dirty;
-        c->dirty = 0;
-        c->next_dirty = NULL;
-        conn_flush(n, c);
-    }
-}
-
-/* Flush everything queued, then close what broke, repeating because an on_close handler
- * may queue more output. Accepted connections first: their bytes (replies) wait for no
- * sync, so they leave before the links' barrier syncs the turn's records. */
+/* Flush everything queued, then what the links held for the durable barrier, then close
+ * what broke, repeating because an on_close handler may queue more output. Replies and
+ * early link frames leave before the barrier's sync, the held frames after it. */
 static void settle(zz_net *n)
 {
-    while (n->dirty_head || n->dead_head) {
-        flush_dirty(n, 0);
-        flush_dirty(n, 1);
+    while (n->dirty_head || n->dead_head || n->any_held) {
+        while (n->dirty_head) {
+            zz_conn *c = n->dirty_head;
+            n->dirty_head = c->next_dirty;
+            c->dirty = 0;
+            c->next_dirty = NULL;
+            conn_flush(n, c);
+        }
+        release_held(n);
         while (n->dead_head) {
             zz_conn *c = n->dead_head;
             n->dead_head = c->next_dead;
@@ -1100,13 +1162,8 @@ int zz_net_run(zz_net *n)
             }
             if (e & (EPOLLIN | EPOLLERR | EPOLLHUP))
                 conn_readable(n, c);
-            /* A link's queued bytes go out in settle, after the turn's one barrier. */
-            if ((e & EPOLLOUT) && !c->dead) {
-                if (c->kind == C_ACCEPTED || !n->barrier)
-                    conn_flush(n, c);
-                else
-                    mark_dirty(n, c);
-            }
+            if ((e & EPOLLOUT) && !c->dead)
+                conn_flush(n, c);
         }
         if (ne > 0)
             n->st.turns++;
@@ -1124,6 +1181,8 @@ void zz_net_on_kick(zz_net *n, zz_on_timer fn, void *ctx)
     n->on_kick = fn;
     n->kick_ctx = ctx;
 }
+
+void zz_net_early(zz_net *n, int on) { n->early = on; }
 
 void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx)
 {
@@ -1278,6 +1337,7 @@ void zz_net_free(zz_net *n)
             close(l->fd);
         free(l->in);
         free(l->out);
+        free(l->held);
     }
     /* Messages parked by the delay injector are owned by their timers. */
     for (size_t i = 0; i < n->nheap; i++)

@@ -50,7 +50,7 @@ typedef struct {
     uint64_t out_total_overflows;  /* closed: clients together over client_out_total */
     uint64_t out_stall_timeouts;   /* closed: output queued, nothing written for the timeout */
     uint64_t turns;    /* loop turns that handled at least one event */
-    uint64_t barriers; /* durable barrier calls (before bytes on a link) */
+    uint64_t barriers; /* durable barrier calls (turns that released held link frames) */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
@@ -94,15 +94,16 @@ void zz_net_conn_set_owner(zz_net *n, zz_conn *c, uint32_t owner);
 uint64_t zz_net_owner_queued(const zz_net *n, uint32_t owner);
 uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
 
-/* Called before any byte is written to a socket (at most once per write attempt): the owner
- * makes durable what the queued bytes depend on, e.g. the write-ahead log's group commit
- * (wal.c). `durable` is 1 for links (agreement peers, zz_net_add_link), which carry what
- * may depend on the owner's records, and 0 for accepted connections (clients, fetchers,
- * execution replicas), which carry nothing that does: the owner may then skip a sync. At
- * the end of a turn accepted connections are flushed first, then the links, so that bytes
- * queued in one turn go out after one durable call; a link's EPOLLOUT waits for that too. */
+/* The owner's durability barrier, e.g. the write-ahead log's group commit (wal.c). Called
+ * with durable 0 before any byte is written to a socket: the owner writes what queued bytes
+ * depend on. Once set, a frame sent to a link (agreement peer, zz_net_add_link) is held
+ * until the end of the turn, where one call with durable 1 makes everything the turn's
+ * frames depend on durable before they join their queues; frames sent while zz_net_early
+ * is on need only the written records and are queued at once. Replies and other frames on
+ * accepted connections never wait for the durable call. */
 typedef void (*zz_on_barrier)(void *ctx, int durable);
 void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx);
+void zz_net_early(zz_net *n, int on);
 
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);

@@ -72,10 +72,13 @@ static void prepare(zz_replica *r, zz_slot *s, int new_batch)
      * not accept another batch for this seq and view, and a restarted host withholds them
      * (docs/agreement.md "Durable state"). */
     zz_wal_slot(r, s, new_batch, withhold ? ZZ_WAL_NODEP : ZZ_WAL_WRITTEN);
-    if (withhold)
+    if (withhold) {
         r->wal.withheld++;
-    else if (backup && !zz_wal_abstains(r, s->seq))
+    } else if (backup && !zz_wal_abstains(r, s->seq)) {
+        zz_net_early(r->net, zz_wal_early(r)); /* before the turn's sync, if it may */
         send_phase(r, s, ZZ_PREPARE);
+        zz_net_early(r->net, 0);
+    }
 }
 
 static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *digest,

@@ -159,7 +159,8 @@ int zz_replica_init(zz_replica *r, zz_conf *c, char *err, size_t errcap)
      * the records it depends on are written (and synced, durability fsync). */
     if (zz_wal_recover(r, err, errcap) != 0)
         return -1;
-    zz_net_set_barrier(r->net, zz_wal_sync, r);
+    if (r->wal.enabled)
+        zz_net_set_barrier(r->net, zz_wal_sync, r);
     r->last_progress_ms = zz_now_ms(r);
     return 0;
 }

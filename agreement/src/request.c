@@ -387,8 +387,11 @@ static void propose_loop(zz_replica *r)
             return;
         }
         zz_accept_proposal(r, s, r->view, d, batch.p, (uint32_t)batch.len);
-        if (!zz_byz_pre_prepare(r, seq, &batch, seed, send_pp_to))
+        if (!zz_byz_pre_prepare(r, seq, &batch, seed, send_pp_to)) {
+            zz_net_early(r->net, zz_wal_early(r)); /* before the turn's sync, if it may */
             send_pp(r, 0, 0, seq, batch.p, (uint32_t)batch.len);
+            zz_net_early(r->net, 0);
+        }
         zz_buf_free(&batch);
         /* Our own PRE-PREPARE is relayed on retransmission. */
         if (s->seq == seq && !s->pp_raw && !r->out.oom) {

@@ -351,6 +351,7 @@ void zz_wal_view(zz_replica *r)
     if (!w->enabled || w->replaying)
         return;
     w->must_sync = 1;
+    w->view_pending = 1;
     if (w->compact_due)
         return;
     size_t before = w->pend.len;
@@ -723,6 +724,7 @@ static int compact(zz_replica *r)
     w->compactions++;
     w->compact_due = 0;
     w->must_write = 0;
+    w->view_pending = 0;
     w->unsynced = 0;
     w->pend_records = 0;
     zz_buf_reset(&w->pend);
@@ -763,7 +765,7 @@ void zz_wal_sync(void *replica, int durable)
     if (!w->enabled || w->replaying)
         return;
     /* A rewrite pending holds every record a send needs, written or synced: it goes first. */
-    if (durable && (w->must_sync || (w->must_write && w->compact_due))) {
+    if ((durable && w->must_sync) || (w->must_write && w->compact_due)) {
         sync_now(r);
         return;
     }
@@ -772,8 +774,13 @@ void zz_wal_sync(void *replica, int durable)
      * start by the boot id: zz_wal_forgets). */
     if (!w->compact_due)
         write_pending(r);
-    if (durable)
-        w->must_write = 0;
+    w->must_write = 0;
+}
+
+int zz_wal_early(const zz_replica *r)
+{
+    const zz_wal *w = &r->wal;
+    return w->enabled && w->boot_known && !w->view_pending;
 }
 
 void zz_wal_flush(zz_replica *r)
@@ -802,6 +809,7 @@ static void sync_now(zz_replica *r)
     }
     w->must_sync = 0;
     w->must_write = 0;
+    w->view_pending = 0;
     uint64_t us = mono_us() - t0;
     if (w->fsync) {
         w->syncs++;

@@ -108,6 +108,7 @@ typedef struct {
     int compact_due;    /* the stable checkpoint moved: rewrite the log at the next sync */
     int must_sync;      /* a pending record is one a queued send depends on: sync it first */
     int must_write;     /* a pending record must be written before a queued send (not synced) */
+    int view_pending;   /* a VIEW record is not synced yet: every send to a peer waits for it */
     uint64_t unsynced;  /* records written since the last sync */
     uint64_t pend_records; /* records in pend */
     /* The boot this process runs in (/proc/sys/kernel/random/boot_id), and the one the
@@ -146,13 +147,18 @@ struct zz_replica;
  * wal.damaged). -1 with err set: unusable directory or another replica's log. */
 int zz_wal_recover(struct zz_replica *r, char *err, size_t errcap);
 void zz_wal_free(struct zz_replica *r);
-/* The group commit, net's barrier before any byte is sent (zz_on_barrier). Before bytes
- * on a link (durable 1): when a pending record is one a send must find synced, write all
- * pending records and fdatasync them (or rewrite the log when the stable checkpoint moved,
- * also when a record must only be written); otherwise write them without a sync. Before
- * bytes on an accepted connection (durable 0): pending records are written, never synced.
- * A failed write or sync ends the process: a replica must not send what it could forget. */
+/* The group commit, net's barrier (zz_on_barrier). Before any byte is written to a socket
+ * (durable 0): the pending records are written, not synced (the log is rewritten first when
+ * the stable checkpoint moved and a queued send needs a record). Once per turn before the
+ * frames held for it join the links' queues (durable 1): when a pending record is one a
+ * send must find synced, all pending records are written and fdatasynced (or the log is
+ * rewritten), otherwise written. A failed write or sync ends the process: a replica must not
+ * send what it could forget. */
 void zz_wal_sync(void *replica, int durable);
+/* 1: a PRE-PREPARE or PREPARE about to be sent needs its record only written and may leave
+ * before the turn's sync (zz_net_early): the log has the boot id and no VIEW record waits
+ * for a sync. */
+int zz_wal_early(const struct zz_replica *r);
 /* Sync whatever is pending or written since the last sync (each second, so that nothing
  * waits long). */
 void zz_wal_flush(struct zz_replica *r);
