@@ -604,6 +604,116 @@ static void inject_case(tctx *t, parent *p, const char *name, double drop, doubl
     end_case(t);
 }
 
+/* ---- the durability barrier (zz_net_set_barrier, zz_net_early) ---- */
+
+typedef struct {
+    zz_net *net;
+    int durable_calls;
+    int watching;            /* record the next durable call */
+    uint64_t out_at_durable; /* bytes written to sockets when it came */
+} bar_state;
+
+static void on_barrier(void *ctx, int durable)
+{
+    bar_state *b = ctx;
+    if (!durable)
+        return;
+    b->durable_calls++;
+    if (b->watching) {
+        b->watching = 0;
+        b->out_at_durable = zz_net_get_stats(b->net)->bytes_out;
+    }
+}
+
+static void send_held_then_early(void *ctx)
+{
+    zz_net *n = ctx;
+    uint8_t b[16];
+    zz_net_send_peer(n, 1, b, make_frame(b, T_DATA, 1, 16)); /* held for the barrier */
+    zz_net_early(n, 1);
+    zz_net_send_peer(n, 1, b, make_frame(b, T_DATA, 2, 16)); /* needs only the write */
+    zz_net_early(n, 0);
+}
+
+/* Run the loop in 50 ms steps until `bytes` were written to sockets (5 s at most). */
+static int run_until_out(zz_net *n, uint64_t bytes)
+{
+    for (int i = 0; i < 100 && zz_net_get_stats(n)->bytes_out < bytes; i++) {
+        zz_net_timer(n, 50, on_stop, n);
+        zz_net_run(n);
+    }
+    return zz_net_get_stats(n)->bytes_out >= bytes;
+}
+
+/* Read one 20-byte frame (u32 length 16 + a test frame) and return its seq; -1 on error. */
+static long read_frame(int fd)
+{
+    uint8_t f[20];
+    size_t got = 0;
+    while (got < sizeof f) {
+        ssize_t r = recv(fd, f + got, sizeof f - got, 0);
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return get32(f) == 16 && get32(f + 4) == T_DATA ? (long)get64(f + 8) : -1;
+}
+
+static void test_barrier(tctx *t)
+{
+    static zz_conf c;
+    uint16_t ports[4];
+    pick_ports(ports);
+    /* Peer 1 is a plain socket here, to see the bytes in the order they leave. */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    t_begin(t, "barrier: held link frames leave after the durable call, early ones before");
+    if (!CHECK(t, lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sl) == 0 &&
+                      getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0 &&
+                      listen(lfd, 4) == 0)) {
+        end_case(t);
+        return;
+    }
+    ports[1] = ntohs(sa.sin_port);
+    conf_init(&c, 0, ports);
+    char err[256];
+    zz_net *n = zz_net_new(&c, NULL, NULL, NULL, err, sizeof err);
+    if (!CHECK(t, n != NULL)) {
+        printf("  %s\n", err);
+        close(lfd);
+        end_case(t);
+        return;
+    }
+    bar_state b = {n, 0, 0, 0};
+    zz_net_set_barrier(n, on_barrier, &b);
+    uint8_t f[16];
+    zz_net_send_peer(n, 1, f, make_frame(f, T_DATA, 0, 16)); /* connects the link */
+    CHECK(t, run_until_out(n, 20));
+    CHECK(t, b.durable_calls == 1);
+    uint64_t base = zz_net_get_stats(n)->bytes_out;
+    b.watching = 1;
+    zz_net_timer(n, 0, send_held_then_early, n);
+    CHECK(t, run_until_out(n, base + 40));
+    CHECK(t, b.durable_calls == 2);
+    /* Only the early frame had left when the durable call came. */
+    CHECK(t, b.out_at_durable == base + 20);
+    struct timeval tv = {5, 0};
+    int cfd = accept(lfd, NULL, NULL);
+    CHECK(t, cfd >= 0);
+    if (cfd >= 0) {
+        setsockopt(cfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        long s0 = read_frame(cfd), s1 = read_frame(cfd), s2 = read_frame(cfd);
+        CHECK(t, s0 == 0 && s1 == 2 && s2 == 1);
+        if (!(s0 == 0 && s1 == 2 && s2 == 1))
+            printf("  frames arrived as seq %ld, %ld, %ld\n", s0, s1, s2);
+        close(cfd);
+    }
+    zz_net_free(n);
+    close(lfd);
+    end_case(t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 7 && strcmp(argv[1], "--child") == 0)
@@ -614,6 +724,7 @@ int main(int argc, char **argv)
     p.buf = malloc(300000);
     test_timers(&t, p.ports);
     test_inject_deterministic(&t, p.ports);
+    test_barrier(&t);
 
     conf_init(&p.conf, 0, p.ports);
     new_parent(&t, &p);
