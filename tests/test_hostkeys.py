@@ -234,6 +234,9 @@ def test_the_bundle_refuses_what_does_not_fit_the_rack(
     assert _host_init(machines["h2"], "h2", "--bundle", str(swapped)) == 1
     assert cli.main(["keys", str(machines["h0"]), "--rotate"]) == 2
     assert cli.main(["host", "rotate-keys", str(machines["h0"]), "--host", "h9"]) == 2
+    named = tmp_path / "named.toml"
+    named.write_text(machines["h0"].read_text().replace('name = "h4"', 'name = "operator"'))
+    assert _host_init(named, "operator") == 2  # the operator's machine's name in keys per host
 
 
 def test_host_and_operator_key_rotation(

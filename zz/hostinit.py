@@ -141,6 +141,7 @@ def check_options(o: InitOptions) -> tuple[Config, Host]:
         if any(c.isspace() or c in '"\\$`' for c in str(path)):
             raise ValueError(f"{name}: no whitespace, quotes, '\\', '$' or '`' in {str(path)!r}")
     config = load(o.config)
+    hostkeys.check_names(config)
     for h in config.hosts:
         if h.name == o.host:
             return config, h

@@ -78,8 +78,18 @@ def all_principals(config: Config) -> list[Principal]:
     return out
 
 
+def check_names(config: Config) -> None:
+    for h in config.hosts:
+        if h.name == OPERATOR:
+            raise ConfigError(
+                f"hosts[{h.index}].name: {OPERATOR!r} names the operator's machine in keys"
+                " per host: give the host another name"
+            )
+
+
 def owned(config: Config, owner: str) -> list[Principal]:
     """The principals whose secrets `owner` holds."""
+    check_names(config)
     if owner != OPERATOR:
         _host(config, owner)  # a ConfigError naming the hosts
     return [sp for sp in all_principals(config) if owner_of(config, *sp) == owner]
@@ -269,6 +279,7 @@ def fingerprint(text: str) -> str:
 
 def _check_complete(config: Config, got: dict[Principal, tuple[bytes, str]], where: str) -> None:
     """Every principal of the rack once, from the owner the placement gives it."""
+    check_names(config)
     expected = set(all_principals(config))
     for (sid, p), (_, owner) in sorted(got.items()):
         if (sid, p) not in expected:
