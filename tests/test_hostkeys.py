@@ -380,3 +380,59 @@ async def test_zz_agreed_and_a_client_run_on_derived_keys(tmp_path: Path) -> Non
     finally:
         c.close()
     assert c.leftover_pids() == []
+
+
+def test_a_slot_re_keyed_at_a_conviction_keeps_its_key_through_a_peers_rotation(
+    machines: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Execution slot 0 of web re-keyed by its controld (keys.rotate_exec, epoch 1), its
+    SPARE-READY copied to agreement replica 0's host; that host rotates its keys: the
+    slot keeps its epoch key, and after the new bundle both ends derive the same epoch MAC
+    key again from the new agreement key."""
+    for h in HOSTS:
+        assert _host_init(machines[h], h) == 0
+    assert cli.main(["keys", str(machines[hostkeys.OPERATOR]), "--operator"]) == 0
+    _bundle(machines, tmp_path / "bundle-1")
+    _everyone(machines, tmp_path / "bundle-1")
+    config = load(machines["h0"])
+    web = config.service("web")
+    slot_host, agree_host = web.exec_host(config, 0), config.replica_host(web, 0)
+    assert slot_host != agree_host
+    slot_keys = load(machines[slot_host.name]).rack.key_dir
+    agree_keys = load(machines[agree_host.name]).rack.key_dir
+    ctl = keys.load_secret(keys.secret_path(slot_keys, 0, keys.controld_principal(slot_host.index)))
+    assert ctl.sign is not None
+    keys.rotate_exec(slot_keys, config, web, 0, 7, ctl.sign, slot_host.index)
+    cert = keys.spare_cert_path(slot_keys, 1, 256)
+    shutil.copy(cert, keys.spare_cert_path(agree_keys, 1, 256))  # as SPARE-READY spreads
+
+    def both_ends() -> tuple[bytes, bytes]:
+        slot = keys.load_secret(keys.secret_path(slot_keys, 1, 256))
+        assert slot.epoch == 1
+        a0 = keys.load_secret(keys.secret_path(agree_keys, 1, 0))
+        return slot.macs[0], keys.with_epoch_macs(a0, agree_keys, config, web).macs[256]
+
+    before = both_ends()
+    assert before[0] == before[1]
+    assert cli.main(["host", "rotate-keys", str(machines[agree_host.name]),
+                     "--host", agree_host.name]) == 0  # fmt: skip
+    _bundle(machines, tmp_path / "bundle-2")
+    _everyone(machines, tmp_path / "bundle-2")
+    after = both_ends()
+    assert after[0] == after[1] and after[0] != before[0]
+    # The slot's own host rotates: the slot keeps its key, its SPARE-READY is signed again
+    # with the new controld key, and with the new bundle everything verifies as before.
+    capsys.readouterr()
+    assert cli.main(["host", "rotate-keys", str(machines[slot_host.name]),
+                     "--host", slot_host.name]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "kept s1 p256 (execution replica 0 of web): re-keyed at a conviction" in out
+    assert f"signed {cert} again with the new controld key" in out
+    _bundle(machines, tmp_path / "bundle-3")
+    _everyone(machines, tmp_path / "bundle-3")
+    with pytest.raises(keys.KeyFileError, match="signature"):  # the copy signed by the old key
+        both_ends()
+    shutil.copy(cert, keys.spare_cert_path(agree_keys, 1, 256))
+    assert both_ends() == after
+    slot = keys.load_secret(keys.secret_path(slot_keys, 1, 256))
+    assert keys.service_publics(slot_keys, config, web)[256] == slot.sign.public  # type: ignore[union-attr]

@@ -125,6 +125,8 @@ def _cmd_host_rotate(args: argparse.Namespace) -> int:
     for sid, p in made.rekeyed:
         _out(args, f"  kept {hostkeys.describe(config, sid, p)}: re-keyed at a conviction on"
                    " this host (its SPARE-READY announces the key)")  # fmt: skip
+    for cert in made.resigned:
+        _out(args, f"  signed {cert} again with the new controld key: replace its copies")
     _out(args, f"public keys: {export}: give it to the operator for a new bundle")
     return 0
 
@@ -692,6 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
             "detection",
             "checkpoint",
             "byzantine",
+            "powerloss",
             "guestbook-reads",
             "files",
         ),

@@ -132,8 +132,10 @@ class SecretsReport:
     created: list[Principal] = field(default_factory=list)
     kept: list[Principal] = field(default_factory=list)
     # Rotation leaves slots a conviction re-keyed alone: their key was made on this host by
-    # controld at the conviction (keys.rotate_exec) and peers know it by its SPARE-READY.
+    # controld at the conviction (keys.rotate_exec) and peers know it by its SPARE-READY,
+    # which is signed again with the host's new controld key (`resigned`, the files).
     rekeyed: list[Principal] = field(default_factory=list)
+    resigned: list[Path] = field(default_factory=list)
 
 
 def _secret_dir(key_dir: Path, service_id: int) -> Path:
@@ -180,7 +182,35 @@ def create_secrets(
         _secret_dir(key_dir, sid)
         _write_secret(path, keys.Secret(p, SigningKey(os.urandom(KEY_LEN))))
         report.created.append((sid, p))
+    if owner != OPERATOR and report.rekeyed:
+        _resign_spares(config, key_dir, owner, report)
     return report
+
+
+def _resign_spares(config: Config, key_dir: Path, owner: str, report: SecretsReport) -> None:
+    """The SPARE-READY of each re-keyed slot on this host, signed with its controld's key
+    as it is now: a rotated controld key would otherwise leave the announcements verifying
+    under no key (keys.slot_keys refuses them)."""
+    me = keys.controld_principal(_host(config, owner).index)
+    ctl = keys.load_secret(keys.secret_path(key_dir, keys.RACK_SERVICE, me))
+    assert ctl.sign is not None
+    for sid, p in report.rekeyed:
+        cert = keys.spare_cert_path(key_dir, sid, p)
+        if not cert.exists():
+            continue
+        try:
+            m = wire.decode(bytes.fromhex(cert.read_text().strip()))
+        except (ValueError, wire.WireError) as e:
+            raise HostKeyError(f"{cert}: {e}") from e
+        if not isinstance(m, wire.SpareReady) or m.sender != me:
+            raise HostKeyError(f"{cert}: not a SPARE-READY of this host's controld")
+        if m.verify_sig(ctl.sign.public):
+            continue
+        raw = wire.SpareReady(
+            m.service, m.sender, m.replica, m.seq, m.epoch, m.sign_pub, m.dh_pub
+        ).signed(ctl.sign)
+        write_atomic(cert, raw.encode().hex() + "\n", durable=True)
+        report.resigned.append(cert)
 
 
 def _local_secrets(config: Config, key_dir: Path, owner: str) -> dict[Principal, keys.Secret]:
