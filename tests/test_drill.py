@@ -415,6 +415,24 @@ def test_open_rounds_need_g_plus_1_agreement_replicas(tmp_path: Path) -> None:
     assert drill.open_rounds(obs) == {kv0.name}
 
 
+def test_a_fault_waiting_for_its_statements_at_g_plus_1_replicas_keeps_the_rack_busy(
+    tmp_path: Path,
+) -> None:
+    """A flagged fault whose rows wait for a report or the deadline (`fault_flags_waiting`)
+    means a round is coming although none is open: at g+1 agreement replicas of a service
+    it is waiting, one alone is not (campaign seed 3602, f = 2, round 130)."""
+    config = load(write_rack(tmp_path, services=2))
+    kv0, kv1 = config.services[0], config.services[1]
+    obs = drill.Observer(config, [kv0, kv1])
+    obs.agreed = {f"{kv0.name}/agreed-{r}": {"fault_flags_waiting": 0} for r in range(kv0.n)}
+    obs.agreed[f"{kv0.name}/agreed-2"] = {"fault_flags_waiting": 3}
+    obs.agreed[f"{kv1.name}/agreed-0"] = {"fault_flags_waiting": 1}
+    assert drill.waiting_faults(obs) == set()
+    obs.agreed[f"{kv0.name}/agreed-0"] = {"fault_flags_waiting": 1}
+    assert drill.waiting_faults(obs) == {kv0.name}
+    assert drill.open_rounds(obs) == set()
+
+
 def test_a_fresh_spare_woken_by_a_later_round_is_not_awaited(tmp_path: Path) -> None:
     """A convicted slot's fresh spare is awaited until the agreement replicas count it
     asleep; once a later round woke it (seed 3602, f = 2, rounds 2 and 8: convicted at

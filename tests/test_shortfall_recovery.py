@@ -211,3 +211,43 @@ def test_woken_spare_finds_the_checkpoint_the_agreement_replicas_hold(
     assert first and int(first.group(1)) <= cert.seq, log[-3000:]
     assert "recovery to " not in log, log[-3000:]  # "... failed (will retry)"
     assert rig.invoke_all([_kv(KV_GET, b"a39")]) == [_kv_ok(b"y")]
+
+
+@pytest.fixture
+def f2_waiting_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    # A 3 s deadline: the rows of a mismatch with a silent third replica wait that long.
+    timer = {**FAST, "detect_floor_ms": 3000, "detect_ceiling_ms": 3000}
+    yield from _start(tmp_path, {0: ["--inject-fault", "wrong-reply"]}, timer, f=2)
+
+
+@pytest.mark.slow
+def test_a_flagged_fault_waiting_for_its_rows_is_in_the_stats(f2_waiting_rig: FaultRig) -> None:
+    """f = 2: 0 lies and 2 is silent. 0 and 1 disagree at once (flagged), but no statement
+    is signed before 2 reports or the deadline passes: `fault_flags_waiting` shows the
+    round that is coming while none is open, and is 0 once it is decided. The campaign
+    took a rack in that gap for settled (seed 3602 round 130: the WAKEUP and SHUTDOWN of
+    the lie fell after the round had been checked)."""
+    rig = f2_waiting_rig
+    g = rig.cluster.g
+    signal_group(rig.execs.procs[2].pid, signal.SIGSTOP)
+    waiting_seen = False
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        put = pool.submit(_puts, rig, 1, "w")  # completes once spares answer with 1
+
+        def waiting() -> bool:
+            nonlocal waiting_seen
+            stats = rig.agreement()
+            if any(s["fault_round_open"] or s["wakeups_sent"] for s in stats):
+                return True  # too late to see it: fails below
+            waiting_seen = sum(1 for s in stats if s["fault_flags_waiting"]) >= g + 1
+            return waiting_seen
+
+        rig.wait(waiting, "a flagged fault waiting at g+1 agreement replicas", 30)
+        seen = [(s["fault_flags_waiting"], s["wakeups_sent"]) for s in rig.agreement()]
+        assert waiting_seen, seen
+        assert put.result(timeout=60) == [_kv_ok()]
+    rig.wait(lambda: bool(rig.controld.shutdowns), "a SHUTDOWN certificate", 60)
+    rig.wait(
+        lambda: all(not s["fault_round_open"] for s in rig.agreement()), "the round decided", 30
+    )
+    assert all(s["fault_flags_waiting"] == 0 for s in rig.agreement()), rig.agreement()

@@ -56,7 +56,15 @@ from zz import history as zh
 from zz import rackctl
 from zz.atomicfile import write_atomic
 from zz.config import Config, Service, load
-from zz.drill import Load, Observer, awaiting_spares, open_rounds, start_load, stop_load
+from zz.drill import (
+    Load,
+    Observer,
+    awaiting_spares,
+    open_rounds,
+    start_load,
+    stop_load,
+    waiting_faults,
+)
 from zz.drillfaults import FAULT_FILE
 from zz.ports import free_base
 
@@ -433,6 +441,10 @@ class Campaign:
         out = []
         if open_rounds(obs):
             out.append("a fault round is open")
+        if waiting_faults(obs):
+            # seed 3602 round 130: taken for settled 0.2 s before the WAKEUP of a lie that
+            # waited for a recovering replica's report; its SHUTDOWN fell after the round
+            out.append("a fault is flagged, its statements not yet signed")
         if spares := awaiting_spares(obs):
             out.append(f"fresh spares not back asleep: {sorted(spares)}")
         views = self._views(obs)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from zz.drill.kind import DrillKind
 from zz.drill.kinds import KINDS
 from zz.drill.load import Load, start_load, stop_load
-from zz.drill.observe import Observer, awaiting_spares, open_rounds
+from zz.drill.observe import Observer, awaiting_spares, open_rounds, waiting_faults
 from zz.drill.rack import DrillError
 from zz.drill.runner import Drill, Progress, add_arguments, main_cli, need_lincheck, run
 
@@ -48,6 +48,7 @@ __all__ = [
     "Progress",
     "add_arguments",
     "awaiting_spares",
+    "waiting_faults",
     "main_cli",
     "need_lincheck",
     "open_rounds",

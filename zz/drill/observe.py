@@ -234,6 +234,17 @@ def open_rounds(obs: Observer) -> set[str]:
     return {s.name for s in obs.services if open_at[s.name] >= s.g + 1}
 
 
+def waiting_faults(obs: Observer) -> set[str]:
+    """Services with a fault flagged at g+1 of their agreement replicas whose statements
+    are still to be signed (`fault_flags_waiting`: the row waits for a report or the K·t1
+    deadline). A round follows although none is open yet."""
+    waiting_at: Counter[str] = Counter()
+    for name, d in obs.agreed.items():
+        if d.get("fault_flags_waiting"):
+            waiting_at[name.split("/agreed-", 1)[0]] += 1
+    return {s.name for s in obs.services if waiting_at[s.name] >= s.g + 1}
+
+
 def fault_handled(obs: Observer) -> bool:
     """A replica convicted since the fault, no fault round open and no convicted replica
     waiting for its fresh spare: what --after-recovery waits for."""
