@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from zz import cli, hostkeys, keys, wire
-from zz.config import Config, load
+from zz import cli, hostkeys, keys, kvop, wire
+from zz.client import Client
+from zz.config import EXEC_PORT_OFFSET, Config, load
 from zz.controld.rpc import RpcError, call
-from zz.procrack import repo_env
+from zz.ports import free_base
+from zz.procrack import ProcRack, repo_env
 
 RACK = """\
 [rack]
@@ -352,34 +354,50 @@ async def test_a_running_controld_takes_the_rotated_operator_key_on_sighup(
     assert b"SIGHUP: operator keys reloaded" in p.stderr.read()
 
 
-async def test_zz_agreed_and_a_client_run_on_derived_keys(tmp_path: Path) -> None:
-    """The key files keys per host writes are what zz-agreed reads: an agreement cluster
-    (tests/cluster.py, all on host h0) keyed by host h0 and the operator's machine, whose
-    MAC keys were derived and never sent, orders a client's requests."""
-    from tests.cluster import Cluster
+async def test_a_kv_service_runs_on_keys_made_per_host(tmp_path: Path) -> None:
+    """The key files keys per host writes are what zz-agreed and the execution runtime
+    read: four hosts and the operator each make their keys in a directory of their own;
+    run on one machine, the union of those directories (disjoint secrets, the same public
+    files) keys a kv service whose agreement replicas, execution replicas and client
+    (zz/procrack.py) talk over MAC keys that were derived, never sent."""
+    base = free_base(range(EXEC_PORT_OFFSET + 4))
+    text = (
+        '[rack]\nname = "kvhosts"\nkey_dir = "keys"\nrun_dir = "run"\n'
+        "checkpoint_interval = 8\nlog_window = 16\n\n"
+        + "".join(f'[[hosts]]\nname = "h{i}"\naddress = "127.0.0.1"\n\n' for i in range(4))
+        + f'[[services]]\nname = "kv"\nid = 1\ng = 1\nf = 1\napp = "kv"\nclients = 2\n'
+        f"base_port = {base}\n"
+    )
+    owners = ["h0", "h1", "h2", "h3", hostkeys.OPERATOR]
+    configs = {}
+    for owner in [*owners, "rack"]:
+        (tmp_path / owner).mkdir()
+        (tmp_path / owner / "rack.toml").write_text(text)
+        configs[owner] = load(tmp_path / owner / "rack.toml")
+    for owner in owners:
+        hostkeys.create_secrets(configs[owner], configs[owner].rack.key_dir, owner)
+        hostkeys.export_public(configs[owner], configs[owner].rack.key_dir, owner)
+    exports = [hostkeys.export_path(configs[o].rack.key_dir, o) for o in owners]
+    bundle = hostkeys.make_bundle(configs["rack"], exports)
+    union = configs["rack"].rack.key_dir
+    for owner in owners:
+        hostkeys.install_bundle(configs[owner], configs[owner].rack.key_dir, owner, bundle)
+        shutil.copytree(configs[owner].rack.key_dir, union, dirs_exist_ok=True)
+    assert len(list(union.glob("s*/p*.secret"))) == len(hostkeys.all_principals(configs["rack"]))
 
-    c = Cluster(tmp_path / "c", clients=4)
-    try:
-        key_dir = c.config.rack.key_dir
-        generated = keys.load_secret(keys.secret_path(key_dir, 1, 0))
-        shutil.rmtree(key_dir)
-        for owner in ("h0", hostkeys.OPERATOR):
-            hostkeys.create_secrets(c.config, key_dir, owner)
-            hostkeys.export_public(c.config, key_dir, owner)
-        exports = [hostkeys.export_path(key_dir, o) for o in ("h0", hostkeys.OPERATOR)]
-        bundle = hostkeys.make_bundle(c.config, exports)
-        for owner in ("h0", hostkeys.OPERATOR):
-            hostkeys.install_bundle(c.config, key_dir, owner, bundle)
-        derived = keys.load_secret(keys.secret_path(key_dir, 1, 0))
-        assert derived.sign != generated.sign and set(derived.macs) == set(generated.macs)
-        c.start()
-        client = c.client(0)
-        for i in range(5):
-            assert await client.invoke(f"op-{i}".encode(), timeout=20) == f"op-{i}".encode()
-        await client.close()
-    finally:
-        c.close()
-    assert c.leftover_pids() == []
+    with ProcRack(configs["rack"]) as rack:
+        rack.start(timeout=60)
+        client = Client(configs["rack"], 0, service="kv")
+        try:
+            for i in range(4):
+                put = await client.invoke(kvop.encode_put(b"k", b"v%d" % i), timeout=30)
+                assert kvop.decode_reply(put).ok
+            got = kvop.decode_reply(await client.invoke(kvop.encode_get(b"k"), timeout=30))
+            assert got.ok and got.value == b"v3"
+        finally:
+            await client.close()
+        assert not rack.dead()
+    assert rack.last_stop is not None and rack.last_stop.clean, rack.last_stop
 
 
 def test_a_slot_re_keyed_at_a_conviction_keeps_its_key_through_a_peers_rotation(
