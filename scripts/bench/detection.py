@@ -48,18 +48,18 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zz import certs, faults, ports, procrack, wire  # noqa: E402
+from benchlib import REPO, Controld, LogWatch, TimedClient  # noqa: E402
+
 from zz import config as zconfig  # noqa: E402
+from zz import faults, ports, procrack  # noqa: E402
 from zz import keys as zkeys  # noqa: E402
-from zz.client import Client, ClientParams, ClientTimeout  # noqa: E402
+from zz.client import ClientParams, ClientTimeout  # noqa: E402
 from zz.execution.apps import microbench as mb  # noqa: E402
 from zz.procrack import DEFAULT_AGREED, ProcRack  # noqa: E402
 
@@ -160,71 +160,6 @@ def spawn_exec(rack: ProcRack, i: int, extra: list[str]) -> None:
     wait_linked(rack.config, i)
 
 
-class Controld:
-    """Stands in for the host's controld: receives what zz-agreed sends it, verifies every
-    WAKEUP with zz/certs.py and collects SHUTDOWN votes into certificates. It wakes
-    nobody: the spare of this rack is a running process that zz-agreed itself starts
-    feeding once it adopts a WAKEUP, so a false wake-up has its real effect on the service."""
-
-    def __init__(self, cfg: zconfig.Config) -> None:
-        svc = cfg.services[0]
-        self.port = cfg.hosts[0].control_port
-        self.trust = certs.ServiceTrust.load(cfg.rack.key_dir, svc)
-        self.collector = certs.ShutdownCollector(self.trust)
-        self.wakeups: list[tuple[float, int, tuple[int, ...], int]] = []  # t, seq, wake, sender
-        self.shutdowns: list[tuple[float, int, tuple[int, ...]]] = []  # t, seq, convict
-        self.rejected: list[str] = []
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                self._on(await wire.read_frame(reader))
-        except (asyncio.IncompleteReadError, wire.FrameError, ConnectionError):
-            pass
-        except asyncio.CancelledError:
-            pass  # the run is over: end quietly, the replicas reconnect to nobody
-        finally:
-            writer.close()
-
-    def _on(self, raw: bytes) -> None:
-        now = time.monotonic()
-        try:
-            msg = wire.decode(raw)
-            if isinstance(msg, wire.Wakeup):
-                t = self.trust
-                w = certs.verify_wakeup(raw, keys=t.keys, f=t.f, g=t.g, n_exec=t.n_exec)
-                self.wakeups.append((now, w.seq, w.wake, w.sender))
-            elif isinstance(msg, wire.Shutdown):
-                c = self.collector.add(raw)
-                if c is not None:
-                    self.shutdowns.append((now, c.seq, c.convict))
-            else:
-                self.rejected.append(f"unexpected {msg.NAME}")
-        except wire.WireError as e:
-            self.rejected.append(f"malformed: {e}")
-        except certs.CertError as e:
-            self.rejected.append(e.reason)
-
-    def summary(self, t0: float) -> dict[str, Any]:
-        first = min((t for t, *_ in self.wakeups), default=None)
-        return {
-            "wakeups_verified": len(self.wakeups),
-            "wakeup_seqs": sorted({seq for _, seq, _, _ in self.wakeups}),
-            "first_wakeup_after_s": None if first is None else first - t0,
-            "shutdown_certificates": [{"seq": q, "convict": list(c)} for _, q, c in self.shutdowns],
-            "rejected": self.rejected,
-        }
-
-
 def would_be_wakeups(events: list[tuple[float, int, str, int, str]]) -> dict[str, Any]:
     """Seqs at which zz-agreed's rules would wake a spare if one were always available
     (controld provisions a fresh one after every conviction): for each flagged seq, the
@@ -300,113 +235,6 @@ def counters(stats: list[dict[str, Any]]) -> dict[str, list[int | None]]:
 
 
 # ---- instruments -----------------------------------------------------------------------
-
-
-class TimedClient(Client):
-    """A zz.client.Client that notes when each execution replica's REPLY arrived, for the
-    request in flight (REPLY header: type byte 3, sender at 8, timestamp at 16+4)."""
-
-    def __init__(self, params: ClientParams) -> None:
-        super().__init__(params)
-        self.cur_ts = 0
-        self.arrivals: dict[int, float] = {}  # exec index -> arrival time
-
-    def _next_timestamp(self) -> int:
-        ts = super()._next_timestamp()
-        self.cur_ts, self.arrivals = ts, {}
-        return ts
-
-    def _on_message(self, raw: bytes) -> None:
-        now = time.monotonic()
-        if len(raw) >= 28 and raw[3] == 2:
-            sender = int.from_bytes(raw[8:12], "big")
-            ts = int.from_bytes(raw[20:28], "big")
-            if ts == self.cur_ts and sender >= 256 and sender - 256 not in self.arrivals:
-                self.arrivals[sender - 256] = now
-        super()._on_message(raw)
-
-
-_EVENT = re.compile(rb"replica (\d+): execution (timeout|mismatch) at seq (\d+):(.*)$")
-_WAKE_SENT = re.compile(
-    rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\], evidence.*?(\d+) ms after the fault"
-)
-_WAKE_ADOPTED = re.compile(rb"replica (\d+): WAKEUP seq (\d+) wake \[[^]]*\] adopted")
-_SHUTDOWN = re.compile(rb"replica (\d+): SHUTDOWN seq (\d+)(.*)$")
-
-
-def _classify(line: bytes) -> tuple[int, str, int, str] | None:
-    if m := _EVENT.search(line):
-        return int(m[1]), m[2].decode(), int(m[3]), m[4].decode().strip()
-    if m := _SHUTDOWN.search(line):
-        return int(m[1]), "shutdown", int(m[2]), m[3].decode()
-    if m := _WAKE_SENT.search(line):  # row: zz-agreed's own flag -> WAKEUP time in ms
-        return int(m[1]), "wakeup", int(m[2]), m[3].decode()
-    if m := _WAKE_ADOPTED.search(line):
-        return int(m[1]), "wakeup-adopted", int(m[2]), ""
-    return None
-
-
-class LogWatch:
-    """Notes when a fault line appears in an agreement replica's log. zz-agreed writes
-    them unbuffered to stderr = the log file; a thread reads what was appended every
-    `interval` s (1 ms for latencies; (a) needs only the rows and uses 20 ms, to take
-    less CPU from the replicas it measures)."""
-
-    def __init__(self, logs: list[Path], interval: float = 0.001) -> None:
-        self.logs = logs
-        self.interval = interval
-        self.events: list[tuple[float, int, str, int, str]] = []  # time, replica, kind, seq, row
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> LogWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        with contextlib.ExitStack() as stack:
-            # Open once, start at the current end: a read at EOF returns what was appended.
-            files = []
-            for p in self.logs:
-                fh = stack.enter_context(open(p, "rb"))
-                fh.seek(0, os.SEEK_END)
-                files.append(fh)
-            partial = [b""] * len(files)
-            while not self._stop.is_set():
-                for i, fh in enumerate(files):
-                    data = fh.read()
-                    if not data:
-                        continue
-                    now = time.monotonic()
-                    *lines, partial[i] = (partial[i] + data).split(b"\n")
-                    for line in lines:
-                        if (ev := _classify(line)) is not None:
-                            with self._lock:
-                                self.events.append((now, *ev))
-                time.sleep(self.interval)
-
-    def rows_since(self, t: float, kind: str) -> dict[int, str]:
-        """The logged detail of the first `kind` line per agreement replica after t."""
-        out: dict[int, str] = {}
-        with self._lock:
-            for when, r, k, _, row in self.events:
-                if k == kind and when >= t and r not in out:
-                    out[r] = row
-        return out
-
-    def since(self, t: float, kind: str) -> dict[int, tuple[float, int]]:
-        """First event of `kind` per agreement replica after time t: replica -> (time, seq)."""
-        out: dict[int, tuple[float, int]] = {}
-        with self._lock:
-            for when, r, k, seq, _ in self.events:
-                if k == kind and when >= t and r not in out:
-                    out[r] = (when, seq)
-        return out
 
 
 def quantiles(xs: list[float]) -> dict[str, float | None]:
