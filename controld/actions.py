@@ -609,7 +609,9 @@ def forensics(ctx: HostContext) -> list[Forensic]:
         for line in lines:
             name, _, created = line.partition("\t")
             leaf = name.rsplit("/", 1)[-1]
-            if "@" not in leaf and "-forensic-" in leaf and created.strip().isdigit():
+            # "--": a reader's clone of one (controld serving copies by hash), not a state
+            forensic = "@" not in leaf and "-forensic-" in leaf and "--" not in leaf
+            if forensic and created.strip().isdigit():
                 out.append(Forensic("zfs", name, float(created)))
     return out
 

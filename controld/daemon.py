@@ -832,6 +832,8 @@ class Daemon:
             or age < 0
         ):
             raise OpError(f"older_than_s: a finite number of seconds >= 0 is required, not {age!r}")
+        # Our read clones of forensic datasets (copies by hash) would block their destroy.
+        await asyncio.to_thread(self.snapshots.release_forensics)
         items = await asyncio.to_thread(actions.forensics, self.ctx)
         now = time.time()
         purged, failed = [], []

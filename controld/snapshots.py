@@ -18,15 +18,20 @@ from the replicas' other checkpoints and live states and from the forensic state
 this host (``run/s<id>/exec-<i>.forensic-<seq>/``, controld/actions.py
 set_aside_state) of the slots placed here: a convicted replica's checkpoints and live
 state, by hash only, each copy hashed here before it is sent (a liar's files are right
-where their hash matches, and only those are served). A forensic state kept as a ZFS
-dataset is not read (it has no mountpoint; docs/recovery.md "Known limits").
+where their hash matches, and only those are served). On ZFS the forensic state is the
+dataset ``<pool>/<dataset>-forensic-<seq>`` (unmounted), read through clones of its
+checkpoint snapshots and of its ``@forensic-<seq>`` snapshot (the live state at the
+conviction), with the manifests of the forensic state directory of the same name.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from zz.config import Config, Host, Service
@@ -39,7 +44,7 @@ from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import COPY, LATER, NO_CHECKPOINT, OK, FileRead, SnapshotFiles
 from zz.snapshots.manifest import Manifest, ManifestError
 from zz.snapshots.store import CheckpointStore
-from zz.snapshots.zfs import ZfsStore
+from zz.snapshots.zfs import ZfsStore, run_zfs
 
 
 class HostSnapshots:
@@ -52,8 +57,9 @@ class HostSnapshots:
         # (service id, index) -> (inode of the state dir, its files): a convicted replica's
         # directory is renamed aside and its successor starts a new one at the same path.
         self._files: dict[tuple[int, int], tuple[int, SnapshotFiles]] = {}
-        # forensic state directory -> its files, served by hash only
-        self._forensic: dict[Path, SnapshotFiles] = {}
+        # forensic state (its directory, or its ZFS dataset) -> its files, by hash only
+        self._forensic: dict[Path | str, SnapshotFiles] = {}
+        self._zfs_listed: tuple[float, list[str]] = (0.0, [])  # (when, the pool's datasets)
         # copies found by hash and served, candidates that did not hash right (skipped)
         self.copy_counters: Counter[str] = Counter()
         # manifests dir -> (newest manifest file, its mtime, decoded): what a live state
@@ -98,18 +104,107 @@ class HostSnapshots:
         return best
 
     def _forensics(self, svc: Service) -> list[SnapshotFiles]:
-        """The forensic states of `svc`'s slots on this host that hold a directory store."""
+        """The forensic states of `svc`'s slots on this host: directory stores, and on ZFS
+        the forensic datasets."""
         out = []
+        datasets = self._zfs_datasets()
         for i in self.replicas(svc):
             state = svc.exec_state_dir(self.config, i)
-            for d in sorted(state.parent.glob(f"{state.name}.forensic-*")):
+            dirs = sorted(state.parent.glob(f"{state.name}.forensic-*"))
+            for d in dirs:
                 files = self._forensic_files(d)
                 if files is not None:
                     out.append(files)
+            # <pool>/s<id>-exec-<i>[-<n>]-forensic-<seq>[-<n>] (actions.set_aside_state;
+            # a guest's fresh dataset may carry a -<n>); "--" would be a reader's clone
+            forensic = re.compile(
+                re.escape(f"{self.zfs_pool}/{zfs_dataset(svc, i)}")
+                + r"(?:-\d+)?-forensic-(\d+)((?:-\d+)?)"
+            )
+            for ds in datasets:
+                m = forensic.fullmatch(ds)
+                if m is not None:
+                    files = self._forensic_zfs(ds, state, m.group(1), m.group(2))
+                    if files is not None:
+                        out.append(files)
         with self._lock:  # purged since: let go
-            for gone in [d for d in self._forensic if not d.is_dir()]:
+            for gone in [
+                k
+                for k in self._forensic
+                if (isinstance(k, Path) and not k.is_dir())
+                or (isinstance(k, str) and k not in datasets)
+            ]:
                 self._forensic.pop(gone).release()
         return out
+
+    def _zfs_datasets(self) -> list[str]:
+        """The pool's file systems (listed at most every 2 s: a `zfs list` per request would
+        cost more than the read)."""
+        if self.store != "zfs" or not self.zfs_pool:
+            return []
+        with self._lock:
+            when, names = self._zfs_listed
+            if time.monotonic() - when < 2.0:
+                return names
+        try:
+            out = run_zfs(["zfs", "list", "-H", "-o", "name", "-t", "filesystem", "-r",
+                           self.zfs_pool])  # fmt: skip
+        except StorageError:
+            return []
+        names = out.split()
+        with self._lock:
+            self._zfs_listed = (time.monotonic(), names)
+        return names
+
+    def _forensic_zfs(self, ds: str, state: Path, seq: str, n: str) -> SnapshotFiles | None:
+        """A forensic dataset set aside at `seq` (`n`: "-<k>" when the name was taken),
+        with the manifests of the forensic state directory set aside with it: of the same
+        suffix, else of the same seq (the two names are made unique apart; a wrong pick
+        costs nothing but misses, every copy is hashed)."""
+        base = state.with_name(f"{state.name}.forensic-{seq}")
+        manifests = base.with_name(base.name + n) / "manifests"
+        if not manifests.is_dir():
+            manifests = base / "manifests"
+        if not manifests.is_dir():
+            return None
+        with self._lock:
+            hit = self._forensic.get(ds)
+            if hit is not None:
+                return hit
+            try:
+                store = ZfsStore(
+                    self.zfs_pool or "",
+                    ds.partition("/")[2],
+                    create=False,
+                    reader="ctl",
+                    unmounted=True,
+                )
+            except StorageError:
+                return None
+            files = SnapshotFiles(
+                store,
+                manifests,
+                path_reads=False,
+                copies=CopyFinder(counters=self.copy_counters),
+            )
+
+            def live() -> Place | None:
+                # The live state at the conviction: its @forensic snapshot, through a clone
+                # that `files` keeps open like a checkpoint's (its lock is held here).
+                snap = f"forensic-{seq}"
+                return self._live(f"{ds}/live", manifests, lambda: files.snapshot_root(snap))
+
+            files.live = live
+            self._forensic[ds] = files
+            return files
+
+    def release_forensics(self) -> None:
+        """Close the clones held of forensic datasets (before they are purged: ZFS refuses
+        to destroy a dataset whose snapshot has a clone). They are opened again on need."""
+        with self._lock:
+            for files in self._forensic.values():
+                files.release()
+            self._forensic.clear()
 
     def _forensic_files(self, d: Path) -> SnapshotFiles | None:
         with self._lock:
@@ -126,7 +221,7 @@ class HostSnapshots:
                 store,
                 d / "manifests",
                 path_reads=False,
-                live=lambda: self._live(f"{d.name}/live", d / "manifests", store.path),
+                live=lambda: self._live(f"{d.name}/live", d / "manifests", lambda: store.path),
                 copies=CopyFinder(counters=self.copy_counters),
             )
             self._forensic[d] = files
@@ -151,7 +246,7 @@ class HostSnapshots:
             files = SnapshotFiles(
                 store,
                 manifests,
-                live=lambda: self._live(f"x{i}/live", manifests, store.path),
+                live=lambda: self._live(f"x{i}/live", manifests, lambda: store.path),
                 copies=CopyFinder(counters=self.copy_counters),
             )
             self._files[(svc.id, i)] = (ino, files)
@@ -170,7 +265,7 @@ class HostSnapshots:
             return None
         return None
 
-    def _live(self, name: str, manifests: Path, root: Path) -> Place | None:
+    def _live(self, name: str, manifests: Path, root: Callable[[], Path]) -> Place | None:
         """A live state (a replica's, asleep or not; a forensic one's) as a place to find a
         copy by hash, described by its newest checkpoint manifest: files changed since are
         skipped when their hash does not match (snapshots/copies.py)."""
@@ -194,7 +289,7 @@ class HostSnapshots:
                     self._newest[manifests] = (path, mtime, m)
         except (OSError, ManifestError):
             return None
-        return Place(name, m, lambda: root)
+        return Place(name, m, root)
 
     def forget(self, svc: Service, i: int) -> None:
         """Close the clones held of replica i's snapshots (its state is being set aside)."""

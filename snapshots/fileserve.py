@@ -276,6 +276,11 @@ class SnapshotFiles:
                 hit[0].close()
         self._manifests.pop(seq, None)
 
+    def snapshot_root(self, name: str) -> Path:
+        """Snapshot `name` opened (kept open like a checkpoint's), for a place's `root`
+        callable: read() calls it with the lock held."""
+        return self._root(name)
+
     def _root(self, name: str) -> Path:
         hit = self._open.get(name)
         if hit is not None:

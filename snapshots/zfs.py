@@ -239,7 +239,10 @@ class ZfsStore(CheckpointStore):
 
     `reader` names this user's read clones (``<dataset>--<reader>-...``): the owning
     runtime's are "read"; controld, which serves another process's snapshots, opens the
-    store with ``create=False, reader="ctl"`` and never touches the owner's clones."""
+    store with ``create=False, reader="ctl"`` and never touches the owner's clones.
+    `unmounted=True` (a reader only) takes a dataset without a mountpoint (a convicted
+    replica's, kept for forensics): its snapshots are read through clones as usual, and
+    it has no live directory (``path`` raises)."""
 
     def __init__(
         self,
@@ -249,6 +252,7 @@ class ZfsStore(CheckpointStore):
         *,
         create: bool = True,
         reader: str = "read",
+        unmounted: bool = False,
     ) -> None:
         self.pool = check_pool_name(pool)
         self.dataset = check_dataset_name(dataset)
@@ -264,6 +268,10 @@ class ZfsStore(CheckpointStore):
                 argv += ["-o", f"mountpoint={Path(mountpoint).absolute()}"]
             run_zfs([*argv, self.name])
         mp = run_zfs(["zfs", "get", "-H", "-o", "value", "mountpoint", self.name]).strip()
+        if unmounted and not create:
+            self._path: Path | None = None
+            self._drop_stale_read_clones()
+            return
         if not mp.startswith("/"):
             raise StorageError(f"dataset {self.name} has no mountpoint ({mp!r}); pass one")
         if mountpoint is not None and Path(mp) != Path(mountpoint).absolute():
@@ -282,6 +290,8 @@ class ZfsStore(CheckpointStore):
 
     @property
     def path(self) -> Path:
+        if self._path is None:
+            raise StorageError(f"dataset {self.name} is not mounted (opened unmounted)")
         return self._path
 
     def _snap(self, name: str) -> str:

@@ -9,13 +9,18 @@ import asyncio
 import hashlib
 from pathlib import Path
 
-from test_controld_daemon import Node, Rack
-from test_controld_fileserve import FILES, SEQ, _checkpoint, _exec_key, _source, node
+from test_controld_daemon import Node, Rack, make_rack
+from test_controld_fileserve import FILES, SEQ, _checkpoint, _datasets, _exec_key, _source, node
 
+from tests import zfs_pool
 from zz import wire
+from zz.controld import actions
 from zz.execution.recovery import fetch_manifest
+from zz.naming import zfs_dataset
 from zz.snapshots.fetch import StateFetcher
+from zz.snapshots.manifest import scan
 from zz.snapshots.store import checkpoint_name
+from zz.snapshots.zfs import ZfsStore
 
 __all__ = ["node"]  # the fixture, found here by pytest
 
@@ -98,3 +103,57 @@ async def test_a_forensic_copy_with_a_wrong_hash_is_never_served(
     fetcher = await asyncio.to_thread(_recover, n.port, rack, again, digest)
     assert fetcher.done and (again / "dir" / "b.bin").read_bytes() == b
     assert n.daemon.counters["file_copies_mismatched"] == 3  # the checkpoint's, again
+
+
+zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
+
+
+async def test_a_forensic_zfs_dataset_serves_its_checkpoints_and_live_state_by_hash(
+    tmp_path: Path, pool: str
+) -> None:
+    """On ZFS a convicted replica's state is the unmounted dataset <dataset>-forensic-<seq>
+    (controld/actions.py set_aside_state, run here for real): controld reads its checkpoint
+    snapshots and its @forensic snapshot (the live state at the conviction) through clones
+    of its own, and lets go of them before the dataset is purged."""
+    rack = make_rack(tmp_path)
+    svc = rack.config.services[0]
+    state = svc.exec_state_dir(rack.config, 0)
+    store = ZfsStore(pool, zfs_dataset(svc, 0), mountpoint=state / "live")
+    (state / "manifests").mkdir(parents=True)
+    encs = {}
+    for seq, value in ((SEQ, b"at 8\n"), (2 * SEQ, b"at 16\n")):
+        for rel, data in FILES.items():
+            (store.path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (store.path / rel).write_bytes(value if rel == "a.txt" else data)
+        encs[seq] = scan(store.path).encode()
+        store.snapshot(checkpoint_name(seq))
+        (state / "manifests" / f"{checkpoint_name(seq)}.manifest").write_bytes(encs[seq])
+    # Checkpoint 16's snapshot is gone (its manifest stays): its a.txt is only in the live
+    # state the conviction keeps.
+    store.destroy_snapshot(checkpoint_name(2 * SEQ))
+    n = Node(rack, 1, "libvirt", store="zfs", zfs_pool=pool)
+    await n.start()
+    try:
+        kept = await asyncio.to_thread(actions.set_aside_state, n.daemon.ctx, svc, 0, 21)
+        assert kept is not None and "-forensic-21@forensic-21" in kept, kept
+        local = tmp_path / "recovering"
+        local.mkdir()
+        digest = hashlib.sha256(encs[SEQ]).digest()
+        fetcher = await asyncio.to_thread(_recover, n.port, rack, local, digest)
+        assert fetcher.done and (local / "a.txt").read_bytes() == b"at 8\n"
+        assert fetcher.counters["fetched_copies"] == len(FILES)
+        src = _source(n.port, wire.exec_principal(REQUESTER), _exec_key(rack, REQUESTER))
+        try:
+            at16 = await asyncio.to_thread(
+                src.fetch, 2 * SEQ, "a.txt", 6, hashlib.sha256(b"at 16\n").digest()
+            )
+        finally:
+            src.close()
+        assert at16 == b"at 16\n"
+        assert any("--ctl-" in d for d in _datasets(pool))  # the clones it reads through
+        out = await n.rpc("purge_forensics", older_than_s=0)
+        assert out["failed"] == [] and any("-forensic-21" in p for p in out["purged"]), out
+    finally:
+        await n.daemon.stop()
+        n.hv.close()
+    assert not [d for d in _datasets(pool) if "--ctl-" in d or "forensic" in d], _datasets(pool)
