@@ -64,7 +64,7 @@ fi
 # ---- 1. Debian packages: to build zz-agreed and libvirt-python, to run the venv ------------
 APT=(python3 python3-venv libssl3 rsync)
 [ -n "$AGREED" ] || APT+=(build-essential libssl-dev pkg-config)
-[ "$OFFLINE" = 1 ] || APT+=(libvirt-dev pkg-config)
+[ "$OFFLINE" = 1 ] || APT+=(libvirt-dev pkg-config python3-dev gcc)  # libvirt-python builds a C extension
 missing=()
 for p in "${APT[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
