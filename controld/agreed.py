@@ -124,6 +124,7 @@ class AgreedReplicas:
         self._lock = threading.Lock()
         self._replica_locks: dict[str, threading.Lock] = {}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._stopping: set[str] = set()  # being stopped: poll() leaves them to stop()
         self.records: dict[str, AgreedRecord] = {}
 
     # ---- placement --------------------------------------------------------------------------
@@ -250,35 +251,41 @@ class AgreedReplicas:
         stopped: list[str] = []
         killed: list[str] = []
         live = []
-        for name in names:
-            rec = self.records.get(name)
-            if rec is None or rec.state != RUNNING:
-                continue
-            if not rec.alive():
-                self.poll()
-                continue
-            signal_group(rec.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            live.append(rec)
-        deadline = time.monotonic() + timeout
-        for rec in live:
-            while self._running(rec) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self._running(rec):
-                signal_group(rec.pid, signal.SIGKILL)
-                killed.append(rec.name)
-                end = time.monotonic() + 10
-                while self._running(rec) and time.monotonic() < end:
+        with self._lock:
+            for name in names:
+                rec = self.records.get(name)
+                if rec is None or rec.state != RUNNING or name in self._stopping:
+                    continue
+                if self._running(rec):  # never signal a pid that may have been reused
+                    self._stopping.add(name)
+                    live.append(rec)
+        self.poll()  # those that were gone already: exited
+        try:
+            for rec in live:
+                signal_group(rec.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for rec in live:
+                while self._running(rec) and time.monotonic() < deadline:
                     time.sleep(0.05)
-            else:
-                stopped.append(rec.name)
-            signal_group(rec.pid, signal.SIGKILL)  # anything left in its group
+                if self._running(rec):
+                    signal_group(rec.pid, signal.SIGKILL)
+                    killed.append(rec.name)
+                    end = time.monotonic() + 10
+                    while self._running(rec) and time.monotonic() < end:
+                        time.sleep(0.05)
+                else:
+                    stopped.append(rec.name)
+                signal_group(rec.pid, signal.SIGKILL)  # anything left in its group
+                with self._lock:
+                    p = self._children.pop(rec.name, None)
+                    rec.exit_status = p.poll() if p is not None else None
+                    rec.state, rec.ended_at = STOPPED, time.time()
+                    self._save()
+                how = "killed (SIGKILL)" if kill or rec.name in killed else "stopped"
+                self._note(f"agreed {rec.name} (pid {rec.pid}) {how}, status {rec.exit_status}")
+        finally:
             with self._lock:
-                p = self._children.pop(rec.name, None)
-                rec.exit_status = p.poll() if p is not None else None
-                rec.state, rec.ended_at = STOPPED, time.time()
-                self._save()
-            how = "killed (SIGKILL)" if kill or rec.name in killed else "stopped"
-            self._note(f"agreed {rec.name} (pid {rec.pid}) {how}, status {rec.exit_status}")
+                self._stopping.difference_update(r.name for r in live)
         return stopped, killed
 
     def _running(self, rec: AgreedRecord) -> bool:
@@ -294,7 +301,7 @@ class AgreedReplicas:
         gone = []
         with self._lock:
             for rec in self.records.values():
-                if rec.state != RUNNING or self._running(rec):
+                if rec.state != RUNNING or rec.name in self._stopping or self._running(rec):
                     continue
                 p = self._children.pop(rec.name, None)
                 rec.state, rec.ended_at = EXITED, time.time()

@@ -630,6 +630,8 @@ class Daemon:
             "agreed_stop": self._op_agreed_stop,
             "agreed_list": self._op_agreed_list,
             "agreed_log": self._op_agreed_log,
+            "halt": self._op_halt,
+            "exec_status": self._op_exec_status,
         }
         try:
             fn = ops.get(op)
@@ -689,7 +691,35 @@ class Daemon:
             "metrics": self.metrics_server.status(),
             "recent": list(self.recent),
             "agreed": await asyncio.to_thread(self.agreed.describe),
+            "runtimes": await asyncio.to_thread(self._runtimes),
         }
+
+    async def _op_exec_status(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        return {"runtimes": await asyncio.to_thread(self._runtimes)}
+
+    def _runtimes(self) -> list[dict[str, Any]]:
+        """Each execution replica slot placed here: the status file its runtime rewrites
+        every second (docs/execution.md; a guest's is in its share), `status_age_s` (null
+        when there is none), and `checkpoint`: the seq of its newest checkpoint manifest
+        in its state directory (null: none)."""
+        out = []
+        now = time.time()
+        for svc, i in self._slots():
+            d: dict[str, Any] = {"service": svc.name, "index": i, "status": None,
+                                 "status_age_s": None, "checkpoint": None}  # fmt: skip
+            manifests = svc.exec_state_dir(self.config, i) / "manifests"
+            with contextlib.suppress(OSError):
+                seqs = [m.name.removeprefix("ckpt-").removesuffix(".manifest")
+                        for m in manifests.glob("ckpt-*.manifest")]  # fmt: skip
+                d["checkpoint"] = max((int(n) for n in seqs if n.isdigit()), default=None)
+            path = svc.exec_status_path(self.config, i)
+            with contextlib.suppress(OSError, ValueError):
+                mtime = path.stat().st_mtime
+                st = json.loads(path.read_text())
+                if isinstance(st, dict):
+                    d["status"], d["status_age_s"] = st, round(now - mtime, 3)
+            out.append(d)
+        return out
 
     async def _op_list(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
         recs = self.inventory.replicas()
@@ -848,6 +878,34 @@ class Daemon:
             purged.append(item.name)
             self._note(f"purged forensic state {item.name}")
         return {"purged": purged, "failed": failed}
+
+    async def _op_halt(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """Destroy every running domain (process) of this rack on this host: each replica
+        the inventory holds, records kept as they are (the hypervisor then shows them gone:
+        `list` says inconsistent, `zz rack start` provisions them again on their state), and
+        any other domain named zz-<rack>-*. What `zz rack stop` and `down` do before they
+        stop controld, which leaves libvirt domains running; a save file stays."""
+        prefix = f"zz-{self.config.rack.name}-"
+
+        def halt() -> tuple[list[str], list[str]]:
+            names = [r.domain for r in self.inventory.replicas() if r.state != inv.CONVICTED]
+            names += [n for n in self.hv.list() if n.startswith(prefix) and n not in names]
+            destroyed, failed = [], []
+            for name in names:
+                try:
+                    self.hv.destroy(name)
+                except DomainNotFound:
+                    continue
+                except HypervisorError as e:
+                    failed.append(f"{name}: {e}")
+                    continue
+                destroyed.append(name)
+            return destroyed, failed
+
+        destroyed, failed = await asyncio.to_thread(halt)
+        for name in destroyed:
+            self._note(f"halted: {name} destroyed (its record and state kept)")
+        return {"destroyed": destroyed, "failed": failed}
 
     # ---- agreement replicas (controld/agreed.py) ---------------------------------------------
     async def _op_agreed_start(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:

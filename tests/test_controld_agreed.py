@@ -1,7 +1,8 @@
 # tests/test_controld_agreed.py - controld starts, stops and watches the agreement replicas
 # placed on its host (controld/agreed.py) over its authenticated RPC: forged and bad requests
 # refused and counted, a replica that dies reported and not restarted, adoption after a
-# controld restart; real zz-agreed, plus a stand-in binary for the fast checks.
+# controld restart; real zz-agreed, plus a stand-in binary for the fast checks. And a
+# controld that does not answer is named by zz rack (zz/rackctl.py).
 from __future__ import annotations
 
 import asyncio
@@ -9,17 +10,21 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.test_controld_daemon import OP, Node, Rack, make_rack
 from tests.test_execution_runtime import needs_agreed
-from zz import wire
+from zz import keys, rackctl, wire
+from zz.config import Config, load
 from zz.controld.rpc import call
-from zz.procrack import DEFAULT_AGREED, start_ticks
+from zz.procrack import DEFAULT_AGREED, REPO, start_ticks
 
 # A stand-in for zz-agreed in the fast tests (the real one is in the others): listens where
 # its replica file says, rewrites its stats file every 0.1 s, writes it once more on SIGTERM.
@@ -285,3 +290,128 @@ async def test_real_agreement_replica_started_watched_and_stopped_by_controld(
         e = entry(await n.rpc("agreed_list"), r)
         assert (e["state"], e["exit_status"]) == ("stopped", 0), e
         assert start_ticks(pid2) is None
+
+
+# ---- halt: controld destroys its own domains (zz rack stop / down) ----------------------
+async def test_halt_destroys_this_hosts_domains_and_keeps_the_records(tmp_path: Path) -> None:
+    """libvirt test:///default: a forged halt destroys nothing; an authentic one destroys
+    the replica's domain and a stray zz-<rack>-* domain, and keeps the record (`list`: gone,
+    inconsistent), so `zz rack start` provisions it again."""
+    pytest.importorskip("libvirt")
+    from zz.controld.hypervisor import ReplicaSpec, open_backend
+
+    rack = make_rack(tmp_path)
+    svc = rack.config.service("web")
+    i = next(x for x in range(svc.n_exec) if svc.exec_host(rack.config, x).index == 0)
+    keep = open_backend("libvirt", uri="test:///default")  # stands for libvirtd
+    n = Node(rack, 0, "libvirt")
+    try:
+        await n.start()
+        got = await n.rpc("provision", service="web", index=i, mode="paused")
+        assert got["ok"], got
+        domain = got["replica"]["domain"]
+        stray = ReplicaSpec(f"zz-{rack.config.rack.name}-stray", tmp_path)
+        keep.create(stray)
+        forged = wire.Control(0, OP, time.time_ns(), json.dumps({"op": "halt"}).encode())
+        await n.send(forged.with_macs({n.principal: bytes(32)}).encode())
+        assert n.counters()["control_bad_mac"] == 1
+        assert {domain, stray.name} <= set(keep.list()), "a forged halt destroyed something"
+        halted = await n.rpc("halt")
+        assert halted["ok"] and sorted(halted["destroyed"]) == sorted([domain, stray.name])
+        assert halted["failed"] == [] and not {domain, stray.name} & set(keep.list())
+        listed = (await n.rpc("list"))["replicas"]
+        assert [(r["index"], r["state"], r["hv_state"], r["consistent"]) for r in listed] == [
+            (i, "paused", "gone", False)
+        ], listed
+    finally:
+        await n.close()
+        for name in keep.list():
+            if rack.config.rack.name in name:
+                with contextlib.suppress(Exception):
+                    keep.destroy(name)
+        keep.close()
+
+
+# ---- exec_status: the runtimes' status files, read by their host's controld ----------------
+async def test_exec_status_returns_the_runtimes_status_files(tmp_path: Path) -> None:
+    """The real runtime (process backend), provisioned active: its status file comes back
+    through `exec_status` and `status` (`zz rack up` waits for its links this way); a slot
+    with no runtime has none; a slot of another host is not listed."""
+    rack = make_rack(tmp_path)
+    svc = rack.config.service("web")
+    i = next(x for x in range(svc.n_exec) if svc.exec_host(rack.config, x).index == 0)
+    async with node(rack, fake_agreed(tmp_path)) as n:
+        before = await n.rpc("exec_status")
+        assert before["runtimes"] == [
+            {"service": "web", "index": i, "status": None, "status_age_s": None,
+             "checkpoint": None}
+        ], before
+        got = await n.rpc("provision", service="web", index=i, mode="active")
+        assert got["ok"], got
+
+        async def written() -> dict[str, Any] | None:
+            e = (await n.rpc("exec_status"))["runtimes"][0]
+            return e if e["status"] is not None else None
+
+        e = await wait_for("its status file", written, 30.0)
+        assert e["status"]["agreement_links_up"] == 0, e  # no agreement replica runs here
+        assert 0 <= e["status_age_s"] < 5, e
+        assert (await n.rpc("status"))["runtimes"][0]["index"] == i
+
+
+# ---- a controld that does not answer is named --------------------------------------------
+@pytest.fixture
+def silent_rack(tmp_path: Path) -> Iterator[tuple[Config, list[subprocess.Popen[bytes]]]]:
+    """A recorded rack whose two "controlds" run (as far as their pids go) but listen
+    nowhere: stand-in processes named by rack.json, ended at the end."""
+    from tests.test_rackctl import write_rack
+
+    config = load(write_rack(tmp_path, hosts=2))
+    keys.generate(config)
+    procs = [subprocess.Popen(["sleep", "300"], start_new_session=True) for _ in config.hosts]
+    state = rackctl.RackState(config.rack.name, str(config.path), "process", "dir", time.time())
+    for h, p in zip(config.hosts, procs, strict=True):
+        ticks = start_ticks(p.pid)
+        assert ticks is not None
+        state.procs.append(rackctl.ProcRecord("controld", h.name, p.pid, ticks, "/dev/null",
+                                              h.address, h.control_port))  # fmt: skip
+    state.complete = True
+    rackctl._save_state(config, state)
+    try:
+        yield config, procs
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+
+def test_a_controld_that_does_not_answer_is_named(
+    silent_rack: tuple[Config, list[subprocess.Popen[bytes]]],
+) -> None:
+    config, _ = silent_rack
+    entries, silent = rackctl.agreed_states(config, timeout=2.0)
+    assert entries == {} and sorted(silent) == ["h0", "h1"]
+    assert all("cannot connect to controld" in why for why in silent.values()), silent
+    # `up` on it would repair it: it cannot see the agreement replicas, and says whose.
+    with pytest.raises(rackctl.RackError, match=r"controld h0 does not answer .*controld h1"
+                       r" does not answer .*cannot see the agreement replicas"):  # fmt: skip
+        rackctl.up(config, agreed=DEFAULT_AGREED if DEFAULT_AGREED.exists() else Path("/bin/true"))
+    # zz status: both named, the rack degraded.
+    out = subprocess.run([sys.executable, "-m", "zz", "status", str(config.path), "--json",
+                          "--timeout", "2"], capture_output=True, text=True, timeout=60,
+                         cwd=REPO)  # fmt: skip
+    doc = json.loads(out.stdout)
+    assert doc["health"] == "degraded", doc
+    named = [p for p in doc["problems"] if "not answering" in p]
+    assert [p.split()[1] for p in named] == ["h0", "h1"], doc["problems"]
+    assert {x["replica"]: x["state"] for x in doc["replicas"] if x["kind"] == "agreement"} == {
+        f"A{r}": "?" for r in range(4)
+    }
+    # stop: the agreement replicas not stopped by whom, named; the stand-ins are stopped.
+    lines: list[str] = []
+    report = rackctl.stop(config, progress=lines.append)
+    assert sorted(report.unanswered)[0].startswith("controld h0 does not answer (cannot"), report
+    assert len(report.unanswered) == 2 and sorted(report.stopped) == ["h0", "h1"], report
+    assert any(line.startswith(f"rack {config.rack.name!r}: controld h1 does not answer")
+               for line in lines), lines  # fmt: skip

@@ -64,6 +64,7 @@ def assert_nothing_left(config: Config) -> None:
     for h in config.hosts:
         home = config.rack.run_dir / "controld" / h.name
         assert not (home / "replicas").exists() and not (home / "inventory.json").exists()
+        assert not (home / "agreed.json").exists()
 
 
 @pytest.fixture
@@ -96,6 +97,14 @@ def test_up_twice_down_twice_leaves_nothing(rack: Config) -> None:
     assert sorted(p.name for p in state.procs if p.kind == "controld") == ["h0", "h1", "h2", "h3"]
     assert len([p for p in state.procs if p.kind == "agreed"]) == svc.n
     assert all(p.alive() for p in state.procs)
+    # The agreement replicas are their hosts' controlds': each reports its own running,
+    # with the pid rack.json records.
+    entries, silent = rackctl.agreed_states(rack)
+    assert silent == {} and len(entries) == svc.n
+    for p in state.agreed():
+        r = int(p.name.rsplit("-", 1)[1])
+        assert p.host == rack.replica_host(svc, r).name
+        assert (entries[p.name]["state"], entries[p.name]["pid"]) == ("running", p.pid)
     on_disk = rackctl.load_state(rack)
     assert on_disk is not None and on_disk.to_json() == state.to_json()
     assert on_disk.overrides == {"detect_floor_ms": 1000}
@@ -130,6 +139,8 @@ def test_down_after_a_controld_was_killed(rack: Config) -> None:
     os.kill(ctl.pid, signal.SIGKILL)
     report = rackctl.down(rack)
     assert report.leftovers, "the orphaned execution replica should have been found"
+    # Named: "not running", or "does not answer" when it was still dying as down asked.
+    assert [w.split()[:2] for w in report.unanswered] == [["controld", victim.host]], report
     assert_nothing_left(rack)
 
 

@@ -113,7 +113,7 @@ def test_status_exit_codes_healthy_degraded_not_running(tmp_path: Path) -> None:
         assert sum(len(c["replicas"]) for c in doc["controlds"]) == svc.n_exec
         spare = next(x for x in doc["replicas"] if x["replica"] == f"E{svc.n_exec - 1}")
         assert (spare["role"], spare["state"]) == ("sleeping", "paused"), spare
-        assert doc["recorded"]["alive"] == len(state.procs)
+        assert doc["recorded"]["alive"] == len(state.procs) and doc["recorded"]["unknown"] == []
         # -q: nothing on stdout, the exit code says it; -v: the metrics URLs too.
         r = _status(config, "-q")
         assert (r.returncode, r.stdout) == (0, ""), r
@@ -147,6 +147,10 @@ def test_status_exit_codes_healthy_degraded_not_running(tmp_path: Path) -> None:
         doc = _doc(config)
         h0 = next(c for c in doc["controlds"] if c["host"] == "h0")
         assert h0["answering"] is False and h0["error"], h0
+        # Its agreement replicas are unknown, not down: only their controld could say.
+        on_h0 = [x for x in doc["replicas"] if x["kind"] == "agreement" and x["host"] == "h0"]
+        assert on_h0 and all(x["state"] == "?" for x in on_h0), on_h0
+        assert doc["recorded"]["unknown"] == [p.name for p in state.agreed() if p.host == "h0"]
         assert any(p.startswith("controld h0 not answering") for p in doc["problems"]), doc
         assert len(doc["problems"]) == 3, doc["problems"]
     finally:

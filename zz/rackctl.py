@@ -1,5 +1,5 @@
-# zz/rackctl.py - `zz rack up` / `zz rack down`: bring a planned rack up on this machine
-# (controld per host, zz-agreed replicas, execution replicas through controld) and tear it down.
+# zz/rackctl.py - `zz rack up` / `zz rack down`: bring a planned rack up (controld per host,
+# agreement and execution replicas through each host's controld) and tear it down.
 """Rack bring-up and tear-down (docs/operations.md).
 
     state = up(load("rack.toml"))        # keys, render, controlds, agreement, replicas
@@ -11,15 +11,19 @@ after a failed or interrupted `up` still finds everything):
 1. keys (``zz keys``) when the key directory does not exist yet;
 2. the placement check (``zz rack plan``) and a port check: every listener must be free;
 3. ZFS (``--store zfs``): one file-backed pool per host, ``zz<rack>h<i>``;
-4. one controld per host (``python -m zz.controld``), process or libvirt backend;
-5. every agreement replica (``zz-agreed``, rendered replica files);
+4. one controld per host (``python -m zz.controld``), process or libvirt backend, started
+   here (on real hosts each runs under its own supervisor, docs/operations.md);
+5. every agreement replica *through its host's controld* (CONTROL ``agreed_start``: it
+   renders the replica file and starts ``zz-agreed``);
 6. every execution replica *through its host's controld* (CONTROL ``provision``): the
    active ones running, the spares paused or hibernated as the service says; controld
    then owns them, so a WAKEUP or SHUTDOWN certificate finds them in its inventory;
 7. wait until every active execution replica is linked to all agreement replicas.
 
-Processes are identified by pid *and* kernel start time (``/proc/<pid>/stat`` field 22),
-so a recycled pid is never signalled. Each runs in its own process group.
+What runs on a host is known from its controld (``agreed_list``, ``list``, ``status``);
+the only processes this module starts and signals itself are the controlds, identified by
+pid *and* kernel start time (``/proc/<pid>/stat`` field 22), so a recycled pid is never
+signalled. A controld that does not answer is named in the error or report.
 """
 
 from __future__ import annotations
@@ -40,11 +44,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zz import keys, placement, render
+from zz import keys, placement
 from zz.atomicfile import write_atomic
-from zz.config import Config, Host, Service, is_loopback
+from zz.config import Config, ConfigError, Host, Service, is_loopback
 from zz.naming import domain_name
-from zz.procrack import DEFAULT_AGREED, leftover_pids, repo_env, signal_group, spawn
+from zz.procrack import (
+    DEFAULT_AGREED,
+    leftover_pids,
+    repo_env,
+    signal_group,
+    spawn,
+    start_ticks,
+)
 
 STATE_NAME = "rack.json"
 # Written by `down` (the time it finished): a replica's stats file older than that is from
@@ -102,21 +113,11 @@ def _quiet(_: str) -> None:
 
 
 # ---- processes ----------------------------------------------------------------------------
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, None if it is gone/a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = stat[stat.rindex(")") + 2 :].split()
-    if rest[0] == "Z":
-        return None
-    return int(rest[19])
-
-
 @dataclass
 class ProcRecord:
-    """One process `up` started: enough for another shell to find and stop it."""
+    """A process of the rack: a controld `up` started here (enough for another shell to
+    find and stop it), or an agreement replica as its host's controld reported it when it
+    started it (`host`; its liveness is its controld's to say: agreed_list)."""
 
     kind: str  # controld, agreed
     name: str  # h0 / web/agreed-0
@@ -125,6 +126,7 @@ class ProcRecord:
     log: str
     address: str = ""
     port: int = 0
+    host: str = ""  # agreed: the host whose controld runs it
 
     def alive(self) -> bool:
         return start_ticks(self.pid) == self.ticks
@@ -172,7 +174,16 @@ class RackState:
         raise KeyError(name)
 
     def alive(self) -> list[ProcRecord]:
-        return [p for p in self.procs if p.alive()]
+        """The controlds `up` started on this machine that still run (the agreement
+        replicas are their controlds' to report: agreed_states)."""
+        return [p for p in self.procs if p.kind == "controld" and p.alive()]
+
+    def agreed(self) -> list[ProcRecord]:
+        return [p for p in self.procs if p.kind == "agreed"]
+
+    def record(self, rec: ProcRecord) -> None:
+        """Add `rec`, replacing a record of the same name."""
+        self.procs = [p for p in self.procs if p.name != rec.name] + [rec]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -431,14 +442,32 @@ async def operator_call(
     )
 
 
-def controld_statuses(config: Config, timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
-    """Every host's controld asked for its `status` at once (`zz status`): host name -> the
+async def call_ok(
+    config: Config, host: Host, op: dict[str, Any], timeout: float = 120.0
+) -> dict[str, Any]:
+    """operator_call that succeeds or raises RackError naming the host: one that does not
+    answer (`controld h2 does not answer: agreed_list: cannot connect ...`) or refuses."""
+    from zz.controld.rpc import RpcError
+
+    try:
+        reply = await operator_call(config, host, op, timeout)
+    except RpcError as e:
+        raise RackError(f"controld {host.name} does not answer: {op.get('op')}: {e}") from e
+    if not reply.get("ok"):
+        what = " ".join(f"{k}={v}" for k, v in op.items() if k != "overrides")
+        raise RackError(f"controld {host.name}: {what}: {reply.get('error', reply)}")
+    return reply
+
+
+def ask_controlds(
+    config: Config, op: dict[str, Any], hosts: list[str] | None = None, timeout: float = 10.0
+) -> dict[str, dict[str, Any] | str]:
+    """`op` to every host's controld (or those named) at once: host name -> the final
     reply, or why there is none (refused, timed out, a refusal, no operator key)."""
 
     async def one(h: Host) -> tuple[str, dict[str, Any] | str]:
         try:
-            reply = await asyncio.wait_for(operator_call(config, h, {"op": "status"}, timeout),
-                                           timeout + 1)  # fmt: skip
+            reply = await asyncio.wait_for(operator_call(config, h, op, timeout), timeout + 1)
         except Exception as e:  # whatever it is, this controld did not answer
             return h.name, str(e) or type(e).__name__
         if not reply.get("ok", False):
@@ -446,21 +475,76 @@ def controld_statuses(config: Config, timeout: float = 3.0) -> dict[str, dict[st
         return h.name, reply
 
     async def run() -> dict[str, dict[str, Any] | str]:
-        return dict(await asyncio.gather(*(one(h) for h in config.hosts)))
+        todo = [h for h in config.hosts if hosts is None or h.name in hosts]
+        return dict(await asyncio.gather(*(one(h) for h in todo)))
 
     return asyncio.run(run())
 
 
-def recorded(config: Config) -> tuple[bool, dict[str, Any] | None]:
-    """Whether a process run/rack.json records is alive, and a summary of that file (None
-    when there is none) for `zz status --json`."""
+def controld_statuses(config: Config, timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
+    """Every host's controld asked for its `status` at once (`zz status`): host name -> the
+    reply (its agreement replicas in `agreed`), or why there is none."""
+    return ask_controlds(config, {"op": "status"}, timeout=timeout)
+
+
+def agreed_entries(answers: dict[str, dict[str, Any] | str]) -> dict[str, dict[str, Any]]:
+    """Agreement replica name -> its entry in its controld's answer (`agreed_list`, or the
+    `agreed` of `status`: state, pid, stats, ...)."""
+    out: dict[str, dict[str, Any]] = {}
+    for answer in answers.values():
+        if isinstance(answer, dict):
+            for e in answer.get("agreed", []):
+                if isinstance(e, dict) and isinstance(e.get("name"), str):
+                    out[e["name"]] = e
+    return out
+
+
+def agreed_states(
+    config: Config, timeout: float = 10.0
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every agreement replica as its host's controld reports it (`agreed_list`): name ->
+    entry; and host -> why its controld did not answer."""
+    answers = ask_controlds(config, {"op": "agreed_list"}, timeout=timeout)
+    silent = {h: a for h, a in answers.items() if isinstance(a, str)}
+    return agreed_entries(answers), silent
+
+
+def _silent_error(silent: dict[str, str], what: str) -> RackError:
+    hosts = "; ".join(f"controld {h} does not answer ({why})" for h, why in sorted(silent.items()))
+    return RackError(f"{hosts}: {what}")
+
+
+def recorded(
+    config: Config, controlds: dict[str, dict[str, Any] | str] | None = None
+) -> tuple[bool, dict[str, Any] | None]:
+    """Whether a process run/rack.json records is alive (a controld started here, or an
+    agreement replica its controld reports running in `controlds`, answers carrying
+    `agreed` as controld_statuses' do; None: the running controlds are asked), and a
+    summary of that file (None when there is none) for `zz status --json`: `dead` names
+    what is confirmed not running, `unknown` the agreement replicas whose controld did
+    not answer."""
     try:
         state = load_state(config)
     except RackError as e:
         return False, {"state_file": str(state_path(config)), "error": str(e)}
     if state is None:
         return False, None
-    alive = state.alive()
+    if controlds is None:  # ask the running controlds for their agreement replicas
+        live = [p.name for p in state.alive()]
+        controlds = ask_controlds(config, {"op": "agreed_list"}, live, 3.0) if live else {}
+    answers = controlds
+    entries = agreed_entries(answers)
+    alive = [p.name for p in state.alive()]
+    dead = [p.name for p in state.procs if p.kind == "controld" and p.name not in alive]
+    unknown = []
+    for p in state.agreed():
+        host = _agreed_host(config, p)
+        if host is None or not isinstance(answers.get(host.name), dict):
+            unknown.append(p.name)
+        elif entries.get(p.name, {}).get("state") == "running":
+            alive.append(p.name)
+        else:
+            dead.append(p.name)
     return bool(alive), {
         "state_file": str(state_path(config)),
         "backend": state.backend,
@@ -470,25 +554,50 @@ def recorded(config: Config) -> tuple[bool, dict[str, Any] | None]:
         "stopped_at": state.stopped_at,
         "processes": len(state.procs),
         "alive": len(alive),
-        "dead": sorted(p.name for p in state.procs if not p.alive()),
+        "dead": sorted(dead),
+        "unknown": sorted(unknown),
     }
 
 
+def _agreed_host(config: Config, p: ProcRecord) -> Host | None:
+    """The host of a recorded agreement replica (its record's, else its placement's)."""
+    for h in config.hosts:
+        if h.name == p.host:
+            return h
+    svc, _, r = p.name.partition("/agreed-")
+    with contextlib.suppress(KeyError, ValueError, ConfigError):
+        return config.replica_host(config.service(svc), int(r))
+    return None
+
+
 def _wait_linked(config: Config, progress: Progress, timeout: float) -> None:
+    """Until every active execution replica's runtime says it is linked to all agreement
+    replicas of its service, as its host's controld reads its status file (`exec_status`;
+    a guest's is in its share)."""
     deadline = time.monotonic() + timeout
-    for s in config.services:
-        if not s.uses_execution_replicas:
-            continue
-        for i in range(s.active):
-            while True:
-                status = s.exec_status_path(config, i)  # a guest's appears in its share
-                with contextlib.suppress(OSError, ValueError):
-                    if json.loads(status.read_text()).get("agreement_links_up") == s.n:
-                        break
-                if time.monotonic() > deadline:
-                    raise RackError(f"{s.name}/exec-{i} not linked to its {s.n} agreement "
-                                    f"replicas after {timeout} s (see {status})")  # fmt: skip
-                time.sleep(0.1)
+    pending = {(s.name, i): s for s in config.services if s.uses_execution_replicas
+               for i in range(s.active)}  # fmt: skip
+    while pending:
+        hosts = sorted({s.exec_host(config, i).name for (_, i), s in pending.items()})
+        answers = ask_controlds(config, {"op": "exec_status"}, hosts, 5.0)
+        runtimes = runtimes_of(answers)
+        for (name, i), s in list(pending.items()):
+            st = runtimes.get((name, i), {}).get("status")
+            if isinstance(st, dict) and st.get("agreement_links_up") == s.n:
+                del pending[(name, i)]
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            (name, i), s = next(iter(pending.items()))
+            host = s.exec_host(config, i).name
+            why = answers.get(host)
+            if isinstance(why, str):
+                seen = f"controld {host} does not answer: {why}"
+            else:
+                seen = f"see {s.exec_status_path(config, i)} on {host}"
+            raise RackError(f"{name}/exec-{i} not linked to its {s.n} agreement replicas"
+                            f" after {timeout} s ({seen})")  # fmt: skip
+        time.sleep(0.2)
     progress("  active execution replicas linked to every agreement replica")
 
 
@@ -617,9 +726,9 @@ def _up(config: Config, state: RackState, agreed: Path, progress: Progress, time
             state.pools.append({"name": name, "vdev": str(vdev)})
             _save_state(config, state)
             progress(f"ZFS pool {name} on {vdev}")
-    _start_controlds(config, state, [h.name for h in config.hosts], progress, timeout)
+    _start_controlds(config, state, [h.name for h in config.hosts], progress, timeout, agreed)
     names = [f"{s.name}/agreed-{r}" for s in config.services for r in range(s.n)]
-    _start_agreed(config, state, agreed, names, progress, timeout)
+    _start_agreed(config, state, names, progress, timeout)
     if any(s.uses_execution_replicas for s in config.services):
         progress("execution replicas through controld (active running, spares asleep):")
         # A guest boots in ~10 s under TCG alone, minutes on a busy 2-core host.
@@ -632,10 +741,16 @@ def _provision_timeout(state: RackState, timeout: float) -> float:
 
 
 def _start_controlds(
-    config: Config, state: RackState, hosts: list[str], progress: Progress, timeout: float
+    config: Config,
+    state: RackState,
+    hosts: list[str],
+    progress: Progress,
+    timeout: float,
+    agreed: Path,
 ) -> None:
-    """A controld for each host named (its home, inventory and audit log are kept in
-    run/controld/<host>/ from any earlier run), recorded in `state`."""
+    """A controld for each host named (its home, inventory, audit log and agreement
+    replica records are kept in run/controld/<host>/ from any earlier run), recorded in
+    `state`; `agreed` is the zz-agreed binary it starts its agreement replicas with."""
     t0 = time.monotonic()
     pools = {h["name"] for h in state.pools}
     for h in config.hosts:
@@ -644,6 +759,7 @@ def _start_controlds(
         cmd = [sys.executable, "-m", "zz.controld", "--config", str(config.path)]
         # A rack on one machine is a drill ground: zz drill switches runtimes' faults.
         cmd += ["--host", h.name, "--backend", state.backend, "--drill-faults"]
+        cmd += ["--agreed", str(agreed)]
         if state.backend == "libvirt":
             # A guest boots under TCG here (docs/design.md §9): tens of seconds on a busy host.
             cmd += ["--ready-timeout", "300"]
@@ -664,30 +780,52 @@ def _start_controlds(
 def _start_agreed(
     config: Config,
     state: RackState,
-    agreed: Path,
     names: list[str],
     progress: Progress,
     timeout: float,
 ) -> None:
-    """zz-agreed for each agreement replica named (`<service>/agreed-<r>`), from freshly
-    rendered replica files, recorded in `state`."""
-    run = config.rack.run_dir
+    """Each agreement replica named (`<service>/agreed-<r>`) through its host's controld
+    (`agreed_start`: it renders the replica file with the rack's --set values, starts
+    zz-agreed and waits until it listens), hosts in parallel; recorded in `state` with the
+    pid its controld reports."""
     t0 = time.monotonic()
-    started = []
+    jobs: dict[int, list[tuple[Service, int]]] = {}
     for s in config.services:
-        mine = [r for r in range(s.n) if f"{s.name}/agreed-{r}" in names]
-        if not mine:
-            continue
-        render.render_service(config, s, state.overrides)
-        for r in mine:
-            conf = run / f"s{s.id}" / f"agreed-{r}.conf"
-            log = run / f"s{s.id}" / f"agreed-{r}.log"
+        for r in range(s.n):
+            if f"{s.name}/agreed-{r}" in names:
+                jobs.setdefault(config.replica_host(s, r).index, []).append((s, r))
+
+    async def host_jobs(h: Host, todo: list[tuple[Service, int]]) -> list[ProcRecord]:
+        done = []
+        for s, r in todo:
+            op = {"op": "agreed_start", "service": s.name, "replica": r,
+                  "overrides": state.overrides, "wait_s": timeout}  # fmt: skip
+            rec = (await call_ok(config, h, op, timeout + 10))["agreed"]
+            log = config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.log"
             addr = config.replica_address(s, r)
-            started.append(_start(state, config, "agreed", f"{s.name}/agreed-{r}",
-                                  [str(agreed), "--conf", str(conf)], log, addr))  # fmt: skip
-    for p in started:
-        _wait_listening(p, p.name, timeout)
-    progress(f"{len(started)} agreement replicas listening ({time.monotonic() - t0:.1f} s)")
+            done.append(ProcRecord("agreed", f"{s.name}/agreed-{r}", int(rec["pid"]),
+                                   int(rec["ticks"]), str(log), *addr, host=h.name))  # fmt: skip
+        return done
+
+    async def run() -> None:
+        results = await asyncio.gather(
+            *(host_jobs(config.hosts[h], todo) for h, todo in sorted(jobs.items())),
+            return_exceptions=True,
+        )
+        errors = []
+        for res in results:
+            if isinstance(res, BaseException):
+                errors.append(res)
+                continue
+            for rec in res:
+                state.record(rec)
+        _save_state(config, state)
+        if errors:
+            raise errors[0]
+
+    asyncio.run(run())
+    n = sum(len(t) for t in jobs.values())
+    progress(f"{n} agreement replicas listening ({time.monotonic() - t0:.1f} s)")
 
 
 # ---- dead members: repair, stop, start -------------------------------------------------------
@@ -700,11 +838,18 @@ def agreed_data_dir(config: Config, service: Service, r: int) -> Path:
     return config.rack.run_dir / f"s{service.id}" / f"agreed-{r}.data"
 
 
-def agreement_on_disk(config: Config, service: Service) -> str | None:
+def agreement_on_disk(
+    config: Config, service: Service, entries: dict[str, dict[str, Any]] | None = None
+) -> str | None:
     """None when every agreement replica of `service` has its state on disk
-    (agreed_data_dir, not empty), else which have none."""
+    (agreed_data_dir, not empty: `on_disk` in `entries`, its controld's agreed_list; without
+    entries the directories are looked at here), else which have none."""
     missing = []
     for r in range(service.n):
+        if entries is not None:
+            if not entries.get(f"{service.name}/agreed-{r}", {}).get("on_disk"):
+                missing.append(r)
+            continue
         d = agreed_data_dir(config, service, r)
         if not (d.is_dir() and any(d.iterdir())):
             missing.append(r)
@@ -721,40 +866,76 @@ def agreement_on_disk(config: Config, service: Service) -> str | None:
             f" ({where} is missing or empty; {why})")  # fmt: skip
 
 
-def reached_seq(config: Config, service: Service) -> int:
+def reached_seq(
+    config: Config,
+    service: Service,
+    agreed_stats: list[dict[str, Any] | None] | None = None,
+    runtimes: dict[tuple[str, int], dict[str, Any]] | None = None,
+) -> int:
     """The highest sequence number the service is known to have reached, from what its
-    replicas left on disk: the agreement replicas' stats (last_exec), the execution
-    replicas' status files (last_executed) and their checkpoint manifests (ckpt-<n>)."""
+    replicas left: the agreement replicas' stats (last_exec), the execution replicas'
+    status files (last_executed) and their newest checkpoint manifests (ckpt-<n>). As
+    their controlds returned them (`agreed_stats`, `runtimes`: exec_status entries), else
+    read from the run directory here (tests, and a rack with no controld to ask)."""
     from zz import status as st
 
     best = 0
-    for s in st.agreement_stats(config, service, float("inf")):
+    if agreed_stats is None:
+        agreed_stats = list(st.agreement_stats(config, service, float("inf")))
+    for s in agreed_stats:
         if s:
             best = max(best, int(s.get("last_exec", 0)))
-    if service.uses_execution_replicas:
-        for i in range(service.n_exec):
-            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-                data = json.loads(service.exec_status_path(config, i).read_text())
-                best = max(best, int(data.get("last_executed", 0)))
-            state = service.exec_state_dir(config, i)
-            for m in state.glob("manifests/ckpt-*.manifest") if state.is_dir() else []:
-                n = m.name.removeprefix("ckpt-").removesuffix(".manifest")
-                if n.isdigit():
-                    best = max(best, int(n))
+    if not service.uses_execution_replicas:
+        return best
+    for i in range(service.n_exec):
+        if runtimes is not None:
+            e = runtimes.get((service.name, i), {})
+            status = e.get("status") if isinstance(e.get("status"), dict) else {}
+            with contextlib.suppress(ValueError, TypeError):
+                best = max(best, int(status.get("last_executed", 0)), int(e.get("checkpoint") or 0))
+            continue
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            data = json.loads(service.exec_status_path(config, i).read_text())
+            best = max(best, int(data.get("last_executed", 0)))
+        state = service.exec_state_dir(config, i)
+        for m in state.glob("manifests/ckpt-*.manifest") if state.is_dir() else []:
+            n = m.name.removeprefix("ckpt-").removesuffix(".manifest")
+            if n.isdigit():
+                best = max(best, int(n))
     return best
 
 
-def start_blockers(config: Config, state: RackState) -> list[str]:
+def runtimes_of(answers: dict[str, dict[str, Any] | str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(service, index) -> its entry in its controld's `exec_status` (or `status`) answer."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for answer in answers.values():
+        if isinstance(answer, dict):
+            for e in answer.get("runtimes", []):
+                if isinstance(e, dict) and isinstance(e.get("index"), int):
+                    out[(str(e.get("service")), e["index"])] = e
+    return out
+
+
+def start_blockers(
+    config: Config,
+    state: RackState,
+    entries: dict[str, dict[str, Any]] | None = None,
+    runtimes: dict[tuple[str, int], dict[str, Any]] | None = None,
+) -> list[str]:
     """Why the recorded rack cannot be started again with the sequence numbers it had
     (empty: it can): a service that ordered anything needs its agreement replicas' state
     on disk, else a restarted cluster would order from seq 1 again, under execution
-    replicas (and clients) that remember later ones."""
+    replicas (and clients) that remember later ones. `entries` and `runtimes` are what the
+    controlds report (agreed_list, exec_status); without them the run directory is read."""
     out = []
     for s in config.services:
-        seq = max(state.stopped_seq.get(s.name, 0), reached_seq(config, s))
+        stats = None
+        if entries is not None:
+            stats = [entries.get(f"{s.name}/agreed-{r}", {}).get("stats") for r in range(s.n)]
+        seq = max(state.stopped_seq.get(s.name, 0), reached_seq(config, s, stats, runtimes))
         if seq == 0:
             continue  # nothing ordered yet: a cluster from seq 0 continues it exactly
-        why = agreement_on_disk(config, s)
+        why = agreement_on_disk(config, s, entries)
         if why is not None:
             out.append(f"{s.name} reached seq {seq}, but {why}")
     return out
@@ -780,12 +961,46 @@ def repair(
         )
     if state.backend == "libvirt":
         _need_libvirt()
-    dead = [p for p in state.procs if not p.alive()]
-    dead_agreed = [p for p in dead if p.kind == "agreed"]
+    restarted: list[str] = []
+
+    def failed(e: BaseException) -> None:
+        # What was started runs and is recorded; the rest is as it was.
+        state.repairs.append({"at": time.time(), "by": by, "restarted": restarted,
+                              "failed": str(e) or type(e).__name__})  # fmt: skip
+        _save_state(config, state)
+        progress(f"repair failed: what it restarted runs and is recorded in"
+                 f" {state_path(config)}, the rest is as it was; `zz status {config.path}`"
+                 " shows what is missing")  # fmt: skip
+
+    # Dead controlds first: only a host's controld can say what runs there.
+    dead_ctl = [p for p in state.procs if p.kind == "controld" and not p.alive()]
+    if dead_ctl:
+        if not agreed.exists():
+            raise RackError(f"{agreed} not built: make -C agreement")
+        _check_ports(config, {f"controld {p.name}" for p in dead_ctl})
+        for p in dead_ctl:
+            state.procs.remove(p)
+            restarted.append(f"controld {p.name} (pid {p.pid} dead)")
+        progress(f"dead: {', '.join(restarted)}")
+        _save_state(config, state)
+        try:
+            _start_controlds(config, state, [p.name for p in dead_ctl], progress, timeout, agreed)
+        except BaseException as e:
+            failed(e)
+            raise
+    entries, silent = agreed_states(config)
+    if silent:
+        raise _silent_error(silent, "cannot see the agreement replicas on those hosts")
+    dead_agreed = {}
+    for s in config.services:
+        for r in range(s.n):
+            e = entries.get(f"{s.name}/agreed-{r}", {})
+            if e.get("state") != "running":
+                dead_agreed[f"{s.name}/agreed-{r}"] = _agreed_why(e)
     why_not = []
     for s in config.services:
-        gone = [p.name for p in dead_agreed if p.name.startswith(f"{s.name}/agreed-")]
-        if len(gone) > s.g and agreement_on_disk(config, s) is not None:
+        gone = [n for n in dead_agreed if n.startswith(f"{s.name}/agreed-")]
+        if len(gone) > s.g and agreement_on_disk(config, s, entries) is not None:
             why_not.append(
                 f"{len(gone)} of {s.name}'s {s.n} agreement replicas are dead"
                 f" ({', '.join(gone)}), more than g = {s.g}: they keep no state on disk,"
@@ -798,34 +1013,17 @@ def repair(
             + f". `zz rack down {config.path}` and `zz rack up {config.path}` start it anew"
             " (same keys, execution state discarded, forensic states kept)"
         )
-    if dead and not agreed.exists():
-        raise RackError(f"{agreed} not built: make -C agreement")
-    names = {p.name for p in dead}
-    listeners = {f"controld {n}" if n in {h.name for h in config.hosts} else n for n in names}
-    _check_ports(config, listeners)
-    restarted: list[str] = []
-    for p in dead:
-        state.procs.remove(p)
-        restarted.append(f"{p.kind} {p.name} (pid {p.pid} dead)")
-    if dead:
-        progress(f"dead: {', '.join(restarted)}")
-        _save_state(config, state)
+    if dead_agreed:
+        _check_ports(config, set(dead_agreed))
+        lines = [f"agreed {n} ({why})" for n, why in dead_agreed.items()]
+        progress(f"dead: {', '.join(lines)}")
+        restarted += lines
     try:
-        ctl = [p.name for p in dead if p.kind == "controld"]
-        if ctl:
-            _start_controlds(config, state, ctl, progress, timeout)
         if dead_agreed:
-            names = [p.name for p in dead_agreed]
-            _start_agreed(config, state, agreed, names, progress, timeout)
+            _start_agreed(config, state, list(dead_agreed), progress, timeout)
         fixed = _reprovision(config, state, progress, _provision_timeout(state, timeout))
     except BaseException as e:
-        # What was started runs and is recorded; the rest is as it was.
-        state.repairs.append({"at": time.time(), "by": by, "restarted": restarted,
-                              "failed": str(e) or type(e).__name__})  # fmt: skip
-        _save_state(config, state)
-        progress(f"repair failed: what it restarted runs and is recorded in"
-                 f" {state_path(config)}, the rest is as it was; `zz status {config.path}`"
-                 " shows what is missing")  # fmt: skip
+        failed(e)
         raise
     if not restarted and not fixed:
         raise AlreadyUp(
@@ -841,6 +1039,13 @@ def repair(
     return state
 
 
+def _agreed_why(entry: dict[str, Any]) -> str:
+    """Why an agreement replica is not running, from its controld's entry (its log says
+    how it ended)."""
+    state = entry.get("state", "not reported by its controld")
+    return f"pid {entry.get('pid')} dead" if state in ("exited", "stopped") else str(state)
+
+
 def _reprovision(
     config: Config, state: RackState, progress: Progress, timeout: float, every: bool = False
 ) -> list[str]:
@@ -852,19 +1057,20 @@ def _reprovision(
     replicas count it awake, else as a spare. The runtime resumes from its state directory.
     Returns one line per replica provisioned; state.replicas follows."""
     from zz import status as st
-    from zz.controld.rpc import RpcError
 
-    views = {s.name: st.exec_view(config, s, float("inf")) for s in config.services}
+    # Who is awake, as the agreement replicas' last stats say (through their controlds).
+    entries, silent = agreed_states(config)
+    if silent:
+        raise _silent_error(silent, "cannot see the agreement replicas on those hosts")
+    views = {
+        s.name: st.exec_view_of(
+            [entries.get(f"{s.name}/agreed-{r}", {}).get("stats") for r in range(s.n)]
+        )
+        for s in config.services
+    }
 
     async def call(h: Host, op: dict[str, Any]) -> dict[str, Any]:
-        try:
-            reply = await operator_call(config, h, op, timeout)
-        except RpcError as e:
-            raise RackError(f"controld {h.name}: {op['op']}: {e}") from e
-        if not reply.get("ok"):
-            what = " ".join(f"{k}={v}" for k, v in op.items())
-            raise RackError(f"controld {h.name}: {what}: {reply.get('error', reply)}")
-        return reply
+        return await call_ok(config, h, op, timeout)
 
     async def host_fix(h: Host) -> list[tuple[ReplicaRecord, str]]:
         listed = (await call(h, {"op": "list"}))["replicas"]
@@ -936,6 +1142,9 @@ class DownReport:
     nothing: bool = False
     deleted: list[str] = field(default_factory=list)  # paths and pools removed
     kept: list[str] = field(default_factory=list)  # forensic states, logs, keys, ...
+    # Hosts whose controld is not running or did not answer ("controld h2 not running"):
+    # what runs there is ended by the sweep of leftovers (then listed there).
+    unanswered: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -963,7 +1172,9 @@ def _stop_procs(procs: list[ProcRecord], timeout: float, report: DownReport) -> 
 
 def rack_domains(config: Config) -> list[tuple[str, str]]:
     """(uri, name) of every libvirt domain named zz-<rack>-* on the hosts' URIs; empty
-    when libvirt-python is not installed or a URI does not answer."""
+    when libvirt-python is not installed or a URI does not answer. For the tests, which
+    check that none survives: `stop` and `down` never open a host's URI (its controld
+    destroys its domains: `halt`)."""
     try:
         import libvirt  # type: ignore[import-not-found, import-untyped]
     except ImportError:
@@ -982,28 +1193,6 @@ def rack_domains(config: Config) -> list[tuple[str, str]]:
         finally:
             conn.close()
     return found
-
-
-def _destroy_domains(config: Config, report: DownReport) -> None:
-    found = rack_domains(config)
-    if not found:
-        return
-    import libvirt
-
-    for uri, name in found:
-        conn = libvirt.open(uri)
-        try:
-            dom = conn.lookupByName(name)
-            with contextlib.suppress(libvirt.libvirtError):
-                dom.destroy()
-            with contextlib.suppress(libvirt.libvirtError):
-                if dom.isPersistent():
-                    dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
-            report.domains.append(name)
-        except libvirt.libvirtError:
-            pass
-        finally:
-            conn.close()
 
 
 # What a rack runs: only these are swept by command line, never e.g. a `timeout` or a
@@ -1096,25 +1285,74 @@ def _save_zfs_forensics(config: Config, pool: str, report: DownReport) -> None:
         report.kept.append(f"{snap} as {dest}")
 
 
-def _stop_everything(config: Config, state: RackState | None, report: DownReport,
-                     timeout: float) -> None:  # fmt: skip
-    """Every recorded process (controlds first: they stop their replicas), the rack's
-    libvirt domains, then whatever still names its config or run directory."""
+def _stop_agreed(
+    config: Config, state: RackState, report: DownReport, timeout: float
+) -> dict[str, dict[str, Any]]:
+    """Every running controld of the rack stops its host's agreement replicas
+    (`agreed_stop`, SIGKILL after `timeout`); the stats each left as it exited, by name. A
+    controld that does not answer is named in `report.unanswered`."""
+    hosts = [p.name for p in state.alive()]
+    dead = [p.name for p in state.procs if p.kind == "controld" and p.name not in hosts]
+    for h in dead:
+        report.unanswered.append(f"controld {h} not running")
+    answers = ask_controlds(config, {"op": "agreed_stop", "timeout_s": timeout}, hosts,
+                            timeout + 15)  # fmt: skip
+    stats: dict[str, dict[str, Any]] = {}
+    for host, answer in sorted(answers.items()):
+        if isinstance(answer, str):
+            report.unanswered.append(f"controld {host} does not answer ({answer})")
+            continue
+        report.stopped += answer.get("stopped", [])
+        report.killed += answer.get("killed", [])
+        stats.update({k: v for k, v in answer.get("stats", {}).items() if isinstance(v, dict)})
+    return stats
+
+
+def _halt(config: Config, state: RackState, report: DownReport, timeout: float) -> None:
+    """Every running controld destroys its domains (processes) of the rack (`halt`: its
+    inventory's records are kept), so that no host's hypervisor is opened from here."""
+    silent = {w.split()[1] for w in report.unanswered}  # named already by _stop_agreed
+    hosts = [p.name for p in state.alive() if p.name not in silent]
+    answers = ask_controlds(config, {"op": "halt"}, hosts, timeout + 15)
+    for host, answer in sorted(answers.items()):
+        if isinstance(answer, str):
+            report.unanswered.append(f"controld {host} does not answer halt ({answer})")
+            continue
+        if state.backend == "libvirt":
+            report.domains += answer.get("destroyed", [])
+        report.refused += [f"controld {host}: domain {x}" for x in answer.get("failed", [])]
+
+
+def _stop_everything(
+    config: Config, state: RackState | None, report: DownReport, timeout: float
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, int], dict[str, Any]]]:
+    """The agreement replicas and the rack's domains through their controlds, then the
+    controlds (they stop their process replicas), then whatever still names the rack's
+    config or run directory (what a controld that did not answer left: its runtimes,
+    agreement replicas and QEMU processes). Returns what the replicas left, as the
+    controlds report it: the agreement replicas' last stats (_stop_agreed) and the
+    runtimes' status files and newest checkpoints (exec_status)."""
+    stats: dict[str, dict[str, Any]] = {}
+    runtimes: dict[tuple[str, int], dict[str, Any]] = {}
     if state is not None:
+        stats = _stop_agreed(config, state, report, timeout)
+        # Domains before controld stops (it leaves libvirt domains running) and before
+        # the sweep: a guest's QEMU names the run dir (its console socket), and libvirt
+        # should destroy it rather than find it killed under its feet.
+        _halt(config, state, report, timeout)
+        silent = {w.split()[1] for w in report.unanswered}
+        asked = [p.name for p in state.alive() if p.name not in silent]
+        runtimes = runtimes_of(ask_controlds(config, {"op": "exec_status"}, asked, timeout))
         ctl = [p for p in state.procs if p.kind == "controld"]
-        rest = [p for p in state.procs if p.kind != "controld"]
         # controld's SIGTERM path destroys its replicas (process backend: terminate, 10 s
         # grace each), so it gets longer than a replica.
         _stop_procs(ctl, timeout + 15, report)
-        _stop_procs(rest, timeout, report)
-    # Domains before the sweep: a guest's QEMU names the run dir (its console socket), and
-    # libvirt should destroy it rather than find it killed under its feet.
-    _destroy_domains(config, report)
     pids = rack_leftovers(config)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     report.leftovers = pids
+    return stats, runtimes
 
 
 def down(
@@ -1160,11 +1398,10 @@ def down(
     for h in config.hosts:
         home = run / "controld" / h.name
         todo += [(remove_tree, home / sub) for sub in ("replicas", "saves")]
-        # The inventory describes replicas that no longer exist: a new controld must not
-        # report them as lost.
-        todo += [
-            (remove_file, home / n) for n in ("inventory.json", "ledger.json", "freshness.json")
-        ]
+        # The inventory (and agreed.json, the agreement replicas' records) describe
+        # replicas that no longer exist: a new controld must not report them as lost.
+        names = ("inventory.json", "agreed.json", "ledger.json", "freshness.json")
+        todo += [(remove_file, home / n) for n in names]
     todo.append((remove_file, state_path(config)))
     _remove_each(todo, run, report)
     if run.is_dir():
@@ -1174,6 +1411,9 @@ def down(
         report.kept.append(f"keys in {config.rack.key_dir}")
     for why in report.refused:
         progress(f"rack {config.rack.name!r}: {why}")
+    for why in report.unanswered:
+        progress(f"rack {config.rack.name!r}: {why}: what runs on its host is left to the"
+                 " sweep of leftovers")  # fmt: skip
     if report.nothing and not (report.leftovers or report.domains or report.deleted):
         progress(f"rack {config.rack.name!r}: nothing running (no {state_path(config)})")
     else:
@@ -1204,15 +1444,20 @@ def stop(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
         report.nothing = True
         progress(f"rack {config.rack.name!r}: stopped already ({time.ctime(state.stopped_at)})")
         return report
-    _stop_everything(config, state, report, timeout)
+    last, runtimes = _stop_everything(config, state, report, timeout)
     # What the replicas reached: zz-agreed writes its stats file once more as it exits on
-    # SIGTERM, so a request ordered in its last second counts too.
+    # SIGTERM (its controld returns it), so a request ordered in its last second counts too.
     for s in config.services:
-        state.stopped_seq[s.name] = max(reached_seq(config, s), state.stopped_seq.get(s.name, 0))
+        stats = [last.get(f"{s.name}/agreed-{r}") for r in range(s.n)]
+        seq = reached_seq(config, s, stats, runtimes)
+        state.stopped_seq[s.name] = max(seq, state.stopped_seq.get(s.name, 0))
     state.stopped_at = time.time()
     _save_state(config, state)
     write_atomic(config.rack.run_dir / DOWN_NAME, f"{time.time():.3f}\n")
     report.kept = _kept_on_stop(config, state)
+    for why in report.unanswered:
+        progress(f"rack {config.rack.name!r}: {why}: what runs on its host is left to the"
+                 " sweep of leftovers")  # fmt: skip
     progress(
         f"rack {config.rack.name!r} stopped: {len(report.stopped)} stopped,"
         f" {len(report.killed)} killed, {len(report.leftovers)} leftovers,"
@@ -1236,9 +1481,9 @@ def _kept_on_stop(config: Config, state: RackState) -> list[str]:
     out += [f"ZFS pool {p['name']} on {p['vdev']} (imported)" for p in state.pools]
     for h in config.hosts:
         home = run / "controld" / h.name
-        files = [n for n in ("inventory.json", "audit.log") if (home / n).exists()]
+        files = [n for n in ("inventory.json", "agreed.json", "audit.log") if (home / n).exists()]
         if files:
-            out.append(f"controld {h.name}'s {' and '.join(files)} in {home}")
+            out.append(f"controld {h.name}'s {', '.join(files)} in {home}")
     out.append(f"logs and stats files in {run}")
     return out
 
@@ -1282,30 +1527,24 @@ def start(
     the controlds on their inventories, the agreement replicas, and every execution replica
     provisioned again on its state directory in the mode its controld recorded. A rack
     with processes alive is repaired like `up` does (AlreadyUp when nothing is dead).
-    CannotContinue, before anything starts, when a service reached a seq its agreement
-    replicas cannot continue from (start_blockers). A failed start stops what it started
-    and keeps the state."""
+    CannotContinue, before any replica starts, when a service reached a seq its agreement
+    replicas cannot continue from (start_blockers, from what the controlds report: they are
+    started first, and stopped again then, rack.json as it was). A failed start stops what
+    it started and keeps the state."""
     state = load_state(config)
     if state is None:
         raise RackError(f"no rack recorded in {state_path(config)}: `zz rack up {config.path}`")
     agreed = agreed or DEFAULT_AGREED
     if state.alive():
         return repair(config, state, agreed, progress, timeout, by="start")
-    blockers = start_blockers(config, state)
-    if blockers:
-        raise CannotContinue(
-            f"rack {config.rack.name!r} cannot start where it stopped: " + "; ".join(blockers)
-            + ". Restarted, they would order from seq 1 again, below what the execution"
-            " replicas executed and the clients saw. Nothing was started; the state stays"
-            f" on disk. `zz rack down {config.path}` and `zz rack up {config.path}` start the"
-            " rack anew from seq 0 with the same keys (execution state discarded, forensic"
-            " states kept)"
-        )
     if state.backend == "libvirt":
         _need_libvirt()
     if not agreed.exists():
         raise RackError(f"{agreed} not built: make -C agreement")
     _check_ports(config)
+    saved = state.to_json()
+    down_mark = config.rack.run_dir / DOWN_NAME
+    stopped_mark = down_mark.read_text() if down_mark.exists() else None
     was = state.stopped_at
     progress(f"rack {config.rack.name!r}: starting from disk"
              + (f" (stopped {time.ctime(was)})" if was else " (its processes had died)"))
@@ -1313,16 +1552,41 @@ def start(
     state.stopped_at = None
     state.complete = False
     _save_state(config, state)
-    (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
+    down_mark.unlink(missing_ok=True)
     try:
         _import_pools(config, state, progress)
-        _start_controlds(config, state, [h.name for h in config.hosts], progress, timeout)
+        _start_controlds(config, state, [h.name for h in config.hosts], progress, timeout,
+                         agreed)  # fmt: skip
+        # Whether the services can go on where they stopped, from what the replicas left
+        # on each host, as its controld reports it.
+        entries, silent = agreed_states(config)
+        if silent:
+            raise _silent_error(silent, "cannot see what the agreement replicas left there")
+        runtimes = runtimes_of(ask_controlds(config, {"op": "exec_status"}, timeout=timeout))
+        blockers = start_blockers(config, state, entries, runtimes)
+        if blockers:
+            raise CannotContinue(
+                f"rack {config.rack.name!r} cannot start where it stopped: "
+                + "; ".join(blockers) + ". Restarted, they would order from seq 1 again,"
+                " below what the execution replicas executed and the clients saw. No replica"
+                " was started (the controlds asked were stopped again); the state stays on"
+                f" disk. `zz rack down {config.path}` and `zz rack up {config.path}` start the"
+                " rack anew from seq 0 with the same keys (execution state discarded, forensic"
+                " states kept)"
+            )
         names = [f"{s.name}/agreed-{r}" for s in config.services for r in range(s.n)]
-        _start_agreed(config, state, agreed, names, progress, timeout)
+        _start_agreed(config, state, names, progress, timeout)
         if any(s.uses_execution_replicas for s in config.services):
             progress("execution replicas through controld, on their state directories:")
             _reprovision(config, state, progress, _provision_timeout(state, timeout), every=True)
             _wait_linked(config, progress, timeout)
+    except CannotContinue:
+        # Back to the stopped rack it was: its controlds stopped, rack.json as it was.
+        _stop_procs([p for p in state.procs if p.kind == "controld"], timeout + 15, DownReport())
+        _save_state(config, RackState.from_json(saved))
+        if stopped_mark is not None:
+            write_atomic(down_mark, stopped_mark)
+        raise
     except BaseException:
         progress("start failed: stopping what was started (the rack's state stays on disk)")
         with contextlib.suppress(Exception):

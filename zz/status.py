@@ -1,11 +1,16 @@
 # zz/status.py - `zz status`: every service's replicas, role, host, state, checkpoints and
-# recent faults from the files the daemons rewrite every second, each host's controld from
-# its `status` RPC, and whether the rack is healthy, degraded or not running.
-"""Rack status from the replicas' own stats files and the controlds' answers.
+# recent faults, each host's controld from its `status` RPC (which carries its agreement
+# replicas' stats), and whether the rack is healthy, degraded or not running.
+"""Rack status from the controlds' answers and the replicas' status files.
 
-Agreement replicas write ``run/s<id>/agreed-<r>.stats.json`` (zz-agreed, docs/agreement.md),
-execution replicas ``run/s<id>/exec-<i>.status.json`` (docs/execution.md). A file older
-than `stale_after` seconds means the process is not running (or hung): shown as ``down``.
+Agreement replicas write ``run/s<id>/agreed-<r>.stats.json`` (zz-agreed, docs/agreement.md)
+every second; their host's controld supervises them and returns each one's state and last
+stats in its `status` (``agreed``, controld/agreed.py). `zz status` takes them from there: a
+replica its controld reports not running, or whose stats are older than `stale_after`
+seconds (hung), is ``down``; one on a host whose controld does not answer is ``?``. Without
+controld answers (a harness of bare processes: `controlds` None) the stats files are read
+directly. Execution replicas write ``run/s<id>/exec-<i>.status.json`` (docs/execution.md):
+a file older than `stale_after` seconds means the process is not running (or hung).
 Execution roles (active, sleeping, convicted) come from the agreement replicas' view of them
 (``exec_awake``/``exec_sleeping``/``exec_convicted`` in their stats), else from the plan; a
 sleeping spare's state from its host's controld inventory when that controld answered.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Set
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +81,36 @@ def agreed_stats_path(run: Path, r: int) -> Path:
     return run / f"agreed-{r}.stats.json"
 
 
+def agreement_stats_from(
+    config: Config, svc: Service, controlds: Controlds, stale_after: float
+) -> tuple[list[Stats], set[int]]:
+    """Each agreement replica's stats as its host's controld returned them (`agreed` of its
+    `status`): None when it is not running, has written none since it started, or wrote
+    them more than `stale_after` s ago; and the replicas whose controld did not answer."""
+    out: list[Stats] = []
+    unknown: set[int] = set()
+    for r in range(svc.n):
+        answer = controlds.get(config.replica_host(svc, r).name)
+        if not isinstance(answer, dict):
+            unknown.add(r)
+            out.append(None)
+            continue
+        name = f"{svc.name}/agreed-{r}"
+        e = next((x for x in answer.get("agreed", []) if isinstance(x, dict)
+                  and x.get("name") == name), None)  # fmt: skip
+        stats, age = (e or {}).get("stats"), (e or {}).get("stats_age_s")
+        ok = (
+            e is not None
+            and e.get("state") == "running"
+            and isinstance(stats, dict)
+            and isinstance(age, int | float)
+            and age <= stale_after
+            and e.get("stats_current") is True  # written by this process, not a former one
+        )
+        out.append(stats if ok else None)
+    return out, unknown
+
+
 def agreement_stats(
     config: Config, svc: Service, stale_after: float, not_before: float = 0.0
 ) -> list[Stats]:
@@ -85,8 +121,8 @@ def agreement_stats(
 
 
 def exec_view(config: Config, svc: Service, stale_after: float) -> dict[str, list[int]]:
-    """Who is awake, sleeping, convicted (_exec_view) from the stats files."""
-    return _exec_view(agreement_stats(config, svc, stale_after))
+    """Who is awake, sleeping, convicted (exec_view_of) from the stats files."""
+    return exec_view_of(agreement_stats(config, svc, stale_after))
 
 
 def _ints(d: dict[str, Any], keys: tuple[str, ...]) -> dict[str, int]:
@@ -98,13 +134,19 @@ _AGREED_FIGURES = ("view", "last_exec", "stable_seq", "exec_stable", "exec_misma
 _EXEC_FIGURES = ("last_executed", "stable_checkpoint", "last_checkpoint", "agreement_links_up")
 
 
-def _agreement_rows(config: Config, svc: Service, stats: list[Stats]) -> list[Row]:
+def _agreement_rows(
+    config: Config, svc: Service, stats: list[Stats], unknown: Set[int] = frozenset()
+) -> list[Row]:
     views = [s["view"] for s in stats if s]
     view = max(views) if views else 0
     rows = []
     for r, s in enumerate(stats):
         role = "primary" if r == view % svc.n else "backup"
         host = config.replica_host(svc, r).name
+        if r in unknown:
+            rows.append(Row(svc.name, f"A{r}", role, host, "?", "-", "controld not answering",
+                            "agreement", r))  # fmt: skip
+            continue
         if s is None:
             rows.append(Row(svc.name, f"A{r}", role, host, "down", "-", "", "agreement", r))
             continue
@@ -125,7 +167,7 @@ def _agreement_rows(config: Config, svc: Service, stats: list[Stats]) -> list[Ro
     return rows
 
 
-def _exec_view(stats: list[Stats]) -> dict[str, list[int]]:
+def exec_view_of(stats: list[Stats]) -> dict[str, list[int]]:
     """Who is awake, sleeping, convicted now, as the agreement replicas (zz-agreed's stats,
     the most advanced one) see it: after a fault the woken spare is active and the
     convicted index a fresh spare. Empty when no replica says."""
@@ -176,7 +218,7 @@ def _execution_rows(
     not_before: float = 0.0,
 ) -> list[Row]:
     rows = []
-    view = _exec_view(stats)
+    view = exec_view_of(stats)
     for i in range(svc.n_exec):
         role = "active" if i < svc.active else "sleeping"
         if view:
@@ -214,12 +256,17 @@ def rack_status(
     not_before: float = 0.0,
 ) -> list[Row]:
     """One row per agreement and execution replica. With `controlds` (the answers of the
-    hosts' controlds), a spare that is not running shows its inventory state. Files
-    written before `not_before` (the rack's last `down`) count as stale."""
+    hosts' controlds), the agreement replicas' states and stats are theirs, and a spare
+    that is not running shows its inventory state; without, the stats files are read.
+    Files written before `not_before` (the rack's last `down`) count as stale."""
     rows: list[Row] = []
     for svc in config.services:
-        stats = agreement_stats(config, svc, stale_after, not_before)
-        rows += _agreement_rows(config, svc, stats)
+        unknown: set[int] = set()
+        if controlds is None:
+            stats = agreement_stats(config, svc, stale_after, not_before)
+        else:
+            stats, unknown = agreement_stats_from(config, svc, controlds, stale_after)
+        rows += _agreement_rows(config, svc, stats, unknown)
         if svc.uses_execution_replicas:
             rows += _execution_rows(config, svc, stale_after, stats, controlds, not_before)
     return rows

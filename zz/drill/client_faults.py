@@ -95,7 +95,7 @@ class Primary(DrillKind):
         s = d.service
         views = [x.get("view", 0) for x in obs.agreed_of(s).values()]
         view = max(views) if views else 0
-        killed = d.rack.kill_agreed(s, view % s.n)
+        killed = await d.rack.kill_agreed(s, view % s.n)
         d.details["view_before"] = view
         d.details["killed"] = killed
         d.faulted.append(killed)

@@ -305,5 +305,5 @@ class ByzantineHost(WrongReply):
         for s in d.services:
             for r in range(s.n):
                 if d.config.replica_host(s, r).name == self.host:
-                    d.faulted.append(d.rack.kill_agreed(s, r))
+                    d.faulted.append(await d.rack.kill_agreed(s, r))
         return started

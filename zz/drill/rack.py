@@ -1,10 +1,12 @@
 # zz/drill/rack.py - the rack a drill runs against: that it is up, and the few things a drill
-# does to it (kill a process or a domain, switch a runtime's fault, start a killed one again).
+# does to it (crash an agreement replica through its controld, kill a runtime or a domain,
+# switch a runtime's fault, start a killed agreement replica again through its controld).
 """The drill's hands on the rack (docs/operations.md, "Drills"). What the drill sees is in
 zz/drill/observe.py; which of these a kind uses is in its class (zz/drill/kind.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -18,8 +20,16 @@ from zz.atomicfile import write_atomic
 from zz.config import Config, Service
 from zz.drillfaults import FAULT_FILE
 from zz.naming import domain_name
-from zz.procrack import DEFAULT_AGREED, leftover_pids, signal_group
-from zz.rackctl import ProcRecord, RackState, _save_state, _start, load_state
+from zz.procrack import leftover_pids
+from zz.rackctl import (
+    ProcRecord,
+    RackError,
+    RackState,
+    _save_state,
+    agreed_states,
+    call_ok,
+    load_state,
+)
 
 
 class DrillError(Exception):
@@ -35,11 +45,17 @@ class Rack:
 
     @classmethod
     def up(cls, config: Config) -> Rack:
-        """The rack, which must be up with every process it started running."""
+        """The rack, which must be up: every controld it started running, and every
+        agreement replica running as its host's controld reports it."""
         state = load_state(config)
         if state is None or not state.complete:
             raise DrillError(f"rack {config.rack.name!r} is not up: zz rack up {config.path}")
-        dead = [p.name for p in state.procs if not p.alive()]
+        alive = {p.name for p in state.alive()}
+        dead = [p.name for p in state.procs if p.kind == "controld" and p.name not in alive]
+        entries, silent = agreed_states(config)
+        dead += [f"controld {h} (not answering: {why})" for h, why in sorted(silent.items())]
+        dead += [p.name for p in state.agreed()
+                 if entries.get(p.name, {}).get("state", "running") != "running"]  # fmt: skip
         if dead:
             raise DrillError(
                 f"rack {config.rack.name!r} is degraded ({', '.join(dead)} not running):"
@@ -51,15 +67,22 @@ class Rack:
     def agreed_proc(self, s: Service, r: int) -> ProcRecord:
         return self.state.proc(f"{s.name}/agreed-{r}")
 
-    def kill_agreed(self, s: Service, r: int) -> str:
-        """SIGKILL agreement replica r (its process group); its name."""
-        p = self.agreed_proc(s, r)
-        signal_group(p.pid, signal.SIGKILL)
-        return p.name
+    async def kill_agreed(self, s: Service, r: int) -> str:
+        """Crash agreement replica r: its controld SIGKILLs it (agreed_stop kill); its
+        name."""
+        h = self.config.replica_host(s, r)
+        op = {"op": "agreed_stop", "service": s.name, "replica": r, "kill": True}
+        try:
+            await call_ok(self.config, h, op, 30.0)
+        except RackError as e:
+            raise DrillError(f"{s.name}/agreed-{r}: {e}") from e
+        return f"{s.name}/agreed-{r}"
 
     def agreed_rss(self, s: Service, into: dict[str, dict[str, float]], key: str) -> None:
         """VmRSS (MiB) of the service's agreement replicas, as `key` (\"max\" keeps the
-        largest seen)."""
+        largest seen). Read from /proc of this machine by the pid their controlds reported
+        (sampled every 0.5 s inside the drill's event loop; controld's agreed_list has
+        `rss_mib` too)."""
         for r in range(s.n):
             p = self.agreed_proc(s, r)
             try:
@@ -72,20 +95,34 @@ class Rack:
                 row = into.setdefault(p.name, {})
                 row[key] = max(row.get(key, 0.0), mib) if key == "max" else mib
 
-    def restart_dead_agreed(self) -> list[str]:
-        """Start every agreement replica that is not running again (same replica file);
-        the names started."""
+    async def restart_dead_agreed(self) -> list[str]:
+        """Start every agreement replica that is not running again through its controld
+        (agreed_start, the same replica file and --set values); the names started."""
+        from zz.rackctl import ask_controlds
+
+        answers = await asyncio.to_thread(ask_controlds, self.config, {"op": "agreed_list"})
         started = []
-        for p in list(self.state.procs):
-            if p.kind == "agreed" and not p.alive():
-                s = next(x for x in self.config.services if p.name.startswith(x.name + "/"))
-                r = int(p.name.rsplit("-", 1)[1])
-                conf = self.config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.conf"
-                self.state.procs.remove(p)
-                _start(self.state, self.config, "agreed", p.name,
-                       [str(DEFAULT_AGREED), "--conf", str(conf)], Path(p.log),
-                       (p.address, p.port))  # fmt: skip
-                started.append(p.name)
+        for s in self.config.services:
+            for r in range(s.n):
+                h = self.config.replica_host(s, r)
+                answer = answers.get(h.name)
+                if not isinstance(answer, dict):
+                    raise DrillError(f"controld {h.name} does not answer ({answer})")
+                e = next((x for x in answer.get("agreed", [])
+                          if x.get("name") == f"{s.name}/agreed-{r}"), {})  # fmt: skip
+                if e.get("state") == "running":
+                    continue
+                op = {"op": "agreed_start", "service": s.name, "replica": r,
+                      "overrides": self.state.overrides}  # fmt: skip
+                try:
+                    rec = (await call_ok(self.config, h, op, 90.0))["agreed"]
+                except RackError as err:
+                    raise DrillError(f"{s.name}/agreed-{r}: {err}") from err
+                old = self.agreed_proc(s, r)
+                self.state.record(ProcRecord("agreed", old.name, int(rec["pid"]),
+                                             int(rec["ticks"]), old.log, old.address, old.port,
+                                             host=h.name))  # fmt: skip
+                started.append(old.name)
         _save_state(self.config, self.state)
         return started
 

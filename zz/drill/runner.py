@@ -286,7 +286,7 @@ class Drill:
         """Leave the rack usable for the next drill: a killed agreement replica is started
         again (same replica file); a faulty execution replica that was not convicted is
         told to behave again (a convicted one controld already replaced)."""
-        for name in self.rack.restart_dead_agreed():
+        for name in await self.rack.restart_dead_agreed():
             self.notes.append(f"restarted {name} after the drill")
         for name in self.faulted:
             m = re.match(r"(.+)/exec-(\d+)", name)
