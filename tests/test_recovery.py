@@ -212,18 +212,22 @@ def test_replay_skips_certified_reads(rig: Rig, replay_all: bool) -> None:
 @needs_agreed
 def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
     """The spare recovers to checkpoint s and replays a PUT of the victim key; the victim's
-    file of s cannot be read (moved aside on both peers) until the peers have gone on and
-    collected s. Then the spare gets the later checkpoint's copy (FILE-DATA "later"), which
-    fails its hash check: it blames nobody, drops the half-run batch, recovers to the newer
-    stable checkpoint and goes on; its answers are the certified ones. (Found on a rack of
-    guests: a woken spare blamed every peer for such a file, forever, and never answered.)"""
+    file of s cannot be read (moved aside on both peers, in every checkpoint that holds
+    those bytes: a copy with their hash would be served, docs/recovery.md "Copies by
+    hash") until the peers have gone on and collected s. Then the spare gets the later
+    checkpoint's copy (FILE-DATA "later"), which fails its hash check: it blames nobody,
+    drops the half-run batch, recovers to the newer stable checkpoint and goes on; its
+    answers are the certified ones. (Found on a rack of guests: a woken spare blamed every
+    peer for such a file, forever, and never answered.)"""
     execs = rig.execs
     s = _fill(rig)
     # The background loop (one file, then a long pause) must not fetch the victim first.
     victim = max((f"k{k}".encode() for k in range(s)), key=key_path)
     for i in (0, 1):
-        f = _snapshot_dir(rig, i, s) / key_path(victim)
-        f.rename(f.with_name(f.name + ".aside"))
+        for snap in _snapshot_dir(rig, i, s).parent.glob("ckpt-*"):  # s, and older ones kept
+            f = snap / key_path(victim)
+            if f.exists():
+                f.rename(f.with_name(f.name + ".aside"))
     # Above s, below the next checkpoint: the spare replays it from s. An APPEND reads
     # the old value (a PUT would not: it is applied without it, and fetch nothing).
     assert rig.invoke_all([_kv(KV_APPEND, victim, b"+")], client_index=1) == [_kv_ok()]
