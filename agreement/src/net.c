@@ -1056,7 +1056,8 @@ static void conn_destroy(zz_net *n, zz_conn *c)
 
 /* Flush everything queued, then what the links held for the durable barrier, then close
  * what broke, repeating because an on_close handler may queue more output. Replies and
- * early link frames leave before the barrier's sync, the held frames after it. */
+ * early link frames leave before the barrier's sync, the held frames after it. At the end
+ * the owner writes what the turn decided even if nothing was sent. */
 static void settle(zz_net *n)
 {
     while (n->dirty_head || n->dead_head || n->any_held) {
@@ -1089,6 +1090,8 @@ static void settle(zz_net *n)
             conn_destroy(n, c);
         }
     }
+    if (n->barrier)
+        n->barrier(n->barrier_ctx, 0);
 }
 
 static void run_timers(zz_net *n)

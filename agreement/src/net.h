@@ -95,8 +95,8 @@ uint64_t zz_net_owner_queued(const zz_net *n, uint32_t owner);
 uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
 
 /* The owner's durability barrier, e.g. the write-ahead log's group commit (wal.c). Called
- * with durable 0 before any byte is written to a socket: the owner writes what queued bytes
- * depend on. Once set, a frame sent to a link (agreement peer, zz_net_add_link) is held
+ * with durable 0 before any byte is written to a socket, and once at the end of each turn:
+ * the owner writes what queued bytes depend on (and what the turn decided). Once set, a frame sent to a link (agreement peer, zz_net_add_link) is held
  * until the end of the turn, where one call with durable 1 makes everything the turn's
  * frames depend on durable before they join their queues; frames sent while zz_net_early
  * is on need only the written records and are queued at once. Replies and other frames on

@@ -148,7 +148,7 @@ struct zz_replica;
 int zz_wal_recover(struct zz_replica *r, char *err, size_t errcap);
 void zz_wal_free(struct zz_replica *r);
 /* The group commit, net's barrier (zz_on_barrier). Before any byte is written to a socket
- * (durable 0): the pending records are written, not synced (the log is rewritten first when
+ * and at the end of each turn (durable 0): the pending records are written, not synced (the log is rewritten first when
  * the stable checkpoint moved and a queued send needs a record). Once per turn before the
  * frames held for it join the links' queues (durable 1): when a pending record is one a
  * send must find synced, all pending records are written and fdatasynced (or the log is
