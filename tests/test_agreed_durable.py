@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import subprocess
 import time
@@ -18,12 +19,9 @@ from typing import Any
 import pytest
 
 from tests.cluster import Cluster
-from zz import wire
+from zz import walfile, wire
 from zz.client import ClientTimeout
 from zz.crypto import sha256
-
-HDR = 12  # u32 len, u32 crc, u32 epoch (agreement/src/wal.h)
-SNAPEND = 5
 
 
 def _durable(r: int, tmp: Path, policy: str) -> dict[str, Any]:
@@ -47,26 +45,10 @@ def _loadgen(c: Cluster, clients: int, seconds: int, out: Path) -> subprocess.Po
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _records(path: Path) -> tuple[int, list[tuple[int, int, int]]]:
-    """The epoch of a log file and its records as (offset, length incl. framing, type),
-    walked by their framing the way wal.c does (a zero length or another epoch ends it)."""
-    data = path.read_bytes()
-    if len(data) < HDR:
-        return 0, []
-    epoch = int.from_bytes(data[8:12], "big")
-    out, off = [], 0
-    while off + HDR < len(data):
-        n = int.from_bytes(data[off : off + 4], "big")
-        if n == 0 or int.from_bytes(data[off + 8 : off + 12], "big") != epoch:
-            break
-        out.append((off, HDR + n, data[off + HDR]))
-        off += HDR + n
-    return epoch, out
-
-
 def _current_log(c: Cluster, r: int) -> Path:
-    files = [c.dir / f"data{r}" / name for name in ("wal-a", "wal-b")]
-    return max((f for f in files if f.exists()), key=lambda f: _records(f)[0])
+    path = walfile.current_log(c.dir / f"data{r}")
+    assert path is not None, f"replica {r} has no log file"
+    return path
 
 
 def _secret(c: Cluster, principal: int) -> dict[int, bytes]:
@@ -216,11 +198,10 @@ def _damage_setup(c: Cluster) -> Path:
         k += 4
         c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="same state")
         time.sleep(1.2)  # the once-a-second write of records no send pushed out
-        _, recs = _records(_current_log(c, 2))
-        types = [t for _o, _n, t in recs]
-        if SNAPEND in types and len(types) - types.index(SNAPEND) > 6:
+        _, recs = walfile.records(_current_log(c, 2))
+        if len(walfile.after_rewrite(recs)) > 5:
             break
-        assert k < 200, types
+        assert k < 200, [r.type for r in recs]
     c.kill(2)
     return _current_log(c, 2)
 
@@ -233,21 +214,16 @@ def test_damaged_log_is_detected_and_the_replica_recovers_from_peers(
     with c:
         c.start()
         path = _damage_setup(c)
-        _epoch, recs = _records(path)
-        data = bytearray(path.read_bytes())
         if damage == "torn":
             # A write cut short by the crash: the last record's second half never landed.
-            off, n, _t = recs[-1]
-            with path.open("r+b") as f:
-                f.truncate(off + n // 2)
+            hit = walfile.tear(path)
             want = "torn tail"
         else:
             # One bit flipped in a record between the rewrite and the last one.
-            end = [t for _o, _n, t in recs].index(SNAPEND)
-            off, n, _t = recs[(end + 1 + len(recs)) // 2]
-            data[off + n - 3] ^= 0x08
-            path.write_bytes(bytes(data))
+            hit = walfile.flip(path, random.Random(7))
             want = "corrupt tail"
+        assert hit is not None
+        off = hit.offset
         log = _start(c, 2)
         assert want in log and f"at offset {off}" in log, c.log_tail(2)
         w = c.stats(2)["wal"]

@@ -11,50 +11,24 @@ import asyncio
 from pathlib import Path
 
 from tests.cluster import Cluster
-
-HDR = 12  # u32 len, u32 crc, u32 epoch, then u8 type (agreement/src/wal.h)
-HEADER = 1
-# HEADER body, version 2: u32 version, u16 service, u32 id, u32 n, u64 abstain, u8[16] boot,
-# u32 lost view, u64 lost seq
-BOOT_AT = 4 + 2 + 4 + 4 + 8
-BOOT_LEN = 16
-
-
-def crc32c(data: bytes) -> int:
-    """CRC32C (Castagnoli, reflected 0x82F63B78), as wal.c computes it."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    return crc ^ 0xFFFFFFFF
+from zz import walfile
 
 
 def test_crc32c_check_value() -> None:
-    assert crc32c(b"123456789") == 0xE3069283
+    assert walfile.crc32c(b"123456789") == 0xE3069283
 
 
 def _current_log(c: Cluster, r: int) -> Path:
     """The file a restart replays: the one with the higher epoch (its first record's)."""
-    files = [c.dir / f"data{r}" / n for n in ("wal-a", "wal-b")]
-    files = [f for f in files if f.exists() and f.stat().st_size >= HDR]
-    assert files, f"replica {r} has no log file"
-    return max(files, key=lambda f: int.from_bytes(f.read_bytes()[8:12], "big"))
+    path = walfile.current_log(c.dir / f"data{r}")
+    assert path is not None, f"replica {r} has no log file"
+    return path
 
 
 def _as_if_rebooted(path: Path) -> None:
-    """Give the file's header another boot id, its checksum recomputed: the file then looks
-    written before the host restarted."""
-    data = bytearray(path.read_bytes())
-    length = int.from_bytes(data[0:4], "big")
-    assert data[HDR] == HEADER, "the first record is not the header"
-    assert int.from_bytes(data[HDR + 1 : HDR + 5], "big") == 2, "not a version 2 header"
-    at = HDR + 1 + BOOT_AT
-    data[at : at + BOOT_LEN] = bytes(b ^ 0xFF for b in data[at : at + BOOT_LEN])
-    # the checksum covers the length, the epoch, the type and the body
-    data[4:8] = crc32c(bytes(data[0:4]) + bytes(data[8 : HDR + length])).to_bytes(4, "big")
-    with path.open("r+b") as f:
-        f.write(bytes(data[: HDR + length]))
+    """The file's header with another boot id: the file looks written before the host
+    restarted (zz/walfile.py)."""
+    assert walfile.as_if_rebooted(path), "not a version 2 header"
 
 
 def _start(c: Cluster, r: int) -> str:

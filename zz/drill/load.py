@@ -173,10 +173,11 @@ def start_http_load(url: str, clients: int) -> Load:
     return load
 
 
-async def entries(url: str) -> list[dict[str, Any]]:
+async def entries(url: str, since: int = 1) -> list[dict[str, Any]]:
     """Every entry of the guestbook at URL, oldest first: /entries.json page by page, each
     page the MAX_LIMIT entries before the oldest id of the previous one (what its `Link:
-    rel="next"` names), until a page is short or reaches entry 1."""
+    rel="next"` names), until a page is short or reaches entry `since` (default 1: all;
+    the first page holding entry `since` is returned whole)."""
     conn = ClientConnection(*_http_addr(url))
     pages: list[list[dict[str, Any]]] = []
     before: int | None = None
@@ -198,9 +199,26 @@ async def entries(url: str) -> list[dict[str, Any]]:
                 if before is not None and oldest >= before:
                     raise DrillError(f"GET {target}: entry {oldest} is not before {before}")
                 pages.append(page)
-                if len(page) < GUESTBOOK_MAX_LIMIT or oldest <= 1:
+                if len(page) < GUESTBOOK_MAX_LIMIT or oldest <= max(since, 1):
                     break
                 before = oldest
     finally:
         conn.close()
     return [e for page in reversed(pages) for e in page]
+
+
+def check_acked_posts(
+    acked: dict[str, int], final: list[dict[str, Any]], since: int = 1
+) -> tuple[list[str], list[str]]:
+    """The guestbook's write check: every acknowledged POST (message -> the N of its 303
+    "added entry N") must be in `final` (/entries.json) exactly once, as entry N. Only
+    those acknowledged as entry `since` or later are checked (`final` may start there).
+    Returns (lost, moved): the messages missing, and those there twice or under another
+    id."""
+    by_msg: dict[str, list[int]] = {}
+    for e in final:
+        by_msg.setdefault(str(e.get("message")), []).append(int(e.get("id", -1)))
+    mine = {m: i for m, i in acked.items() if i >= since}
+    lost = [m for m in mine if m not in by_msg]
+    moved = [m for m, i in mine.items() if by_msg.get(m) not in (None, [i])]
+    return lost, moved

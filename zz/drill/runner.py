@@ -24,6 +24,7 @@ from zz.drill.kind import DrillKind
 from zz.drill.kinds import KINDS
 from zz.drill.load import (
     Load,
+    check_acked_posts,
     entries,
     first_client,
     start_http_load,
@@ -460,11 +461,7 @@ class Drill:
         except (OSError, ValueError, TimeoutError, DrillError) as e:
             self.reasons.append(f"cannot read the final /entries.json: {e}")
             return
-        by_msg: dict[str, list[int]] = {}
-        for e in final:
-            by_msg.setdefault(str(e.get("message")), []).append(int(e.get("id", -1)))
-        lost = [m for m in load.acked if m not in by_msg]
-        moved = [m for m, i in load.acked.items() if by_msg.get(m) not in (None, [i])]
+        lost, moved = check_acked_posts(load.acked, final)
         r.linearizability = (
             f"not checked (guestbook over HTTP): {len(load.acked)} acknowledged POSTs,"
             f" {len(lost)} lost, {len(moved)} duplicated or moved; /entries.json holds"
