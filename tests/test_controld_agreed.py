@@ -405,9 +405,10 @@ def test_a_controld_that_does_not_answer_is_named(
     assert doc["health"] == "degraded", doc
     named = [p for p in doc["problems"] if "not answering" in p]
     assert [p.split()[1] for p in named] == ["h0", "h1"], doc["problems"]
-    assert {x["replica"]: x["state"] for x in doc["replicas"] if x["kind"] == "agreement"} == {
-        f"A{r}": "?" for r in range(4)
-    }
+    svc = config.services[0]
+    assert {x["replica"]: x["state"] for x in doc["replicas"]} == {
+        **{f"A{r}": "?" for r in range(svc.n)}, **{f"E{i}": "?" for i in range(svc.n_exec)}
+    }, doc["replicas"]
     # stop: the agreement replicas not stopped by whom, named; the stand-ins are stopped.
     lines: list[str] = []
     report = rackctl.stop(config, progress=lines.append)

@@ -1,7 +1,7 @@
 # zz/status.py - `zz status`: every service's replicas, role, host, state, checkpoints and
-# recent faults, each host's controld from its `status` RPC (which carries its agreement
-# replicas' stats), and whether the rack is healthy, degraded or not running.
-"""Rack status from the controlds' answers and the replicas' status files.
+# recent faults, each host's controld from its `status` RPC (which carries its replicas'
+# stats and status files), and whether the rack is healthy, degraded or not running.
+"""Rack status from the controlds' answers: the replicas' stats and status files.
 
 Agreement replicas write ``run/s<id>/agreed-<r>.stats.json`` (zz-agreed, docs/agreement.md)
 every second; their host's controld supervises them and returns each one's state and last
@@ -9,15 +9,17 @@ stats in its `status` (``agreed``, controld/agreed.py). `zz status` takes them f
 replica its controld reports not running, or whose stats are older than `stale_after`
 seconds (hung), is ``down``; one on a host whose controld does not answer is ``?``. Without
 controld answers (a harness of bare processes: `controlds` None) the stats files are read
-directly. Execution replicas write ``run/s<id>/exec-<i>.status.json`` (docs/execution.md):
-a file older than `stale_after` seconds means the process is not running (or hung).
+directly. Execution replicas write ``run/s<id>/exec-<i>.status.json`` (docs/execution.md),
+which their host's controld returns too (``runtimes``): one older than `stale_after`
+seconds means the process is not running (or hung).
 Execution roles (active, sleeping, convicted) come from the agreement replicas' view of them
 (``exec_awake``/``exec_sleeping``/``exec_convicted`` in their stats), else from the plan; a
 sleeping spare's state from its host's controld inventory when that controld answered.
 
-This module reads files and judges; asking the controlds is the orchestration layer's
-(zz/cli.py through zz/rackctl.py `controld_statuses`), which passes their answers in as
-`Controlds`: host name -> the `status` reply, or the error text of one that did not answer.
+This module judges (and reads the files only without controld answers); asking the
+controlds is the orchestration layer's (zz/cli.py through zz/rackctl.py
+`controld_statuses`), which passes their answers in as `Controlds`: host name -> the
+`status` reply, or the error text of one that did not answer.
 """
 
 from __future__ import annotations
@@ -178,6 +180,19 @@ def exec_view_of(stats: list[Stats]) -> dict[str, list[int]]:
     return {k: list(best.get(f"exec_{k}", [])) for k in ("awake", "sleeping", "convicted")}
 
 
+def runtime_status(
+    answer: dict[str, Any], service: str, index: int, stale_after: float
+) -> Stats:
+    """An execution replica's status file as its controld returned it (`runtimes` of its
+    `status`); None when there is none or it was written more than `stale_after` s ago."""
+    for e in answer.get("runtimes", []):
+        if isinstance(e, dict) and (e.get("service"), e.get("index")) == (service, index):
+            st, age = e.get("status"), e.get("status_age_s")
+            if isinstance(st, dict) and isinstance(age, int | float) and age <= stale_after:
+                return st
+    return None
+
+
 def inventory_record(
     controlds: Controlds | None, host: str, service: str, index: int
 ) -> dict[str, Any] | str | None:
@@ -225,7 +240,14 @@ def _execution_rows(
             role = next((k for k in ("convicted", "awake", "sleeping") if i in view[k]), role)
             role = {"awake": "active"}.get(role, role)
         host = svc.exec_host(config, i).name
-        st = _read(svc.exec_status_path(config, i), stale_after, not_before)
+        if controlds is None:
+            st = _read(svc.exec_status_path(config, i), stale_after, not_before)
+        elif isinstance(controlds.get(host), dict):
+            st = runtime_status(controlds[host], svc.name, i, stale_after)
+        else:
+            rows.append(Row(svc.name, f"E{i}", role, host, "?", "-", "controld not answering",
+                            "execution", i))  # fmt: skip
+            continue
         if st is None or st.get("asleep"):
             if role == "active" and st is None:
                 rows.append(Row(svc.name, f"E{i}", role, host, "down", "-", "", "execution", i))
@@ -256,8 +278,8 @@ def rack_status(
     not_before: float = 0.0,
 ) -> list[Row]:
     """One row per agreement and execution replica. With `controlds` (the answers of the
-    hosts' controlds), the agreement replicas' states and stats are theirs, and a spare
-    that is not running shows its inventory state; without, the stats files are read.
+    hosts' controlds), the replicas' states, stats and status files are theirs, and a spare
+    that is not running shows its inventory state; without, the files are read here.
     Files written before `not_before` (the rack's last `down`) count as stale."""
     rows: list[Row] = []
     for svc in config.services:
