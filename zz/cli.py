@@ -1,4 +1,4 @@
-# zz/cli.py - the `zz` command line: keys, rack render/plan, client, proxy, mount, status.
+# zz/cli.py - the `zz` command line: keys, host, rack, client, proxy, mount, status, drill.
 # Thin argparse layer: every command is a library call so tests and scripts share the code.
 # PYTHON_ARGCOMPLETE_OK (argcomplete: `eval "$(register-python-argcomplete zz)"`)
 """The `zz` command (docs/operations.md "The zz command").
@@ -505,7 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
         "keys",
         help="generate the rack key directory",
         description="Generate MAC and Ed25519 keys for every principal of every service "
-        "into the config's key_dir (docs/config.md).",
+        "into the config's key_dir (docs/config.md): a rack on one machine. Keys per host "
+        "(docs/security.md): --operator makes the operator's own, --bundle joins the hosts' "
+        "exports, --install installs a bundle.",
     )
     k.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     k.add_argument("--force", action="store_true", help="replace an existing key directory")
