@@ -477,8 +477,8 @@ class Campaign:
 
     async def _observe(self) -> Observer:
         obs = Observer(self.config, [self.s])
+        await obs.read_controlds()  # they carry the agreement replicas' stats
         obs.read_agreed()
-        await obs.read_controlds()
         return obs
 
     async def _ready(self, timeout: float) -> list[str]:

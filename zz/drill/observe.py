@@ -1,11 +1,13 @@
-# zz/drill/observe.py - what a drill sees: agreement replicas' stats files and every controld's
-# status, polled on one monotonic clock; the rules read from them (rounds open, spares back).
+# zz/drill/observe.py - what a drill sees: every controld's status, with its agreement
+# replicas' stats, polled on one monotonic clock; the rules read from them (rounds open,
+# spares back).
 """The drill's observer (docs/operations.md, "Drills").
 
-Every POLL_S: each agreement replica's stats file (the first change after the fault of the
-view or of a fault counter is an event) and each controld's `status` as operator 0 (its
-counters and its `recent` lines, which name the replicas woken, convicted and provisioned).
-Nothing here acts on the rack; zz/campaign.py watches with the same Observer."""
+Every POLL_S: each controld's `status` as operator 0 (its counters, its `recent` lines,
+which name the replicas woken, convicted and provisioned, and the stats file of each
+agreement replica on its host: the first change after the fault of the view or of a fault
+counter is an event). Nothing here acts on the rack; zz/campaign.py watches with the same
+Observer."""
 
 from __future__ import annotations
 
@@ -58,11 +60,19 @@ class Observer:
         return self.events
 
     def read_agreed(self) -> None:
+        """The agreement replicas' stats as their controlds returned them in the last
+        read_controlds (`agreed` of `status`)."""
+        reported = {
+            e["name"]: e.get("stats")
+            for st in self.controld.values()
+            for e in st.get("agreed", [])
+            if isinstance(e, dict) and "name" in e
+        }
         for s in self.services:
             for r in range(s.n):
                 name = f"{s.name}/agreed-{r}"
-                d = agreed_stats(self.config, s, r)
-                if d is None:
+                d = reported.get(name)
+                if not isinstance(d, dict):
                     continue
                 old = self.agreed.get(name)
                 self.agreed[name] = d
@@ -74,9 +84,9 @@ class Observer:
                             self.events.append(Event(self.now(), name, f"{k} {old.get(k)} -> {v}"))
 
     async def poll(self) -> None:
-        """One observation of every agreement replica and controld, then POLL_S of rest."""
-        self.read_agreed()
+        """One observation of every controld and agreement replica, then POLL_S of rest."""
         await self.read_controlds()
+        self.read_agreed()
         await asyncio.sleep(POLL_S)
 
     async def read_controlds(self) -> None:
@@ -155,8 +165,31 @@ class Observer:
         }
 
 
+async def agreed_stats_now(config: Config, s: Service) -> list[dict[str, Any]]:
+    """The stats of `s`'s agreement replicas as their controlds report them now
+    (agreed_list; {} for one whose controld does not answer or that wrote none)."""
+    hosts = {config.replica_host(s, r).name: config.replica_host(s, r) for r in range(s.n)}
+
+    async def one(h: Any) -> dict[str, Any]:
+        try:
+            return await operator_call(config, h, {"op": "agreed_list"}, timeout=5.0)
+        except Exception:  # not answering: its replicas' stats are unknown
+            return {}
+
+    answers = dict(zip(hosts, await asyncio.gather(*(one(h) for h in hosts.values())),
+                       strict=True))  # fmt: skip
+    out = []
+    for r in range(s.n):
+        entries = answers[config.replica_host(s, r).name].get("agreed", [])
+        e = next((x for x in entries if x.get("name") == f"{s.name}/agreed-{r}"), {})
+        out.append(e.get("stats") if isinstance(e.get("stats"), dict) else {})
+    return out
+
+
 def agreed_stats(config: Config, s: Service, r: int) -> dict[str, Any] | None:
-    """Agreement replica r's stats file (zz-agreed rewrites it every status period)."""
+    """Agreement replica r's stats file (zz-agreed rewrites it every status period), read
+    here: for tools on the rack's machine (zz/powerloss.py) and the limits drills' last
+    look (zz/drill/client_faults.py); the observer takes them from the controlds."""
     path = config.rack.run_dir / f"s{s.id}" / f"agreed-{r}.stats.json"
     try:
         d = json.loads(path.read_text())

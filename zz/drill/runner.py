@@ -33,7 +33,7 @@ from zz.drill.load import (
 )
 from zz.drill.observe import (
     Observer,
-    agreed_stats,
+    agreed_stats_now,
     awaiting_spares,
     fault_handled,
     open_rounds,
@@ -176,8 +176,8 @@ class Drill:
     async def _survey(self, obs: Observer) -> None:
         """Observe the rack once; the kind picks its targets; an execution fault needs a
         sleeping spare of every drilled service."""
-        obs.read_agreed()
         await obs.read_controlds()
+        obs.read_agreed()
         if len(obs.controld) < len(self.config.hosts):
             raise DrillError(f"controlds not answering: {dict(obs.errors)}")
         self.kind.choose(obs)
@@ -237,7 +237,7 @@ class Drill:
         """The service's last executed seq once two stats writes (1 s apart) agree."""
         prev = None
         for _ in range(30):
-            stats = [agreed_stats(self.config, s, r) or {} for r in range(s.n)]
+            stats = await agreed_stats_now(self.config, s)
             n = max(int(d.get("last_exec", 0)) for d in stats)
             if n == prev:
                 return n
