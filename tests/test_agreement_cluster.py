@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -179,6 +180,64 @@ def test_primary_crash_view_change(make_cluster: Callable[..., Cluster]) -> None
         what="survivors executed 40",
     )
     assert elapsed < REQUEST_TIMEOUT
+
+
+@pytest.mark.slow
+def test_a_lone_suspect_waits_in_its_view_and_rejoins_at_the_next_change(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """PBFT's liveness rule (TOCS §4.5.2): a replica in a view change gives up on that view
+    only after 2g+1 VIEW-CHANGEs for it. Replica 3 suspects alone (the others are stopped
+    while a request waits): it stays in view 1 instead of running on to views 2, 3, ...,
+    and when the primary of view 0 crashes later, 1 and 2 meet it there and the service
+    goes on. Before, the lone replica kept moving up (a restart next to a damaged log did
+    so in the power-loss runs) and could only be met by chance."""
+    import signal
+
+    from zz.procrack import signal_group
+
+    c = make_cluster(g=1, view_timeout_ms=500)
+    assert _check_echo(asyncio.run(_workload(c, [0], 2, "warm"))) == 2
+    for r in (0, 1, 2):
+        signal_group(c.procs[r].pid, signal.SIGSTOP)
+    try:
+
+        async def lone() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_workload(c, [1], 1, "lone"), 8.0)
+
+        async def watch() -> list[int]:
+            views = []
+            task = asyncio.create_task(lone())
+            try:
+                deadline = time.monotonic() + 6.0
+                while time.monotonic() < deadline:
+                    s = c.stats(3)
+                    views.append(s["view"])
+                    if s["view"] >= 1 and len(views) > 1 and views[-2] >= 1:
+                        await asyncio.sleep(3.0)  # 6 timeouts: views 2 and 3 before
+                        views.append(c.stats(3)["view"])
+                        break
+                    await asyncio.sleep(0.1)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            return views
+
+        views = asyncio.run(watch())
+        assert views and views[-1] == 1 and c.stats(3)["in_view_change"], views
+    finally:
+        for r in (0, 1, 2):
+            signal_group(c.procs[r].pid, signal.SIGCONT)
+    assert _check_echo(asyncio.run(_workload(c, [0], 2, "three"))) == 2
+    c.kill(0)
+    assert _check_echo(asyncio.run(_workload(c, [0, 1], 3, "after"))) == 6
+    c.wait_for(
+        lambda: all(s["view"] == 1 and not s["in_view_change"] for s in c.stats_all((1, 2, 3))),
+        timeout=20,
+        what="1, 2 and 3 in view 1",
+    )
 
 
 @pytest.mark.slow

@@ -313,10 +313,26 @@ void zz_on_new_view(zz_replica *r, const zz_msg *m)
     free(ch);
 }
 
+/* VIEW-CHANGEs held for `view`, our own included. */
+static uint32_t vc_held(const zz_replica *r, uint32_t view)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < r->n; i++)
+        k += r->vc_raw[i] && r->vc_view[i] == view;
+    return k;
+}
+
 void zz_vc_tick(zz_replica *r)
 {
     uint64_t now = zz_now_ms(r);
     if (r->in_vc) {
+        /* PBFT (TOCS §4.5.2, liveness): the timer that gives up on view v starts once 2g+1
+         * VIEW-CHANGEs for v are held. A replica that suspected the primary alone waits in
+         * v for the others; moving on by itself it ran views ahead that the others, when
+         * their primary failed later, could not reach with g+1 of them (a durable replica
+         * restarted next to a damaged log did this in the power-loss runs). */
+        if (vc_held(r, r->view) < 2 * r->g + 1)
+            r->vc_deadline_ms = now + vc_timeout(r);
         if (now >= r->vc_deadline_ms)
             zz_start_view_change(r, r->view + 1);
         else if (now - r->vc_sent_ms >= 4 * (uint64_t)r->conf->status_interval_ms)
