@@ -7,10 +7,10 @@ recovers until a later view."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from tests.cluster import Cluster
+from tests.test_agreed_durable import _caught_up, _order, _start
 from zz import walfile
 
 
@@ -29,33 +29,6 @@ def _as_if_rebooted(path: Path) -> None:
     """The file's header with another boot id: the file looks written before the host
     restarted (zz/walfile.py)."""
     assert walfile.as_if_rebooted(path), "not a version 2 header"
-
-
-def _start(c: Cluster, r: int) -> str:
-    """Start replica r and wait for its recovery line; the log lines of this start."""
-    size = c.log_path(r).stat().st_size if c.log_path(r).exists() else 0
-    c.start(r)
-
-    def new_log() -> str:
-        return c.log_path(r).read_bytes()[size:].decode(errors="replace")
-
-    c.wait_for(lambda: "durable state: recovered" in new_log(), timeout=20, what="recovery")
-    c.wait_for(lambda: "listening" in new_log(), timeout=20, what="listening")
-    return new_log()
-
-
-def _caught_up(c: Cluster, replicas: list[int]) -> bool:
-    st = [c.stats(r) for r in replicas]
-    return len({(s["last_exec"], s["app_digest"]) for s in st}) == 1
-
-
-def _order(c: Cluster, ops: list[bytes], client: int = 7) -> None:
-    async def run() -> None:
-        cl = c.client(client)
-        for op in ops:
-            assert await cl.invoke(op, timeout=20) == op
-
-    asyncio.run(run())
 
 
 def _cluster(tmp: Path) -> Cluster:
