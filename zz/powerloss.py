@@ -79,7 +79,7 @@ from zz.atomicfile import write_atomic
 from zz.campaign import down
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service, load
-from zz.drill.load import Load, check_acked_posts, entries, start_http_load
+from zz.drill.load import Load, check_acked_posts, entries, kv_step, start_http_load
 from zz.http import CLIENT_ERRORS
 from zz.ports import free_base
 from zz.procrack import leftover_pids, repo_env, spawn, terminate
@@ -350,16 +350,9 @@ class KvLoad:
                 key = rng.choice(self.keys())
                 n += 1
                 value = b"c%d-%d" % (i, n)
-                r = rng.random()
                 self.inflight += 1
                 try:
-                    if r < 0.4:
-                        reply = await kc.get(key)
-                        seen[key] = reply.value if reply.ok else None
-                    elif r < 0.8:
-                        await kc.put(key, value)
-                    else:
-                        await kc.cas(key, seen.get(key), value)
+                    await kv_step(kc, rng, key, value, seen)
                     self.tally["ok"] += 1
                 except ClientTimeout:
                     self.tally["timeouts"] += 1

@@ -50,6 +50,25 @@ def first_client(s: Service, first: int | None) -> int:
 
 
 # ---- kv load ------------------------------------------------------------------------------
+async def kv_step(
+    kc: zh.RecordingKvClient,
+    rng: random.Random,
+    key: bytes,
+    value: bytes,
+    seen: dict[bytes, bytes | None],
+) -> None:
+    """One recorded operation of the mixed load: 40% get, 40% put, 20% cas from the value
+    this client last read (so some succeed and some fail); raises ClientTimeout."""
+    r = rng.random()
+    if r < 0.4:
+        reply = await kc.get(key)
+        seen[key] = reply.value if reply.ok else None
+    elif r < 0.8:
+        await kc.put(key, value)
+    else:
+        await kc.cas(key, seen.get(key), value)
+
+
 async def _worker(
     client: Client, rec: zh.HistoryRecorder, seed: int, load: Load, keys: list[bytes]
 ) -> None:
@@ -66,16 +85,9 @@ async def _worker(
             key = rng.choice(keys)
             n += 1
             value = b"s%d-%d" % (seed, n)
-            r = rng.random()
             load.inflight["kv"] += 1
             try:
-                if r < 0.4:
-                    reply = await kc.get(key)
-                    seen[key] = reply.value if reply.ok else None
-                elif r < 0.8:
-                    await kc.put(key, value)
-                else:
-                    await kc.cas(key, seen.get(key), value)
+                await kv_step(kc, rng, key, value, seen)
                 tally["ok"] += 1
             except ClientTimeout:
                 tally["timeouts"] += 1
