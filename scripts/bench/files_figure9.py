@@ -342,10 +342,12 @@ def plot(points: list[dict[str, Any]], out: Path) -> None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median run of a (size, mode) point, with every run's recovery time."""
+    """The median run of a (size, mode) point, with every run's times and phases."""
     runs = sorted(runs, key=lambda r: r["recovery_s"])
     p = dict(runs[len(runs) // 2])
     p["samples_s"] = [r["recovery_s"] for r in runs]
+    keep = ("recovery_s", "phases_s", "install_phases_ms", "replay_per_request_ms", "load")
+    p["runs"] = [{k: r[k] for k in keep} for r in runs]
     return p
 
 
