@@ -255,27 +255,28 @@ def awaiting_spares(obs: Observer) -> set[str]:
     }
 
 
-def open_rounds(obs: Observer) -> set[str]:
-    """Services with a fault round still undecided at g+1 of their agreement replicas (so
-    at a correct one: a stopped replica's last stats may say anything). A woken replica
-    that cannot report the round's seq leaves it to the WAKE_RESOLVE timeout (5 s plus
-    the detection ceiling) to decide without it."""
-    open_at: Counter[str] = Counter()
+def _at_g_plus_1(obs: Observer, key: str) -> set[str]:
+    """Services whose agreement replicas show `key` set at g+1 of them (so at a correct one:
+    a stopped replica's last stats may say anything)."""
+    at: Counter[str] = Counter()
     for name, d in obs.agreed.items():
-        if d.get("fault_round_open"):
-            open_at[name.split("/agreed-", 1)[0]] += 1
-    return {s.name for s in obs.services if open_at[s.name] >= s.g + 1}
+        if d.get(key):
+            at[name.split("/agreed-", 1)[0]] += 1
+    return {s.name for s in obs.services if at[s.name] >= s.g + 1}
+
+
+def open_rounds(obs: Observer) -> set[str]:
+    """Services with a fault round still undecided at g+1 of their agreement replicas. A
+    woken replica that cannot report the round's seq leaves it to the WAKE_RESOLVE timeout
+    (5 s plus the detection ceiling) to decide without it."""
+    return _at_g_plus_1(obs, "fault_round_open")
 
 
 def waiting_faults(obs: Observer) -> set[str]:
     """Services with a fault flagged at g+1 of their agreement replicas whose statements
     are still to be signed (`fault_flags_waiting`: the row waits for a report or the K·t1
     deadline). A round follows although none is open yet."""
-    waiting_at: Counter[str] = Counter()
-    for name, d in obs.agreed.items():
-        if d.get("fault_flags_waiting"):
-            waiting_at[name.split("/agreed-", 1)[0]] += 1
-    return {s.name for s in obs.services if waiting_at[s.name] >= s.g + 1}
+    return _at_g_plus_1(obs, "fault_flags_waiting")
 
 
 def fault_handled(obs: Observer) -> bool:
