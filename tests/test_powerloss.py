@@ -171,13 +171,22 @@ def test_short_power_loss_run(tmp_path: Path) -> None:
     assert doc["result"] in ("PASS", "DEGRADED"), (doc["problems"], lines)
     f = doc["figures"]
     assert f["rack_kills"] == 2 and f["host_restarts"] == 1
-    assert f["damaged_logs"] == {"torn": 1, "bitflip": 1}
+    # The torn event cuts the log's last record; when the kill came right after zz-agreed
+    # rewrote its log, that record is the rewrite's own ("torn-rewrite"), which it must
+    # report differently. Which one depends on when the kill lands, not on the seed.
+    torn_kind = "torn-rewrite" if "torn-rewrite" in f["damaged_logs"] else "torn"
+    assert f["damaged_logs"] == {torn_kind: 1, "bitflip": 1}
     assert f["lost_writes"] == 0 and f["linearizable"] is True and f["convictions"] == 0
     checked = f["acked_writes_checked"]
     assert checked["kv_appends"] > 0 and checked["http_posts"] > 0, checked
     events = {e["kind"]: e for e in doc["events"]}
-    assert events["torn"]["recovered"]["recovered_tail"] == "torn"
-    assert "torn tail in" in events["torn"]["said"]
+    if torn_kind == "torn":
+        assert events["torn"]["recovered"]["recovered_tail"] == "torn"
+        assert "torn tail in" in events["torn"]["said"]
+    else:
+        assert events["torn"]["recovered"]["recovered_tail"] == "corrupt"
+        said = events["torn"]["said"]
+        assert "is damaged inside its rewrite" in said or "no complete log in" in said, said
     assert events["bitflip"]["recovered"]["recovered_tail"] == "corrupt"
     assert "corrupt tail in" in events["bitflip"]["said"]
     for e in doc["events"]:
