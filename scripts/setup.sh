@@ -17,6 +17,8 @@ APT_PACKAGES+=(fuse3 libfuse3-dev rsync)  # rsync: tests/test_mount.py runs it o
 # a venv that sees setuptools and wheel; systemd-analyze checks controld's unit (systemd's
 # package brings it; looked for first, since a machine may have it without the package).
 APT_PACKAGES+=(python3-venv python3-setuptools python3-wheel)
+# scripts/bench/web: wrk drives HTTP load at zz proxy and at gunicorn (the bench extra below).
+APT_PACKAGES+=(wrk)
 command -v systemd-analyze >/dev/null 2>&1 || APT_PACKAGES+=(systemd)
 
 # ---- storage, Go, virtualization: their own scripts ---------------------------------------
@@ -62,8 +64,9 @@ if [ -f pyproject.toml ]; then
     # Extras (pyproject.toml): test (pytest, ruff, ... and matplotlib, which the report tests
     # need), plots (matplotlib: the drill reports' timeline.png), mount (pyfuse3, for
     # `zz mount`; built against libfuse3-dev above), libvirt (libvirt-python,
-    # for controld's libvirt backend; setup-virt.sh above installed libvirt-dev for it).
-    extras=test,plots,mount
+    # for controld's libvirt backend; setup-virt.sh above installed libvirt-dev for it),
+    # bench (gunicorn, the unreplicated baseline of scripts/bench/web; py-spy, its profiler).
+    extras=test,plots,mount,bench
     if $PY -c 'import libvirt' >/dev/null 2>&1 || pkg-config --exists libvirt 2>/dev/null; then
         extras=$extras,libvirt
     fi

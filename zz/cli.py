@@ -699,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
             "powerloss",
             "guestbook-reads",
             "files",
+            "web",
         ),
     )
     be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")

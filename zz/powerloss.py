@@ -159,10 +159,12 @@ class PowerLossError(Exception):
 
 # ---- the rack ------------------------------------------------------------------------------
 def write_rack(directory: Path, name: str = "pl", durability: str = "fsync", web: bool = True,
-               checkpoint_interval: int = 32, one_address: bool = False) -> Path:  # fmt: skip
+               checkpoint_interval: int = 32, one_address: bool = False,
+               kv: bool = True) -> Path:  # fmt: skip
     """4 simulated hosts (127.0.0.1..4; all 127.0.0.1 with `one_address`, as guests need),
-    kv0 (kv) and, with `web`, web (wsgi:guestbook), g = f = 1 each, one paused spare each,
-    durable agreement replicas, free ports."""
+    kv0 (kv; not without `kv`) and, with `web`, web (wsgi:guestbook), g = f = 1 each, one
+    paused spare each, durable agreement replicas (`durability`), free ports. Also the rack
+    of scripts/bench/web (web only, durability off)."""
     ctl = free_base(range(4))
     lines = [f'[rack]\nname = "{name}"\ndurability = "{durability}"\n'
              f'checkpoint_interval = {checkpoint_interval}\nplacement = "spread"\n']  # fmt: skip
@@ -171,7 +173,7 @@ def write_rack(directory: Path, name: str = "pl", durability: str = "fsync", web
             f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{1 if one_address else h + 1}"\n'
             f"control_port = {ctl + h}\n"
         )
-    services = [(KV, "kv")] + ([(WEB, "wsgi:guestbook")] if web else [])
+    services = ([(KV, "kv")] if kv else []) + ([(WEB, "wsgi:guestbook")] if web else [])
     for sid, (svc, app) in enumerate(services, start=1):
         base = free_base(range(70))
         lines.append(
