@@ -19,6 +19,8 @@ OVERRIDABLE = {
     "log_window",
     "batch_max",
     "max_inflight",
+    "exec_inflight",
+    "exec_hold_ms",
     "view_timeout_ms",
     "status_interval_ms",
     "time_tolerance_ms",

@@ -63,6 +63,11 @@ typedef struct {
     uint32_t log_window;          /* L: high watermark = stable + L; multiple of CP */
     uint32_t batch_max;           /* requests per batch */
     uint32_t max_inflight;        /* batches proposed but not yet committed */
+    /* External execution: batches proposed beyond the highest seq an awake execution
+     * replica has reported (0 = no such bound), and how long a proposal may be held for it
+     * (docs/agreement.md "Batching against execution"). */
+    uint32_t exec_inflight;
+    uint32_t exec_hold_ms;
     uint32_t view_timeout_ms;     /* first view-change timer; doubles per failed view */
     uint32_t status_interval_ms;  /* retransmission (STATUS) period */
     uint32_t time_tolerance_ms;   /* allowed |nd_time - local clock| at a backup */

@@ -256,6 +256,13 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
         start_timer(r, k);
     check_reports(r, k);
     zz_wake_on_report(r, k);
+    /* Batching against execution (request.c): f+1 awake replicas have run this seq, so
+     * its clients can hold their replies; matching or not, a fault round decides that. */
+    uint32_t ran = 0;
+    for (uint32_t j = 0; j < r->zz.n_exec; j++)
+        ran += k->reported[j] && zz_exec_counts(r, j);
+    if (ran >= r->conf->f + 1)
+        zz_exec_reported(r, seq);
 }
 
 /* An authenticated EXEC-REPORT from execution replica 256 + i. The reply digest must hash

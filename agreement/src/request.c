@@ -344,6 +344,45 @@ static void send_pp_to(zz_replica *r, uint32_t to, uint64_t seq, const uint8_t *
 
 static void propose_loop(zz_replica *r);
 
+/* Batching against execution. With external execution the agreement replicas commit a
+ * request long before the execution replicas have run it, so with a few clients each
+ * request went out alone (one batch per request: every per-batch message, EXEC-COMMIT and
+ * EXEC-REPORT, was paid per request). The primary holds a proposal while `exec_inflight`
+ * batches or more wait above the highest seq that f+1 awake execution replicas have
+ * reported (what a client needs for its reply certificate): requests arriving meanwhile go
+ * out together once the reports come. A hold lasts at most exec_hold_ms, so execution
+ * replicas that are slow, asleep or silent (a fault round) delay ordering by that much per
+ * batch at worst, far below any view-change timer. Reports only release holds: replicas
+ * reporting early or falsely merely bring back proposing at once. */
+static void on_pace_timer(void *ctx)
+{
+    zz_replica *r = ctx;
+    r->pace_timer = 0;
+    r->pace_expired = 1;
+    r->st.exec_pace_expired++;
+    zz_try_propose(r);
+}
+
+static int paced(zz_replica *r)
+{
+    if (!r->conf->exec_inflight || !r->zz.reports || r->pace_expired ||
+        r->next_seq < r->exec_done + r->conf->exec_inflight)
+        return 0;
+    r->st.exec_paced++;
+    if (!r->pace_timer)
+        r->pace_timer = zz_net_timer(r->net, r->conf->exec_hold_ms, on_pace_timer, r);
+    return 1;
+}
+
+void zz_exec_reported(zz_replica *r, uint64_t seq)
+{
+    if (seq <= r->exec_done)
+        return;
+    r->exec_done = seq;
+    if (r->q_len > 0)
+        zz_try_propose(r);
+}
+
 void zz_try_propose(zz_replica *r)
 {
     /* Accepting a proposal can execute, and execution calls back here: one loop at a time. */
@@ -361,7 +400,7 @@ static void propose_loop(zz_replica *r)
      * arriving meanwhile accumulate and go out together when one completes. */
     while (r->q_len > 0 && r->next_seq - r->last_exec < r->conf->max_inflight &&
            r->next_seq + 1 <= r->stable + r->L && !zz_wal_abstains(r, r->next_seq + 1) &&
-           !zz_wal_forgets(r, r->view, r->next_seq + 1)) {
+           !zz_wal_forgets(r, r->view, r->next_seq + 1) && !paced(r)) {
         uint64_t now = zz_wall_ms();
         uint64_t nd_time = now > r->last_nd_time ? now : r->last_nd_time;
         uint64_t seed = zz_rand(r);
@@ -375,6 +414,11 @@ static void propose_loop(zz_replica *r)
         uint8_t d[ZZ_DIGEST_LEN];
         zz_sha256(r->out2.p, r->out2.len, d);
         r->st.batches_proposed++;
+        r->pace_expired = 0; /* an expired hold releases one proposal */
+        if (r->pace_timer) {
+            zz_net_cancel(r->net, r->pace_timer);
+            r->pace_timer = 0;
+        }
         /* Accepted (and logged, wal.c) before the PRE-PREPARE is sent: a restarted primary
          * must not propose another batch for this seq in this view (after a host restart
          * it proposes none in it, zz_wal_forgets). Accepting reuses the encoder buffers, so

@@ -156,11 +156,13 @@ static int contains(const char *hay, const char *needle)
 static void test_valid(tctx *t, const fixture *fx)
 {
     static zz_conf c;
-    char lines[NBASE + 10][256];
+    char lines[NBASE + 12][256];
     char err[1024] = "";
     base_lines(fx, lines);
     int n = NBASE;
     snprintf(lines[n++], 256, "batch_max 50");
+    snprintf(lines[n++], 256, "exec_inflight 0");
+    snprintf(lines[n++], 256, "exec_hold_ms 50");
     snprintf(lines[n++], 256, "inject_drop 0.25");
     snprintf(lines[n++], 256, "inject_dup 1");
     snprintf(lines[n++], 256, "inject_delay_ms 40");
@@ -183,6 +185,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, strcmp(c.peers[3].host, "localhost") == 0);
     CHECK(t, c.checkpoint_interval == 64 && c.log_window == 192 && c.batch_max == 50);
     CHECK(t, c.max_inflight == 4 && c.view_timeout_ms == 1000); /* defaults */
+    CHECK(t, c.exec_inflight == 0 && c.exec_hold_ms == 50);
     CHECK(t, c.require_signed == 0);
     CHECK(t, c.status_interval_ms == 100 && c.time_tolerance_ms == 2000);
     CHECK(t, c.inject_drop == 0.25 && c.inject_dup == 1.0 && c.inject_delay_ms == 40);
@@ -251,6 +254,7 @@ static void test_valid(tctx *t, const fixture *fx)
         printf("  error: %s\n", err);
     CHECK(t, c.checkpoint_interval == 128 && c.log_window == 256 && c.batch_max == 400);
     CHECK(t, c.max_inflight == 4 && c.view_timeout_ms == 1000 && c.status_interval_ms == 100);
+    CHECK(t, c.exec_inflight == 1 && c.exec_hold_ms == 10);
     CHECK(t, c.time_tolerance_ms == 2000 && c.inject_drop == 0 && c.inject_dup == 0);
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
     CHECK(t, c.external_exec == 0);
@@ -318,6 +322,9 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"bad number", 0, "batch_max 12x", 15, "batch_max", "not a non-negative integer"},
         {"negative number", 0, "view_timeout_ms -5", 15, "view_timeout_ms", NULL},
         {"number too large", 0, "max_inflight 99999999999", 15, "max_inflight", "out of range"},
+        {"exec_hold_ms 0", 0, "exec_hold_ms 0", 15, "exec_hold_ms", "out of range"},
+        {"exec_hold_ms over an hour", 0, "exec_hold_ms 3600001", 15, "exec_hold_ms",
+         "out of range"},
         {"require_signed 2", 0, "require_signed 2", 15, "require_signed", "out of range"},
         {"durability bogus", 0, "durability sometimes", 15, "durability",
          "not one of fsync, write, off"},
