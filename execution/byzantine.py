@@ -95,7 +95,9 @@ class Byzantine:
         self.back: tuple[int, ...] = _DEFAULT_BACK
         self.copies = 20
         self.spread = 256
-        self._sent: dict[int, bytes] = {}  # seq -> own encoded report, the last _KEEP_REPORTS
+        # seq -> own report and the keys to MAC it with, the last _KEEP_REPORTS (in seq
+        # order); MACed only when replay-old sends it again, not for every batch.
+        self._sent: dict[int, tuple[wire.ExecReport, dict[int, bytes]]] = {}
         self._lie_from: int | None = None
         self._armed_at: int | None = None  # fetch liars: first checkpoint under the fault
         self._rng = random.Random(os.getpid())
@@ -148,13 +150,13 @@ class Byzantine:
             ]
             rep = wire.ExecReport.of(rep.service, rep.sender, seq, refs)
             rt.counters["byz_checkpoint_refs_forged"] += 1
-        good = rep.with_macs(keys).encode()
-        self._sent[seq] = good
-        for s in [s for s in self._sent if s <= seq - _KEEP_REPORTS]:
-            del self._sent[s]
+        self._sent[seq] = (rep, keys)
+        while (oldest := next(iter(self._sent))) <= seq - _KEEP_REPORTS:
+            del self._sent[oldest]
         if mode is None or mode not in ("equivocate", "future-seq", "replay-old", "report-flood",
                                         "crash-before-checkpoint", "wrong-checkpoint"):  # fmt: skip
             return False
+        good = rep.with_macs(keys).encode()
         svc, me = rt.svc.id, rt.me
         if mode == "equivocate":
             bad = wire.ExecReport.of(svc, me, seq, _wrong(rep.replies, seq)).with_macs(keys)
@@ -174,7 +176,7 @@ class Byzantine:
             for d in self.back:
                 old = self._sent.get(seq - d)
                 if d and old is not None:
-                    rt._send_agreement(old)
+                    rt._send_agreement(old[0].with_macs(old[1]).encode())
                     rt.counters["byz_replayed_reports"] += 1
         elif mode == "report-flood":
             for _ in range(self.copies):

@@ -3,6 +3,7 @@
 # and a short seeded run against a real process-backend rack.
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -14,7 +15,7 @@ import pytest
 
 from tests.test_execution_runtime import needs_agreed
 from zz import campaign as cp
-from zz import rackctl
+from zz import rackctl, wire
 from zz.config import load
 from zz.execution import byzantine
 from zz.procrack import DEFAULT_AGREED
@@ -216,6 +217,28 @@ def test_byzantine_configure_validates() -> None:
     assert b.mode == "equivocate"  # unchanged by a bad file
     b.configure(None, {})
     assert b.mode is None and not b.lying(100)
+
+
+def test_byzantine_replay_old_sends_the_kept_reports_macd() -> None:
+    """Reports are kept without MACs (no MAC work per batch with no fault on); replay-old
+    sends the kept one of seq - d with the MACs it would have carried, and only the last
+    _KEEP_REPORTS are kept."""
+    sent: list[bytes] = []
+    rt = _Rt()
+    rt.me, rt.agree_keys = 256, {r: bytes([r + 1]) * 32 for r in range(4)}  # type: ignore[attr-defined]
+    rt.counters = collections.Counter()  # type: ignore[attr-defined]
+    rt._send_agreement = sent.append  # type: ignore[attr-defined]
+    b = byzantine.Byzantine(rt)  # type: ignore[arg-type]
+
+    def report(seq: int) -> wire.ExecReport:
+        return wire.ExecReport.of(1, 256, seq, [wire.reply_ref(0, seq, b"r%d" % seq)])
+
+    for seq in range(1, 2001):
+        assert b.report(seq, report(seq)) is False  # no fault: the runtime sends it
+    assert min(b._sent) == 2001 - byzantine._KEEP_REPORTS and len(b._sent) == 1025
+    b.configure("replay-old", {"back": [0, 5]})
+    assert b.report(2001, report(2001)) is True
+    assert sent == [report(s).with_macs(rt.agree_keys).encode() for s in (2001, 1996)]  # type: ignore[attr-defined]
 
 
 # ---- a short seeded run on a real rack ----------------------------------------------------
