@@ -825,7 +825,7 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
     c->batch_max = 400;
     c->max_inflight = 4;
     c->exec_inflight = 1;
-    c->exec_hold_ms = 10;
+    c->exec_hold_ms = 40;
     c->view_timeout_ms = 1000;
     c->status_interval_ms = 100;
     c->time_tolerance_ms = 2000;

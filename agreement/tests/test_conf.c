@@ -254,7 +254,7 @@ static void test_valid(tctx *t, const fixture *fx)
         printf("  error: %s\n", err);
     CHECK(t, c.checkpoint_interval == 128 && c.log_window == 256 && c.batch_max == 400);
     CHECK(t, c.max_inflight == 4 && c.view_timeout_ms == 1000 && c.status_interval_ms == 100);
-    CHECK(t, c.exec_inflight == 1 && c.exec_hold_ms == 10);
+    CHECK(t, c.exec_inflight == 1 && c.exec_hold_ms == 40);
     CHECK(t, c.time_tolerance_ms == 2000 && c.inject_drop == 0 && c.inject_dup == 0);
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
     CHECK(t, c.external_exec == 0);
