@@ -12,6 +12,8 @@ a test set, before the process started:
 * ``ZZ_CRASH_TRACE=<file>``: every point reached is appended to ``file``, one name a line,
   so a test learns the points of a run and then crashes at each in turn.
 
+``arm(at, trace)`` sets the same two in a process forked after the import.
+
 Test-only. Not for drills or operators: a replica killed this way is a crash fault.
 ``set_hook(fn)`` replaces both for in-process tests (``None`` puts the environment back).
 """
@@ -46,6 +48,15 @@ def crash_point(name: str) -> None:
     """Between two on-disk steps: a no-op unless a test armed it (module docstring)."""
     if _hook is not None:
         _hook(name)
+
+
+def arm(at: str | None, trace: str | None) -> None:
+    """Test-only: as if ``ZZ_CRASH_AT``/``ZZ_CRASH_TRACE`` had been set when the process
+    started, for a child forked from a process that imported this module unarmed."""
+    global _AT, _TRACE, _hook
+    _AT, _TRACE = at, trace
+    _hits.clear()
+    _hook = _from_env if at or trace else None
 
 
 def set_hook(fn: Callable[[str], None] | None) -> None:

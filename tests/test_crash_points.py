@@ -90,25 +90,84 @@ def _drive(state_dir: str, rack: str, kind: str, pool: str) -> None:
     print(json.dumps({"done": _check_consistent(rt)}), flush=True)
 
 
+def _serve() -> None:
+    """The driver's process: import the runtime once, then for each job read from stdin
+    (one JSON line) fork a child that runs `_drive` armed as the job says, its stdout and
+    stderr in the job's files, and answer the child's exit code. Forking saves each run
+    the interpreter's start and the runtime's imports (about half a second here, two runs
+    per crash point); each run is still a process of its own, killed for real."""
+    import signal
+    import traceback
+
+    import zz.execution.runtime  # noqa: F401  (imported once, before the forks)
+    from zz.snapshots import crashpoint, dirstore, manifest  # noqa: F401
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for fd, name in ((1, job["out"]), (2, job["err"])):
+                    f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    os.dup2(f, fd)
+                    os.close(f)
+                crashpoint.arm(job["at"], job["trace"])
+                signal.alarm(DRIVER_TIMEOUT)
+                _drive(*job["args"])
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
 if __name__ == "__main__":
-    _drive(*sys.argv[1:5])
+    _serve()
     sys.exit(0)
 
 
 # ---- the tests ------------------------------------------------------------------------
 
 
-def _run(
-    tmp_path: Path, kind: str, pool: str, env: dict[str, str]
-) -> tuple[int, list[dict[str, Any]], str]:
-    p = subprocess.run(
-        [sys.executable, "-m", "tests.test_crash_points", str(tmp_path / "exec-0"),
-         str(tmp_path / "rack.toml"), kind, pool],
-        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-        timeout=DRIVER_TIMEOUT,
-    )  # fmt: skip
-    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-    return p.returncode, lines, p.stderr[-3000:]
+class _Driver:
+    """`_serve` in a child process, for the runs of one test."""
+
+    def __init__(self, tmp_path: Path, kind: str, pool: str) -> None:
+        self.tmp_path = tmp_path
+        self.args = [str(tmp_path / "exec-0"), str(tmp_path / "rack.toml"), kind, pool]
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "tests.test_crash_points"],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def run(
+        self, at: str | None = None, trace: Path | None = None
+    ) -> tuple[int, list[dict[str, Any]], str]:
+        out, err = self.tmp_path / "run.out", self.tmp_path / "run.err"
+        job = {"args": self.args, "at": at, "trace": str(trace) if trace else None,
+               "out": str(out), "err": str(err)}  # fmt: skip
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(json.dumps(job) + "\n")
+        self.p.stdin.flush()
+        answer = self.p.stdout.readline()  # a child runs at most DRIVER_TIMEOUT s (alarm)
+        assert answer, f"the driver process ended (rc {self.p.wait()})"
+        rc = json.loads(answer)["rc"]
+        lines = [json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")]
+        return rc, lines, err.read_text()[-3000:]
+
+    def close(self) -> None:
+        if self.p.stdin is not None:
+            self.p.stdin.close()
+        try:
+            self.p.wait(DRIVER_TIMEOUT + 10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
 
 
 def _rack(tmp_path: Path) -> None:
@@ -122,10 +181,10 @@ def _rack(tmp_path: Path) -> None:
     )
 
 
-def _points(tmp_path: Path, kind: str, pool: str) -> tuple[list[tuple[str, int]], dict[int, str]]:
+def _points(tmp_path: Path, driver: _Driver) -> tuple[list[tuple[str, int]], dict[int, str]]:
     """Reference run: its checkpoint digests, and every (point, k-th hit) to crash at."""
     trace = tmp_path / "trace"
-    rc, lines, err = _run(tmp_path, kind, pool, {"ZZ_CRASH_TRACE": str(trace)})
+    rc, lines, err = driver.run(trace=trace)
     assert rc == 0, err
     digests = {x["ckpt"]: x["digest"] for x in lines if "ckpt" in x}
     assert sorted(digests) == list(range(CP, END + 1, CP))
@@ -138,7 +197,15 @@ def _points(tmp_path: Path, kind: str, pool: str) -> tuple[list[tuple[str, int]]
 
 def _crash_at_each_point(tmp_path: Path, kind: str, pool: str, reset: Any) -> list[str]:
     _rack(tmp_path)
-    points, reference = _points(tmp_path, kind, pool)
+    driver = _Driver(tmp_path, kind, pool)
+    try:
+        return _crash_at_points(tmp_path, driver, reset)
+    finally:
+        driver.close()
+
+
+def _crash_at_points(tmp_path: Path, driver: _Driver, reset: Any) -> list[str]:
+    points, reference = _points(tmp_path, driver)
     names = {n for n, _ in points}
     for needed in (
         "runtime.checkpoint.manifest",
@@ -149,10 +216,10 @@ def _crash_at_each_point(tmp_path: Path, kind: str, pool: str, reset: Any) -> li
     failures = []
     for name, k in points:
         reset()
-        rc, crashed, _ = _run(tmp_path, kind, pool, {"ZZ_CRASH_AT": f"{name}:{k}"})
+        rc, crashed, _ = driver.run(at=f"{name}:{k}")
         assert rc == -9, f"{name}:{k} never reached (rc {rc})"
         done = [x["ckpt"] for x in crashed if "ckpt" in x]
-        rc, lines, err = _run(tmp_path, kind, pool, {})
+        rc, lines, err = driver.run()
         if rc != 0:
             failures.append(f"{name}:{k}: restart failed: {err.strip().splitlines()[-1:]}")
             continue
