@@ -162,6 +162,12 @@ def test_replica_killed_under_load_restarts_from_its_log_and_keeps_ordering(
             assert before["wal"]["enabled"] == 1 and before["wal"]["writes"] > 0
             # durability write: written before every send, never synced
             assert (before["wal"]["syncs"] > 0) == (policy == "fsync")
+            # fsync: the syncs run in the replica's sync thread beside its loop, whose
+            # COMMITs wait in net for their ticket; the loop syncs only its rewrites
+            w = before["wal"]
+            assert w["sync_thread"] == (policy == "fsync"), w
+            if policy == "fsync":
+                assert w["syncs"] > w["loop_syncs"] and w["waited"] > 0, before
             c.kill(2)
             time.sleep(0.5)
             _start(c, 2)

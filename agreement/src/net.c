@@ -24,6 +24,7 @@
 #include "wire.h"
 
 #define READ_CHUNK (64 * 1024)
+#define WAIT_MARKS 4 /* tickets a link's waiting frames can be split by (more merge) */
 #define READS_PER_EVENT 16             /* fairness: at most 1 MiB per connection per wakeup */
 #define OUT_LIMIT (64u * 1024 * 1024)  /* per-connection queue bound; beyond it frames drop */
 #define OUT_KEEP (64 * 1024)           /* an empty output buffer above this is given back */
@@ -41,7 +42,7 @@
  * zz_net_add_link (e.g. to the controld of every host), which get no fault injection. */
 #define MAX_LINKS (ZZ_MAX_REPLICAS + ZZ_MAX_HOSTS)
 
-enum conn_kind { C_ACCEPTED, C_PEER, C_LISTEN, C_WAKE };
+enum conn_kind { C_ACCEPTED, C_PEER, C_LISTEN, C_WAKE, C_WATCH };
 enum link_state { L_DOWN, L_CONNECTING, L_UP };
 
 struct zz_conn {
@@ -80,6 +81,16 @@ struct zz_conn {
     /* links, with a barrier: frames that wait for the turn's durable barrier (release_held) */
     uint8_t *held;
     size_t held_len, held_cap;
+    /* ... and frames of earlier turns that wait for the owner's ticket (zz_net_release), in
+     * the order they were sent: wait[0, mark[i].end) may leave once ticket mark[i].ticket is
+     * released; marks ascend in both. */
+    uint8_t *wait;
+    size_t wait_len, wait_cap;
+    struct {
+        uint64_t ticket;
+        size_t end;
+    } mark[WAIT_MARKS];
+    uint32_t n_marks;
 };
 
 typedef struct {
@@ -127,6 +138,11 @@ struct zz_net {
     void *barrier_ctx;
     int early;    /* link sends now go out before the durable barrier (zz_net_early) */
     int any_held; /* some link holds frames for the durable barrier */
+    int any_wait; /* some link has frames waiting for a ticket (zz_net_release) */
+    uint64_t released; /* the highest ticket released */
+    zz_conn watch;     /* a descriptor the owner watches (zz_net_watch); fd -1: none */
+    zz_on_timer watch_fn;
+    void *watch_ctx;
     zz_net_stats st;
     uint32_t n_accepted;
     uint32_t accept_backoff_ms; /* the current accept back-off; 0: accepting normally */
@@ -593,7 +609,8 @@ static int resolve(const char *host, uint16_t port, int passive, struct sockaddr
 /* Keep one frame for link c until the turn's durable barrier; -1 if it was dropped. */
 static int held_enqueue(zz_net *n, zz_conn *c, const uint8_t *msg, size_t len)
 {
-    if (len > ZZ_MAX_MSG || (c->out_len - c->out_off) + c->held_len + 4 + len > OUT_LIMIT) {
+    if (len > ZZ_MAX_MSG ||
+        (c->out_len - c->out_off) + c->held_len + c->wait_len + 4 + len > OUT_LIMIT) {
         n->st.send_overflow++;
         return -1;
     }
@@ -635,31 +652,127 @@ static void link_send(zz_net *n, uint32_t peer, const uint8_t *msg, size_t len)
         link_connect(n, c);
 }
 
-/* The turn's durable barrier (one call), then the held frames join their links' queues. */
+/* Frames join link c's output queue (a failed allocation drops them, counted). */
+static void link_queue(zz_net *n, zz_conn *c, const uint8_t *p, size_t len)
+{
+    uint8_t *d = out_reserve(c, len);
+    if (d)
+        memcpy(d, p, len);
+    else
+        n->st.send_overflow++;
+}
+
+/* Move c's held frames behind its waiting ones, to leave once `ticket` is released; 0 if
+ * they could not be kept (dropped, counted). */
+static int wait_append(zz_net *n, zz_conn *c, uint64_t ticket)
+{
+    if (c->wait_cap - c->wait_len < c->held_len) {
+        size_t nc = c->wait_cap ? c->wait_cap : 64 * 1024;
+        while (nc - c->wait_len < c->held_len)
+            nc *= 2;
+        uint8_t *p = realloc(c->wait, nc);
+        if (!p) {
+            n->st.send_overflow++;
+            return 0;
+        }
+        c->wait = p;
+        c->wait_cap = nc;
+    }
+    memcpy(c->wait + c->wait_len, c->held, c->held_len);
+    c->wait_len += c->held_len;
+    /* Frames never overtake earlier ones of the same link: a ticket below the last mark's
+     * waits for that one. With every mark in use, the last one grows (the frames of both
+     * wait for the later ticket, which is never too early). */
+    if (c->n_marks > 0 && ticket < c->mark[c->n_marks - 1].ticket)
+        ticket = c->mark[c->n_marks - 1].ticket;
+    if (c->n_marks > 0 && (c->n_marks == WAIT_MARKS || c->mark[c->n_marks - 1].ticket == ticket)) {
+        c->mark[c->n_marks - 1].ticket = ticket;
+        c->mark[c->n_marks - 1].end = c->wait_len;
+    } else {
+        c->mark[c->n_marks].ticket = ticket;
+        c->mark[c->n_marks].end = c->wait_len;
+        c->n_marks++;
+    }
+    n->any_wait = 1;
+    return 1;
+}
+
+/* The turn's durable barrier (one call), then the held frames join their links' queues, or
+ * wait behind the ticket the barrier returned (zz_net_release). */
 static void release_held(zz_net *n)
 {
     if (!n->any_held)
         return;
     n->any_held = 0;
     n->st.barriers++;
-    n->barrier(n->barrier_ctx, 1);
+    uint64_t ticket = n->barrier(n->barrier_ctx, 1);
+    if (ticket <= n->released)
+        ticket = 0;
     for (uint32_t p = 0; p < n->n_links; p++) {
         zz_conn *c = &n->links[p];
         if (c->held_len == 0)
             continue;
-        uint8_t *d = out_reserve(c, c->held_len);
-        if (d)
-            memcpy(d, c->held, c->held_len);
-        else
-            n->st.send_overflow++;
+        if (ticket == 0 && c->wait_len == 0)
+            link_queue(n, c, c->held, c->held_len);
+        else if (wait_append(n, c, ticket))
+            n->st.waited++;
         c->held_len = 0;
         if (c->held_cap > OUT_KEEP) {
             free(c->held);
             c->held = NULL;
             c->held_cap = 0;
         }
-        conn_flush(n, c);
+        if (c->wait_len == 0)
+            conn_flush(n, c);
     }
+}
+
+void zz_net_release(zz_net *n, uint64_t ticket)
+{
+    if (ticket > n->released)
+        n->released = ticket;
+    if (!n->any_wait)
+        return;
+    n->any_wait = 0;
+    for (uint32_t p = 0; p < n->n_links; p++) {
+        zz_conn *c = &n->links[p];
+        uint32_t k = 0;
+        while (k < c->n_marks && c->mark[k].ticket <= n->released)
+            k++;
+        if (k > 0) {
+            size_t end = c->mark[k - 1].end;
+            link_queue(n, c, c->wait, end);
+            memmove(c->wait, c->wait + end, c->wait_len - end);
+            c->wait_len -= end;
+            for (uint32_t i = k; i < c->n_marks; i++) {
+                c->mark[i - k].ticket = c->mark[i].ticket;
+                c->mark[i - k].end = c->mark[i].end - end;
+            }
+            c->n_marks -= k;
+            if (c->wait_len == 0 && c->wait_cap > OUT_KEEP) {
+                free(c->wait);
+                c->wait = NULL;
+                c->wait_cap = 0;
+            }
+            mark_dirty(n, c);
+        }
+        if (c->wait_len > 0)
+            n->any_wait = 1;
+    }
+}
+
+int zz_net_watch(zz_net *n, int fd, zz_on_timer fn, void *ctx)
+{
+    if (n->watch.fd >= 0 || fd < 0)
+        return -1;
+    n->watch.fd = fd;
+    n->watch_fn = fn;
+    n->watch_ctx = ctx;
+    if (ep_set(n, &n->watch, EPOLLIN) < 0) {
+        n->watch.fd = -1;
+        return -1;
+    }
+    return 0;
 }
 
 static void on_delayed(void *ctx)
@@ -1151,6 +1264,10 @@ int zz_net_run(zz_net *n)
                 accept_all(n);
                 continue;
             }
+            if (c->kind == C_WATCH) {
+                n->watch_fn(n->watch_ctx); /* it reads the descriptor */
+                continue;
+            }
             if (c->kind == C_WAKE) {
                 uint64_t v;
                 ssize_t r = read(c->fd, &v, sizeof v);
@@ -1255,6 +1372,8 @@ zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_clos
     n->wake.fd = -1;
     n->listener.kind = C_LISTEN;
     n->wake.kind = C_WAKE;
+    n->watch.fd = -1;
+    n->watch.kind = C_WATCH;
     n->rng = c->inject_seed ^ (uint64_t)c->id;
     n->inject = c->inject_drop > 0 || c->inject_dup > 0 || c->inject_delay_ms > 0;
     n->n_links = ZZ_MAX_REPLICAS;
@@ -1341,6 +1460,7 @@ void zz_net_free(zz_net *n)
         free(l->in);
         free(l->out);
         free(l->held);
+        free(l->wait);
     }
     /* Messages parked by the delay injector are owned by their timers. */
     for (size_t i = 0; i < n->nheap; i++)

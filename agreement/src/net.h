@@ -1,7 +1,8 @@
 /* net.h - the event loop: epoll, TCP connections with u32 length-prefixed frames,
  * reconnecting outgoing links to peers, millisecond timers, and the test-only
  * fault injector (drop / duplicate / delay-and-reorder) on replica-to-replica sends.
- * Single-threaded; everything runs from zz_net_run's loop. */
+ * Single-threaded; everything runs from zz_net_run's loop (another thread of the owner may
+ * only write to a descriptor the loop watches, zz_net_watch). */
 #ifndef ZZ_NET_H
 #define ZZ_NET_H
 
@@ -51,6 +52,7 @@ typedef struct {
     uint64_t out_stall_timeouts;   /* closed: output queued, nothing written for the timeout */
     uint64_t turns;    /* loop turns that handled at least one event */
     uint64_t barriers; /* durable barrier calls (turns that released held link frames) */
+    uint64_t waited;   /* links whose frames of a turn waited for a ticket (zz_net_release) */
 } zz_net_stats;
 
 zz_net *zz_net_new(const zz_conf *c, void *ctx, zz_on_frame on_frame, zz_on_close on_close,
@@ -96,13 +98,24 @@ uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
 
 /* The owner's durability barrier, e.g. the write-ahead log's group commit (wal.c). Called
  * with durable 0 before any byte is written to a socket, and once at the end of each turn:
- * the owner writes what queued bytes depend on (and what the turn decided). Once set, a frame sent to a link (agreement peer, zz_net_add_link) is held
- * until the end of the turn, where one call with durable 1 makes everything the turn's
- * frames depend on durable before they join their queues; frames sent while zz_net_early
- * is on need only the written records and are queued at once. Replies and other frames on
- * accepted connections never wait for the durable call. */
-typedef void (*zz_on_barrier)(void *ctx, int durable);
+ * the owner writes what queued bytes depend on (and what the turn decided); the return value
+ * is ignored. Once set, a frame sent to a link (agreement peer, zz_net_add_link) is held
+ * until the end of the turn, where one call with durable 1 asks the owner to make
+ * everything the turn's frames depend on durable. It returns 0 when that is done: the
+ * frames join their links' queues. Otherwise it returns a ticket (ascending): the frames
+ * wait, behind any earlier waiting frames of their link, until the owner calls
+ * zz_net_release with that ticket or a higher one, while the loop goes on. Frames sent while
+ * zz_net_early is on need only the written records and are queued at once. Replies and
+ * other frames on accepted connections never wait for the durable call. */
+typedef uint64_t (*zz_on_barrier)(void *ctx, int durable);
 void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx);
+/* Every ticket up to `ticket` is durable: the frames waiting for them join their queues. */
+void zz_net_release(zz_net *n, uint64_t ticket);
+/* Call fn(ctx) from the loop whenever `fd` is readable (fn must read it, e.g. an eventfd
+ * another thread writes when its work is done). One descriptor per loop; -1 if one is
+ * watched already or epoll refuses it. The owner closes it after zz_net_free or before
+ * (closing removes it from epoll). */
+int zz_net_watch(zz_net *n, int fd, zz_on_timer fn, void *ctx);
 void zz_net_early(zz_net *n, int on);
 
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */

@@ -4,9 +4,12 @@
  * "Durable state" says what is kept and why. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -352,6 +355,7 @@ void zz_wal_view(zz_replica *r)
         return;
     w->must_sync = 1;
     w->view_pending = 1;
+    w->view_ticket = 0; /* the sync asked after this record is written ends view_pending */
     if (w->compact_due)
         return;
     size_t before = w->pend.len;
@@ -725,8 +729,16 @@ static int compact(zz_replica *r)
     w->compact_due = 0;
     w->must_write = 0;
     w->view_pending = 0;
+    w->view_ticket = 0;
     w->unsynced = 0;
     w->pend_records = 0;
+    /* Everything the log held is in the rewrite: a ticket of its own, durable now (with
+     * durability fsync; so are the tickets before it, including one the thread still syncs
+     * in the old file). */
+    w->issued++;
+    if (w->fsync)
+        w->durable = w->issued;
+    w->want = 0;
     zz_buf_reset(&w->pend);
     if (b->cap > (8u << 20)) { /* a large window's rewrite is not kept for good */
         zz_buf_free(b);
@@ -758,16 +770,203 @@ static void write_pending(zz_replica *r)
     }
 }
 
-void zz_wal_sync(void *replica, int durable)
+/* ---- the sync thread ---- */
+
+/* It syncs the file the loop names under the ticket it names, and reports each one done by
+ * the eventfd; it touches nothing but the (mu) fields, its descriptor and the eventfd. */
+static void *sync_main(void *arg)
+{
+    zz_wal *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->t_stop && w->t_ticket == w->t_done)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->t_stop)
+            break;
+        int fd = w->t_fd;
+        uint64_t ticket = w->t_ticket;
+        pthread_mutex_unlock(&w->mu);
+        uint64_t t0 = mono_us();
+        int rc = fdatasync(fd);
+        int err = rc != 0 ? errno : 0;
+        uint64_t us = mono_us() - t0;
+        pthread_mutex_lock(&w->mu);
+        w->t_done = ticket;
+        w->t_err = err;
+        w->t_us = us;
+        pthread_mutex_unlock(&w->mu);
+        uint64_t one = 1;
+        ssize_t n = write(w->efd, &one, sizeof one);
+        (void)n; /* a full eventfd counter still wakes the loop */
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* Give the thread the next ticket: it covers every record written so far (the pending
+ * ones are written first). The thread is idle. */
+static uint64_t sync_issue(zz_replica *r)
+{
+    zz_wal *w = &r->wal;
+    if (!w->compact_due)
+        write_pending(r);
+    w->busy = ++w->issued;
+    w->busy_file = w->cur;
+    w->busy_since_us = mono_us();
+    w->busy_records = w->unsynced;
+    w->unsynced = 0;
+    w->want = 0;
+    if (w->view_pending && !w->compact_due)
+        w->view_ticket = w->busy; /* the VIEW record is written: this sync covers it */
+    pthread_mutex_lock(&w->mu);
+    w->t_fd = w->fd[w->cur];
+    w->t_ticket = w->busy;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return w->busy;
+}
+
+/* The ticket that covers every record written so far (call after write_pending): the one
+ * the thread syncs now if nothing was written since it was asked, a new one if the thread
+ * is idle, else the next one (asked when the current one is done). */
+static uint64_t sync_ask(zz_replica *r)
+{
+    zz_wal *w = &r->wal;
+    if (w->busy && w->unsynced == 0 && w->pend.len == 0) {
+        if (w->view_pending && !w->view_ticket && !w->compact_due)
+            w->view_ticket = w->busy;
+        return w->busy;
+    }
+    if (!w->busy)
+        return sync_issue(r);
+    w->want = 1;
+    return w->issued + 1;
+}
+
+/* The eventfd: a sync finished. Its ticket is durable (and every one before it); the frames
+ * waiting for it leave, and the next sync starts if records wait for one. */
+static void on_synced(void *ctx)
+{
+    zz_replica *r = ctx;
+    zz_wal *w = &r->wal;
+    uint64_t v;
+    ssize_t n = read(w->efd, &v, sizeof v);
+    (void)n; /* EAGAIN: the sync below was reported with an earlier wakeup */
+    pthread_mutex_lock(&w->mu);
+    uint64_t done = w->t_done, us = w->t_us;
+    int err = w->t_err;
+    pthread_mutex_unlock(&w->mu);
+    if (err) {
+        errno = err;
+        fatal(r, "cannot sync", w->path[w->busy_file]);
+    }
+    if (!w->busy || done != w->busy)
+        return;
+    w->busy = 0;
+    w->syncs++;
+    w->sync_us_total += us;
+    if (us > w->sync_us_max)
+        w->sync_us_max = us;
+    w->synced_records += w->busy_records;
+    w->ticket_us_total += mono_us() - w->busy_since_us;
+    if (done > w->durable)
+        w->durable = done;
+    if (w->view_pending && w->view_ticket && w->durable >= w->view_ticket) {
+        w->view_pending = 0;
+        w->view_ticket = 0;
+    }
+    if (w->want)
+        sync_issue(r);
+    zz_net_release(r->net, w->durable);
+}
+
+/* Start the sync thread (durability fsync, a loop to report to); without it every sync
+ * blocks the caller. */
+static void start_thread(zz_replica *r)
+{
+    zz_wal *w = &r->wal;
+    if (!w->fsync || !r->net)
+        return;
+    w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->efd < 0)
+        goto blocking;
+    int rc = pthread_mutex_init(&w->mu, NULL);
+    if (rc != 0) {
+        errno = rc;
+        goto close_efd;
+    }
+    rc = pthread_cond_init(&w->cv, NULL);
+    if (rc != 0) {
+        errno = rc;
+        goto destroy_mu;
+    }
+    /* Signals go to the loop's thread (its handlers only set flags and wake the loop). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    rc = pthread_create(&w->thr, NULL, sync_main, w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        errno = rc;
+        goto destroy_cv;
+    }
+    if (zz_net_watch(r->net, w->efd, on_synced, r) != 0) {
+        pthread_mutex_lock(&w->mu);
+        w->t_stop = 1;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thr, NULL);
+        goto destroy_cv;
+    }
+    w->thr_on = 1;
+    return;
+destroy_cv:
+    pthread_cond_destroy(&w->cv);
+destroy_mu:
+    pthread_mutex_destroy(&w->mu);
+close_efd:
+    close(w->efd);
+    w->efd = -1;
+blocking:
+    zz_log("zz-agreed: replica %u: durable state: no sync thread (%s): every sync blocks the "
+           "loop\n", r->id, strerror(errno));
+}
+
+static void stop_thread(zz_wal *w)
+{
+    if (!w->thr_on)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->t_stop = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thr, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    close(w->efd);
+    w->efd = -1;
+    w->thr_on = 0;
+}
+
+uint64_t zz_wal_sync(void *replica, int durable)
 {
     zz_replica *r = replica;
     zz_wal *w = &r->wal;
     if (!w->enabled || w->replaying)
-        return;
-    /* A rewrite pending holds every record a send needs, written or synced: it goes first. */
+        return 0;
+    /* A rewrite pending holds every record a send needs, written or synced: it goes first
+     * (and so does a sync without the thread). */
     if ((durable && w->must_sync) || (w->must_write && w->compact_due)) {
-        sync_now(r);
-        return;
+        if (w->compact_due || !w->thr_on) {
+            sync_now(r);
+            return 0;
+        }
+        write_pending(r);
+        w->must_sync = 0;
+        w->must_write = 0;
+        w->need = sync_ask(r);
+        return w->need;
     }
     /* Written (a process crash keeps them), synced with the next sync: records nothing sent
      * depends on, and PRE-PREPAREs and PREPAREs (their loss in a host crash is detected at
@@ -775,6 +974,9 @@ void zz_wal_sync(void *replica, int durable)
     if (!w->compact_due)
         write_pending(r);
     w->must_write = 0;
+    /* Frames of a later turn may repeat what a sync not yet done covers (a COMMIT sent again
+     * on a STATUS): they wait for it too, as they did when every sync blocked the loop. */
+    return durable && w->need > w->durable ? w->need : 0;
 }
 
 int zz_wal_early(const zz_replica *r)
@@ -789,9 +991,20 @@ void zz_wal_flush(zz_replica *r)
     if (!w->enabled || w->replaying ||
         (!w->compact_due && w->pend.len == 0 && (!w->fsync || w->unsynced == 0)))
         return;
+    if (w->thr_on && !w->compact_due) {
+        /* No frame waits for this one; must_sync stays for the turn's barrier, which finds
+         * its records covered by this ticket. */
+        write_pending(r);
+        w->must_write = 0;
+        if (w->unsynced)
+            sync_ask(r);
+        return;
+    }
     sync_now(r);
 }
 
+/* The blocking sync: a rewrite when one is due, else the pending records written and
+ * synced (durability fsync). The loop waits for it. */
 static void sync_now(zz_replica *r)
 {
     zz_wal *w = &r->wal;
@@ -806,16 +1019,22 @@ static void sync_now(zz_replica *r)
         if (w->fsync)
             w->synced_records += w->unsynced;
         w->unsynced = 0;
+        w->issued++;
+        if (w->fsync)
+            w->durable = w->issued;
     }
     w->must_sync = 0;
     w->must_write = 0;
     w->view_pending = 0;
+    w->view_ticket = 0;
     uint64_t us = mono_us() - t0;
     if (w->fsync) {
         w->syncs++;
         w->sync_us_total += us;
         if (us > w->sync_us_max)
             w->sync_us_max = us;
+        w->loop_syncs++;
+        w->loop_sync_us += us;
     }
 }
 
@@ -922,6 +1141,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
     zz_wal *w = &r->wal;
     const zz_conf *c = r->conf;
     w->fd[0] = w->fd[1] = -1;
+    w->efd = -1;
     zz_buf_init(&w->pend);
     zz_buf_init(&w->snap);
     if (!c->data_dir[0] || c->durability == ZZ_DUR_OFF)
@@ -1098,12 +1318,14 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
                (unsigned long long)w->recovered_records, valid, w->path[pick],
                (unsigned long long)w->recover_ms, r->view, r->in_vc ? " (view change)" : "",
                (unsigned long long)r->stable, (unsigned long long)r->last_exec);
+    start_thread(r);
     return 0;
 }
 
 void zz_wal_free(zz_replica *r)
 {
     zz_wal *w = &r->wal;
+    stop_thread(w); /* before its descriptors close */
     for (int i = 0; i < 2; i++) {
         if (w->fd[i] >= 0)
             close(w->fd[i]);
@@ -1138,7 +1360,8 @@ void zz_wal_stats(zz_replica *r, void *file)
                   "\"recover_ms\": %llu, \"abstain_until\": %llu, \"abstaining\": %d, "
                   "\"synced_records\": %llu, \"boot_known\": %d, \"boot_changed\": %d, "
                   "\"lost_view\": %u, \"lost_until\": %llu, \"withholding\": %d, "
-                  "\"withheld\": %llu}, ",
+                  "\"withheld\": %llu, \"sync_thread\": %d, \"loop_syncs\": %llu, "
+                  "\"loop_sync_us\": %llu, \"ticket_us_avg\": %llu, \"waited\": %llu}, ",
             w->enabled, w->fsync, (unsigned long long)w->records, (unsigned long long)w->bytes,
             (unsigned long long)w->writes, (unsigned long long)w->syncs,
             (unsigned long long)(w->syncs ? w->sync_us_total / w->syncs : 0),
@@ -1150,5 +1373,9 @@ void zz_wal_stats(zz_replica *r, void *file)
             (unsigned long long)w->recovered_last_exec, (unsigned long long)w->recover_ms,
             (unsigned long long)w->abstain_until, w->abstain_until && r->stable < w->abstain_until,
             (unsigned long long)w->synced_records, w->boot_known, w->boot_changed, w->lost_view,
-            (unsigned long long)w->lost_until, forgetting(r), (unsigned long long)w->withheld);
+            (unsigned long long)w->lost_until, forgetting(r), (unsigned long long)w->withheld,
+            w->thr_on, (unsigned long long)w->loop_syncs, (unsigned long long)w->loop_sync_us,
+            (unsigned long long)(w->syncs > w->loop_syncs
+                                     ? w->ticket_us_total / (w->syncs - w->loop_syncs) : 0),
+            (unsigned long long)(r->net ? zz_net_get_stats(r->net)->waited : 0));
 }

@@ -21,6 +21,7 @@
 #ifndef ZZ_WAL_H
 #define ZZ_WAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -95,7 +96,12 @@ uint64_t zz_wal_u64(zz_wal_rd *d);
 const uint8_t *zz_wal_raw(zz_wal_rd *d, uint32_t n);
 const uint8_t *zz_wal_bytes(zz_wal_rd *d, uint32_t *n); /* u32 length + data */
 
-/* One replica's log (the replica's r->wal). */
+/* One replica's log (the replica's r->wal). With durability fsync and an event loop, a sync
+ * thread runs the fdatasyncs the loop asks for (tickets, ascending) while the loop goes on;
+ * the frames that need a sync wait in net for their ticket (zz_net_release). Ownership: the
+ * fields under "sync thread" marked (mu) are read and written under mu by both threads;
+ * everything else is the loop's alone (the thread never touches the replica). fd[] and efd
+ * are set before the thread starts and closed only after it was joined. */
 typedef struct {
     int enabled;
     int fsync;          /* durability fsync (conf.h enum zz_durability) */
@@ -109,7 +115,7 @@ typedef struct {
     int must_sync;      /* a pending record is one a queued send depends on: sync it first */
     int must_write;     /* a pending record must be written before a queued send (not synced) */
     int view_pending;   /* a VIEW record is not synced yet: every send to a peer waits for it */
-    uint64_t unsynced;  /* records written since the last sync */
+    uint64_t unsynced;  /* records written since the last sync was asked */
     uint64_t pend_records; /* records in pend */
     /* The boot this process runs in (/proc/sys/kernel/random/boot_id), and the one the
      * replayed file's records were written under; a file is appended to only in its boot. */
@@ -122,6 +128,31 @@ typedef struct {
     uint64_t lost_until;
     char path[2][300], damaged[300], dir[260];
     zz_buf pend;        /* records not yet written */
+    /* sync thread (durability fsync with an event loop; thr_on 0: every sync blocks) */
+    int thr_on;
+    int efd;            /* eventfd: the thread's "a sync finished" to the loop; -1 */
+    pthread_t thr;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int t_fd;           /* (mu) the file to sync */
+    uint64_t t_ticket;  /* (mu) the ticket of the last sync asked */
+    uint64_t t_done;    /* (mu) the ticket of the last sync finished */
+    int t_err;          /* (mu) errno of a failed fdatasync, 0 */
+    uint64_t t_us;      /* (mu) how long that fdatasync took */
+    int t_stop;         /* (mu) zz_wal_free: end the thread */
+    /* the loop's view of the tickets: every record written before ticket t was asked is
+     * synced once t <= durable. A rewrite is a ticket of its own, durable at once (it holds
+     * everything the log had). */
+    uint64_t issued;    /* the last ticket given out */
+    uint64_t durable;   /* the highest ticket finished */
+    uint64_t busy;      /* the ticket the thread syncs now; 0: idle */
+    int busy_file;      /* the file it syncs */
+    uint64_t busy_records; /* records that sync covers */
+    uint64_t busy_since_us; /* when it was asked */
+    int want;           /* records written after busy was asked need the next ticket */
+    uint64_t need;      /* the ticket the last frames that needed a sync wait for: frames of
+                         * later turns wait for it too (they may repeat what it covers) */
+    uint64_t view_ticket; /* view_pending ends when this ticket is durable; 0: not asked */
     zz_buf snap;        /* compaction scratch */
     /* stats ("wal" in the stats file) */
     uint64_t records, bytes, writes, syncs, compactions;
@@ -129,6 +160,8 @@ typedef struct {
     uint64_t withheld;       /* PREPAREs not sent because of lost_until */
     int boot_changed;        /* the last start replayed a log of another boot */
     uint64_t sync_us_total, sync_us_max;
+    uint64_t loop_syncs, loop_sync_us; /* syncs and rewrites the loop waited for itself */
+    uint64_t ticket_us_total; /* the thread's syncs from asked to the loop learning it done */
     uint64_t recovered_records, recovered_bytes, discard_offset, recover_ms;
     uint64_t recovered_slots, recovered_stable, recovered_last_exec, grown;
     int recovered_tail; /* enum zz_wal_tail of the recovery scan */
@@ -148,19 +181,22 @@ struct zz_replica;
 int zz_wal_recover(struct zz_replica *r, char *err, size_t errcap);
 void zz_wal_free(struct zz_replica *r);
 /* The group commit, net's barrier (zz_on_barrier). Before any byte is written to a socket
- * and at the end of each turn (durable 0): the pending records are written, not synced (the log is rewritten first when
- * the stable checkpoint moved and a queued send needs a record). Once per turn before the
- * frames held for it join the links' queues (durable 1): when a pending record is one a
- * send must find synced, all pending records are written and fdatasynced (or the log is
- * rewritten), otherwise written. A failed write or sync ends the process: a replica must not
- * send what it could forget. */
-void zz_wal_sync(void *replica, int durable);
+ * and at the end of each turn (durable 0): the pending records are written, not synced (the
+ * log is rewritten first when the stable checkpoint moved and a queued send needs a record).
+ * Once per turn before the frames held for it may join the links' queues (durable 1): when a
+ * pending record is one a send must find synced, all pending records are written and a sync
+ * is asked of the sync thread; the frames wait for its ticket (returned; net releases them
+ * when zz_net_release says it is durable), and so do the frames of later turns until it is
+ * (they may repeat a COMMIT it covers). Without the thread (durability write, no loop) or
+ * when the log must be rewritten, this call syncs or rewrites itself and returns 0. A failed
+ * write or sync ends the process: a replica must not send what it could forget. */
+uint64_t zz_wal_sync(void *replica, int durable);
 /* 1: a PRE-PREPARE or PREPARE about to be sent needs its record only written and may leave
  * before the turn's sync (zz_net_early): the log has the boot id and no VIEW record waits
  * for a sync. */
 int zz_wal_early(const struct zz_replica *r);
 /* Sync whatever is pending or written since the last sync (each second, so that nothing
- * waits long). */
+ * waits long): asked of the sync thread, or done here without it. */
 void zz_wal_flush(struct zz_replica *r);
 /* Log changes (no-ops without a data directory or while replaying). */
 void zz_wal_view(struct zz_replica *r);

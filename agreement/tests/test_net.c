@@ -611,18 +611,20 @@ typedef struct {
     int durable_calls;
     int watching;            /* record the next durable call */
     uint64_t out_at_durable; /* bytes written to sockets when it came */
+    uint64_t ticket;         /* what the durable call returns */
 } bar_state;
 
-static void on_barrier(void *ctx, int durable)
+static uint64_t on_barrier(void *ctx, int durable)
 {
     bar_state *b = ctx;
     if (!durable)
-        return;
+        return 0;
     b->durable_calls++;
     if (b->watching) {
         b->watching = 0;
         b->out_at_durable = zz_net_get_stats(b->net)->bytes_out;
     }
+    return b->ticket;
 }
 
 static void send_held_then_early(void *ctx)
@@ -685,7 +687,7 @@ static void test_barrier(tctx *t)
         end_case(t);
         return;
     }
-    bar_state b = {n, 0, 0, 0};
+    bar_state b = {n, 0, 0, 0, 0};
     zz_net_set_barrier(n, on_barrier, &b);
     uint8_t f[16];
     zz_net_send_peer(n, 1, f, make_frame(f, T_DATA, 0, 16)); /* connects the link */
@@ -714,6 +716,106 @@ static void test_barrier(tctx *t)
     end_case(t);
 }
 
+/* A sync off the loop: the durable call returns a ticket and the frames of that turn wait
+ * for zz_net_release while the loop runs; later frames of the link never overtake them. */
+typedef struct {
+    zz_net *net;
+    uint64_t seq;
+} send_arg;
+
+static void send_held(void *ctx)
+{
+    send_arg *a = ctx;
+    uint8_t b[16];
+    zz_net_send_peer(a->net, 1, b, make_frame(b, T_DATA, a->seq, 16));
+}
+
+typedef struct {
+    zz_net *net;
+    uint64_t ticket;
+} release_arg;
+
+static void release_ticket(void *ctx)
+{
+    release_arg *a = ctx;
+    zz_net_release(a->net, a->ticket);
+}
+
+/* Run the loop for `ms`. */
+static void run_for(zz_net *n, uint32_t ms)
+{
+    zz_net_timer(n, ms, on_stop, n);
+    zz_net_run(n);
+}
+
+static void test_barrier_ticket(tctx *t)
+{
+    static zz_conf c;
+    uint16_t ports[4];
+    pick_ports(ports);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    t_begin(t, "barrier ticket: held frames wait for zz_net_release, in order, the loop runs");
+    if (!CHECK(t, lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sl) == 0 &&
+                      getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0 &&
+                      listen(lfd, 4) == 0)) {
+        end_case(t);
+        return;
+    }
+    ports[1] = ntohs(sa.sin_port);
+    conf_init(&c, 0, ports);
+    char err[256];
+    zz_net *n = zz_net_new(&c, NULL, NULL, NULL, err, sizeof err);
+    if (!CHECK(t, n != NULL)) {
+        printf("  %s\n", err);
+        close(lfd);
+        end_case(t);
+        return;
+    }
+    bar_state b = {n, 0, 0, 0, 0};
+    zz_net_set_barrier(n, on_barrier, &b);
+    uint8_t f[16];
+    zz_net_send_peer(n, 1, f, make_frame(f, T_DATA, 0, 16)); /* ticket 0: leaves at once */
+    CHECK(t, run_until_out(n, 20));
+    uint64_t base = zz_net_get_stats(n)->bytes_out;
+    send_arg a1 = {n, 1}, a2 = {n, 2}, a3 = {n, 3};
+    b.ticket = 7; /* the turn's frames wait for ticket 7 */
+    zz_net_timer(n, 0, send_held, &a1);
+    run_for(n, 150);
+    CHECK(t, zz_net_get_stats(n)->bytes_out == base);
+    CHECK(t, zz_net_get_stats(n)->waited == 1);
+    b.ticket = 0; /* nothing to sync for this turn: still behind frame 1 */
+    zz_net_timer(n, 0, send_held, &a2);
+    run_for(n, 100);
+    CHECK(t, zz_net_get_stats(n)->bytes_out == base);
+    release_arg r6 = {n, 6}, r7 = {n, 7};
+    zz_net_timer(n, 0, release_ticket, &r6); /* an earlier ticket releases nothing */
+    run_for(n, 100);
+    CHECK(t, zz_net_get_stats(n)->bytes_out == base);
+    zz_net_timer(n, 0, release_ticket, &r7);
+    CHECK(t, run_until_out(n, base + 40));
+    /* Ticket 7 is released: a turn asking for it (or less) sends at once. */
+    b.ticket = 7;
+    zz_net_timer(n, 0, send_held, &a3);
+    CHECK(t, run_until_out(n, base + 60));
+    struct timeval tv = {5, 0};
+    int cfd = accept(lfd, NULL, NULL);
+    CHECK(t, cfd >= 0);
+    if (cfd >= 0) {
+        setsockopt(cfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        long s0 = read_frame(cfd), s1 = read_frame(cfd), s2 = read_frame(cfd);
+        long s3 = read_frame(cfd);
+        CHECK(t, s0 == 0 && s1 == 1 && s2 == 2 && s3 == 3);
+        if (!(s0 == 0 && s1 == 1 && s2 == 2 && s3 == 3))
+            printf("  frames arrived as seq %ld, %ld, %ld, %ld\n", s0, s1, s2, s3);
+        close(cfd);
+    }
+    zz_net_free(n);
+    close(lfd);
+    end_case(t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 7 && strcmp(argv[1], "--child") == 0)
@@ -725,6 +827,7 @@ int main(int argc, char **argv)
     test_timers(&t, p.ports);
     test_inject_deterministic(&t, p.ports);
     test_barrier(&t);
+    test_barrier_ticket(&t);
 
     conf_init(&p.conf, 0, p.ports);
     new_parent(&t, &p);
