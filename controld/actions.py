@@ -47,7 +47,10 @@ from zz.ports import free_port
 from zz.snapshots import StorageError
 from zz.wire import exec_principal
 
-# A spare boots at this nice level: under TCG a boot takes a core for ~30 s.
+# A spare boots with this CPU weight (libvirt cpu_shares; a domain's default is 1024 on
+# cgroup v1) or, where that cannot be set, at this nice level: under TCG a boot takes a
+# core for ~30 s.
+SPARE_BOOT_SHARES = 64
 SPARE_BOOT_NICE = 10
 # docs/design.md §9: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
@@ -363,22 +366,39 @@ def provision(
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)
     _test_hold(spec.name)
-    renice = getattr(ctx.hv, "set_nice", None)
     try:
-        if mode != "active" and renice is not None:
-            # Booting a spare must not starve the replicas that serve (docs/controld.md).
-            out["low_priority_boot"] = renice(spec.name, SPARE_BOOT_NICE)
+        # Booting a spare must not starve the replicas that serve (docs/controld.md).
+        restore = _boot_at_low_priority(ctx, spec.name, out) if mode != "active" else None
         if not ctx.fake_guests:
             out["answering_s"] = round(wait_answering(ctx, service, index, ctx.ready_timeout), 3)
         if mode != "active":
-            if renice is not None:
-                renice(spec.name, 0)  # it must run at full speed once woken
+            if restore is not None:
+                restore()  # it must run at full speed once woken
             put_to_sleep(ctx, spec.name, mode)
     except BaseException:
         _destroy_quietly(ctx, spec.name, save_path(ctx, spec.name))
         raise
     out["seconds"] = round(time.monotonic() - t0, 3)
     return out
+
+
+def _boot_at_low_priority(
+    ctx: HostContext, name: str, out: dict[str, Any]
+) -> Callable[[], object] | None:
+    """Give a booting spare a small CPU weight (its cgroup's, through libvirt), else a high
+    nice; record which in `out` (`low_priority_boot`, `boot_cpu_shares`); the call that
+    sets it back (None: nothing was changed)."""
+    get, put = getattr(ctx.hv, "cpu_shares", None), getattr(ctx.hv, "set_cpu_shares", None)
+    before = get(name) if get is not None and put is not None else None
+    if before is not None and put is not None and put(name, SPARE_BOOT_SHARES):
+        out["low_priority_boot"] = True
+        out["boot_cpu_shares"] = [SPARE_BOOT_SHARES, before]
+        return lambda: put(name, before)
+    renice = getattr(ctx.hv, "set_nice", None)
+    if renice is None:
+        return None
+    out["low_priority_boot"] = renice(name, SPARE_BOOT_NICE)
+    return lambda: renice(name, 0)
 
 
 # TESTS ONLY (tests/test_controld_orphans.py): after create(), write the domain name to

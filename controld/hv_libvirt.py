@@ -238,11 +238,42 @@ class LibvirtHypervisor:
         except libvirt.libvirtError:
             pass
 
+    def cpu_shares(self, name: str) -> int | None:
+        """The domain's CPU weight against the other domains (libvirt's `cpu_shares`: the
+        `cpu.shares` of its cgroup on cgroup v1, `cpu.weight` on v2); None on test:/// or
+        when libvirt does not say."""
+        if self.is_test:
+            return None
+        dom = self._dom(name, "cpu shares")
+        try:  # libvirt refuses when the cgroup CPU controller is not there
+            params = self._call(name, "cpu shares", dom.schedulerParameters)
+        except HypervisorError:
+            return None
+        shares = params.get("cpu_shares")
+        return int(shares) if shares is not None else None
+
+    def set_cpu_shares(self, name: str, shares: int) -> bool:
+        """Set the running domain's CPU weight (cpu_shares, above). libvirt puts each domain
+        in a cgroup of its own, whose weight is what its threads compete with against the
+        other guests: a spare booting under TCG (a whole core for ~30 s) gets a small one,
+        so the active replicas, e.g. one recovering right after a conviction, keep theirs.
+        (Nice on its threads does not do that: it ranks them only against the other
+        threads of their own cgroup.) False on test:/// or when libvirt refused."""
+        if self.is_test:
+            return False
+        dom = self._dom(name, "cpu shares")
+        try:
+            self._call(name, "cpu shares", lambda: dom.setSchedulerParametersFlags(
+                {"cpu_shares": shares}, libvirt.VIR_DOMAIN_AFFECT_LIVE))  # fmt: skip
+        except HypervisorError:
+            return False
+        return True
+
     def set_nice(self, name: str, nice: int) -> bool:
         """Renice every thread of the domain's QEMU process (a local URI only; nice is per
-        thread on Linux). A spare booting under TCG takes a whole core for ~30 s: at a
-        lower priority it does not slow the active replicas, e.g. one that is recovering
-        right after a conviction. False if the process was not found or not reniced."""
+        thread on Linux): the spare's low priority where libvirt gives domains no cgroup of
+        their own (set_cpu_shares failed). False if the process was not found or not
+        reniced."""
         if self.is_test or not self.uri.endswith(":///system"):
             return False
         done = False

@@ -853,6 +853,11 @@ async def test_real_guest_wakeup(real_vm_rack: Rack) -> None:
         assert r["ok"], r
         assert n.hv.state(domain) == "paused"
         boot = r["answering_s"]
+        # It booted at a small CPU weight (its cgroup's: nice would not rank it against the
+        # other guests, scripts/bench/spare-weight) and sleeps with the domain default.
+        low, default = r["boot_cpu_shares"]
+        assert r["low_priority_boot"] is True and low == actions.SPARE_BOOT_SHARES < default
+        assert n.hv.cpu_shares(domain) == default
         with pytest.raises(HypervisorError):
             await asyncio.to_thread(n.hv.guest_call, domain, "ping", 1.0)
         ev = [rack.statement(0, 7, [(0, 1, A), (1, 1, B)])]
