@@ -72,9 +72,9 @@ def test_primary_orders_while_execution_is_stopped(tmp_path: Path) -> None:
 
     async def run(rack: ProcRack) -> dict[str, Any]:
         clients = [Client(cfg, c, service="mb") for c in range(CLIENTS)]
+        execs = [p for p in rack.procs if p.kind == "exec"]
         try:
             assert await clients[0].invoke(op, timeout=20) == want
-            execs = [p for p in rack.procs if p.kind == "exec"]
             for p in execs:
                 signal_group(p.popen.pid, signal.SIGSTOP)
             t0 = time.time()
@@ -100,6 +100,8 @@ def test_primary_orders_while_execution_is_stopped(tmp_path: Path) -> None:
             assert await asyncio.gather(*calls) == [want] * CLIENTS
             return st
         finally:
+            for p in execs:  # a failed check must not leave them stopped for the teardown
+                signal_group(p.popen.pid, signal.SIGCONT)
             for c in clients:
                 await c.close()
 
