@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import argcomplete.finders
+import argcomplete.io
 import pytest
 from conftest import RACK_TOML
 
@@ -149,6 +151,12 @@ def _complete(line: str) -> list[str]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
+        # argcomplete wraps fd 9 (the shell hook's debug stream) in a file object, and the
+        # next completion's replaces it, closing fd 9: in pytest that can be the fd that
+        # its faulthandler closes at exit ("Bad file descriptor", exit code 1 after every
+        # test passed). Its own docs say to override this under pytest.
+        mp.setattr(argcomplete.finders.CompletionFinder, "_init_debug_stream",
+                   lambda _self: setattr(argcomplete.io, "debug_stream", sys.stderr))  # fmt: skip
 
         def stop(code: int) -> None:
             raise SystemExit(code)
