@@ -160,11 +160,13 @@ class PowerLossError(Exception):
 # ---- the rack ------------------------------------------------------------------------------
 def write_rack(directory: Path, name: str = "pl", durability: str = "fsync", web: bool = True,
                checkpoint_interval: int = 32, one_address: bool = False,
-               kv: bool = True) -> Path:  # fmt: skip
+               kv: bool = True, webs: int = 1, active: int | None = None) -> Path:  # fmt: skip
     """4 simulated hosts (127.0.0.1..4; all 127.0.0.1 with `one_address`, as guests need),
     kv0 (kv; not without `kv`) and, with `web`, web (wsgi:guestbook), g = f = 1 each, one
     paused spare each, durable agreement replicas (`durability`), free ports. Also the rack
-    of scripts/bench/web (web only, durability off)."""
+    of scripts/bench/web (web only, durability off) and of scripts/bench/hostfail: `webs`
+    guestbooks web1..webN (named `web` when there is one), each with `active` active
+    execution replicas (default f+1; 2f+1 = SEP and 3f+1 = BASE-like, docs/config.md)."""
     ctl = free_base(range(4))
     lines = [f'[rack]\nname = "{name}"\ndurability = "{durability}"\n'
              f'checkpoint_interval = {checkpoint_interval}\nplacement = "spread"\n']  # fmt: skip
@@ -173,12 +175,17 @@ def write_rack(directory: Path, name: str = "pl", durability: str = "fsync", web
             f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{1 if one_address else h + 1}"\n'
             f"control_port = {ctl + h}\n"
         )
-    services = ([(KV, "kv")] if kv else []) + ([(WEB, "wsgi:guestbook")] if web else [])
+    names = [WEB] if webs == 1 else [f"{WEB}{k}" for k in range(1, webs + 1)]
+    services = ([(KV, "kv")] if kv else []) + (
+        [(n, "wsgi:guestbook") for n in names] if web else []
+    )
+    # One range for all services, 70 ports each: separate random ranges could overlap.
+    base = free_base(range(70 * max(1, len(services))))
     for sid, (svc, app) in enumerate(services, start=1):
-        base = free_base(range(70))
+        extra = f"active = {active}\n" if active is not None and app != "kv" else ""
         lines.append(
             f'[[services]]\nname = "{svc}"\nid = {sid}\ng = 1\nf = 1\napp = "{app}"\n'
-            f'sleep = "paused"\nbase_port = {base}\n'
+            f'sleep = "paused"\nbase_port = {base + 70 * (sid - 1)}\n{extra}'
         )
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "rack.toml"
