@@ -762,6 +762,7 @@ static void write_pending(zz_replica *r)
     w->writes++;
     w->off += w->pend.len;
     w->unsynced += w->pend_records;
+    w->written_total += w->pend_records;
     w->pend_records = 0;
     zz_buf_reset(&w->pend);
     if (w->pend.cap > (8u << 20)) {
@@ -770,30 +771,50 @@ static void write_pending(zz_replica *r)
     }
 }
 
-/* ---- the sync thread ---- */
+/* ---- the sync threads ---- */
 
-/* It syncs the file the loop names under the ticket it names, and reports each one done by
- * the eventfd; it touches nothing but the (mu) fields, its descriptor and the eventfd. */
+/* Each thread takes the last ticket asked (a later one covers an earlier one still waiting:
+ * it was asked after the earlier one's records were written), syncs the file named with it
+ * and reports it done by the eventfd. Up to ZZ_WAL_SYNC_THREADS syncs run at once, so a
+ * ticket asked while one runs does not wait for it. Each thread syncs through descriptors
+ * of its own (opened by path): the kernel reports a writeback error to every open file
+ * description once, so a sync that returns 0 on its own description means nothing written
+ * before it failed, whichever sync (a thread's, the loop's rewrite) started that writeback.
+ * A thread touches nothing but the (mu) fields, its descriptors, the paths (set before it
+ * starts, never changed) and the eventfd. */
 static void *sync_main(void *arg)
 {
     zz_wal *w = arg;
+    int fds[2] = {-1, -1};
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->t_stop && w->t_ticket == w->t_done)
+        while (!w->t_stop && w->t_ticket == w->t_taken)
             pthread_cond_wait(&w->cv, &w->mu);
         if (w->t_stop)
             break;
-        int fd = w->t_fd;
+        int file = w->t_file;
         uint64_t ticket = w->t_ticket;
+        w->t_taken = ticket;
+        w->t_running++;
         pthread_mutex_unlock(&w->mu);
         uint64_t t0 = mono_us();
-        int rc = fdatasync(fd);
+        if (fds[file] < 0)
+            fds[file] = open(w->path[file], O_RDWR | O_CLOEXEC);
+        int rc = fds[file] >= 0 ? fdatasync(fds[file]) : -1;
         int err = rc != 0 ? errno : 0;
         uint64_t us = mono_us() - t0;
         pthread_mutex_lock(&w->mu);
-        w->t_done = ticket;
-        w->t_err = err;
-        w->t_us = us;
+        w->t_running--;
+        if (err && !w->t_err) {
+            w->t_err = err;
+            w->t_err_file = file;
+        }
+        else if (!err && ticket > w->t_done)
+            w->t_done = ticket;
+        w->t_syncs++;
+        w->t_us_total += us;
+        if (us > w->t_us_max)
+            w->t_us_max = us;
         pthread_mutex_unlock(&w->mu);
         uint64_t one = 1;
         ssize_t n = write(w->efd, &one, sizeof one);
@@ -801,87 +822,102 @@ static void *sync_main(void *arg)
         pthread_mutex_lock(&w->mu);
     }
     pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
     return NULL;
 }
 
-/* Give the thread the next ticket: it covers every record written so far (the pending
- * ones are written first). The thread is idle. */
+/* Ask the threads for the next ticket: it covers every record written so far (the pending
+ * ones are written first). A thread is free (sync_room). */
 static uint64_t sync_issue(zz_replica *r)
 {
     zz_wal *w = &r->wal;
     if (!w->compact_due)
         write_pending(r);
     w->busy = ++w->issued;
-    w->busy_file = w->cur;
-    w->busy_since_us = mono_us();
-    w->busy_records = w->unsynced;
+    w->ring_records[w->busy % ZZ_WAL_RING] = w->written_total;
+    w->ring_since_us[w->busy % ZZ_WAL_RING] = mono_us();
     w->unsynced = 0;
     w->want = 0;
     if (w->view_pending && !w->compact_due)
         w->view_ticket = w->busy; /* the VIEW record is written: this sync covers it */
     pthread_mutex_lock(&w->mu);
-    w->t_fd = w->fd[w->cur];
+    w->t_file = w->cur;
     w->t_ticket = w->busy;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return w->busy;
 }
 
-/* The ticket that covers every record written so far (call after write_pending): the one
- * the thread syncs now if nothing was written since it was asked, a new one if the thread
- * is idle, else the next one (asked when the current one is done). */
+/* 1: a thread can take a new ticket now (fewer running than threads, none waiting). */
+static int sync_room(zz_wal *w)
+{
+    pthread_mutex_lock(&w->mu);
+    int room = w->t_running + (w->t_ticket > w->t_taken) < w->n_thr;
+    pthread_mutex_unlock(&w->mu);
+    return room;
+}
+
+/* The ticket that covers every record written so far (call after write_pending): the last
+ * one asked if nothing was written since and it is not done, a new one if a thread is
+ * free, else the next one (asked when a sync returns). */
 static uint64_t sync_ask(zz_replica *r)
 {
     zz_wal *w = &r->wal;
-    if (w->busy && w->unsynced == 0 && w->pend.len == 0) {
+    if (w->busy > w->durable && w->unsynced == 0 && w->pend.len == 0) {
         if (w->view_pending && !w->view_ticket && !w->compact_due)
             w->view_ticket = w->busy;
         return w->busy;
     }
-    if (!w->busy)
+    if (sync_room(w))
         return sync_issue(r);
     w->want = 1;
     return w->issued + 1;
 }
 
-/* The eventfd: a sync finished. Its ticket is durable (and every one before it); the frames
- * waiting for it leave, and the next sync starts if records wait for one. */
+/* The eventfd: a sync finished. The highest ticket done is durable (and every one before
+ * it); the frames waiting for it leave, and the next sync starts if records wait for one. */
 static void on_synced(void *ctx)
 {
     zz_replica *r = ctx;
     zz_wal *w = &r->wal;
     uint64_t v;
     ssize_t n = read(w->efd, &v, sizeof v);
-    (void)n; /* EAGAIN: the sync below was reported with an earlier wakeup */
+    (void)n; /* EAGAIN: what is below was reported with an earlier wakeup */
     pthread_mutex_lock(&w->mu);
-    uint64_t done = w->t_done, us = w->t_us;
-    int err = w->t_err;
+    uint64_t done = w->t_done, syncs = w->t_syncs, us_total = w->t_us_total;
+    uint64_t us_max = w->t_us_max;
+    int err = w->t_err, err_file = w->t_err_file;
     pthread_mutex_unlock(&w->mu);
     if (err) {
         errno = err;
-        fatal(r, "cannot sync", w->path[w->busy_file]);
+        fatal(r, "cannot sync", w->path[err_file]);
     }
-    if (!w->busy || done != w->busy)
-        return;
-    w->busy = 0;
-    w->syncs++;
-    w->sync_us_total += us;
-    if (us > w->sync_us_max)
-        w->sync_us_max = us;
-    w->synced_records += w->busy_records;
-    w->ticket_us_total += mono_us() - w->busy_since_us;
-    if (done > w->durable)
+    w->syncs += syncs - w->thr_syncs_seen;
+    w->sync_us_total += us_total - w->thr_us_seen;
+    w->thr_syncs_seen = syncs;
+    w->thr_us_seen = us_total;
+    if (us_max > w->sync_us_max)
+        w->sync_us_max = us_max;
+    if (done > w->durable) {
+        if (w->issued - done < ZZ_WAL_RING) {
+            w->synced_records = w->ring_records[done % ZZ_WAL_RING];
+            w->ticket_us_total += mono_us() - w->ring_since_us[done % ZZ_WAL_RING];
+            w->tickets_done++;
+        }
         w->durable = done;
+    }
     if (w->view_pending && w->view_ticket && w->durable >= w->view_ticket) {
         w->view_pending = 0;
         w->view_ticket = 0;
     }
-    if (w->want)
+    if (w->want && sync_room(w))
         sync_issue(r);
     zz_net_release(r->net, w->durable);
 }
 
-/* Start the sync thread (durability fsync, a loop to report to); without it every sync
+/* Start the sync threads (durability fsync, a loop to report to); without them every sync
  * blocks the caller. */
 static void start_thread(zz_replica *r)
 {
@@ -905,18 +941,22 @@ static void start_thread(zz_replica *r)
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    rc = pthread_create(&w->thr, NULL, sync_main, w);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        errno = rc;
-        goto destroy_cv;
+    for (int i = 0; i < ZZ_WAL_SYNC_THREADS && rc == 0; i++) {
+        rc = pthread_create(&w->thr[i], NULL, sync_main, w);
+        if (rc == 0)
+            w->n_thr++;
     }
-    if (zz_net_watch(r->net, w->efd, on_synced, r) != 0) {
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0 || zz_net_watch(r->net, w->efd, on_synced, r) != 0) {
+        if (rc != 0)
+            errno = rc;
         pthread_mutex_lock(&w->mu);
         w->t_stop = 1;
-        pthread_cond_signal(&w->cv);
+        pthread_cond_broadcast(&w->cv);
         pthread_mutex_unlock(&w->mu);
-        pthread_join(w->thr, NULL);
+        for (int i = 0; i < w->n_thr; i++)
+            pthread_join(w->thr[i], NULL);
+        w->n_thr = 0;
         goto destroy_cv;
     }
     w->thr_on = 1;
@@ -939,9 +979,11 @@ static void stop_thread(zz_wal *w)
         return;
     pthread_mutex_lock(&w->mu);
     w->t_stop = 1;
-    pthread_cond_signal(&w->cv);
+    pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thr, NULL);
+    for (int i = 0; i < w->n_thr; i++)
+        pthread_join(w->thr[i], NULL);
+    w->n_thr = 0;
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     close(w->efd);
@@ -1375,7 +1417,6 @@ void zz_wal_stats(zz_replica *r, void *file)
             (unsigned long long)w->synced_records, w->boot_known, w->boot_changed, w->lost_view,
             (unsigned long long)w->lost_until, forgetting(r), (unsigned long long)w->withheld,
             w->thr_on, (unsigned long long)w->loop_syncs, (unsigned long long)w->loop_sync_us,
-            (unsigned long long)(w->syncs > w->loop_syncs
-                                     ? w->ticket_us_total / (w->syncs - w->loop_syncs) : 0),
+            (unsigned long long)(w->tickets_done ? w->ticket_us_total / w->tickets_done : 0),
             (unsigned long long)(r->net ? zz_net_get_stats(r->net)->waited : 0));
 }

@@ -32,6 +32,8 @@
 #define ZZ_WAL_VERSION 2u /* 1: a header without the boot id; still read */
 #define ZZ_WAL_BOOT_LEN 16u
 #define ZZ_WAL_CHUNK (4u << 20) /* the files grow by this much of zeros */
+#define ZZ_WAL_SYNC_THREADS 2 /* fdatasyncs that may run at once (each in its own thread) */
+#define ZZ_WAL_RING 8u        /* tickets remembered for the stats (a power of two) */
 
 enum zz_wal_type {
     ZZ_WAL_HEADER = 1,  /* u32 version, u16 service, u32 id, u32 n: whose log this is; u64
@@ -96,12 +98,14 @@ uint64_t zz_wal_u64(zz_wal_rd *d);
 const uint8_t *zz_wal_raw(zz_wal_rd *d, uint32_t n);
 const uint8_t *zz_wal_bytes(zz_wal_rd *d, uint32_t *n); /* u32 length + data */
 
-/* One replica's log (the replica's r->wal). With durability fsync and an event loop, a sync
- * thread runs the fdatasyncs the loop asks for (tickets, ascending) while the loop goes on;
- * the frames that need a sync wait in net for their ticket (zz_net_release). Ownership: the
- * fields under "sync thread" marked (mu) are read and written under mu by both threads;
- * everything else is the loop's alone (the thread never touches the replica). fd[] and efd
- * are set before the thread starts and closed only after it was joined. */
+/* One replica's log (the replica's r->wal). With durability fsync and an event loop, sync
+ * threads (ZZ_WAL_SYNC_THREADS) run the fdatasyncs the loop asks for (tickets, ascending)
+ * while the loop goes on; the frames that need a sync wait in net for their ticket
+ * (zz_net_release). Ownership: the fields marked (mu) are read and written under mu by the
+ * loop and the threads; everything else is the loop's alone (a thread never touches the
+ * replica). A thread reads path[] (set before it starts, never changed), syncs through
+ * descriptors it opens itself and writes to efd, which is closed only after every thread
+ * was joined. */
 typedef struct {
     int enabled;
     int fsync;          /* durability fsync (conf.h enum zz_durability) */
@@ -128,27 +132,31 @@ typedef struct {
     uint64_t lost_until;
     char path[2][300], damaged[300], dir[260];
     zz_buf pend;        /* records not yet written */
-    /* sync thread (durability fsync with an event loop; thr_on 0: every sync blocks) */
+    /* sync threads (durability fsync with an event loop; thr_on 0: every sync blocks) */
     int thr_on;
     int efd;            /* eventfd: the thread's "a sync finished" to the loop; -1 */
-    pthread_t thr;
+    pthread_t thr[ZZ_WAL_SYNC_THREADS];
+    int n_thr;          /* threads started */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int t_fd;           /* (mu) the file to sync */
+    int t_file;         /* (mu) the file to sync (0: wal-a, 1: wal-b) */
     uint64_t t_ticket;  /* (mu) the ticket of the last sync asked */
-    uint64_t t_done;    /* (mu) the ticket of the last sync finished */
-    int t_err;          /* (mu) errno of a failed fdatasync, 0 */
-    uint64_t t_us;      /* (mu) how long that fdatasync took */
-    int t_stop;         /* (mu) zz_wal_free: end the thread */
+    uint64_t t_taken;   /* (mu) the last ticket a thread took (t_ticket > t_taken: one waits) */
+    uint64_t t_done;    /* (mu) the highest ticket of a sync finished */
+    int t_running;      /* (mu) threads inside fdatasync */
+    int t_err, t_err_file; /* (mu) errno of a failed fdatasync (0: none) and its file */
+    uint64_t t_syncs, t_us_total, t_us_max; /* (mu) the threads' syncs and their time */
+    int t_stop;         /* (mu) zz_wal_free: end the threads */
     /* the loop's view of the tickets: every record written before ticket t was asked is
      * synced once t <= durable. A rewrite is a ticket of its own, durable at once (it holds
      * everything the log had). */
     uint64_t issued;    /* the last ticket given out */
     uint64_t durable;   /* the highest ticket finished */
-    uint64_t busy;      /* the ticket the thread syncs now; 0: idle */
-    int busy_file;      /* the file it syncs */
-    uint64_t busy_records; /* records that sync covers */
-    uint64_t busy_since_us; /* when it was asked */
+    uint64_t busy;      /* the last ticket given to the threads; done once <= durable */
+    uint64_t written_total;  /* records written so far */
+    uint64_t ring_records[ZZ_WAL_RING], ring_since_us[ZZ_WAL_RING]; /* per ticket asked:
+                         * written_total and the time then (stats) */
+    uint64_t thr_syncs_seen, thr_us_seen; /* the threads' counters already in the stats */
     int want;           /* records written after busy was asked need the next ticket */
     uint64_t need;      /* the ticket the last frames that needed a sync wait for: frames of
                          * later turns wait for it too (they may repeat what it covers) */
@@ -161,7 +169,8 @@ typedef struct {
     int boot_changed;        /* the last start replayed a log of another boot */
     uint64_t sync_us_total, sync_us_max;
     uint64_t loop_syncs, loop_sync_us; /* syncs and rewrites the loop waited for itself */
-    uint64_t ticket_us_total; /* the thread's syncs from asked to the loop learning it done */
+    uint64_t ticket_us_total, tickets_done; /* tickets from asked to the loop learning them
+                                             * done */
     uint64_t recovered_records, recovered_bytes, discard_offset, recover_ms;
     uint64_t recovered_slots, recovered_stable, recovered_last_exec, grown;
     int recovered_tail; /* enum zz_wal_tail of the recovery scan */
