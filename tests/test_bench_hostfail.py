@@ -68,7 +68,7 @@ def test_service_figures() -> None:
 
 def _layouts(zz: float, sep: float, base: float) -> dict[str, Any]:
     def lay(a: float) -> dict[str, Any]:
-        return {"services": {f"web{k}": {"after": a / 4} for k in range(1, 5)}}
+        return {"services": {f"web{k}": {"after": a / 4, "before": a / 2} for k in range(1, 5)}}
 
     return {"zz": lay(zz), "sep": lay(sep), "base": lay(base)}
 
@@ -77,11 +77,14 @@ def test_verdict() -> None:
     v = hf.verdict(_layouts(300, 200, 150))
     assert v["claim_holds"] is True and v["zz_over_sep"] == 1.5 and v["zz_over_base"] == 2.0
     assert v["per_service"]["web1"] == {"zz_over_sep": 1.5, "zz_over_base": 2.0}
+    assert v["before_total"] == {"zz": 600.0, "sep": 400.0, "base": 300.0}
+    assert v["before_zz_over_sep"] == 1.5 and v["before_zz_over_base"] == 2.0
     assert hf.verdict(_layouts(196, 200, 150))["claim_holds"] is True  # within TOLERANCE
     assert hf.verdict(_layouts(180, 200, 150))["claim_holds"] is False
     assert hf.verdict(_layouts(300, 200, 300))["claim_holds"] is False  # not better than BASE
     only = hf.verdict({"zz": _layouts(1, 1, 1)["zz"]})
     assert only["claim_holds"] is None and only["zz_over_sep"] is None
+    assert only["before_zz_over_sep"] is None
 
 
 def test_format_table() -> None:
@@ -91,7 +94,10 @@ def test_format_table() -> None:
     layouts = {n: {"services": {"web1": svc}, "recovery": {"web1": rec}} for n in hf.LAYOUTS}
     text = hf.format_table({"layouts": layouts, "verdict": hf.verdict(layouts)})
     assert "web1     zz" in text and "0.2" in text and "claim holds" not in text
-    assert "ZZ/SEP 1.0, ZZ/BASE 1.0: the paper's claim does not hold" in text
+    assert (
+        "ZZ/SEP 1.0, ZZ/BASE 1.0 (before the fault: 1.0, 1.0): the paper's claim does not"
+        " hold" in text
+    )
 
 
 def test_rack_of_each_layout_is_table_2(tmp_path: Path) -> None:
