@@ -315,6 +315,16 @@ class AgreedReplicas:
                        " not restarted (zz rack up repairs it)")  # fmt: skip
         return gone
 
+    def forget(self) -> list[str]:
+        """Drop the records of every replica that is not running (op `reset`: a new rack
+        starts them anew); the names dropped."""
+        with self._lock:
+            gone = sorted(n for n, r in self.records.items() if r.state != RUNNING)
+            for name in gone:
+                del self.records[name]
+            self._save()
+        return gone
+
     def running_names(self) -> list[str]:
         return sorted(n for n, r in self.records.items() if r.state == RUNNING)
 

@@ -2,6 +2,10 @@
 # stands under an index (SPARE-READY, docs/wire.md), so that their sleeping set is refilled.
 """SPARE-READY sender.
 
+An announcement of a re-keyed slot (key epoch above 0) also goes to every other host's
+controld, which keeps it in its key directory (daemon.py _on_spare_ready): on a rack keyed
+per host that is how the other hosts' runtimes and controlds learn the slot's new keys.
+
 controld signs one SPARE-READY per provisioned standby and sends it to every agreement
 replica of the service on its own short connection. zz-agreed accepts it only from the
 controld of the host the replica is placed on, and only for a replica it holds convicted
@@ -82,13 +86,27 @@ class Announcer:
         if self.audit is not None:
             self.audit(raw)
         self.note(f"SPARE-READY {svc.name}/{index} seq {seq} to {svc.n} agreement replicas")
-        for r in range(svc.n):
-            addr = self.config.replica_address(svc, r)
-            t = asyncio.create_task(self._deliver(svc, r, addr, raw))
+        targets = [(f"agreement replica {r}", self.config.replica_address(svc, r))
+                   for r in range(svc.n)]  # fmt: skip
+        if wire.decode(raw).epoch > 0:  # type: ignore[attr-defined]
+            # A re-keyed slot: every other host keeps its new keys too (a rack keyed per
+            # host shares no key directory; controld's _on_spare_ready).
+            targets += [(f"controld {h.name}", (h.address, h.control_port))
+                        for h in self.config.hosts if h.index != self.host.index]  # fmt: skip
+        for who, addr in targets:
+            t = asyncio.create_task(self._deliver(svc, who, addr, raw))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
-    async def _deliver(self, svc: Service, r: int, addr: tuple[str, int], raw: bytes) -> None:
+    async def _deliver(self, svc: Service, who: str, addr: tuple[str, int], raw: bytes) -> None:
+        # Counters: spare_ready_{sent,retries,failed} (agreement replicas), and
+        # spare_ready_forward{ed,_retries,_failed} (other hosts' controlds).
+        fwd = who.startswith("controld")
+        sent, retries, failed = (
+            ("spare_ready_forwarded", "spare_ready_forward_retries", "spare_ready_forward_failed")
+            if fwd
+            else ("spare_ready_sent", "spare_ready_retries", "spare_ready_failed")
+        )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_for
         delay = BACKOFF_S[0]
@@ -97,14 +115,14 @@ class Announcer:
                 await self._send_once(addr, raw)
             except (OSError, TimeoutError) as e:
                 if loop.time() + delay > deadline:
-                    self.counters["spare_ready_failed"] += 1
-                    self.note(f"SPARE-READY {svc.name} to agreement replica {r} failed: {e}")
+                    self.counters[failed] += 1
+                    self.note(f"SPARE-READY {svc.name} to {who} failed: {e}")
                     return
-                self.counters["spare_ready_retries"] += 1
+                self.counters[retries] += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKOFF_S[1])
                 continue
-            self.counters["spare_ready_sent"] += 1
+            self.counters[sent] += 1
             return
 
     async def _send_once(self, addr: tuple[str, int], raw: bytes) -> None:

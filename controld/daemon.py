@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import math
+import signal
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from zz import audit, certs, wire
+from zz import keys as keyfiles
+from zz.atomicfile import write_atomic
 from zz.config import Config, ConfigError, Host, Service
-from zz.controld import actions, orphans
+from zz.controld import actions, orphans, reset
 from zz.controld import inventory as inv
 from zz.controld.actions import HostContext
 from zz.controld.agreed import MAX_LOG_LINES, MAX_WAIT_S, AgreedError, AgreedReplicas
@@ -41,10 +44,10 @@ from zz.controld.ledger import Ledger
 from zz.controld.metrics import HostMetrics, MetricsServer, count_peer
 from zz.controld.rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
 from zz.controld.snapshots import HostSnapshots
-from zz.drillfaults import FAULTS
+from zz.drillfaults import FAULT_FILE, FAULTS
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
 from zz.naming import domain_name
-from zz.procrack import DEFAULT_AGREED
+from zz.procrack import DEFAULT_AGREED, signal_group
 from zz.snapshots import StorageError, fileserve
 
 log = logging.getLogger("zz.controld")
@@ -535,11 +538,54 @@ class Daemon:
             return self._on_shutdown(m, raw)
         if isinstance(m, wire.FileFetch):
             return await self._on_file_fetch(m, send, challenge or fileserve.Challenge())
-        if isinstance(m, wire.SpareReady):  # controld sends these, it takes none
-            why = certs.CertError("unexpected-type", "controld takes no SPARE-READY")
-            self._audit("spare-ready", "refused", [raw], m, why)
+        if isinstance(m, wire.SpareReady):
+            return self._on_spare_ready(m, raw)
         self.counters["unexpected_type"] += 1
         return False
+
+    # ---- SPARE-READY of another host's re-keyed slot (docs/wire.md "Key epochs") ----------
+    def _on_spare_ready(self, m: wire.SpareReady, raw: bytes) -> bool:
+        """Another host's controld announces a re-keyed slot's new keys (its Announcer sends
+        every announcement of an epoch above 0 to every controld of the rack too). Verified
+        against the rack's public keys, an epoch above the one this host knows is kept in
+        the key directory (spare-p<id>.msg), where this host's runtimes (PeerKeys), its own
+        key view and its agreement replicas at their next start take it from: on a rack
+        keyed per host nothing else brings it here, and a fresh spare could fetch no state
+        from this host's replicas or controld (their FILE-FETCH signatures verify under its
+        new key only)."""
+        svc = self._service_by_id(m.service)
+        refused = None
+        if svc is None or m.sender == self.me or m.epoch == 0:
+            refused = certs.CertError("unexpected-type", "not another host's re-keyed slot")
+        elif not keyfiles.service_dir(self.config.rack.key_dir, svc.id).is_dir():
+            refused = certs.CertError("unknown-service", f"service {svc.name} not carried here")
+        else:
+            try:
+                rack_public = keyfiles.load_public(
+                    keyfiles.service_dir(self.config.rack.key_dir, RACK_SERVICE) / "public"
+                )
+                keyfiles.verify_spare_ready(raw, self.config, svc, rack_public)
+            except (keyfiles.SpareKeyError, keyfiles.KeyFileError, OSError) as e:
+                refused = certs.CertError("bad-signature", str(e))
+        if refused is not None or svc is None:
+            self.counters["spare_ready_refused"] += 1
+            self._audit("spare-ready", "refused", [raw], m, refused)
+            return False
+        principal = wire.exec_principal(m.replica)
+        try:
+            known = keyfiles.slot_keys(self.config.rack.key_dir, self.config, svc).get(principal)
+        except keyfiles.KeyFileError:
+            known = None
+        if known is not None and known.epoch >= m.epoch:
+            self.counters["spare_ready_known"] += 1
+            return True
+        path = keyfiles.spare_cert_path(self.config.rack.key_dir, svc.id, principal)
+        write_atomic(path, raw.hex() + "\n", durable=True)
+        self.counters["spare_ready_stored"] += 1
+        self._audit("spare-ready", "stored", [raw], m, replica=m.replica, epoch=m.epoch)
+        self._note(f"{svc.name}/{m.replica}: key epoch {m.epoch} announced by controld"
+                   f" {m.sender}: kept in {path.name}")  # fmt: skip
+        return True
 
     # ---- FILE-FETCH: checkpoint files of this host's replicas -------------------------------
     async def _on_file_fetch(
@@ -632,6 +678,9 @@ class Daemon:
             "agreed_log": self._op_agreed_log,
             "halt": self._op_halt,
             "exec_status": self._op_exec_status,
+            "reset": self._op_reset,
+            "drill_fault": self._op_drill_fault,
+            "drill_crash": self._op_drill_crash,
         }
         try:
             fn = ops.get(op)
@@ -680,6 +729,11 @@ class Daemon:
             "host": self.host.name,
             "principal": self.me,
             "backend": self.hv.kind,
+            # How this controld was started (`zz rack up` with rack.controlds = "hosts"
+            # takes the rack's store from them, and a drill needs drill_faults).
+            "store": self.ctx.store,
+            "zfs_pool": self.ctx.zfs_pool,
+            "drill_faults": self.ctx.drill_faults,
             "uptime_s": round(time.time() - self.started, 1),
             "replicas": [asdict(r) for r in self.inventory.replicas()],
             "counters": dict(sorted(self.counters.items())),
@@ -906,6 +960,105 @@ class Daemon:
         for name in destroyed:
             self._note(f"halted: {name} destroyed (its record and state kept)")
         return {"destroyed": destroyed, "failed": failed}
+
+    async def _op_reset(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """The rack's state on this host goes, for a new rack from seq 0 (`zz rack down` with
+        rack.controlds = "hosts", docs/operations.md): once the certificate worker is idle,
+        every agreement replica here stopped, every domain of the rack destroyed and every
+        inventory record forgotten; the execution replicas' state (directories, datasets),
+        the agreement replicas' views and logs (controld/reset.py), the agreement replica
+        records, the replay guard and the rounds remembered in memory. Forensic states stay
+        unless `purge_forensics`; logs, the audit log and the keys stay."""
+        purge = req.get("purge_forensics", False)
+        if not isinstance(purge, bool):
+            raise OpError(f"purge_forensics must be true or false, not {purge!r}")
+        await reply({"ok": True, "final": False, "progress": "waiting for actions in flight"})
+        try:
+            await asyncio.wait_for(self._work.join(), 120.0)
+        except TimeoutError:
+            raise OpError("a certificate action is still running after 120 s: try again") from None
+        stopped, killed = await asyncio.to_thread(
+            self.agreed.stop, self.agreed.running_names(), 15.0
+        )
+        halted = await self._op_halt({}, reply)
+        for rec in self.inventory.replicas():
+            if rec.pending is not None:
+                raise OpError(f"{rec.service}/{rec.index} is pending {rec.pending}: try again")
+            await self._destroy(rec)  # (its domain is gone: halt) its save file too, forgotten
+        await asyncio.to_thread(self.snapshots.release)
+        await asyncio.to_thread(self.snapshots.release_forensics)
+        pool = self.ctx.zfs_pool if self.ctx.store == "zfs" else None
+        out = await asyncio.to_thread(
+            reset.clear, self.config, self._slots(), self.agreed.placed(), pool, purge
+        )
+        self.agreed.forget()
+        self.freshness = certs.Freshness()
+        self.freshness_path.unlink(missing_ok=True)
+        self.collectors.clear()
+        self._announced.clear()
+        self._woken_for.clear()
+        self._sibling_seqs.clear()
+        self._note(f"reset: {len(out['deleted'])} paths and datasets deleted, {len(out['kept'])}"
+                   " forensic states kept")  # fmt: skip
+        return {"stopped": stopped, "killed": killed, "destroyed": halted["destroyed"],
+                "failed": halted["failed"], **out}  # fmt: skip
+
+    # ---- drills (zz drill on a rack whose controlds run on their hosts) ----------------------
+    def _drill_slot(self, req: dict[str, Any]) -> tuple[Service, int]:
+        if not self.ctx.drill_faults:
+            raise OpError(
+                f"controld {self.host.name} runs without --drill-faults: it lets no drill"
+                " switch or crash its runtimes (a production controld)"
+            )
+        svc = self._service(req)
+        index = self._index(svc, req)
+        placed = svc.exec_host(self.config, index)
+        if placed.index != self.host.index:
+            raise OpError(
+                f"{svc.name}/{index} is placed on host {placed.name}, not {self.host.name}"
+            )
+        return svc, index
+
+    async def _op_drill_fault(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """Switch replica `index`'s injected fault in place (its runtime reads
+        <state>/zz-fault.json every 20 ms, docs/execution.md): `fault` one of FAULTS or
+        null, `lie` (false: corrupt-snapshot without lying yet), `slow_report_ms`."""
+        svc, index = self._drill_slot(req)
+        fault = req.get("fault")
+        if fault is not None and fault not in FAULTS:
+            raise OpError(f"fault must be null or one of {', '.join(FAULTS)}, not {fault!r}")
+        body: dict[str, Any] = {"fault": fault}
+        if "lie" in req:
+            if not isinstance(req["lie"], bool):
+                raise OpError(f"lie must be true or false, not {req['lie']!r}")
+            body["lie"] = req["lie"]
+        if "slow_report_ms" in req:
+            ms = req["slow_report_ms"]
+            if not isinstance(ms, int) or isinstance(ms, bool) or not 0 < ms <= 3_600_000:
+                raise OpError(f"slow_report_ms must be an integer in 1..3600000, not {ms!r}")
+            body["slow_report_ms"] = ms
+        path = svc.exec_state_dir(self.config, index) / FAULT_FILE
+        if not path.parent.is_dir():
+            raise OpError(f"{svc.name}/{index}: no state directory {path.parent}")
+        await asyncio.to_thread(write_atomic, path, json.dumps(body) + "\n")
+        self._note(f"drill: {svc.name}/{index} fault {fault}")
+        return {"path": str(path), "fault": body}
+
+    async def _op_drill_crash(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:
+        """Crash replica `index` under this controld's feet, as a drill's crash: its
+        runtime's process group SIGKILLed (process backend), or its domain destroyed
+        (libvirt, a power-off). The inventory is left as it is: the agreement replicas
+        must notice, as after a real crash."""
+        svc, index = self._drill_slot(req)
+        rec = self.inventory.get(svc.name, index)
+        if self.hv.kind == "process":
+            pid = self.hv.pid(rec.domain)  # type: ignore[attr-defined]
+            await asyncio.to_thread(signal_group, pid, signal.SIGKILL)
+            self._note(f"drill: {svc.name}/{index} crashed (pid {pid} SIGKILLed)")
+            return {"killed_pids": [pid]}
+        await asyncio.to_thread(self.hv.destroy, rec.domain)
+        self._note(f"drill: {svc.name}/{index} crashed (domain {rec.domain} destroyed)")
+        return {"destroyed_domains": [rec.domain]}
 
     # ---- agreement replicas (controld/agreed.py) ---------------------------------------------
     async def _op_agreed_start(self, req: dict[str, Any], reply: Send) -> dict[str, Any]:

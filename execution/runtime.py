@@ -254,6 +254,12 @@ class Runtime:
         self.agree_keys: dict[int, bytes] = {}
         self.macs: dict[int, bytes] = {}
         self.publics: keys.PeerKeys  # follows the peers' key epochs (zz/keys.py)
+        # A re-keyed slot's signed SPARE-READY (its controld's, in the key directory): sent,
+        # once per connection, to a client whose REQUEST does not verify under this
+        # incarnation's keys, so that a client that cannot read the announcement where it
+        # runs (another machine) learns them (docs/wire.md "Key epochs"). None: epoch 0.
+        self._announcement: bytes | None = None
+        self._introduced: set[asyncio.StreamWriter] = set()
 
     @property
     def last_executed(self) -> int:
@@ -270,6 +276,7 @@ class Runtime:
         self.agree_keys = keys.peer_keys(secret, range(self.svc.n))
         self.macs = dict(secret.macs)
         self.publics = keys.PeerKeys(rack.key_dir, self.config, self.svc, self.counters)
+        self._announcement = self._own_announcement(rack.key_dir, secret.epoch)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt.manifest_dir.mkdir(exist_ok=True)
         await asyncio.to_thread(self._open_state)
@@ -541,6 +548,20 @@ class Runtime:
         for link in self._peer_links:
             link.send(msg)
 
+    def _own_announcement(self, key_dir: Path, epoch: int) -> bytes | None:
+        """The framed SPARE-READY announcing this slot's keys at `epoch` (None at epoch 0,
+        or when the key directory holds no announcement of that epoch)."""
+        if epoch == 0:
+            return None
+        path = keys.spare_cert_path(key_dir, self.svc.id, self.me)
+        with contextlib.suppress(OSError, ValueError, wire.WireError):
+            raw = bytes.fromhex(path.read_text().strip())
+            m = wire.decode(raw)
+            if isinstance(m, wire.SpareReady) and m.epoch == epoch and m.replica == self.index:
+                return wire.frame(raw)
+        log.warning("key epoch %d but no announcement of it in %s", epoch, path)
+        return None
+
     # ---- client connections ---------------------------------------------------------
 
     async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -575,6 +596,7 @@ class Runtime:
                     if not ws:
                         del self._clients[c]
             self._conn_writers.discard(writer)
+            self._introduced.discard(writer)
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
@@ -586,6 +608,11 @@ class Runtime:
             return None
         if not m.verify_mac(self.me, self.macs[m.sender]):
             self.counters["bad_mac"] += 1
+            if self._announcement is not None and writer not in self._introduced:
+                # Perhaps a client that knows this slot's keys of an earlier epoch only.
+                self._introduced.add(writer)
+                writer.write(self._announcement)
+                self.counters["introductions_sent"] += 1
             return None
         self.counters["client_requests"] += 1
         self._clients.setdefault(m.sender, set()).add(writer)

@@ -19,6 +19,8 @@ APT_PACKAGES+=(fuse3 libfuse3-dev rsync)  # rsync: tests/test_mount.py runs it o
 APT_PACKAGES+=(python3-venv python3-setuptools python3-wheel)
 # scripts/bench/web: wrk drives HTTP load at zz proxy and at gunicorn (the bench extra below).
 APT_PACKAGES+=(wrk)
+# tests/test_netns_rack.py: hosts as network namespaces (ip netns, veth, bridge).
+APT_PACKAGES+=(iproute2)
 command -v systemd-analyze >/dev/null 2>&1 || APT_PACKAGES+=(systemd)
 
 # ---- storage, Go, virtualization: their own scripts ---------------------------------------

@@ -56,6 +56,8 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
         ("base_port = 17100", 'base_port = 17100\napp = "wsgi:x"', "services[0].app: unknown app"),
         ("batch_max = 16", 'batch_max = 16\nclient_signatures = "never"', "rack.client_signatures"),
         ("batch_max = 16", 'batch_max = 16\ndurability = "always"', "rack.durability: must be"),
+        ("batch_max = 16", 'batch_max = 16\ncontrolds = "remote"', "rack.controlds: must be one"),
+        ("batch_max = 16", "batch_max = 16\ncontrolds = 1", "rack.controlds: must be a non-empty"),
         # Hosts: an address that is not one, a libvirt URI that is not one (issue 17).
         ('address = "127.0.0.1"', 'address = "127.0.0.1:7000"', "hosts[0].address: must be an"),
         ('address = "127.0.0.1"', 'address = "10.0.0.256"', "hosts[0].address: must be an"),

@@ -53,7 +53,7 @@ AUTHENTIC = {
     "wakeup": {"acted", "duplicate", "stale", "sibling"},
     "shutdown": {"vote", "late"},
     "shutdown-certificate": {"acted", "merged", "stale", "sibling"},
-    "spare-ready": {"sent"},
+    "spare-ready": {"sent", "stored"},
 }
 # Refusals of messages that may well verify: the round was seen already, or the message
 # is not for controld. Any other refusal of one that verifies offline is worth a note.
@@ -65,6 +65,7 @@ ACTING = {
     ("shutdown-certificate", "acted"),
     ("shutdown-certificate", "merged"),
     ("spare-ready", "sent"),
+    ("spare-ready", "stored"),
     ("action", "done"),
 }
 # Certificates acted on (the events of `zz audit verify --json`).
@@ -622,6 +623,9 @@ def describe(e: Entry) -> list[str]:
     if e.kind == "spare-ready":
         if v == "refused":
             return [f"SPARE-READY from {by} REFUSED ({refusal})"]
+        if v == "stored":
+            return [f"SPARE-READY x{h.get('replica')} seq {seq} epoch {h.get('epoch')} from {by}:"
+                    " another host's re-keyed slot, its key kept here"]  # fmt: skip
         return [f"SPARE-READY x{h.get('replica')} seq {seq} epoch {h.get('epoch')}: fresh spare"
                 f" announced to the agreement replicas"]  # fmt: skip
     return [f"{e.kind} {v}"]

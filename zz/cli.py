@@ -97,6 +97,7 @@ def _host_options(args: argparse.Namespace) -> Any:
         vdev=args.vdev,
         vdev_size=hostinit.parse_size(args.vdev_size),
         bundle=args.bundle,
+        drill_faults=args.drill_faults,
         etc=args.etc,
         prefix=args.prefix,
     )
@@ -279,10 +280,12 @@ def _cmd_rack_up(args: argparse.Namespace) -> int:
     overrides = dict(_key_value(kv) for kv in args.set or [])
     old = rackctl.load_state(config) if rackctl.state_path(config).exists() else None
     try:
+        # With the controlds on their hosts, what they run (zz host init) unless given.
+        local = not rackctl.on_hosts(config)
         state = rackctl.up(
             config,
-            backend=args.backend,
-            store=args.store,
+            backend=args.backend or ("process" if local else None),
+            store=args.store or ("auto" if local else None),
             progress=_progress_of(args),
             overrides=overrides,
         )
@@ -348,7 +351,9 @@ def _cmd_rack_start(args: argparse.Namespace) -> int:
             _json({"rack": config.rack.name, "ok": False, "error": str(e),
                    "cannot_continue": isinstance(e, rackctl.CannotContinue)})  # fmt: skip
         return 1
-    was_alive = old is not None and bool(old.alive())
+    was_alive = old is not None and (
+        bool(old.alive()) or (rackctl.on_hosts(config) and old.stopped_at is None)
+    )
     return _rack_result(args, config, state, time.monotonic() - t0,
                         "repaired" if was_alive else "started")  # fmt: skip
 
@@ -566,6 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
     hi.add_argument(
         "--prefix", type=Path, default=Path("/opt/zz"), help="the install (bin/zz-agreed)"
     )
+    hi.add_argument(
+        "--drill-faults",
+        action="store_true",
+        help="controld lets `zz drill` switch and crash this host's runtimes (a drill"
+        " ground; never on a production host)",
+    )
     _json_flag(hi, "the steps")
     hi.set_defaults(func=_cmd_host_init)
     hr = hsub.add_parser(
@@ -600,25 +611,27 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=_cmd_plan)
     ru = rsub.add_parser(
         "up",
-        help="bring the planned rack up on this machine",
+        help="bring the planned rack up (its controlds on this machine, or on their hosts)",
         description="Keys if missing, replica files, one controld per host, every agreement"
         " replica, every execution replica through its host's controld (active ones running,"
         " spares paused or hibernated); recorded in run/rack.json (docs/operations.md)."
-        " A rack that is up is left alone; one with dead members is repaired.",
+        " A rack that is up is left alone; one with dead members is repaired. With"
+        ' rack.controlds = "hosts" the controlds run on their hosts already and only these'
+        " are asked (docs/config.md).",
     )
     ru.add_argument("config", metavar="CONFIG", help="rack config (TOML)")
     ru.add_argument(
         "--backend",
         choices=("process", "libvirt"),
-        default="process",
-        help="replicas as processes (default) or libvirt VMs",
+        help="replicas as processes (default) or libvirt VMs; with rack.controlds ="
+        ' "hosts" the backend the hosts\' controlds run (given: it must be that)',
     )
     ru.add_argument(
         "--store",
         choices=("auto", "dir", "zfs"),
-        default="auto",
         help="checkpoint store: a ZFS pool per host (auto, the default, where zpool works;"
-        " else directories, saying why) or as given",
+        ' else directories, saying why) or as given; with rack.controlds = "hosts" the'
+        " store the hosts' controlds run",
     )
     ru.add_argument(
         "--set",
@@ -700,6 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
             "guestbook-reads",
             "files",
             "web",
+            "hostfail",
         ),
     )
     be.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")

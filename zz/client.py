@@ -82,6 +82,14 @@ class ClientParams:
     # Sign every request, not only retransmissions (rack client_signatures = "always": the
     # agreement replicas then order signed requests only).
     sign_always: bool = False
+    # Re-keyed execution slots (docs/wire.md "Key epochs"): the rack's controld keys (which
+    # sign a slot's SPARE-READY) by principal, the controld principal of each slot's host,
+    # and each slot's key epoch as we know it. A replica of a newer epoch introduces itself
+    # with its SPARE-READY when our REQUEST does not verify under its keys
+    # (Client._on_spare_ready): how a client on another machine than the slot's learns it.
+    rack_public: dict[int, bytes] = field(default_factory=dict, repr=False)
+    exec_hosts: list[int] = field(default_factory=list)
+    exec_epochs: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = 3 * self.g + 1
@@ -127,10 +135,20 @@ class ClientParams:
         secret = keys.with_epoch_macs(secret, config.rack.key_dir, config, svc)
         exec_addrs: list[tuple[str, int]] = []
         exec_keys: dict[int, bytes] = {}
+        exec_hosts: list[int] = []
+        epochs: dict[int, int] = {}
+        rack_public: dict[int, bytes] = {}
         if svc.uses_execution_replicas:
             exec_addrs = svc.exec_addresses(config)
             pids = [wire.exec_principal(i) for i in range(svc.n_exec)]
             exec_keys = dict(enumerate(keys.peer_keys(secret, pids).values()))
+            exec_hosts = [keys.controld_principal(svc.exec_host(config, i).index)
+                          for i in range(svc.n_exec)]  # fmt: skip
+            for p, m in keys.slot_keys(config.rack.key_dir, config, svc).items():
+                epochs[p - wire.exec_principal(0)] = m.epoch
+            rack = keys.service_dir(config.rack.key_dir, keys.RACK_SERVICE) / "public"
+            if rack.exists():
+                rack_public = keys.load_public(rack)
         return cls(
             service=svc.id,
             g=svc.g,
@@ -143,6 +161,9 @@ class ClientParams:
             max_request=request_limit(config.rack, svc.clients, svc.app == "echo"),
             sign=secret.sign,
             sign_always=config.rack.client_signatures == "always",
+            rack_public=rack_public,
+            exec_hosts=exec_hosts,
+            exec_epochs=epochs,
         )
 
 
@@ -356,6 +377,12 @@ class Client:
                     # signed request does (every replica can check a signature, so no
                     # client can make backups suspect a primary that rightly refused it).
                     self.stats["retransmits"] += 1
+                    fresh = {wire.exec_principal(i): k for i, k in p.exec_keys.items()}
+                    if any(macs.get(x) != k for x, k in fresh.items()):
+                        # A slot's new key epoch learned meanwhile (_on_spare_ready).
+                        macs |= fresh
+                        msg = req.with_macs(macs).encode()
+                        signed = None
                     # (Not one that would not fit a frame signed: no replica orders it.)
                     if signed is None and p.sign is not None and len(msg) + SIG_LEN <= wire.MAX_MSG:
                         signed = req.signed_with_macs(macs, p.sign).encode()
@@ -376,6 +403,9 @@ class Client:
             return
         if isinstance(m, wire.ReplyAffirm):
             self._on_affirm(m)
+            return
+        if isinstance(m, wire.SpareReady):
+            self._on_spare_ready(m)
             return
         if not isinstance(m, wire.Reply) or m.service != p.service or m.client != p.principal:
             self.stats["unexpected"] += 1
@@ -423,6 +453,45 @@ class Client:
             pend.future.set_result(result)
         elif pend.read_only and len(pend.replies) - count + pend.quorum > p.n:
             pend.future.set_exception(_NoQuorum())
+
+    def _on_spare_ready(self, m: wire.SpareReady) -> None:
+        """An execution replica's introduction (execution/runtime.py): the SPARE-READY its
+        host's controld signed for its slot, sent because our REQUEST did not verify under
+        its keys. One that verifies under that controld's key in the rack's public file and
+        names an epoch above the one we know for the slot replaces our MAC key with the slot
+        by the epoch key (keys.epoch_mac_key, docs/wire.md "Key epochs"); our next requests
+        go to it again, under that key. Anything else is counted and ignored (an older or
+        equal epoch never replaces a key)."""
+        p = self.params
+        i = m.replica
+        if (
+            m.service != p.service
+            or i >= p.n_exec
+            or i >= len(p.exec_hosts)
+            or m.sender != p.exec_hosts[i]
+            or p.sign is None
+        ):
+            self.stats["unexpected"] += 1
+            return
+        pub = p.rack_public.get(m.sender)
+        if pub is None or not m.verify_sig(pub):
+            self.stats["bad_spare_ready"] += 1
+            return
+        if m.epoch <= p.exec_epochs.get(i, 0):
+            self.stats["stale_spare_ready"] += 1
+            return
+        try:
+            key = keys.epoch_mac_key(
+                p.sign, m.dh_pub, p.service, p.principal, wire.exec_principal(i), m.epoch
+            )
+        except ValueError:
+            self.stats["bad_spare_ready"] += 1
+            return
+        p.exec_keys[i] = key
+        p.exec_epochs[i] = m.epoch
+        self.stats["exec_key_epochs_learned"] += 1
+        if i < len(self._exec_conns):
+            self._exec_conns[i].introduced = False  # our next request goes to it again
 
     def _on_rejected(self, m: wire.Reply, kind: str, idx: int) -> None:
         """A REJECTED reply: agreement replica `idx` refused our request unordered. g+1

@@ -81,9 +81,15 @@ class Rack:
     # write-ahead log is synced before any message that depends on it is sent), "write"
     # (written to the kernel only: survives a process crash, not the host's) or "off".
     durability: str = "off"
+    # Who runs each host's controld (docs/config.md): "local", `zz rack up` starts every
+    # one as a process of the operator's machine (a rack on one machine); "hosts", each
+    # runs on its host under its own supervisor (systemd: zz-controld@NAME), and `zz rack`,
+    # `zz status` and `zz drill` only talk to them (docs/operations.md "Four real hosts").
+    controlds: str = "local"
 
 
 PLACEMENTS = ("spread", "rotate")
+CONTROLDS = ("local", "hosts")
 CLIENT_SIGNATURES = ("retransmit", "always")
 DURABILITY = ("fsync", "write", "off")
 
@@ -387,6 +393,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         batch_bytes=rt.get_int("batch_bytes", 4 << 20, lo=MIN_MAX_REQUEST + BATCH_HDR_LEN + 4),
         client_signatures=rt.get_str("client_signatures", "retransmit"),
         durability=rt.get_str("durability", "off"),
+        controlds=rt.get_str("controlds", "local"),
     )
     if rack.batch_bytes > MAX_BATCH_BYTES:
         raise ConfigError(
@@ -406,6 +413,12 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if rack.durability not in DURABILITY:
         raise ConfigError(
             f"rack.durability: must be one of {', '.join(DURABILITY)}, got {rack.durability!r}"
+        )
+    if rack.controlds not in CONTROLDS:
+        raise ConfigError(
+            f"rack.controlds: must be one of {', '.join(CONTROLDS)} (local: `zz rack up` starts"
+            " every host's controld on this machine; hosts: each runs on its host, started"
+            f" there), got {rack.controlds!r}"
         )
     if rack.placement not in PLACEMENTS:
         raise ConfigError(

@@ -79,6 +79,8 @@ class InitOptions:
     bundle: Path | None = None
     etc: Path = Path("/etc/zz")
     prefix: Path = Path("/opt/zz")
+    # controld lets `zz drill` switch and crash its runtimes (a drill ground, not production).
+    drill_faults: bool = False
 
 
 @dataclass
@@ -303,6 +305,8 @@ def controld_args(o: InitOptions, config: Config, host: Host) -> list[str]:
         args += ["--agreed", str(agreed)]
     if not o.no_pool:
         args += ["--store", "zfs", "--zfs-pool", o.pool or pool_name(config, host)]
+    if o.drill_faults:
+        args.append("--drill-faults")
     return args
 
 

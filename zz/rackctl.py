@@ -12,7 +12,8 @@ after a failed or interrupted `up` still finds everything):
 2. the placement check (``zz rack plan``) and a port check: every listener must be free;
 3. ZFS (``--store zfs``): one file-backed pool per host, ``zz<rack>h<i>``;
 4. one controld per host (``python -m zz.controld``), process or libvirt backend, started
-   here (on real hosts each runs under its own supervisor, docs/operations.md);
+   here; with ``rack.controlds = "hosts"`` none: each runs on its host under its own
+   supervisor and must answer (docs/config.md, docs/operations.md "Four real hosts");
 5. every agreement replica *through its host's controld* (CONTROL ``agreed_start``: it
    renders the replica file and starts ``zz-agreed``);
 6. every execution replica *through its host's controld* (CONTROL ``provision``): the
@@ -23,7 +24,10 @@ after a failed or interrupted `up` still finds everything):
 What runs on a host is known from its controld (``agreed_list``, ``list``, ``status``);
 the only processes this module starts and signals itself are the controlds, identified by
 pid *and* kernel start time (``/proc/<pid>/stat`` field 22), so a recycled pid is never
-signalled. A controld that does not answer is named in the error or report.
+signalled, and with ``rack.controlds = "hosts"`` not even those: no process of this machine
+is started, signalled or swept for the rack, no host's file read or removed (``down`` has
+each controld clear its host: op ``reset``). A controld that does not answer is named in
+the error or report.
 """
 
 from __future__ import annotations
@@ -530,7 +534,7 @@ def recorded(
     if state is None:
         return False, None
     if controlds is None:  # ask the running controlds for their agreement replicas
-        live = [p.name for p in state.alive()]
+        live = controld_hosts(config, state)
         controlds = ask_controlds(config, {"op": "agreed_list"}, live, 3.0) if live else {}
     answers = controlds
     entries = agreed_entries(answers)
@@ -573,10 +577,23 @@ def _agreed_host(config: Config, p: ProcRecord) -> Host | None:
 def _wait_linked(config: Config, progress: Progress, timeout: float) -> None:
     """Until every active execution replica's runtime says it is linked to all agreement
     replicas of its service, as its host's controld reads its status file (`exec_status`;
-    a guest's is in its share)."""
+    a guest's is in its share). The active ones are those their controlds hold active
+    (`list`): after convictions not the first `active` indexes (a woken spare is active, a
+    convicted replica's successor a spare); the first `active` of a host whose controld
+    does not answer."""
     deadline = time.monotonic() + timeout
-    pending = {(s.name, i): s for s in config.services if s.uses_execution_replicas
-               for i in range(s.active)}  # fmt: skip
+    held: dict[tuple[str, int], str] = {}
+    for answer in ask_controlds(config, {"op": "list"}, timeout=10.0).values():
+        if isinstance(answer, dict):
+            for rec in answer.get("replicas", []):
+                held[(str(rec.get("service")), int(rec.get("index", -1)))] = str(rec.get("state"))
+    pending = {
+        (s.name, i): s
+        for s in config.services
+        if s.uses_execution_replicas
+        for i in range(s.n_exec)
+        if (held[(s.name, i)] in ("active", "recovering") if (s.name, i) in held else i < s.active)
+    }
     while pending:
         hosts = sorted({s.exec_host(config, i).name for (_, i), s in pending.items()})
         answers = ask_controlds(config, {"op": "exec_status"}, hosts, 5.0)
@@ -603,8 +620,8 @@ def _wait_linked(config: Config, progress: Progress, timeout: float) -> None:
 
 def up(
     config: Config,
-    backend: str = "process",
-    store: str = "dir",
+    backend: str | None = "process",
+    store: str | None = "dir",
     agreed: Path | None = None,
     progress: Progress = _quiet,
     timeout: float = 120.0,
@@ -616,17 +633,28 @@ def up(
     one is refused (`start` brings it back); one whose processes are all dead is torn down
     (forensic states kept) and brought up anew. `store` is dir, zfs or auto
     (choose_store). On any failure everything started so far is torn down before the
-    error goes up."""
-    if backend not in BACKENDS:
+    error goes up.
+
+    With rack.controlds = "hosts" the controlds run on their hosts already (started there,
+    docs/operations.md "Four real hosts"): `up` starts none, takes the backend and store
+    they run with (`backend`/`store` None, or the same), makes no keys (the operator's
+    come from `zz keys --operator`), checks no port here and has each controld clear what
+    an earlier rack left on its host (op `reset`) instead of removing it here."""
+    hosts = on_hosts(config)
+    if backend is None and not hosts:
+        backend = "process"
+    if store is None and not hosts:
+        store = "dir"
+    if backend is not None and backend not in BACKENDS:
         raise RackError(f"backend must be one of {', '.join(BACKENDS)}")
-    if store not in STORE_CHOICES:
+    if store is not None and store not in STORE_CHOICES:
         raise RackError(f"store must be one of {', '.join(STORE_CHOICES)}")
-    if backend == "libvirt":
+    if backend == "libvirt" and not hosts:
         _need_libvirt()
     agreed = agreed or DEFAULT_AGREED
     old = load_state(config)
     if old is not None:
-        if old.alive():
+        if old.alive() or (hosts and old.stopped_at is None):
             return repair(config, old, agreed, progress, timeout, by="up")
         if old.stopped_at is not None:
             raise RackError(
@@ -637,12 +665,15 @@ def up(
         progress(f"a dead rack is recorded in {state_path(config)}: tearing its rest down"
                  " (its execution state goes, forensic states stay)")  # fmt: skip
         down(config, progress=progress)
-    if not agreed.exists():
+    if not hosts and not agreed.exists():
         raise RackError(f"{agreed} not built: make -C agreement")
     try:
         placement.plan(config)
     except placement.PlacementError as e:
         raise RackError("placement: " + "; ".join(e.reasons)) from e
+    if hosts:
+        return _up_on_hosts(config, backend, store, agreed, progress, timeout, overrides)
+    assert backend is not None and store is not None
     if backend == "libvirt":
         for h in config.hosts:
             if is_loopback(h.address) and h.address != "127.0.0.1":
@@ -658,6 +689,105 @@ def up(
         out = keys.generate(config)
         progress(f"keys generated in {out}")
     _remove_exec_state(config)
+    (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
+    state = RackState(config.rack.name, str(config.path), backend, store, time.time())
+    state.store_reason = why
+    state.overrides = dict(overrides or {})
+    _save_state(config, state)
+    try:
+        _up(config, state, agreed, progress, timeout)
+    except BaseException:
+        progress("bring-up failed: tearing down what was started")
+        with contextlib.suppress(Exception):
+            down(config, progress=progress)
+        raise
+    state.complete = True
+    _save_state(config, state)
+    return state
+
+
+def on_hosts(config: Config) -> bool:
+    """rack.controlds = "hosts": every controld runs on its host, started there; `zz`
+    never starts, signals or sweeps a process of this machine for the rack, and reads none
+    of the hosts' files (docs/config.md)."""
+    return config.rack.controlds == "hosts"
+
+
+HOSTS_HINT = (
+    'rack.controlds = "hosts": each host\'s controld is started on its host'
+    " (systemctl start zz-controld@NAME; docs/operations.md \"Four real hosts\")"
+)
+
+
+def _need_operator_key(config: Config) -> None:
+    path = keys.secret_path(config.rack.key_dir, keys.RACK_SERVICE, keys.operator_principal(0))
+    if not path.exists():
+        raise RackError(
+            f"no operator key {path}: with rack.controlds = \"hosts\" the operator's keys are"
+            f" made on this machine by `zz keys {config.path} --operator` and the hosts' bundle"
+            " installed with `zz keys --install` (docs/operations.md \"Four real hosts\");"
+            " `zz rack up` makes keys only for a rack on one machine"
+        )
+
+
+def _controlds_on_hosts(
+    config: Config, backend: str | None, store: str | None, timeout: float
+) -> tuple[str, str, str]:
+    """Every host's controld, which must answer: (backend, store, why) as they run them
+    (`backend`/`store` None or "auto": whatever that is; else it must be that)."""
+    answers = ask_controlds(config, {"op": "status"}, timeout=timeout)
+    silent = {h: a for h, a in answers.items() if isinstance(a, str)}
+    if silent:
+        raise _silent_error(silent, HOSTS_HINT)
+    got: dict[str, dict[str, Any]] = {h: a for h, a in answers.items() if isinstance(a, dict)}
+    out = []
+    for what, asked, field_ in (("backend", backend, "backend"), ("store", store, "store")):
+        seen = {h: str(a.get(field_)) for h, a in sorted(got.items())}
+        if len(set(seen.values())) != 1:
+            each = ", ".join(f"{h} {v}" for h, v in seen.items())
+            raise RackError(f"the hosts' controlds run different {what}s ({each}): start each"
+                            f" with the same --{what} (zz host init)")  # fmt: skip
+        value = next(iter(seen.values()))
+        if asked not in (None, "auto", value):
+            raise RackError(f"--{what} {asked}: the hosts' controlds run with --{what} {value}"
+                            f" ({HOSTS_HINT}, with its own --{what}; zz host init)")  # fmt: skip
+        out.append(value)
+    pools = sorted({str(a.get("zfs_pool")) for a in got.values() if a.get("zfs_pool")})
+    why = "the hosts' controlds run with it" + (f" (pools {', '.join(pools)})" if pools else "")
+    return out[0], out[1], why
+
+
+def _reset_hosts(config: Config, purge: bool, timeout: float) -> dict[str, dict[str, Any] | str]:
+    """Every host's controld clears the rack's state on its host (op `reset`): stops its
+    agreement replicas, destroys its domains, forgets its records, deletes the execution
+    and agreement replicas' state (forensic states only with `purge`)."""
+    op = {"op": "reset", "purge_forensics": purge}
+    return ask_controlds(config, op, timeout=timeout + 150)
+
+
+def _up_on_hosts(
+    config: Config,
+    backend: str | None,
+    store: str | None,
+    agreed: Path,
+    progress: Progress,
+    timeout: float,
+    overrides: dict[str, Any] | None,
+) -> RackState:
+    """`up` against controlds running on their hosts (rack.controlds = "hosts")."""
+    _need_operator_key(config)
+    backend, store, why = _controlds_on_hosts(config, backend, store, 10.0)
+    progress(f"checkpoint store: {store} ({why})")
+    answers = _reset_hosts(config, False, timeout)
+    silent = {h: a for h, a in answers.items() if isinstance(a, str)}
+    if silent:
+        raise _silent_error(silent, "cannot clear what an earlier rack left there")
+    for h, a in sorted(answers.items()):
+        assert isinstance(a, dict)
+        left = len(a.get("stopped", [])) + len(a.get("destroyed", [])) + len(a.get("deleted", []))
+        if left:
+            progress(f"controld {h}: cleared what an earlier rack left ({left} processes,"
+                     " domains, paths and datasets)")  # fmt: skip
     (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
     state = RackState(config.rack.name, str(config.path), backend, store, time.time())
     state.store_reason = why
@@ -713,7 +843,7 @@ def _clear_stale_pool(name: str, vdev: Path, progress: Progress) -> None:
 
 def _up(config: Config, state: RackState, agreed: Path, progress: Progress, timeout: float) -> None:
     run = config.rack.run_dir
-    if state.store == "zfs":
+    if state.store == "zfs" and not on_hosts(config):
         from zz.snapshots.zfs import create_file_pool, ensure_zfs_daemon
 
         ensure_zfs_daemon()
@@ -750,8 +880,15 @@ def _start_controlds(
 ) -> None:
     """A controld for each host named (its home, inventory, audit log and agreement
     replica records are kept in run/controld/<host>/ from any earlier run), recorded in
-    `state`; `agreed` is the zz-agreed binary it starts its agreement replicas with."""
+    `state`; `agreed` is the zz-agreed binary it starts its agreement replicas with.
+    With rack.controlds = "hosts" none is started: each must answer, running the rack's
+    backend and store (RackError naming those that do not)."""
     t0 = time.monotonic()
+    if on_hosts(config):
+        backend, store, _ = _controlds_on_hosts(config, state.backend, state.store, 10.0)
+        progress(f"controld on {len(hosts)} hosts ({backend} backend, {store} store):"
+                 f" running on their hosts ({time.monotonic() - t0:.1f} s)")  # fmt: skip
+        return
     pools = {h["name"] for h in state.pools}
     for h in config.hosts:
         if h.name not in hosts:
@@ -959,7 +1096,7 @@ def repair(
             f"rack {config.rack.name!r} is recorded as stopped at {time.ctime(state.stopped_at)}"
             f" but {len(state.alive())} of its processes run: `zz rack down {config.path}`"
         )
-    if state.backend == "libvirt":
+    if state.backend == "libvirt" and not on_hosts(config):
         _need_libvirt()
     restarted: list[str] = []
 
@@ -990,7 +1127,8 @@ def repair(
             raise
     entries, silent = agreed_states(config)
     if silent:
-        raise _silent_error(silent, "cannot see the agreement replicas on those hosts")
+        hint = f" ({HOSTS_HINT})" if on_hosts(config) else ""
+        raise _silent_error(silent, f"cannot see the agreement replicas on those hosts{hint}")
     dead_agreed = {}
     for s in config.services:
         for r in range(s.n):
@@ -1013,7 +1151,7 @@ def repair(
             + f". `zz rack down {config.path}` and `zz rack up {config.path}` start it anew"
             " (same keys, execution state discarded, forensic states kept)"
         )
-    if dead_agreed:
+    if dead_agreed and not on_hosts(config):
         _check_ports(config, set(dead_agreed))
         lines = [f"agreed {n} ({why})" for n, why in dead_agreed.items()]
         progress(f"dead: {', '.join(lines)}")
@@ -1149,6 +1287,14 @@ class DownReport:
     @property
     def clean(self) -> bool:
         return not self.killed and not self.leftovers and not self.refused
+
+
+def controld_hosts(config: Config, state: RackState) -> list[str]:
+    """The hosts whose controld `stop` and `down` ask: those `up` started here that still
+    run, or with rack.controlds = "hosts" every host (one that does not answer is named)."""
+    if on_hosts(config):
+        return [h.name for h in config.hosts]
+    return [p.name for p in state.alive()]
 
 
 def _stop_procs(procs: list[ProcRecord], timeout: float, report: DownReport) -> None:
@@ -1291,7 +1437,7 @@ def _stop_agreed(
     """Every running controld of the rack stops its host's agreement replicas
     (`agreed_stop`, SIGKILL after `timeout`); the stats each left as it exited, by name. A
     controld that does not answer is named in `report.unanswered`."""
-    hosts = [p.name for p in state.alive()]
+    hosts = controld_hosts(config, state)
     dead = [p.name for p in state.procs if p.kind == "controld" and p.name not in hosts]
     for h in dead:
         report.unanswered.append(f"controld {h} not running")
@@ -1312,7 +1458,7 @@ def _halt(config: Config, state: RackState, report: DownReport, timeout: float) 
     """Every running controld destroys its domains (processes) of the rack (`halt`: its
     inventory's records are kept), so that no host's hypervisor is opened from here."""
     silent = {w.split()[1] for w in report.unanswered}  # named already by _stop_agreed
-    hosts = [p.name for p in state.alive() if p.name not in silent]
+    hosts = [h for h in controld_hosts(config, state) if h not in silent]
     answers = ask_controlds(config, {"op": "halt"}, hosts, timeout + 15)
     for host, answer in sorted(answers.items()):
         if isinstance(answer, str):
@@ -1341,12 +1487,14 @@ def _stop_everything(
         # should destroy it rather than find it killed under its feet.
         _halt(config, state, report, timeout)
         silent = {w.split()[1] for w in report.unanswered}
-        asked = [p.name for p in state.alive() if p.name not in silent]
+        asked = [h for h in controld_hosts(config, state) if h not in silent]
         runtimes = runtimes_of(ask_controlds(config, {"op": "exec_status"}, asked, timeout))
         ctl = [p for p in state.procs if p.kind == "controld"]
         # controld's SIGTERM path destroys its replicas (process backend: terminate, 10 s
         # grace each), so it gets longer than a replica.
         _stop_procs(ctl, timeout + 15, report)
+    if on_hosts(config):
+        return stats, runtimes  # nothing of the rack runs on this machine: no sweep here
     pids = rack_leftovers(config)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -1374,6 +1522,10 @@ def down(
         report.nothing = True
     _stop_everything(config, state, report, timeout)
     run = config.rack.run_dir
+    if on_hosts(config):
+        _down_on_hosts(config, report, timeout, purge_forensics)
+        _remove_each([(remove_file, state_path(config))], run, report)
+        return _down_report(config, report, progress)
     pools = list(state.pools) if state else []
     if pools:
         from zz.snapshots.zfs import destroy_pool, pool_exists
@@ -1404,16 +1556,48 @@ def down(
         todo += [(remove_file, home / n) for n in names]
     todo.append((remove_file, state_path(config)))
     _remove_each(todo, run, report)
+    return _down_report(config, report, progress)
+
+
+def _down_on_hosts(config: Config, report: DownReport, timeout: float, purge: bool) -> None:
+    """`down` with the controlds on their hosts: each clears the rack's state there (op
+    `reset`); their pools are the hosts' own (zz host init) and stay, the rack's datasets
+    in them go. A controld that does not answer is named in `report.unanswered`."""
+    answers = _reset_hosts(config, purge, timeout)
+    for host, answer in sorted(answers.items()):
+        if isinstance(answer, str):
+            if not any(w.split()[1] == host for w in report.unanswered):
+                report.unanswered.append(f"controld {host} does not answer reset ({answer})")
+            # Nothing sweeps a host here: what the rack left on it stays (exit 1).
+            report.refused.append(f"controld {host}: the rack's state on {host} was not"
+                                  f" cleared ({answer}); `zz rack down` again once it"
+                                  " answers")  # fmt: skip
+            continue
+        report.stopped += [x for x in answer.get("stopped", []) if x not in report.stopped]
+        report.killed += answer.get("killed", [])
+        report.domains += [x for x in answer.get("destroyed", []) if x not in report.domains]
+        report.deleted += [f"{host}: {x}" for x in answer.get("deleted", [])]
+        report.kept += [f"forensic state on {host}: {x}" for x in answer.get("kept", [])]
+        report.refused += [f"controld {host}: {x}" for x in answer.get("refused", [])]
+        report.refused += [f"controld {host}: domain {x}" for x in answer.get("failed", [])]
+    if answers and not report.unanswered:
+        report.kept.append("each host's pool, controld log, audit log and keys (the hosts')")
+
+
+def _down_report(config: Config, report: DownReport, progress: Progress) -> DownReport:
+    """What `down` writes (run/rack.down) and prints, once everything was removed."""
+    run = config.rack.run_dir
     if run.is_dir():
         write_atomic(run / DOWN_NAME, f"{time.time():.3f}\n")
-        report.kept.append(f"logs, stats files and audit logs in {run}")
+        what = "drill reports" if on_hosts(config) else "logs, stats files and audit logs"
+        report.kept.append(f"{what} in {run}")
     if config.rack.key_dir.exists():
         report.kept.append(f"keys in {config.rack.key_dir}")
     for why in report.refused:
         progress(f"rack {config.rack.name!r}: {why}")
+    left = "left there" if on_hosts(config) else "left to the sweep of leftovers"
     for why in report.unanswered:
-        progress(f"rack {config.rack.name!r}: {why}: what runs on its host is left to the"
-                 " sweep of leftovers")  # fmt: skip
+        progress(f"rack {config.rack.name!r}: {why}: what runs on its host is {left}")
     if report.nothing and not (report.leftovers or report.domains or report.deleted):
         progress(f"rack {config.rack.name!r}: nothing running (no {state_path(config)})")
     else:
@@ -1473,6 +1657,10 @@ def stop(config: Config, progress: Progress = _quiet, timeout: float = 15.0) -> 
 def _kept_on_stop(config: Config, state: RackState) -> list[str]:
     run = config.rack.run_dir
     out = [f"keys in {config.rack.key_dir}", f"rack record {state_path(config)}"]
+    if on_hosts(config):
+        return [*out, "on each host, by its controld: the execution replicas' state, its"
+                " inventory, agreement replica records, audit log, logs and forensic states;"
+                " the controlds run on"]  # fmt: skip
     for s in config.services:
         if s.uses_execution_replicas:
             dirs = [s.exec_state_dir(config, i) for i in range(s.n_exec)]
@@ -1535,13 +1723,17 @@ def start(
     if state is None:
         raise RackError(f"no rack recorded in {state_path(config)}: `zz rack up {config.path}`")
     agreed = agreed or DEFAULT_AGREED
-    if state.alive():
+    hosts = on_hosts(config)
+    if state.alive() or (hosts and state.stopped_at is None):
         return repair(config, state, agreed, progress, timeout, by="start")
-    if state.backend == "libvirt":
-        _need_libvirt()
-    if not agreed.exists():
-        raise RackError(f"{agreed} not built: make -C agreement")
-    _check_ports(config)
+    if hosts:
+        _need_operator_key(config)
+    else:
+        if state.backend == "libvirt":
+            _need_libvirt()
+        if not agreed.exists():
+            raise RackError(f"{agreed} not built: make -C agreement")
+        _check_ports(config)
     saved = state.to_json()
     down_mark = config.rack.run_dir / DOWN_NAME
     stopped_mark = down_mark.read_text() if down_mark.exists() else None

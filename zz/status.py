@@ -181,14 +181,18 @@ def exec_view_of(stats: list[Stats]) -> dict[str, list[int]]:
 
 
 def runtime_status(
-    answer: dict[str, Any], service: str, index: int, stale_after: float
+    answer: dict[str, Any], service: str, index: int, stale_after: float, not_before: float = 0.0
 ) -> Stats:
     """An execution replica's status file as its controld returned it (`runtimes` of its
-    `status`); None when there is none or it was written more than `stale_after` s ago."""
+    `status`); None when there is none or it was written more than `stale_after` s ago,
+    or before `not_before` (the rack's last stop or down: a runtime halted a moment ago
+    left a file that still looks fresh)."""
     for e in answer.get("runtimes", []):
         if isinstance(e, dict) and (e.get("service"), e.get("index")) == (service, index):
             st, age = e.get("status"), e.get("status_age_s")
             if isinstance(st, dict) and isinstance(age, int | float) and age <= stale_after:
+                if not_before and time.time() - age <= not_before:
+                    return None
                 return st
     return None
 
@@ -243,7 +247,7 @@ def _execution_rows(
         if controlds is None:
             st = _read(svc.exec_status_path(config, i), stale_after, not_before)
         elif isinstance(controlds.get(host), dict):
-            st = runtime_status(controlds[host], svc.name, i, stale_after)
+            st = runtime_status(controlds[host], svc.name, i, stale_after, not_before)
         else:
             rows.append(Row(svc.name, f"E{i}", role, host, "?", "-", "controld not answering",
                             "execution", i))  # fmt: skip
@@ -350,10 +354,14 @@ def assess(
     config: Config, rows: list[Row], controlds: Controlds, recorded_alive: bool = False
 ) -> Health:
     """Running: a process `zz rack up` recorded is alive, a replica's file is fresh, or a
-    controld answered. Degraded when running and an agreement replica or an active
-    execution replica is down, a sleeping spare is missing (not in its controld's
-    inventory, or convicted and not yet replaced), or a controld does not answer."""
+    controld answered (with rack.controlds = "hosts" a controld runs on its host whether
+    the rack does or not: there only the replicas count). Degraded when running and an
+    agreement replica or an active execution replica is down, a sleeping spare is missing
+    (not in its controld's inventory, or convicted and not yet replaced), or a controld
+    does not answer."""
     answered = [h for h, a in controlds.items() if not isinstance(a, str)]
+    if config.rack.controlds == "hosts":
+        answered = []
     running = recorded_alive or any(_fresh(r) for r in rows) or bool(answered)
     health = Health(running)
     if not running:
@@ -455,6 +463,12 @@ def summary_line(
         return (
             f"{name}: not running, stopped at {time.ctime(stopped_at)} with its state kept;"
             f" `zz rack start {config.path}` brings it back"
+        )
+    if not health.running and config.rack.controlds == "hosts":
+        return (
+            f"{name}: not running (no agreement or execution replica running or writing its"
+            f" stats in the last {stale_after:g} s; the controlds run on their hosts);"
+            f" `zz rack up {config.path}`"
         )
     if not health.running:
         return (

@@ -22,7 +22,7 @@ from zz.client import Client, ClientParams, ClientTimeout, RequestTooLarge
 from zz.crypto import SIG_LEN
 from zz.drill.kind import PRIMARY_KEYS, DrillKind
 from zz.drill.load import first_client
-from zz.drill.observe import Observer, agreed_stats, sleeping
+from zz.drill.observe import Observer, agreed_stats, agreed_stats_now, sleeping
 from zz.drill.rack import DrillError
 
 # slow-reader: a client that never reads its replies, on SLOW_CONNS connections to every
@@ -141,11 +141,11 @@ class ClientFault(DrillKind):
         elif isinstance(sent, dict) and "sent" in sent:
             sent["sent"] = dict(sent["sent"])
 
-    def start_watching_rss(self, attack: Coroutine[Any, Any, None]) -> None:
+    async def start_watching_rss(self, attack: Coroutine[Any, Any, None]) -> None:
         """Record every agreement replica's RSS at the fault, then start the attack (which
         samples "max" while it runs: zz/drill/rack.py agreed_rss)."""
         d = self.drill
-        d.rack.agreed_rss(d.service, d.details.setdefault("agreed_rss_mib", {}), "before")
+        await d.rack.agreed_rss(d.service, d.details.setdefault("agreed_rss_mib", {}), "before")
         self.task = asyncio.create_task(attack)
 
     def judge_rss(self, r: rp.DrillReport, bound_mib: float, under: str) -> dict[str, Any]:
@@ -191,9 +191,12 @@ class ClientFault(DrillKind):
         t_end = time.monotonic() + 3.0
         while True:
             rows: dict[str, dict[str, int]] = {}
+            # judge runs in a thread of its own (Drill.evaluate): a loop of its own here.
+            now = asyncio.run(agreed_stats_now(d.config, s)) if d.rack.on_hosts else []
             for r in range(s.n):
                 name = f"{s.name}/agreed-{r}"
-                x = agreed_stats(d.config, s, r) or obs.agreed.get(name, {})
+                fresh = now[r] if now else agreed_stats(d.config, s, r)
+                x = fresh or obs.agreed.get(name, {})
                 base = obs.agreed_base.get(name, {})
                 rows[name] = {k: _limits_delta(x, base, k) for k in keys}
             short = any(rows[n][k] < v for n, w in want.items() for k, v in w.items() if n in rows)
@@ -298,7 +301,7 @@ class SlowReader(ClientFault):
     sent_key = "slow_reader"
 
     async def inject(self, obs: Observer) -> int | None:
-        self.start_watching_rss(self._slow_reader())
+        await self.start_watching_rss(self._slow_reader())
         return None
 
     async def _slow_reader(self) -> None:
@@ -340,7 +343,7 @@ class SlowReader(ClientFault):
 
         async def watch_rss() -> None:
             while True:
-                d.rack.agreed_rss(d.service, rss, "max")
+                await d.rack.agreed_rss(d.service, rss, "max")
                 await asyncio.sleep(0.5)
 
         tasks = [asyncio.create_task(watch_rss())]
@@ -657,7 +660,7 @@ class HalfFrames(ClientFault):
                              " honest clients on the same address")  # fmt: skip
 
     async def inject(self, obs: Observer) -> int | None:
-        self.start_watching_rss(self._attack())
+        await self.start_watching_rss(self._attack())
         return None
 
     async def _attack(self) -> None:
@@ -713,7 +716,7 @@ class HalfFrames(ClientFault):
 
         async def watch_rss() -> None:
             while True:
-                d.rack.agreed_rss(s, rss, "max")
+                await d.rack.agreed_rss(s, rss, "max")
                 await asyncio.sleep(0.5)
 
         tasks = [asyncio.create_task(watch_rss())]

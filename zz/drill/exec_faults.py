@@ -8,9 +8,11 @@ its fault file (zz/drill/rack.py Rack.set_fault), so the replica is never restar
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
-import json
+import os
 import re
+import subprocess
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -53,12 +55,12 @@ class ExecFault(DrillKind):
             self.replica = d.args.replica
 
     async def inject(self, obs: Observer) -> int | None:
-        return self.faulty_runtime(self.drill.service, self.replica, self.runtime_fault)
+        return await self.faulty_runtime(self.drill.service, self.replica, self.runtime_fault)
 
-    def faulty_runtime(self, s: Service, i: int, fault: str) -> int:
+    async def faulty_runtime(self, s: Service, i: int, fault: str) -> int:
         """Make replica i faulty; controld keeps owning it, so a SHUTDOWN certificate
-        finds it. The fault starts within 20 ms (Rack.set_fault); returns when."""
-        self.drill.rack.set_fault(s, i, fault)
+        finds it. The fault starts within 20 ms (Rack.switch_fault); returns when."""
+        await self.drill.rack.switch_fault(s, i, fault)
         self.drill.faulted.append(f"{s.name}/exec-{i} ({fault})")
         return time.monotonic_ns()
 
@@ -137,7 +139,7 @@ class Crash(ExecFault):
 
     async def inject(self, obs: Observer) -> int | None:
         d = self.drill
-        key, killed = d.rack.kill_exec(d.service, self.replica)
+        key, killed = await d.rack.crash_exec(d.service, self.replica)
         d.faulted.append(f"{d.service.name}/exec-{self.replica}")
         d.details.setdefault(key, []).extend(killed)
         return None
@@ -202,19 +204,18 @@ class CorruptSnapshot(WrongReply):
         d = self.drill
         self.victim = self._snapshot_victim()
         s, b = d.service, self.victim
-        d.rack.set_fault(s, b, "corrupt-snapshot", lie=False)
+        await d.rack.switch_fault(s, b, "corrupt-snapshot", lie=False)
         d.faulted.append(f"{s.name}/exec-{b} (corrupt-snapshot)")
         path = s.exec_status_path(d.config, b)
         t_end = time.monotonic() + CORRUPT_WAIT_S
         st: dict[str, Any] = {}
         while True:
-            with contextlib.suppress(OSError, ValueError):
-                st = json.loads(path.read_text())
+            st = await d.rack.runtime_status(s, b) or st
             lie_from = st.get("corrupt_lie_from")
             if lie_from is not None and st.get("last_executed", 0) >= lie_from:
                 break
             if time.monotonic() > t_end:
-                d.rack.set_fault(s, b, None)  # the rack is left as it was
+                await d.rack.switch_fault(s, b, None)  # the rack is left as it was
                 raise DrillError(
                     f"{s.name}/exec-{b}: no corrupted checkpoint stable within"
                     f" {CORRUPT_WAIT_S:.0f} s ({path}: stable {st.get('stable_checkpoint')},"
@@ -224,7 +225,7 @@ class CorruptSnapshot(WrongReply):
             await obs.poll()
         d.details["corrupted_files"] = st.get("counters", {}).get("snapshot_files_corrupted", 0)
         d.details["corrupted_from_checkpoint"] = st.get("stable_checkpoint")
-        d.rack.set_fault(s, b, "corrupt-snapshot")
+        await d.rack.switch_fault(s, b, "corrupt-snapshot")
         return time.monotonic_ns()
 
     def judge(self, r: rp.DrillReport, obs: Observer) -> None:
@@ -233,9 +234,9 @@ class CorruptSnapshot(WrongReply):
         s = d.service
         rejected = []
         for i in range(s.n_exec):
-            path = s.exec_status_path(d.config, i)
-            with contextlib.suppress(OSError, ValueError):
-                st = json.loads(path.read_text())
+            # judge runs in a thread of its own (Drill.evaluate): a loop of its own here.
+            st = asyncio.run(d.rack.runtime_status(s, i))
+            with contextlib.suppress(AttributeError, TypeError):
                 for b in st.get("recovery", {}).get("bad_sources", []):
                     rejected.append(f"exec-{i} rejected {b.get('path')} from {b.get('source')}:"
                                     f" {b.get('why')}")  # fmt: skip
@@ -301,9 +302,154 @@ class ByzantineHost(WrongReply):
         for s in d.services:
             for i in self.running[s.name]:
                 if s.exec_host(d.config, i).name == self.host:
-                    started = self.faulty_runtime(s, i, "wrong-reply")
+                    started = await self.faulty_runtime(s, i, "wrong-reply")
         for s in d.services:
             for r in range(s.n):
                 if d.config.replica_host(s, r).name == self.host:
                     d.faulted.append(await d.rack.kill_agreed(s, r))
         return started
+
+
+# partition: how long the partitioned host's agreement replicas have, once its link is back,
+# to reach the seq the others had executed when it came back.
+CATCH_UP_S = 90.0
+CUT_TIMEOUT_S = 30.0
+
+
+class Partition(ExecFault):
+    """Host H (--host, default the host of the first running execution replica) cut off
+    the network under load by the operator's command (--cut), for --after seconds, then
+    connected again (--heal). H carries one of the service's 3g+1 agreement replicas and
+    one of its f+1 active execution replicas, with a spare elsewhere: the service must go
+    on without H (its execution replica's reports time out, the spare is woken, and it is
+    convicted), and once the link is back H must catch up: its agreement replicas reach the
+    seq the others had executed at the heal, and its controld, which gets the SHUTDOWN
+    queued for it then, replaces the convicted replica by a fresh spare."""
+
+    name = "partition"
+
+    def __init__(self, drill: Drill) -> None:
+        super().__init__(drill)
+        self.host = ""
+        self.cut_done = False
+        self.healed = False
+        self.heal_ns = 0
+
+    def refuse(self, args: argparse.Namespace) -> None:
+        if not args.cut or not args.heal:
+            raise DrillError(
+                "partition: --cut CMD and --heal CMD are required, the shell commands that take"
+                " the host's network link down and bring it back ({host} is its name), e.g."
+                " --cut 'ip -n BR link set {host} down' --heal 'ip -n BR link set {host} up'"
+            )
+
+    def choose(self, obs: Observer) -> None:
+        d = self.drill
+        s = d.service
+        up = running(obs, s)
+        if d.args.host is not None:
+            on = [i for i in up if s.exec_host(d.config, i).name == d.args.host]
+            if not on:
+                where = ", ".join(f"{i} on {s.exec_host(d.config, i).name}" for i in up)
+                raise DrillError(f"--host {d.args.host}: no running execution replica of"
+                                 f" {s.name} there (running: {where})")  # fmt: skip
+            self.replica = on[0]
+        else:
+            super().choose(obs)
+        self.host = s.exec_host(d.config, self.replica).name
+        spares = [i for st in obs.controld.values() for rec in st.get("replicas", [])
+                  if rec.get("service") == s.name and rec.get("state") in ("paused", "hibernated")
+                  and (i := rec["index"]) is not None
+                  and s.exec_host(d.config, i).name != self.host]  # fmt: skip
+        if not spares:
+            raise DrillError(f"{s.name}: no sleeping spare outside {self.host} to wake")
+        agreed = [f"{s.name}/agreed-{r}" for r in range(s.n)
+                  if d.config.replica_host(s, r).name == self.host]  # fmt: skip
+        d.details["partitioned_host"] = self.host
+        d.details["partitioned_replicas"] = [f"{s.name}/exec-{self.replica}", *agreed]
+
+    def _run(self, which: str, cmd: str) -> None:
+        """Run the operator's --cut or --heal command; DrillError naming it if it fails."""
+        line = cmd.replace("{host}", self.host)
+        env = dict(os.environ, ZZ_HOST=self.host)
+        try:
+            p = subprocess.run(["/bin/sh", "-c", line], env=env, capture_output=True, text=True,
+                               timeout=CUT_TIMEOUT_S, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise DrillError(f"--{which} {line!r}: {e}") from e
+        if p.returncode != 0:
+            why = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+            raise DrillError(f"--{which} {line!r} failed: {why[0]}")
+        self.drill.details.setdefault("commands", []).append(f"{which}: {line}")
+
+    async def inject(self, obs: Observer) -> int | None:
+        d = self.drill
+        self.cut_done = True  # from here on cleanup() heals, whatever happens
+        obs.unwaited.add(self.host)  # each status call to it takes the timeout now
+        await asyncio.to_thread(self._run, "cut", d.args.cut)
+        d.faulted.append(f"{d.service.name}/exec-{self.replica}")
+        return None
+
+    async def heal(self) -> None:
+        if self.cut_done and not self.healed:
+            self.healed = True
+            self.heal_ns = time.monotonic_ns()
+            await asyncio.to_thread(self._run, "heal", self.drill.args.heal)
+
+    async def after_watch(self, obs: Observer) -> None:
+        """The link back, then until the partitioned host's agreement replicas reach the
+        seq the others had executed at that moment (CATCH_UP_S at most)."""
+        d = self.drill
+        s = d.service
+        await self.heal()
+        mine = [f"{s.name}/agreed-{r}" for r in range(s.n)
+                if d.config.replica_host(s, r).name == self.host]  # fmt: skip
+        others = [int(x.get("last_exec", 0)) for n, x in obs.agreed_of(s).items()
+                  if n not in mine]  # fmt: skip
+        target = max(others, default=0)
+        d.details["heal_at_s"] = round((self.heal_ns - obs.fault_ns) / 1e9, 3)
+        d.details["catch_up_target_seq"] = target
+        d.progress(f"link of {self.host} back; waiting until {', '.join(mine) or 'its replicas'}"
+                   f" reach seq {target} (up to {CATCH_UP_S:.0f} s)")  # fmt: skip
+        caught: dict[str, float] = {}
+        seen: dict[str, int] = {}
+        t_end = time.monotonic() + CATCH_UP_S
+        while time.monotonic() < t_end:
+            for n in mine:
+                x = obs.agreed.get(n, {})
+                seen[n] = int(x.get("last_exec", 0))
+                if n not in caught and seen[n] >= target:
+                    caught[n] = round((time.monotonic_ns() - self.heal_ns) / 1e9, 2)
+            if len(caught) == len(mine):
+                break
+            await obs.poll()
+        d.details["caught_up_s"] = caught
+        d.details["last_exec_seen"] = seen
+        obs.unwaited.discard(self.host)
+
+    async def cleanup(self) -> None:
+        try:
+            await self.heal()
+        except DrillError as e:
+            self.drill.reasons.append(f"{e}: the link of {self.host} may still be down")
+
+    def judge(self, r: rp.DrillReport, obs: Observer) -> None:
+        d = self.drill
+        super().judge(r, obs)
+        heal_s = r.details.get("heal_at_s")
+        served = [x for x in d.samples if x.ok and x.ret is not None and x.call >= 0
+                  and (heal_s is None or x.ret < heal_s)]  # fmt: skip
+        r.details["served_while_cut_off"] = len(served)
+        if heal_s is not None and not served:
+            d.reasons.append(
+                f"the service did not go on while {self.host} was cut off: no operation issued"
+                f" after the cut completed before the link came back ({heal_s:.1f} s)"
+            )
+        caught = r.details.get("caught_up_s", {})
+        for n, seq in sorted(r.details.get("last_exec_seen", {}).items()):
+            if n not in caught:
+                d.reasons.append(
+                    f"{n} on {self.host} did not catch up within {CATCH_UP_S:.0f} s of the link"
+                    f" coming back: at seq {seq}, the others were at"
+                    f" {r.details.get('catch_up_target_seq')} then"
+                )

@@ -7,6 +7,8 @@ The drill (zz/drill/runner.py) owns one DrillKind and calls it in this order:
     refuse()          at construction: the arguments this kind cannot run with
     choose(obs)       once the rack is observed: its targets (a running replica, a host)
     inject(obs)       at the fault; may start `task` (a faulty client) for the whole drill
+    after_watch(obs)  once the watch after the fault ended, before the settling
+    cleanup()         at the end, also when the drill failed (a fault that must not stay)
     report_details(d) the details it keeps, made JSON (Counter -> dict)
     judge(r, obs)     the verdict: appends to the drill's reasons (FAIL) and notes
 
@@ -64,6 +66,14 @@ class DrillKind:
         """Inject the fault. The monotonic ns its clock starts at when that is not the
         moment inject() is called (a runtime switched in place, lies held back)."""
         raise NotImplementedError
+
+    async def after_watch(self, obs: Observer) -> None:
+        """After the watch, before the settling: undo a fault that lasts only while it is
+        watched (partition: the link comes back) and wait for what follows from that."""
+
+    async def cleanup(self) -> None:
+        """At the end of the drill, whatever happened: undo what the drill must not leave
+        behind (partition: a link still cut)."""
 
     def report_details(self, details: dict[str, object]) -> None:
         """Make the details this kind added JSON (its Counters become dicts)."""

@@ -12,9 +12,16 @@ from zz.drill.client_faults import (
     Primary,
     SlowReader,
 )
-from zz.drill.exec_faults import ByzantineHost, CorruptSnapshot, Crash, Slow, WrongReply
+from zz.drill.exec_faults import (
+    ByzantineHost,
+    CorruptSnapshot,
+    Crash,
+    Partition,
+    Slow,
+    WrongReply,
+)
 from zz.drill.kind import DrillKind
 
 CLIENT_KINDS = (Primary, ClientFlood, SlowReader, MacSplit, BigRequest, HalfFrames)
-EXEC_KINDS = (WrongReply, Crash, Slow, CorruptSnapshot, ByzantineHost)
+EXEC_KINDS = (WrongReply, Crash, Slow, CorruptSnapshot, ByzantineHost, Partition)
 KINDS: dict[str, type[DrillKind]] = {k.name: k for k in CLIENT_KINDS + EXEC_KINDS}

@@ -49,6 +49,10 @@ class Observer:
     controld_base: dict[str, dict[str, int]] = field(default_factory=dict)
     recent_seen: set[str] = field(default_factory=set)
     errors: Counter[str] = field(default_factory=Counter)
+    # Hosts whose controld a poll does not wait for (the partition drill's, while it is cut
+    # off: each call to it takes the 3 s timeout); the status calls still running, by host.
+    unwaited: set[str] = field(default_factory=set)
+    _asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def now(self) -> int:
         return time.monotonic_ns()
@@ -84,12 +88,19 @@ class Observer:
                             self.events.append(Event(self.now(), name, f"{k} {old.get(k)} -> {v}"))
 
     async def poll(self) -> None:
-        """One observation of every controld and agreement replica, then POLL_S of rest."""
-        await self.read_controlds()
+        """One observation of every controld and agreement replica, then POLL_S of rest. A
+        controld in `unwaited` (a host the partition drill cut off) is not waited for: it
+        is asked in the background, its answer taken when it comes."""
+        await self.read_controlds(patient=False)
         self.read_agreed()
         await asyncio.sleep(POLL_S)
 
-    async def read_controlds(self) -> None:
+    async def read_controlds(self, patient: bool = True) -> None:
+        """Ask every controld for its status (as operator 0, 3 s each) and take in what
+        changed, waiting until each answered or timed out; not `patient`: except those in
+        `unwaited`, which are asked in the background (and not again while that call
+        runs)."""
+
         async def one(h: Any) -> None:
             try:
                 st = await operator_call(self.config, h, {"op": "status"}, timeout=3.0)
@@ -117,7 +128,21 @@ class Observer:
                     text = re.sub(r"^\d\d:\d\d:\d\d ", "", line)
                     self.events.append(Event(self.now(), f"controld {h.name}", text))
 
-        await asyncio.gather(*(one(h) for h in self.config.hosts))
+        for name, t in list(self._asking.items()):
+            if t.done():
+                del self._asking[name]
+        started = {
+            h.name: asyncio.create_task(one(h))
+            for h in self.config.hosts
+            if h.name not in self._asking
+        }
+        self._asking.update(started)
+        todo = [t for n, t in self._asking.items() if patient or n not in self.unwaited]
+        if todo:
+            await asyncio.wait(todo)
+        for name, t in list(self._asking.items()):
+            if t.done():
+                del self._asking[name]
 
     def mark_fault(self) -> None:
         self.fault_ns = time.monotonic_ns()
@@ -165,23 +190,34 @@ class Observer:
         }
 
 
-async def agreed_stats_now(config: Config, s: Service) -> list[dict[str, Any]]:
-    """The stats of `s`'s agreement replicas as their controlds report them now
-    (agreed_list; {} for one whose controld does not answer or that wrote none)."""
+async def agreed_entries_now(config: Config, s: Service) -> dict[str, dict[str, Any]]:
+    """`s`'s agreement replicas as their controlds report them now (agreed_list entries by
+    name: state, stats, rss_mib, ...); none for one whose controld does not answer."""
     hosts = {config.replica_host(s, r).name: config.replica_host(s, r) for r in range(s.n)}
 
     async def one(h: Any) -> dict[str, Any]:
         try:
             return await operator_call(config, h, {"op": "agreed_list"}, timeout=5.0)
-        except Exception:  # not answering: its replicas' stats are unknown
+        except Exception:  # not answering: its replicas are unknown
             return {}
 
-    answers = dict(zip(hosts, await asyncio.gather(*(one(h) for h in hosts.values())),
-                       strict=True))  # fmt: skip
+    answers = await asyncio.gather(*(one(h) for h in hosts.values()))
+    names = {f"{s.name}/agreed-{r}" for r in range(s.n)}
+    return {
+        e["name"]: e
+        for answer in answers
+        for e in answer.get("agreed", [])
+        if isinstance(e, dict) and e.get("name") in names
+    }
+
+
+async def agreed_stats_now(config: Config, s: Service) -> list[dict[str, Any]]:
+    """The stats of `s`'s agreement replicas as their controlds report them now
+    (agreed_list; {} for one whose controld does not answer or that wrote none)."""
+    entries = await agreed_entries_now(config, s)
     out = []
     for r in range(s.n):
-        entries = answers[config.replica_host(s, r).name].get("agreed", [])
-        e = next((x for x in entries if x.get("name") == f"{s.name}/agreed-{r}"), {})
+        e = entries.get(f"{s.name}/agreed-{r}", {})
         out.append(e.get("stats") if isinstance(e.get("stats"), dict) else {})
     return out
 

@@ -78,22 +78,37 @@ class Rack:
             raise DrillError(f"{s.name}/agreed-{r}: {e}") from e
         return f"{s.name}/agreed-{r}"
 
-    def agreed_rss(self, s: Service, into: dict[str, dict[str, float]], key: str) -> None:
+    @property
+    def on_hosts(self) -> bool:
+        """The controlds run on their hosts (rack.controlds = "hosts"): nothing of the rack
+        is this machine's to read or signal, everything goes through them."""
+        return self.config.rack.controlds == "hosts"
+
+    async def agreed_rss(self, s: Service, into: dict[str, dict[str, float]], key: str) -> None:
         """VmRSS (MiB) of the service's agreement replicas, as `key` (\"max\" keeps the
-        largest seen). Read from /proc of this machine by the pid their controlds reported
-        (sampled every 0.5 s inside the drill's event loop; controld's agreed_list has
-        `rss_mib` too)."""
-        for r in range(s.n):
-            p = self.agreed_proc(s, r)
-            try:
-                status = Path(f"/proc/{p.pid}/status").read_text()
-            except OSError:
-                continue
-            m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-            if m and p.alive():
-                mib = int(m.group(1)) / 1024
-                row = into.setdefault(p.name, {})
-                row[key] = max(row.get(key, 0.0), mib) if key == "max" else mib
+        largest seen). Read from /proc of this machine by the pid their controlds reported,
+        or with the controlds on their hosts from their agreed_list (`rss_mib`; sampled
+        every 0.5 s inside the drill's event loop)."""
+        got: dict[str, float] = {}
+        if self.on_hosts:
+            from zz.drill.observe import agreed_entries_now
+
+            for name, e in (await agreed_entries_now(self.config, s)).items():
+                if e.get("state") == "running" and isinstance(e.get("rss_mib"), int | float):
+                    got[name] = float(e["rss_mib"])
+        else:
+            for r in range(s.n):
+                p = self.agreed_proc(s, r)
+                try:
+                    status = Path(f"/proc/{p.pid}/status").read_text()
+                except OSError:
+                    continue
+                m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+                if m and p.alive():
+                    got[p.name] = int(m.group(1)) / 1024
+        for name, mib in got.items():
+            row = into.setdefault(name, {})
+            row[key] = max(row.get(key, 0.0), mib) if key == "max" else mib
 
     async def restart_dead_agreed(self) -> list[str]:
         """Start every agreement replica that is not running again through its controld
@@ -150,6 +165,21 @@ class Rack:
                 os.kill(pid, signal.SIGKILL)
         return "killed_pids", list(pids)
 
+    async def crash_exec(self, s: Service, i: int) -> tuple[str, list[Any]]:
+        """kill_exec, or with the controlds on their hosts its host's controld crashes it
+        (drill_crash: SIGKILL of its runtime's process group, or its domain destroyed)."""
+        if not self.on_hosts:
+            return self.kill_exec(s, i)
+        h = s.exec_host(self.config, i)
+        op = {"op": "drill_crash", "service": s.name, "index": i}
+        try:
+            reply = await call_ok(self.config, h, op, 30.0)
+        except RackError as e:
+            raise DrillError(f"{s.name}/exec-{i}: {e}") from e
+        if "killed_pids" in reply:
+            return "killed_pids", list(reply["killed_pids"])
+        return "destroyed_domains", list(reply.get("destroyed_domains", []))
+
     def _crash_domain(self, s: Service, i: int) -> str:
         """A VM crash: libvirt destroys the domain under controld's feet (controld finds it
         gone, as after a QEMU crash)."""
@@ -180,6 +210,40 @@ class Rack:
             body["lie"] = False
         path = s.exec_state_dir(self.config, i) / FAULT_FILE
         write_atomic(path, json.dumps(body) + "\n")
+
+    async def switch_fault(self, s: Service, i: int, fault: str | None, lie: bool = True) -> None:
+        """set_fault, or with the controlds on their hosts through replica i's controld
+        (drill_fault: it writes the same file in the replica's state directory)."""
+        if not self.on_hosts:
+            self.set_fault(s, i, fault, lie)
+            return
+        op: dict[str, Any] = {"op": "drill_fault", "service": s.name, "index": i, "fault": fault}
+        if fault == "slow-report":
+            op["slow_report_ms"] = self.slow_report_ms(s)
+        if not lie:
+            op["lie"] = False
+        try:
+            await call_ok(self.config, s.exec_host(self.config, i), op, 30.0)
+        except RackError as e:
+            raise DrillError(f"{s.name}/exec-{i}: {e}") from e
+
+    async def runtime_status(self, s: Service, i: int) -> dict[str, Any]:
+        """Execution replica i's status file ({} when there is none): read here, or with
+        the controlds on their hosts as its controld returns it (exec_status)."""
+        if not self.on_hosts:
+            with contextlib.suppress(OSError, ValueError):
+                st = json.loads(s.exec_status_path(self.config, i).read_text())
+                return st if isinstance(st, dict) else {}
+            return {}
+        h = s.exec_host(self.config, i)
+        try:
+            reply = await call_ok(self.config, h, {"op": "exec_status"}, 10.0)
+        except RackError:
+            return {}
+        for e in reply.get("runtimes", []):
+            if e.get("service") == s.name and e.get("index") == i:
+                return e["status"] if isinstance(e.get("status"), dict) else {}
+        return {}
 
     def slow_report_ms(self, s: Service) -> int:
         """Slow means later than the agreement replicas wait: one second beyond the

@@ -56,7 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replica", type=int, help="execution replica to fault (default: first running)"
     )
-    p.add_argument("--host", help="byzantine-host: the host (default: the faulted replica's)")
+    p.add_argument(
+        "--host",
+        help="byzantine-host, partition: the host (default: the faulted replica's, the first"
+        " running execution replica's)",
+    )
     p.add_argument("--clients", type=int, default=4, help="KV clients per service (default 4)")
     p.add_argument("--first-client", type=int, help="first client index (default: clients-16)")
     p.add_argument("--before", type=float, default=3.0, help="load before the fault (s)")
@@ -83,6 +87,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kv load only: before the fault, pause the load and bring the service to a seq"
         " = K mod checkpoint_interval with nothing in flight (0: right after a checkpoint,"
         " checkpoint_interval-1: right before the next one)",
+    )
+    p.add_argument(
+        "--cut",
+        metavar="CMD",
+        help="partition: the shell command that takes the host's network link down ({host}:"
+        " its name, also in $ZZ_HOST), e.g. 'ip -n BRIDGE-NS link set {host} down'",
+    )
+    p.add_argument(
+        "--heal",
+        metavar="CMD",
+        help="partition: the shell command that brings the link back after --after seconds",
     )
     p.add_argument("--out", type=Path, help="report directory (default run/drills/KIND-TIME)")
     p.add_argument(
@@ -297,7 +312,7 @@ class Drill:
             if any((c.service, c.replica) == (s.name, i) for c in report.convicted):
                 continue
             if "(" in name:
-                self.rack.set_fault(s, i, None)
+                await self.rack.switch_fault(s, i, None)
                 self.notes.append(f"not convicted: {s.name}/exec-{i} told to behave again")
 
     # ---- run ------------------------------------------------------------------------------
@@ -331,9 +346,11 @@ class Drill:
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind.name};"
                           f" watching {a.after:.0f} s")  # fmt: skip
             await self._watch(obs)
+            await self.kind.after_watch(obs)
             await self._settle(obs)
             await obs.read_controlds()
         finally:
+            await self.kind.cleanup()
             self.load_end_ns = time.monotonic_ns()
             load.stop.set()
             load.gate.set()
