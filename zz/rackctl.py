@@ -689,6 +689,21 @@ def up(
         out = keys.generate(config)
         progress(f"keys generated in {out}")
     _remove_exec_state(config)
+    return _record_and_bring_up(config, backend, store, why, overrides, agreed, progress, timeout)
+
+
+def _record_and_bring_up(
+    config: Config,
+    backend: str,
+    store: str,
+    why: str,
+    overrides: dict[str, Any] | None,
+    agreed: Path,
+    progress: Progress,
+    timeout: float,
+) -> RackState:
+    """The rack recorded as coming up (rack.json), then brought up (_up); torn down again
+    if that fails, recorded complete if not."""
     (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
     state = RackState(config.rack.name, str(config.path), backend, store, time.time())
     state.store_reason = why
@@ -788,21 +803,7 @@ def _up_on_hosts(
         if left:
             progress(f"controld {h}: cleared what an earlier rack left ({left} processes,"
                      " domains, paths and datasets)")  # fmt: skip
-    (config.rack.run_dir / DOWN_NAME).unlink(missing_ok=True)
-    state = RackState(config.rack.name, str(config.path), backend, store, time.time())
-    state.store_reason = why
-    state.overrides = dict(overrides or {})
-    _save_state(config, state)
-    try:
-        _up(config, state, agreed, progress, timeout)
-    except BaseException:
-        progress("bring-up failed: tearing down what was started")
-        with contextlib.suppress(Exception):
-            down(config, progress=progress)
-        raise
-    state.complete = True
-    _save_state(config, state)
-    return state
+    return _record_and_bring_up(config, backend, store, why, overrides, agreed, progress, timeout)
 
 
 def _need_libvirt() -> None:
