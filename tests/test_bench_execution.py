@@ -16,15 +16,19 @@ from zz.ports import free_base
 from zz.procrack import DEFAULT_AGREED, ProcRack
 
 
-def _rack(tmp_path: Path) -> zconfig.Config:
+def microbench_rack(
+    tmp_path: Path, name: str = "smoke", clients: int = 4, log_window: int = 32
+) -> zconfig.Config:
+    """One microbench service, f = g = 1, both execution replicas active, on one simulated
+    host, keys made (also tests/test_exec_pacing.py's rack)."""
     # Agreement ports base .. base+3 and execution ports base+64 .. base+66 must be free.
     base = free_base(range(68))
     path = tmp_path / "rack.toml"
     path.write_text(
         f"""[rack]
-name = "smoke"
+name = "{name}"
 checkpoint_interval = 16
-log_window = 32
+log_window = {log_window}
 
 [[hosts]]
 name = "h0"
@@ -38,7 +42,7 @@ g = 1
 f = 1
 active = 2
 app = "microbench"
-clients = 4
+clients = {clients}
 base_port = {base}
 """
     )
@@ -50,7 +54,7 @@ base_port = {base}
 @pytest.mark.slow
 @pytest.mark.skipif(not DEFAULT_AGREED.exists(), reason="make -C agreement first")
 def test_procrack_runs_microbench_and_leaves_nothing(tmp_path: Path) -> None:
-    cfg = _rack(tmp_path)
+    cfg = microbench_rack(tmp_path)
     op = mb.encode_op(iterations=200)
     want = bytes([mb.STATUS_OK]) + mb.burn(op, 200)
 

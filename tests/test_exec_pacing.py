@@ -13,44 +13,17 @@ from typing import Any
 
 import pytest
 
+from tests.test_bench_execution import microbench_rack
 from zz import config as zconfig
-from zz import keys as zkeys
 from zz.client import Client
 from zz.execution.apps import microbench as mb
-from zz.ports import free_base
 from zz.procrack import DEFAULT_AGREED, ProcRack, signal_group
 
 CLIENTS = 6
 
 
 def _rack(tmp_path: Path) -> zconfig.Config:
-    base = free_base(range(68))
-    path = tmp_path / "rack.toml"
-    path.write_text(
-        f"""[rack]
-name = "pacing"
-checkpoint_interval = 16
-log_window = 64
-
-[[hosts]]
-name = "h0"
-address = "127.0.0.1"
-libvirt_uri = "test:///default"
-
-[[services]]
-name = "mb"
-id = 1
-g = 1
-f = 1
-active = 2
-app = "microbench"
-clients = {CLIENTS}
-base_port = {base}
-"""
-    )
-    cfg = zconfig.load(path)
-    zkeys.generate(cfg)
-    return cfg
+    return microbench_rack(tmp_path, "pacing", CLIENTS, log_window=64)
 
 
 def _primary_stats(cfg: zconfig.Config, newer_than: float) -> dict[str, Any]:
