@@ -46,7 +46,8 @@ def _fetch_log(c: Cluster, replica: int, principal: int, from_seq: int) -> wire.
 def _order_raw(c: Cluster, n: int, one_by_one: bool = False) -> None:
     """n requests of client principal 1, sent to replica 0 on one connection, ordered
     (with external execution no reply comes back: the agreement stats tell). one_by_one:
-    each ordered in a batch of its own."""
+    each ordered in a batch of its own before the next is sent; without it a request
+    may replace the one before it while that one waits to be proposed."""
     import time
 
     client = c.client_principal(1)
@@ -240,7 +241,11 @@ def test_execution_log_is_kept_until_an_execution_checkpoint_is_stable(tmp_path:
     from zz.crypto import SigningKey
 
     with running_cluster(tmp_path, g=1, app="kv", checkpoint_interval=8, log_window=16) as c:
-        _order_raw(c, 30)
+        # One at a time: a client's newer request replaces its pending one (one outstanding
+        # request per client), and with no execution replica reporting the primary holds
+        # each proposal for exec_hold_ms (batching against execution), so requests sent
+        # 10 ms apart would mostly replace each other before they are proposed.
+        _order_raw(c, 30, one_by_one=True)
         s1 = c.stats(1)
         assert s1["stable_seq"] >= 16  # the agreement replicas' own log moved on
         me = wire.exec_principal(0)
