@@ -49,8 +49,9 @@ from zz.wire import exec_principal
 
 # A spare boots with this CPU weight (libvirt cpu_shares; a domain's default is 1024 on
 # cgroup v1) or, where that cannot be set, at this nice level: under TCG a boot takes a
-# core for ~30 s.
-SPARE_BOOT_SHARES = 64
+# core for ~30 s. A quarter, not less: against one busy active guest it still gets a fifth
+# of the core, so the next spare is there within minutes even when the actives are busy.
+SPARE_BOOT_SHARES = 256
 SPARE_BOOT_NICE = 10
 # docs/design.md §9: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
