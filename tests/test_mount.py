@@ -377,6 +377,10 @@ def test_fsx_against_a_local_directory_across_drills(rack: Config, tmp_path: Pat
     assert "no certified reply" not in m.log.read_text(), "no operation timed out"
 
 
+# `long` (25-35 s): the mount across drills stays in the default command through
+# test_fsx_against_a_local_directory_across_drills, real programs on it through
+# test_real_programs_on_the_mount.
+@pytest.mark.long
 def test_untar_git_diff_across_a_crash(rack: Config, tmp_path: Path) -> None:
     """Untar a source tree onto the mount while an active execution replica is killed, then
     commit it to git, git fsck, and diff -r against the original."""

@@ -1,9 +1,10 @@
 # tests/test_vm_drills.py - the drills end to end on a rack of real QEMU/libvirt guests (zz rack
 # up --backend libvirt): the execution runtimes run inside the VMs, the spare is a paused VM.
 # Slow (TCG guests boot in ~25 s on a busy 2-core host); skipped without libvirt and an image.
-# The default test command runs the f = 1 rack (runtimes in the guests, the crash drill); the
-# drills on racks of their own (f = 2, ZFS, byzantine-host: ~8 min) are marked `long` and run
-# with `scripts/test.sh --long` (README "Tests").
+# The default test command runs the f = 1 rack (runtimes in the guests); the drills (crash on
+# that rack, and on racks of their own f = 2, ZFS, byzantine-host: ~9 min) are marked `long`
+# and run with `scripts/test.sh --long` (README "Tests", docs/operations.md lists where each
+# real-VM check runs).
 from __future__ import annotations
 
 import contextlib
@@ -165,6 +166,9 @@ def _cmdline(pid: int) -> bytes:
 @needs_vms
 @needs_agreed
 @needs_go
+# `long`: 50-70 s with its fresh spare's boot, which kept the default command near its 20
+# minutes; controld's wake of a real paused guest stays in it (test_real_guest_wakeup).
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("kind", "cp_phase"),
     # A crash right after a checkpoint (CP = 32). A liar right before one, and corrupted
