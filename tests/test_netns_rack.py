@@ -213,6 +213,10 @@ def _drill(ms: Machines, kind: str, url: str, *extra: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 @needs_agreed
+# `long` until zfs-fuse is understood here: in two of three clean-clone CI runs with this
+# test, zfs-fuse stopped answering during or after it (226 threads in futex wait, tests in
+# D state on fuse_get_req) and every later ZFS test failed; one run passed (48 s).
+@pytest.mark.long
 def test_four_hosts_as_namespaces(machines: Machines) -> None:
     ms, nsx = machines, machines.nsx
     op = netns.OPERATOR
