@@ -919,6 +919,19 @@ static void on_synced(void *ctx)
 
 /* Start the sync threads (durability fsync, a loop to report to); without them every sync
  * blocks the caller. */
+
+/* Tell every sync thread to stop and wait for each. */
+static void join_threads(zz_wal *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->t_stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < w->n_thr; i++)
+        pthread_join(w->thr[i], NULL);
+    w->n_thr = 0;
+}
+
 static void start_thread(zz_replica *r)
 {
     zz_wal *w = &r->wal;
@@ -950,13 +963,7 @@ static void start_thread(zz_replica *r)
     if (rc != 0 || zz_net_watch(r->net, w->efd, on_synced, r) != 0) {
         if (rc != 0)
             errno = rc;
-        pthread_mutex_lock(&w->mu);
-        w->t_stop = 1;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        for (int i = 0; i < w->n_thr; i++)
-            pthread_join(w->thr[i], NULL);
-        w->n_thr = 0;
+        join_threads(w);
         goto destroy_cv;
     }
     w->thr_on = 1;
@@ -977,13 +984,7 @@ static void stop_thread(zz_wal *w)
 {
     if (!w->thr_on)
         return;
-    pthread_mutex_lock(&w->mu);
-    w->t_stop = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    for (int i = 0; i < w->n_thr; i++)
-        pthread_join(w->thr[i], NULL);
-    w->n_thr = 0;
+    join_threads(w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     close(w->efd);
