@@ -165,6 +165,8 @@ class Daemon:
         self.counters: Counter[str] = Counter()
         self.dropped_by_source: Counter[str] = Counter()  # messages dropped, per address
         self.recent: deque[str] = deque(maxlen=64)
+        # The steps of the latest wake-ups with their wall-clock times (_act_wakeup).
+        self.wakes: deque[dict[str, Any]] = deque(maxlen=16)
         # The agreement replicas placed here (zz-agreed processes: `agreed` is the binary).
         self.agreed = AgreedReplicas(
             config, host, home, agreed or DEFAULT_AGREED, self._note, self.counters
@@ -744,6 +746,7 @@ class Daemon:
             "audit": self.audit.status(),
             "metrics": self.metrics_server.status(),
             "recent": list(self.recent),
+            "wakes": list(self.wakes),
             "agreed": await asyncio.to_thread(self.agreed.describe),
             "runtimes": await asyncio.to_thread(self._runtimes),
         }
@@ -753,14 +756,15 @@ class Daemon:
 
     def _runtimes(self) -> list[dict[str, Any]]:
         """Each execution replica slot placed here: the status file its runtime rewrites
-        every second (docs/execution.md; a guest's is in its share), `status_age_s` (null
-        when there is none), and `checkpoint`: the seq of its newest checkpoint manifest
-        in its state directory (null: none)."""
+        every second (docs/execution.md; a guest's is in its share), `status_age_s` and
+        `status_written_at` (its mtime; both null when there is none), and `checkpoint`:
+        the seq of its newest checkpoint manifest in its state directory (null: none)."""
         out = []
         now = time.time()
         for svc, i in self._slots():
             d: dict[str, Any] = {"service": svc.name, "index": i, "status": None,
-                                 "status_age_s": None, "checkpoint": None}  # fmt: skip
+                                 "status_age_s": None, "status_written_at": None,
+                                 "checkpoint": None}  # fmt: skip
             manifests = svc.exec_state_dir(self.config, i) / "manifests"
             with contextlib.suppress(OSError):
                 seqs = [m.name.removeprefix("ckpt-").removesuffix(".manifest")
@@ -772,6 +776,10 @@ class Daemon:
                 st = json.loads(path.read_text())
                 if isinstance(st, dict):
                     d["status"], d["status_age_s"] = st, round(now - mtime, 3)
+                    # This host's clock when the file was written (a guest writes it over
+                    # 9p, QEMU on the host sets the mtime): with the status's own `mono_now`
+                    # it places the runtime's `wake_marks` on this clock (zz drill).
+                    d["status_written_at"] = mtime
             out.append(d)
         return out
 
@@ -1127,6 +1135,7 @@ class Daemon:
         return None
 
     def _on_wakeup(self, m: wire.Wakeup, raw: bytes) -> bool:
+        received_at = time.time()
         svc = self._service_by_id(m.service)
         if svc is None:
             self.counters["wakeup_unknown_service"] += 1
@@ -1158,10 +1167,24 @@ class Daemon:
         self._note(
             f"WAKEUP {svc.name} seq {w.seq} awake {awake} wake {list(w.wake)} from {m.sender}"
         )
-        self._work.put_nowait(("wakeup", (svc, w.seq, awake, list(w.wake))))
+        verified = {"received_at": received_at, "accepted_at": time.time()}
+        self._work.put_nowait(("wakeup", (svc, w.seq, awake, list(w.wake), verified)))
         return True
 
-    async def _act_wakeup(self, svc: Service, seq: int, awake: list[int], wake: list[int]) -> None:
+    async def _act_wakeup(
+        self,
+        svc: Service,
+        seq: int,
+        awake: list[int],
+        wake: list[int],
+        verified: dict[str, float] | None = None,
+    ) -> None:
+        """Wake each replica of `wake` hosted here. Every wake's steps go to `wakes`
+        (status), on this host's wall clock: when the certificate arrived and was accepted
+        (`verified`), when the work queue took it, the hypervisor's resume (or restore)
+        and the guest agent's wake (a hibernated guest mounts its share and starts its
+        runtime there). zz drill turns them into the recovery phases of its report."""
+        taken_at = time.time()
         for x in wake:
             try:
                 rec = self.inventory.get(svc.name, x)
@@ -1177,6 +1200,7 @@ class Daemon:
             # may choose a recovery checkpoint by an earlier round's seq: campaign seed 3202
             # round 18, woken again mid-recovery). A wake that fails leaves it for the next.
             notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
+            steps = {**(verified or {}), "taken_at": taken_at, "resume_at": time.time()}
             t0 = time.monotonic()
             try:
                 await self.inventory.atransition(
@@ -1190,6 +1214,7 @@ class Daemon:
                 self._note(f"WAKEUP {svc.name}/{x} failed: {e}")
                 continue
             dt = time.monotonic() - t0
+            steps["resumed_at"] = time.time()
             self.counters["woken"] += 1
             self.metrics.woke(svc, x, state, dt)
             self._woken_for[(svc.id, x)] = (seq, tuple(awake))
@@ -1199,6 +1224,9 @@ class Daemon:
                 # It runs (recovering) but its agent did not take the notice: say so.
                 self.counters["guest_wake_failed"] += 1
                 self._note(f"{svc.name}/{x}: guest agent wake failed: {e}")
+            steps["agent_woke_at"] = time.time()
+            self.wakes.append({"service": svc.name, "index": x, "seq": seq, "from": state,
+                               **{k: round(v, 6) for k, v in steps.items()}})  # fmt: skip
             self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
 
     # ---- SHUTDOWN ---------------------------------------------------------------------------

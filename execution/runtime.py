@@ -67,6 +67,19 @@ _FETCH_PATIENCE = 60.0
 _BACKGROUND_PAUSE = 0.001
 
 
+def _process_start_mono() -> float | None:
+    """This process's start on the time.monotonic() clock (from /proc/self/stat; None
+    where there is none): a runtime started at a wake-up (a hibernated guest's) counts its
+    interpreter start-up and imports from here."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.monotonic() - age
+
+
 def _mtime(path: Path) -> int | None:
     try:
         return path.stat().st_mtime_ns
@@ -230,6 +243,16 @@ class Runtime:
         # ran (the notice is written before the resume) for an old one, and the woken spare
         # stayed silent until it was convicted (campaign seed 3302 round 3 at f = 2).
         self._notice_at_start = self._notice_taken
+        # The steps of this replica's latest wake-up on its time.monotonic() clock (status
+        # `wake_marks`, with `mono_now`): noticed (the wake notice taken) or started (a
+        # runtime started at the wake), link_up, recover_start, recovered, replay_first and
+        # replay_last (certified batches run again), first_fresh (the first batch whose
+        # report counts: its replies are sent). zz drill places them on the host's clock
+        # (docs/operations.md "Recovery phases").
+        self.wake_marks: dict[str, float] = {}
+        if not opts.asleep:
+            started = _process_start_mono()
+            self.wake_marks = {"started": round(started or time.monotonic(), 4)}
         self._last_agreement_frame = time.monotonic()
         # The seq of a batch abandoned half-run because the checkpoint being recovered was
         # collected (StaleCheckpoint): nothing executes until a newer one is installed.
@@ -431,6 +454,7 @@ class Runtime:
         # Registration (FETCH kind 3) must be re-sent after every reconnect: the agreement
         # replica forgets the connection, and with it where to push EXEC-COMMITs.
         if link.peer < wire.PRINCIPAL_EXEC:
+            self._mark("link_up")
             return [self._fetch_msg(link.peer), *self.ckpt.latest_msgs(), *self._resend(link.peer)]
         return self.ckpt.latest_msgs()
 
@@ -681,11 +705,16 @@ class Runtime:
                         break
                     if vouched:
                         self._time_replay(t_batch)
+                        if "replay_first" not in self.wake_marks:
+                            self.wake_marks["replay_first"] = round(t_batch, 4)
+                        self._mark("replay_last", again=True)
                     self.counters.update(self._batch_counts)
                     self.collector.executed(cert.seq)
                     self._view = max(self._view, cert.view)
                     for out in outs:
                         self._send_reply(out, cert.view)
+                    if not vouched:
+                        self._mark("first_fresh")
                     if delay := self.faults.report_delay():
                         await asyncio.sleep(delay)
                     # At a checkpoint seq the checkpoint comes first and its digest is in
@@ -727,6 +756,17 @@ class Runtime:
         self.recovery["stranded_at"] = seq
         log.warning("batch %d: recovery checkpoint collected (%s): recovering anew", seq, e)
         self._register_again()
+
+    def _mark(self, name: str, again: bool = False) -> None:
+        """Note step `name` of the current wake-up now (`again`: the latest time, else the
+        first)."""
+        if again or name not in self.wake_marks:
+            self.wake_marks[name] = round(time.monotonic(), 4)
+
+    def _new_wake(self) -> None:
+        """A new wake notice was taken: the marks start over from it."""
+        self.wake_marks = {}
+        self._mark("noticed")
 
     def _time_replay(self, started: float) -> None:
         """Status `replay`: the certified batches run since the last recovery, and the
@@ -879,6 +919,7 @@ class Runtime:
             self.counters["wake_notices"] += 1
             if now != self._notice_taken:
                 self._notice_taken = now
+                self._new_wake()
                 self._take_fault_seq(notice.get("recovering_from_seq"))
             self.recovery["woken_at"] = notice.get("woken_at")
             self.recovery["noticed_at"] = time.time()
@@ -917,6 +958,7 @@ class Runtime:
         except (OSError, ValueError):
             return  # half written: the next look, or _wake_watch, takes it
         self._notice_taken = now
+        self._new_wake()
         self.counters["wake_notices_peeked"] += 1
         if isinstance(notice, dict):
             self._take_fault_seq(notice.get("recovering_from_seq"))
@@ -988,6 +1030,7 @@ class Runtime:
     async def _recover(self, seq: int, digest: bytes) -> None:
         """Jump to the certified checkpoint (seq, digest); files come on first touch."""
         t0 = time.monotonic()
+        self._mark("recover_start")
         self.counters["recoveries_started"] += 1
         log.info("behind the stable checkpoint %d (%s): recovering", seq, digest.hex()[:16])
         try:
@@ -1020,6 +1063,7 @@ class Runtime:
             }
         )
         self.counters["recoveries"] += 1
+        self._mark("recovered", again=True)
         # The log above seq: register again so the agreement replicas resend it.
         self._register_again()
         self._start_background(fetcher)
@@ -1182,6 +1226,8 @@ class Runtime:
             "certificates": dict(sorted(self.collector.dropped.items())),
             "recovery": dict(self.recovery),
             "replay": dict(self.replay),
+            "wake_marks": dict(self.wake_marks),
+            "mono_now": round(time.monotonic(), 4),
             "asleep": self.asleep,
             "recovering": self.fetcher is not None,
             "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,

@@ -344,7 +344,7 @@ async def test_exec_status_returns_the_runtimes_status_files(tmp_path: Path) -> 
         before = await n.rpc("exec_status")
         assert before["runtimes"] == [
             {"service": "web", "index": i, "status": None, "status_age_s": None,
-             "checkpoint": None}
+             "status_written_at": None, "checkpoint": None}
         ], before
         got = await n.rpc("provision", service="web", index=i, mode="active")
         assert got["ok"], got

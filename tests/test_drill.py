@@ -21,6 +21,7 @@ from zz import drill, rackctl
 from zz import history as zh
 from zz import report as rp
 from zz.config import Config, load
+from zz.drill import observe as obs_mod
 
 needs_go = pytest.mark.skipif(
     shutil.which("go") is None and "ZZ_LINCHECK" not in os.environ,
@@ -313,6 +314,35 @@ def test_timeline_marks_conviction_and_restore_and_keeps_the_legend_off_the_data
         plt.close(fig)
 
 
+def test_recovery_phases_split_the_fault_to_the_first_correct_reply() -> None:
+    """Each phase ends at its mark; a mark earlier than the previous end gives 0, a
+    missing one None (the next phase starts at the last known end); recovery and replay
+    that did not happen are 0 once the runtime's marks are there."""
+    marks = {"flagged": 0.1, "wakeup_accepted": 0.3, "runtime_ready": 0.35,
+             "recovered": 0.5, "replay_last": 0.45, "first_correct_reply": 1.0}  # fmt: skip
+    got = rp.recovery_phases(marks)
+    assert list(got) == [p for p, _ in rp.PHASES]
+    assert got == pytest.approx({"detection": 0.1, "certificate": 0.2, "resume": 0.05,
+                                 "recovery_fetch": 0.15, "replay": 0.0,
+                                 "first_reply": 0.5})  # fmt: skip
+    assert sum(got.values()) == pytest.approx(1.0)
+    no_runtime = rp.recovery_phases({"flagged": 0.1, "wakeup_accepted": 0.3,
+                                     "first_correct_reply": 2.0})  # fmt: skip
+    assert no_runtime["resume"] is None and no_runtime["recovery_fetch"] is None
+    assert no_runtime["first_reply"] == pytest.approx(1.7)
+    nothing_to_fetch = rp.recovery_phases({"flagged": 0.1, "wakeup_accepted": 0.3,
+                                           "runtime_ready": 0.4,
+                                           "first_correct_reply": 0.9})  # fmt: skip
+    assert nothing_to_fetch["recovery_fetch"] == 0 and nothing_to_fetch["replay"] == 0
+    assert nothing_to_fetch["first_reply"] == pytest.approx(0.5)
+
+
+def test_agreed_log_times_are_utc() -> None:
+    line = "2026-11-27T18:13:55.123Z zz-agreed: replica 1: execution mismatch at seq 7: 0=ab 1=cd"
+    assert obs_mod.log_time(line) == pytest.approx(1795803235.123)
+    assert obs_mod.log_time("zz-agreed: no stamp") is None
+
+
 def test_png_for_an_empty_timeline(tmp_path: Path) -> None:
     """A drill that died before any operation still writes a (flat) picture."""
     js, png = rp.write(rp.DrillReport("crash", "rt", "kv0", 0.0), tmp_path)
@@ -540,6 +570,7 @@ def up_rack(tmp_path: Path) -> Iterator[Config]:
     finally:
         rack_down(config)
 
+
 def assert_recovered(r: rp.DrillReport) -> None:
     """Every check of the drill held (no reason to FAIL). DEGRADED (throughput after
     recovery under half of before) is a measurement of the machine's load at that moment;
@@ -547,6 +578,23 @@ def assert_recovered(r: rp.DrillReport) -> None:
     real drill passes here as PASS or DEGRADED. The verdict itself is unit-tested."""
     assert r.result in ("PASS", "DEGRADED") and not r.reasons, r.reasons
 
+
+def assert_phases(r: rp.DrillReport, woken: str) -> None:
+    """Every recovery phase placed (rp.PHASES), from the steps of the woken replica's
+    recovery, and they add up to the first correct reply."""
+    assert list(r.phases) == [p for p, _ in rp.PHASES], r.phases
+    assert all(v is not None and v >= 0 for v in r.phases.values()), r.phases
+    assert r.first_correct_reply_s is not None
+    total = sum(v or 0 for v in r.phases.values())
+    assert total == pytest.approx(r.first_correct_reply_s, abs=2e-3), r.phases
+    m = r.details["recovery_marks"][woken]
+    steps = ("wakeup_accepted", "resume_start", "resumed")
+    assert all(k in m for k in ("flagged", *steps, "agent_woke", "runtime_ready")), m
+    assert [m[k] for k in steps] == sorted(m[k] for k in steps), m
+    # The runtime runs once resumed: it may take the notice before the hypervisor's call
+    # returns, never before the call began.
+    assert m["runtime_ready"] >= m["resume_start"], m
+    assert "first_fresh" in m, m
 
 
 def _run(
@@ -672,6 +720,7 @@ def test_execution_fault_drill(
     assert r.first_correct_reply_s >= r.detection_s
     marks = r.marks()
     assert marks["conviction"] > 0 and marks["spare_restored"] >= marks["conviction"]
+    assert_phases(r, "kv0/2")
     if kind == "corrupt-snapshot":
         assert r.details["corrupted_files"] > 0
         assert any("from x0" in x for x in r.details["rejected"]), r.details["rejected"]

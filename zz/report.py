@@ -252,6 +252,53 @@ class SpareRestored(Entry):
         }
 
 
+# ---- where the time from the fault to the first correct reply went -------------------------
+# The recovery phases, in order, and the mark (seconds after the fault, report
+# details["recovery_marks"]) each one ends at (docs/operations.md "Recovery phases"):
+#   detection       the fault -> an agreement replica flags it (its log: execution
+#                   mismatch / timeout at seq N)
+#   certificate     -> the woken replica's controld accepted the WAKEUP (g+1 signed fault
+#                   statements exchanged, the WAKEUP formed, sent and verified)
+#   resume          -> the woken runtime connected to the agreement replicas: controld's
+#                   queue, the resume (or restore), the guest agent's wake, the runtime's
+#                   notice (a hibernated guest's runtime: started, imports, state opened)
+#   recovery_fetch  -> the stable checkpoint installed (manifest, the runtime's own files;
+#                   the others come on first touch); 0 when no recovery was needed
+#   replay          -> the last certified batch run again ended; 0 when there was none
+#   first_reply     -> the first correct reply at a client: the fault's batches executed
+#                   fresh, f+1 matching replies sent and received
+PHASES = (
+    ("detection", "flagged"),
+    ("certificate", "wakeup_accepted"),
+    ("resume", "runtime_ready"),
+    ("recovery_fetch", "recovered"),
+    ("replay", "replay_last"),
+    ("first_reply", "first_correct_reply"),
+)
+
+
+def recovery_phases(marks: dict[str, float | None]) -> dict[str, float | None]:
+    """Seconds per phase (PHASES) from the marks (seconds after the fault). A phase
+    whose end mark is missing is None and the next one starts where the last known one
+    ended; an end mark earlier than that (clocks a few ms apart, steps that overlap)
+    gives 0. `recovered` and `replay_last` missing while the runtime's marks are there
+    (`runtime_ready` set) mean the step did not happen: 0."""
+    out: dict[str, float | None] = {}
+    prev = 0.0
+    runtime = marks.get("runtime_ready") is not None
+    for phase, mark in PHASES:
+        t = marks.get(mark)
+        if t is None and runtime and mark in ("recovered", "replay_last"):
+            t = prev
+        if t is None:
+            out[phase] = None
+            continue
+        end = max(t, prev)
+        out[phase] = round(end - prev, 4)
+        prev = end
+    return out
+
+
 # report.json's list fields and the entry type each holds.
 ENTRY_FIELDS: dict[str, type[Entry]] = {
     "convicted": Convicted,
@@ -277,6 +324,9 @@ class DrillReport:
     detection_s: float | None = None
     wakeup_s: float | None = None
     first_correct_reply_s: float | None = None  # never before detection_s (first_reply())
+    # Fault -> first correct reply split into PHASES (recovery_phases); empty: no replica
+    # was woken, or the drill could not place its steps.
+    phases: dict[str, float | None] = field(default_factory=dict)
     convicted: list[Convicted] = field(default_factory=list)
     shut_down: list[ShutDown] = field(default_factory=list)
     woken: list[Woken] = field(default_factory=list)
@@ -562,6 +612,11 @@ def format_text(report: DrillReport) -> str:
         f"detection time            {_s(r.detection_s)}",
         f"wake-up time              {_s(r.wakeup_s)}",
         f"first correct reply       {_s(r.first_correct_reply_s)}",
+        *(
+            [f"phases                    {', '.join(f'{k} {_s(v)}' for k, v in r.phases.items())}"]
+            if r.phases
+            else []
+        ),
         f"convicted                 {_list(convicted)}",
         f"shut down                 {_list(_shut_downs(r.shut_down))}",
         f"woken                     {_list(woken)}",

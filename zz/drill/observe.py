@@ -12,6 +12,7 @@ Observer."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import re
 import time
@@ -220,6 +221,107 @@ async def agreed_stats_now(config: Config, s: Service) -> list[dict[str, Any]]:
         e = entries.get(f"{s.name}/agreed-{r}", {})
         out.append(e.get("stats") if isinstance(e.get("stats"), dict) else {})
     return out
+
+
+async def agreed_logs(config: Config, s: Service, lines: int = 1000) -> dict[str, list[str]]:
+    """The last `lines` lines of each of `s`'s agreement replicas' logs, through their
+    controlds (agreed_log); none for one whose controld does not answer."""
+
+    async def one(r: int) -> tuple[str, list[str]]:
+        h = config.replica_host(s, r)
+        req = {"op": "agreed_log", "service": s.name, "replica": r, "lines": lines}
+        try:
+            got = await operator_call(config, h, req, timeout=5.0)
+        except Exception:  # not answering: its log is unknown
+            return f"{s.name}/agreed-{r}", []
+        return f"{s.name}/agreed-{r}", [x for x in got.get("lines", []) if isinstance(x, str)]
+
+    return dict(await asyncio.gather(*(one(r) for r in range(s.n))))
+
+
+# zz-agreed's log lines (agreement/src/log.c: UTC with milliseconds) that mark a recovery's
+# steps: the first flag of a fault, and the first WAKEUP formed.
+_LOG_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")
+_FLAGGED = re.compile(r"zz-agreed: replica \d+: execution (mismatch|timeout) at seq \d+")
+_FORMED = re.compile(r"zz-agreed: replica \d+: WAKEUP seq \d+ wake \[")
+
+
+def log_time(line: str) -> float | None:
+    """The wall-clock time (Unix seconds) of a zz-agreed log line, None without a stamp."""
+    m = _LOG_STAMP.match(line)
+    if m is None:
+        return None
+    when = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f")
+    return when.replace(tzinfo=datetime.UTC).timestamp()
+
+
+def recovery_marks(
+    obs: Observer, logs: dict[str, list[str]], fault_wall: float, service: str
+) -> dict[str, dict[str, float]]:
+    """Per replica of `service` woken after the fault ("svc/i"), the steps of its
+    recovery in seconds after the fault (zz/report.py PHASES): from the agreement
+    replicas' logs (`logs`, wall clock), the woken replica's controld (`wakes`, wall
+    clock) and its runtime's `wake_marks` (its own monotonic clock, placed on the host's
+    by the status file's mtime and the status's `mono_now`)."""
+
+    def rel(t: float) -> float:
+        return round(t - fault_wall, 4)
+
+    shared: dict[str, float] = {}
+    for lines in logs.values():
+        for line in lines:
+            t = log_time(line)
+            if t is None or t < fault_wall:
+                continue
+            for key, rx in (("flagged", _FLAGGED), ("wakeup_formed", _FORMED)):
+                if rx.search(line) and (key not in shared or rel(t) < shared[key]):
+                    shared[key] = rel(t)
+    out: dict[str, dict[str, float]] = {}
+    for st in obs.controld.values():
+        for w in st.get("wakes", []):
+            at = w.get("accepted_at")
+            if w.get("service") != service or not isinstance(at, int | float) or at < fault_wall:
+                continue
+            who = f"{service}/{w.get('index')}"
+            if who in out:
+                continue  # the first wake after the fault
+            m = dict(shared)
+            for key, name in (("received_at", "wakeup_received"), ("accepted_at",
+                              "wakeup_accepted"), ("taken_at", "wake_taken"),
+                              ("resume_at", "resume_start"), ("resumed_at", "resumed"),
+                              ("agent_woke_at", "agent_woke")):  # fmt: skip
+                if isinstance(w.get(key), int | float):
+                    m[name] = rel(w[key])
+            m.update(_runtime_marks(obs, service, w.get("index"), fault_wall, w["accepted_at"]))
+            out[who] = m
+    return out
+
+
+def _runtime_marks(
+    obs: Observer, service: str, index: object, fault_wall: float, since: float
+) -> dict[str, float]:
+    """The woken runtime's wake_marks after `since` (wall clock), seconds after the fault;
+    `runtime_ready`: when it connected to the agreement replicas (else noticed/started)."""
+    for st in obs.controld.values():
+        for e in st.get("runtimes", []):
+            if e.get("service") != service or e.get("index") != index:
+                continue
+            status, written = e.get("status"), e.get("status_written_at")
+            if not isinstance(status, dict) or not isinstance(written, int | float):
+                return {}
+            marks, now = status.get("wake_marks"), status.get("mono_now")
+            if not isinstance(marks, dict) or not isinstance(now, int | float):
+                return {}
+            out = {
+                k: round(written - (now - v) - fault_wall, 4)
+                for k, v in marks.items()
+                if isinstance(v, int | float) and written - (now - v) >= since - 0.05
+            }
+            ready = out.get("link_up", out.get("noticed", out.get("started")))
+            if ready is not None:
+                out["runtime_ready"] = ready
+            return out
+    return {}
 
 
 def agreed_stats(config: Config, s: Service, r: int) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import re
 import sys
 import time
@@ -33,10 +34,12 @@ from zz.drill.load import (
 )
 from zz.drill.observe import (
     Observer,
+    agreed_logs,
     agreed_stats_now,
     awaiting_spares,
     fault_handled,
     open_rounds,
+    recovery_marks,
     running,
     sleeping,
 )
@@ -167,6 +170,8 @@ class Drill:
         self.samples: list[rp.Sample] = []
         self.load_end_ns = 0  # when the load was told to stop (the end of the watch)
         self.pause_ns = 0  # --cp-phase: when the load was paused before the fault
+        self.fault_wall = 0.0  # the fault on the wall clock (controld and zz-agreed stamp it)
+        self.agreed_logs: dict[str, list[str]] = {}  # the drilled service's, after the watch
         if self.kind.convicts and self.service.n_exec <= self.service.active:
             raise DrillError(f"{self.service.name} has no sleeping spare to wake")
 
@@ -342,6 +347,7 @@ class Drill:
             load.gate.set()
             if started:
                 obs.fault_ns = started
+            self.fault_wall = time.time() - (time.monotonic_ns() - obs.fault_ns) / 1e9
             self.phase = "watching after the fault"
             self.progress(f"fault injected: {', '.join(self.faulted) or self.kind.name};"
                           f" watching {a.after:.0f} s")  # fmt: skip
@@ -349,6 +355,8 @@ class Drill:
             await self.kind.after_watch(obs)
             await self._settle(obs)
             await obs.read_controlds()
+            if self.kind.convicts:
+                self.agreed_logs = await agreed_logs(self.config, self.service)
         finally:
             await self.kind.cleanup()
             self.load_end_ns = time.monotonic_ns()
@@ -379,6 +387,7 @@ class Drill:
         # With --cp-phase the throughput before is that of the load before its pause.
         until = (self.pause_ns - obs.fault_ns) / 1e9 if self.pause_ns else 0.0
         rp.throughput(r, self.samples, self.args.before, end_s, before_until_s=min(until, 0.0))
+        self._phases(r, obs)
         r.details.update(self.details)
         r.details["faulted"] = self.faulted
         r.details["tally"] = dict(load.tally)
@@ -468,6 +477,22 @@ class Drill:
                     "last": d.get("detect_latency_last_ms"),
                     "max": d["detect_latency_max_ms"],
                 }
+
+    def _phases(self, r: rp.DrillReport, obs: Observer) -> None:
+        """The recovery's steps per woken replica of the drilled service
+        (`details.recovery_marks`, seconds after the fault), and the phases of the fault ->
+        first correct reply (rp.recovery_phases) of the replica woken first."""
+        if not self.kind.convicts:
+            return
+        marks = recovery_marks(obs, self.agreed_logs, self.fault_wall, self.service.name)
+        if not marks:
+            return
+        for m in marks.values():
+            if r.first_correct_reply_s is not None:
+                m["first_correct_reply"] = round(r.first_correct_reply_s, 4)
+        r.details["recovery_marks"] = marks
+        first = min(marks.values(), key=lambda m: m.get("wakeup_accepted", math.inf))
+        r.phases = rp.recovery_phases(first)
 
     def _check_acked(self, r: rp.DrillReport, load: Load) -> None:
         """HTTP load: no Porcupine model for the guestbook; instead every acknowledged POST
