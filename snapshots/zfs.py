@@ -12,11 +12,14 @@ zfs-fuse quirks handled here, measured on the development machines:
 * a freshly mounted dataset or clone is "busy" for ~70 ms, so destroys retry on "busy";
 * there is no ``.zfs/snapshot`` directory: :meth:`ZfsStore.open_snapshot` makes a read-only
   ``zfs clone`` mounted in a fresh temporary directory and destroys it on exit;
-* the daemon must be started by hand (no systemd): :func:`ensure_zfs_daemon`.
+* the daemon must be started by hand (no systemd): :func:`ensure_zfs_daemon`;
+* two mounts at once wedge it for good: :func:`run_zfs` runs every command that may change
+  something (so may mount) one at a time on the machine, under :data:`CHANGE_LOCK`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -37,6 +40,21 @@ _BUSY_RETRY_S = 10.0
 _CMD_TIMEOUT_S = 120.0
 SETUP_HINT = "run `sudo bash scripts/setup.sh` (it installs and starts zfs-fuse)"
 DAEMON_PIDFILE = Path("/run/zz-zfs-fuse.pid")
+# zfs-fuse hands each new mount to its FUSE listener threads through one pipe: the thread
+# serving the command writes a record (with the mountpoint's length), then the mountpoint,
+# in two write()s. Two mounts at once (`zfs create`, `clone`, `mount`, `set mountpoint`,
+# `rename`, `receive`, `zpool import` ... from two processes or threads)
+# interleave there; the listener reading the pipe takes mountpoint bytes for a length, waits
+# in read() for good while holding the mutex the 39 other listeners wait on, and no FUSE
+# request of any dataset is served again: whoever touches a dataset sleeps in the kernel's
+# fuse_get_req (new mounts) or request_wait_answer, `zpool list` still answers. Every
+# command except the reads below takes this lock (flock, so processes and threads alike
+# wait for it); there is one zfs-fuse per machine, so one lock per machine.
+CHANGE_LOCK = Path("/run/lock/zz-zfs.lock")
+_READS = {
+    ("zfs", "list"), ("zfs", "get"), ("zfs", "send"),
+    ("zpool", "list"), ("zpool", "get"), ("zpool", "status"),
+}  # fmt: skip
 
 
 class ZfsMissingError(StorageError):
@@ -53,9 +71,11 @@ def run_zfs(argv: Sequence[str], *, retry_busy: bool = False) -> str:
     pause = 0.02
     while True:
         try:
-            proc = subprocess.run(
-                list(argv), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False
-            )
+            with _change_lock(argv):
+                proc = subprocess.run(
+                    list(argv), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S,
+                    check=False,
+                )  # fmt: skip
         except FileNotFoundError as e:
             raise ZfsMissingError(f"{argv[0]} not found: {SETUP_HINT}", argv) from e
         except subprocess.TimeoutExpired as e:
@@ -67,6 +87,23 @@ def run_zfs(argv: Sequence[str], *, retry_busy: bool = False) -> str:
             raise StorageError(f"exit status {proc.returncode}", argv, proc.stderr)
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+@contextmanager
+def _change_lock(argv: Sequence[str]) -> Iterator[None]:
+    """Hold :data:`CHANGE_LOCK` while `argv` runs, unless it only reads (see there)."""
+    if (Path(argv[0]).name, *argv[1:2]) in _READS:
+        yield
+        return
+    try:
+        fd = os.open(CHANGE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StorageError(f"cannot open the ZFS change lock {CHANGE_LOCK}: {e}", argv) from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _zfs_daemon_pids() -> list[int]:

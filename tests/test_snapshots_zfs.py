@@ -207,3 +207,40 @@ def test_pools_of_killed_test_runs_are_swept(zfs_daemon: None, tmp_path: Path) -
         for name, vdev in ((gone, gone_vdev), (mine, mine_vdev)):
             if pool_exists(name):
                 destroy_pool(name, vdev)
+
+
+def test_datasets_mounted_at_the_same_time_all_answer(pool: str, tmp_path: Path) -> None:
+    """Datasets created (and so mounted) by several threads at once all answer afterwards.
+    zfs-fuse hands each new mount to its FUSE listener threads through one pipe, as a record
+    and then the mountpoint in two write()s: two mounts at once interleave there, the
+    listener reading it takes mountpoint bytes for a length and waits in read() for good,
+    holding the lock every other listener waits on, and no dataset is served again (the
+    processes touching one sleep in fuse_get_req). run_zfs runs the commands that change
+    anything one at a time on the machine (docs/design.md §9); without that this test wedged
+    zfs-fuse in the second of two runs, as the namespace rack test did (issue 20)."""
+    import subprocess
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    n, rounds = 6, 12
+    for r in range(rounds):
+        names = [f"r{r}d{i}" for i in range(n)]
+        start = threading.Barrier(n)
+
+        def create(name: str, start: threading.Barrier) -> None:
+            start.wait()
+            run_zfs(["zfs", "create", "-o", f"mountpoint={tmp_path / name}", f"{pool}/{name}"])
+
+        with ThreadPoolExecutor(n) as ex:
+            list(ex.map(create, names, [start] * n))
+        for name in names:
+            # stat in a child: whoever touches a mount zfs-fuse no longer serves sleeps
+            # there, the child is killed at the limit and the test fails instead.
+            try:
+                p = subprocess.run(["stat", "-c", "%i", str(tmp_path / name)],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"round {r}: {tmp_path / name} does not answer (zfs-fuse wedged)")
+            assert p.returncode == 0, p.stderr
+        for name in names:
+            run_zfs(["zfs", "destroy", f"{pool}/{name}"], retry_busy=True)
