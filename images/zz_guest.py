@@ -24,8 +24,18 @@ Requests (one JSON object per line, one reply line each; a connection may send m
 What runs comes from /state/zz-guest.json when the share holds one (read at boot and at
 every wake): {"command": [argv...], "start": "boot" | "wake", "env": {...}}; the command
 runs with /state as its working directory and ZZ_RECOVER_FROM=N after a wake. Without
-it the agent stays idle. Bad requests get {"ok": false, "error": ...} and are counted;
-a line over 64 KiB closes the connection.
+it the agent stays idle.
+
+A command started at the wake (a hibernated spare's runtime) that runs a Python module
+(`python3 -m MOD ...`) is started ahead, before the sleep, as far as it can be without
+the share: an interpreter that has imported MOD.__main__ and what it imports (its working
+directory /, nothing of /state open, so the share still unmounts) and waits for one line
+on its stdin. The wake sends it the working directory, environment and arguments, and it
+runs MOD as `-m` would: a TCG guest then skips the interpreter's start-up and the imports
+(seconds) after the restore. Status `prestarted`: null, "importing" or "ready".
+
+Bad requests get {"ok": false, "error": ...} and are counted; a line over 64 KiB closes
+the connection.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -48,6 +59,29 @@ CONFIG = "zz-guest.json"
 WAKE_FILE = "zz-wake.json"
 MAX_LINE = 64 * 1024
 MAX_BALLAST_MIB = 1 << 16
+# How long "sleep" waits for a pre-started runtime's imports, so that the save holds them
+# (controld asks "sleep" with a 30 s timeout); one still importing finishes after the wake.
+PRESTART_WAIT_S = 20.0
+# The pre-started interpreter (python3 -c PRESTART MOD): import MOD.__main__, say "ready",
+# then run MOD as `python3 -m MOD ARGS` with what the wake sends (one JSON line), telling
+# it when that came (ZZ_PRESTART_GO, time.monotonic(): execution/runtime.py's "started").
+PRESTART = """
+import importlib, json, os, runpy, sys, time
+mod = sys.argv[1]
+importlib.import_module(mod + ".__main__")
+sys.modules.pop(mod + ".__main__")  # runpy runs it afresh; what it imported stays
+print("ready", flush=True)
+line = sys.stdin.readline()
+if not line:
+    sys.exit(0)
+go = json.loads(line)
+os.chdir(go["cwd"])
+os.environ.update(go["env"], ZZ_PRESTART_GO=repr(time.monotonic()))
+os.dup2(2, 1)
+sys.path[0] = os.getcwd()
+sys.argv = [mod, *go["args"]]
+runpy.run_module(mod, run_name="__main__", alter_sys=True)
+"""
 # The same options images/init mounts with.
 MOUNT_ARGS = ["mount", "-t", "9p", "-o", "trans=virtio,version=9p2000.L,msize=512000"]
 
@@ -83,6 +117,9 @@ class Agent:
         self.manage_mount = manage_mount
         self.stop_timeout = stop_timeout
         self.child: subprocess.Popen[bytes] | None = None
+        # A runtime started ahead of its wake-up (PRESTART), and whether it said "ready".
+        self.prestarted: subprocess.Popen[bytes] | None = None
+        self.prestart_ready = False
         self.recovering_from: int | None = None
         self.ballast: bytearray | None = None
         self.counters: dict[str, int] = {}
@@ -153,15 +190,80 @@ class Agent:
     def start_runtime(self, cfg: dict[str, Any]) -> bool:
         if self.running() or not cfg.get("command"):
             return False
-        env = dict(os.environ, **cfg.get("env", {}))
+        env = dict(cfg.get("env", {}))
         if self.recovering_from is not None:
             env["ZZ_RECOVER_FROM"] = str(self.recovering_from)
+        if self._go_prestarted(cfg, env):
+            return True
         # Own session: stop_runtime() signals the whole group the runtime may spawn.
         self.child = subprocess.Popen(
-            cfg["command"], cwd=self.state_dir, env=env, start_new_session=True
+            cfg["command"], cwd=self.state_dir, env=dict(os.environ, **env), start_new_session=True
         )
         print(f"zz-guest: runtime started, pid {self.child.pid}: {cfg['command']}", flush=True)
         return True
+
+    @staticmethod
+    def _module_command(cfg: dict[str, Any]) -> tuple[str, str, list[str]] | None:
+        """(interpreter, module, arguments) of a `python3 -m MOD ARGS...` command."""
+        cmd = cfg.get("command") or []
+        if len(cmd) >= 3 and cmd[1] == "-m" and "python" in Path(cmd[0]).name:
+            return cmd[0], cmd[2], cmd[3:]
+        return None
+
+    def prestart(self, cfg: dict[str, Any]) -> bool:
+        """Start the runtime of a "wake" config ahead (PRESTART), if it is a Python module
+        and none is waiting already."""
+        if cfg.get("start") != "wake" or self.running():
+            return False
+        if self.prestarted is not None and self.prestarted.poll() is None:
+            return False
+        mc = self._module_command(cfg)
+        if mc is None:
+            return False
+        self.prestarted = subprocess.Popen(
+            [mc[0], "-c", PRESTART, mc[1]], cwd="/", env=dict(os.environ, **cfg.get("env", {})),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        self.prestart_ready = False
+        print(f"zz-guest: runtime pre-started, pid {self.prestarted.pid}: {mc[1]}", flush=True)
+        return True
+
+    def wait_prestarted(self, timeout: float) -> bool:
+        """True once the pre-started runtime said "ready" (its imports done), waiting up
+        to `timeout` seconds for it."""
+        p = self.prestarted
+        if p is None or p.stdout is None or p.poll() is not None:
+            return False
+        if not self.prestart_ready:
+            ready, _, _ = select.select([p.stdout], [], [], timeout)
+            if ready and p.stdout.readline().strip() == b"ready":
+                self.prestart_ready = True
+        return self.prestart_ready
+
+    def _go_prestarted(self, cfg: dict[str, Any], env: dict[str, str]) -> bool:
+        """Hand the wake to the pre-started runtime: it becomes the child."""
+        p, self.prestarted = self.prestarted, None
+        mc = self._module_command(cfg)
+        if p is None or p.stdin is None or p.poll() is not None or mc is None:
+            return False
+        go = {"cwd": str(self.state_dir), "env": env, "args": mc[2]}
+        try:
+            p.stdin.write(json.dumps(go).encode() + b"\n")
+            p.stdin.close()
+        except OSError:
+            return False
+        if p.stdout is not None:
+            p.stdout.close()  # it writes to the console (stderr) from here
+        self.child = p
+        self.count("prestarted_runs")
+        print(f"zz-guest: pre-started runtime pid {p.pid} runs: {cfg['command']}", flush=True)
+        return True
+
+    def stop_prestarted(self) -> None:
+        p, self.prestarted = self.prestarted, None
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
     def stop_runtime(self) -> int | None:
         child, self.child = self.child, None
@@ -191,9 +293,17 @@ class Agent:
             "recovering_from": self.recovering_from,
             "runtime_pid": child.pid if child is not None else None,
             "runtime_exit": child.returncode if child is not None else None,
+            "prestarted": self._prestart_state(),
+            "prestarted_pid": self.prestarted.pid if self._prestart_state() else None,
             "ballast_mib": len(self.ballast) >> 20 if self.ballast else 0,
             "counters": dict(self.counters),
         }
+
+    def _prestart_state(self) -> str | None:
+        p = self.prestarted
+        if p is None or p.poll() is not None:
+            return None
+        return "ready" if self.prestart_ready else "importing"
 
     def handle(self, req: Any) -> dict[str, Any]:
         if not isinstance(req, dict) or not isinstance(req.get("op"), str):
@@ -203,6 +313,12 @@ class Agent:
             pass
         elif op == "sleep":
             self.stop_runtime()
+            # Its imports belong in the save (read the config while the share is there).
+            try:
+                self.prestart(self.config())
+            except (ValueError, OSError):
+                self.count("bad_config")
+            self.wait_prestarted(PRESTART_WAIT_S)
             self.unmount()
         elif op == "mount":
             self.mount()
@@ -282,6 +398,7 @@ async def serve(agent: Agent, host: str, port: int) -> None:
     async with server:
         await stop.wait()
     agent.stop_runtime()
+    agent.stop_prestarted()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = agent.config()
         if cfg.get("start", "boot") == "boot":
             agent.start_runtime(cfg)
+        else:
+            agent.prestart(cfg)
     except (ValueError, OSError) as e:
         # A broken config must not take the agent down: the host still needs answers.
         agent.count("bad_config")

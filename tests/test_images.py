@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -317,6 +318,81 @@ def test_guest_agent_protocol(agent: tuple[int, Path]) -> None:
         assert s.recv(4096) == b""
     r = _ping(port, 5)
     assert r["counters"]["bad_request"] == 5 and r["counters"]["line_too_long"] == 1
+
+
+PRESTART_MAIN = """
+import json, os, sys, time
+import zzpre.dep
+if __name__ == "__main__":
+    out = {"cwd": os.getcwd(), "argv": sys.argv[1:], "recover": os.environ.get("ZZ_RECOVER_FROM"),
+           "pid": os.getpid(),
+           "preimported": zzpre.dep.AT < float(os.environ.get("ZZ_PRESTART_GO", "0")),
+           "go": os.environ.get("ZZ_PRESTART_GO")}
+    with open("ran.json", "w") as f:
+        json.dump(out, f)
+    time.sleep(60)
+"""
+
+
+def test_guest_agent_prestarts_a_python_runtime_for_the_wake(tmp_path: Path) -> None:
+    """A "wake" config whose command is `python3 -m MOD`: the agent starts the interpreter
+    ahead (MOD.__main__ imported, working directory /, waiting on its stdin); "sleep" waits
+    for its imports; the wake hands it the command, and it runs MOD in the state directory
+    with the arguments and ZZ_RECOVER_FROM, as the same process. Stopped by the next
+    "sleep", which starts another one ahead."""
+    from zz.controld.hypervisor import guest_request
+
+    mods, state = tmp_path / "mods", tmp_path / "state"
+    (mods / "zzpre").mkdir(parents=True)
+    (mods / "zzpre" / "__init__.py").write_text("")
+    (mods / "zzpre" / "__main__.py").write_text(PRESTART_MAIN)
+    (mods / "zzpre" / "dep.py").write_text("import time\nAT = time.monotonic()\n")
+    state.mkdir()
+    cfg = {"command": [sys.executable, "-m", "zzpre", "a", "b"], "start": "wake",
+           "env": {"PYTHONPATH": str(mods)}}  # fmt: skip
+    (state / "zz-guest.json").write_text(json.dumps(cfg))
+    port = free_port()
+    p = subprocess.Popen(
+        [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
+         "--host", "127.0.0.1", "--state", str(state), "--no-mount"],
+        start_new_session=True,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        _wait_ok(port, time.monotonic() + 20)
+        r = _ping(port, 5)
+        assert r["mode"] == "idle" and r["prestarted"] in ("importing", "ready"), r
+        r = guest_request(port, {"op": "sleep"}, timeout=30)
+        assert r["prestarted"] == "ready" and r["mode"] == "idle", r
+        ahead = r["prestarted_pid"]
+        pids.append(ahead)
+        assert os.readlink(f"/proc/{ahead}/cwd") == "/"
+        r = guest_request(port, {"op": "wake", "seq": 7})
+        assert r["mode"] == "running" and r["runtime_pid"] == ahead and r["prestarted"] is None
+        deadline = time.monotonic() + 10
+        while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
+            assert time.monotonic() < deadline, "the pre-started runtime did not run"
+            time.sleep(0.02)
+        ran = json.loads((state / "ran.json").read_text())
+        assert ran["pid"] == ahead and ran["preimported"], ran
+        assert ran["cwd"] == str(state) and ran["argv"] == ["a", "b"] and ran["recover"] == "7"
+        assert ran["go"] is not None and r["counters"]["prestarted_runs"] == 1
+        r = guest_request(port, {"op": "sleep"}, timeout=30)
+        assert r["mode"] == "idle" and r["prestarted"] == "ready", r
+        pids.append(r["prestarted_pid"])
+        assert r["prestarted_pid"] != ahead
+        with pytest.raises(ProcessLookupError):
+            os.kill(ahead, 0)
+    finally:
+        p.terminate()  # the agent stops its runtime and the one started ahead
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, 9)
 
 
 def test_guest_agent_bad_config(tmp_path: Path) -> None:
