@@ -26,7 +26,9 @@ Fields and their invariants:
   bound already handed to a collection.
 * `lock`: the store is not safe for concurrent use (a checkpoint and the collection of
   older snapshots both rewrite its index): one operation at a time, held by whoever
-  calls into the store from a worker thread (take, collect, install, serve a file)."""
+  calls into the store from a worker thread. What a report waits on (take, install)
+  holds it `urgent`, ahead of the background work (serve a file, collect one snapshot),
+  execution/storelock.py."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from zz.config import Service
 from zz.crypto import SigningKey
 from zz.execution.drillfaults import DrillFaults
 from zz.execution.replycache import PATH as REPLIES_PATH
+from zz.execution.storelock import StoreLock
 from zz.snapshots import CheckpointStore, checkpoint_name, open_store
 from zz.snapshots.crashpoint import crash_point
 from zz.snapshots.fileserve import SnapshotFiles
@@ -75,7 +78,7 @@ class Checkpoints:
     send: Callable[[bytes], None]
     register_again: Callable[[], None]
     agreed_floor: Callable[[], int]
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: StoreLock = field(default_factory=StoreLock)
     last: int = 0
     stable: int = 0
     mine: dict[int, bytes] = field(default_factory=dict)
@@ -315,21 +318,33 @@ class Checkpoints:
             asyncio.get_running_loop().create_task(self._collect(bound))
 
     async def _collect(self, stable: int) -> None:
+        """One snapshot per turn of the lock: a checkpoint due meanwhile waits for one
+        destroy, not for all of them (a closed fault round can free many at once)."""
         try:
-            async with self.lock:
-                await asyncio.to_thread(self.destroy_below, stable)
+            while True:
+                async with self.lock.background("collection"):
+                    more = await asyncio.to_thread(self.destroy_below, stable, 1)
+                if not more:
+                    break
         except Exception:
             log.exception("garbage collection below %d failed", stable)
             self.counters["gc_errors"] += 1
 
-    def destroy_below(self, stable: int) -> None:
-        for name in self.store.list_snapshots():
-            if name.startswith("ckpt-") and name[5:].isdigit() and int(name[5:]) < stable:
-                self.files.release(name)  # ZFS refuses to destroy a snapshot with a clone
-                self.store.destroy_snapshot(name)
-                crash_point("runtime.gc.destroyed")
-                (self.manifest_dir / f"{name}.manifest").unlink(missing_ok=True)
-                self.counters["snapshots_destroyed"] += 1
+    def destroy_below(self, stable: int, limit: int | None = None) -> bool:
+        """Destroy the snapshots below `stable`, at most `limit` of them; True if some
+        were left for another call."""
+        doomed = [
+            name
+            for name in self.store.list_snapshots()
+            if name.startswith("ckpt-") and name[5:].isdigit() and int(name[5:]) < stable
+        ]
+        for name in doomed[:limit]:
+            self.files.release(name)  # ZFS refuses to destroy a snapshot with a clone
+            self.store.destroy_snapshot(name)
+            crash_point("runtime.gc.destroyed")
+            (self.manifest_dir / f"{name}.manifest").unlink(missing_ok=True)
+            self.counters["snapshots_destroyed"] += 1
+        return limit is not None and len(doomed) > limit
 
     def status(self) -> dict[str, Any]:
         return {
@@ -337,4 +352,5 @@ class Checkpoints:
             "stable_checkpoint": self.stable,
             "checkpoints": {str(s): c.hex() for s, c in sorted(self.mine.items())},
             "checkpoint_mismatches": list(self.mismatches),
+            "store_lock": self.lock.status(),
         }

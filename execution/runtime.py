@@ -728,7 +728,7 @@ class Runtime:
                     # digest is caught like one that answers wrongly.
                     c = None
                     if cert.seq % self.cp == 0:
-                        async with self.ckpt.lock:
+                        async with self.ckpt.lock.urgent(f"checkpoint {cert.seq}"):
                             c = await asyncio.to_thread(self._checkpoint, cert.seq)
                     if replay:
                         self.counters["replayed_certified"] += 1
@@ -1039,7 +1039,7 @@ class Runtime:
         self.counters["recoveries_started"] += 1
         log.info("behind the stable checkpoint %d (%s): recovering", seq, digest.hex()[:16])
         try:
-            async with self.ckpt.lock:
+            async with self.ckpt.lock.urgent(f"the install of checkpoint {seq}"):
                 await asyncio.to_thread(self._install_checkpoint, seq, digest)
         except (RecoveryError, FetchError, OSError) as e:
             # Peers may not have the checkpoint yet (or be down): the next FETCH-REPLY
@@ -1185,7 +1185,7 @@ class Runtime:
         else:
             if bad_range(m.offset, m.length):
                 self.counters["file_fetch_bad_range"] += 1
-            async with self.ckpt.lock:
+            async with self.ckpt.lock.background("a file served to a peer"):
                 r = await asyncio.to_thread(
                     self.ckpt.files.read, m.seq, m.path_text(), m.offset, m.length, m.sha256
                 )
