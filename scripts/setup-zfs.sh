@@ -25,10 +25,22 @@ if [ ! -e /dev/fuse ]; then
     mknod -m 0666 /dev/fuse c 10 229 || say "warning: cannot create /dev/fuse"
 fi
 
+# libvirt starts each QEMU in a mount namespace of its own: a copy of every mount at that
+# moment, made a slave of the machine's. Where / is a private mount (no systemd here) the
+# copy is private too and keeps each ZFS dataset mounted then: once ZZ unmounts one, its
+# FUSE mount lives on in the copy, zfs-fuse keeps the dataset open, and destroying it (or
+# its pool) says "dataset is busy" until that QEMU exits. Make / shared, as systemd does at
+# boot: the copies are then slaves and the unmount reaches them (docs/design.md §9).
+if ! awk '$5 == "/"' /proc/self/mountinfo | grep -q ' shared:'; then
+    say "mount --make-shared / (it is private: QEMU's mount namespaces would keep datasets)"
+    mount --make-shared /
+fi
+
 if zpool list >/dev/null 2>&1; then
-    # A long-lived zfs-fuse that has mounted and destroyed many datasets was seen to stop
-    # completing new FUSE mounts (a stat on the fresh mount never returns). With no pool
-    # in use, start the test run on a fresh daemon; with pools, leave it alone.
+    # A long-lived zfs-fuse was seen to stop completing new FUSE mounts (a stat on the
+    # fresh mount never returns): what two mounts at once do to it, which snapshots/zfs.py
+    # now prevents (CHANGE_LOCK); a daemon wedged so before still is. With no pool in use,
+    # start the test run on a fresh daemon; with pools, leave it alone.
     if [ -z "$(zpool list -H -o name 2>/dev/null)" ] && pgrep -x zfs-fuse >/dev/null 2>&1; then
         say "restarting the idle zfs-fuse (no pools) for a fresh daemon"
         pkill -x zfs-fuse || true

@@ -244,3 +244,31 @@ def test_datasets_mounted_at_the_same_time_all_answer(pool: str, tmp_path: Path)
             assert p.returncode == 0, p.stderr
         for name in names:
             run_zfs(["zfs", "destroy", f"{pool}/{name}"], retry_busy=True)
+
+
+def test_a_mount_namespace_made_meanwhile_does_not_keep_a_dataset(
+    pool: str, tmp_path: Path
+) -> None:
+    """A mount namespace made while a dataset is mounted (libvirt makes one per QEMU, a
+    copy of every mount at that moment, turned into a slave of the machine's) does not keep
+    the dataset from being destroyed. Where / is a private mount (no systemd: the
+    development machines, CI) the copy is private too: it keeps the FUSE mount alive after
+    zfs unmounts it in the machine's namespace, zfs-fuse keeps the dataset open, and every
+    destroy says "dataset is busy" until that QEMU exits (the namespace rack test's `rack
+    down` failed so while another job's guests ran). scripts/setup-zfs.sh makes / shared, as
+    systemd does at boot; the copy is then a slave and the unmount reaches it."""
+    import subprocess
+
+    store = ZfsStore(pool, "held", tmp_path / "live")
+    (store.path / "f").write_text("x")
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "600"])
+    try:
+        # unshare execs sleep once the namespace is made and set up.
+        while Path(f"/proc/{other.pid}/comm").read_text().strip() != "sleep":
+            assert other.poll() is None, "unshare failed"
+        assert str(store.path) in Path(f"/proc/{other.pid}/mountinfo").read_text()
+        store.destroy()
+        assert not dataset_exists(f"{pool}/held")
+    finally:
+        other.kill()
+        other.wait()
