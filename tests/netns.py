@@ -70,11 +70,29 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()]
 
 
-def _kill_inside(ns: str) -> None:
+def _running(pid: int) -> bool:
+    """`pid` has not exited yet (a zombie has: it holds no directory or file any more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _kill_inside(ns: str, timeout: float = 30.0) -> list[int]:
+    """SIGKILL everything still in `ns` and wait until it has exited: a process killed a
+    moment ago may still have its cwd or open files in a dataset, and the pool's destroy
+    then fails as busy. Returns the pids still running after `timeout` (none expected)."""
+    pids = []
     with contextlib.suppress(RuntimeError):
         for pid in ip("netns", "pids", ns).split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
+                pids.append(int(pid))
+    deadline = time.monotonic() + timeout
+    while (pids := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids
 
 
 def sweep_dead_runs() -> list[str]:
@@ -100,6 +118,7 @@ class Namespaces:
         self.hosts = list(hosts)
         self.made: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.stuck: dict[str, list[int]] = {}  # close(): what SIGKILL did not end
 
     def ns(self, machine: str) -> str:
         return f"{self.tag}-{machine}"
@@ -184,7 +203,8 @@ class Namespaces:
 
     def close(self) -> None:
         """Every process started here (its group: SIGTERM, SIGKILL after 20 s), anything
-        else still in the namespaces, then the namespaces (their links go with them)."""
+        else still in the namespaces (SIGKILL, waited for until it has exited; `stuck`
+        names what had not after 30 s), then the namespaces (their links go with them)."""
         for p in self.procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -197,8 +217,7 @@ class Namespaces:
                 os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5)
-        for ns in self.made:
-            _kill_inside(ns)
+        self.stuck = {ns: pids for ns in self.made if (pids := _kill_inside(ns))}
         for ns in reversed(self.made):
             with contextlib.suppress(RuntimeError):
                 ip("netns", "del", ns)
