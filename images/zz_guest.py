@@ -32,7 +32,9 @@ the share: an interpreter that has imported MOD.__main__ and what it imports (it
 directory /, nothing of /state open, so the share still unmounts) and waits for one line
 on its stdin. The wake sends it the working directory, environment and arguments, and it
 runs MOD as `-m` would: a TCG guest then skips the interpreter's start-up and the imports
-(seconds) after the restore. Status `prestarted`: null, "importing" or "ready".
+(seconds) after the restore. Status `prestarted`: null, "importing" or "ready". With
+"prestart": false in the config at the wake the command is started anew instead (the
+baseline of scripts/bench/recovery-phases).
 
 Bad requests get {"ok": false, "error": ...} and are counted; a line over 64 KiB closes
 the connection.
@@ -193,7 +195,9 @@ class Agent:
         env = dict(cfg.get("env", {}))
         if self.recovering_from is not None:
             env["ZZ_RECOVER_FROM"] = str(self.recovering_from)
-        if self._go_prestarted(cfg, env):
+        if cfg.get("prestart", True) is False:
+            self.stop_prestarted()  # benchmarks' baseline: the whole start-up after the wake
+        elif self._go_prestarted(cfg, env):
             return True
         # Own session: stop_runtime() signals the whole group the runtime may spawn.
         self.child = subprocess.Popen(

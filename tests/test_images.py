@@ -383,6 +383,20 @@ def test_guest_agent_prestarts_a_python_runtime_for_the_wake(tmp_path: Path) -> 
         assert r["prestarted_pid"] != ahead
         with pytest.raises(ProcessLookupError):
             os.kill(ahead, 0)
+        # "prestart": false at the wake: the command starts anew, the one ahead is stopped.
+        (state / "zz-guest.json").write_text(json.dumps({**cfg, "prestart": False}))
+        (state / "ran.json").unlink()
+        r = guest_request(port, {"op": "wake", "seq": 8})
+        assert r["mode"] == "running" and r["runtime_pid"] not in pids, r
+        pids.append(r["runtime_pid"])
+        deadline = time.monotonic() + 10
+        while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
+            assert time.monotonic() < deadline, "the runtime command did not run"
+            time.sleep(0.02)
+        ran = json.loads((state / "ran.json").read_text())
+        assert not ran["preimported"] and ran["go"] is None and ran["recover"] == "8", ran
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[1], 0)
     finally:
         p.terminate()  # the agent stops its runtime and the one started ahead
         try:
