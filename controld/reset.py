@@ -92,7 +92,7 @@ def clear(
                     try:
                         run_zfs(["zfs", "destroy", "-R", name], retry_busy=True)
                         deleted.append(f"ZFS dataset {name}")
-                    except Exception as e:  # StorageError: busy for good (zfs-fuse)
+                    except Exception as e:  # StorageError: busy (docs/design.md §9)
                         refused.append(f"ZFS dataset {name}: {e}")
     for svc, i in slots:
         base = run / f"s{svc.id}"

@@ -153,9 +153,10 @@ class Namespaces:
     def exec_argv(self, machine: str, argv: Sequence[str]) -> list[str]:
         """`argv` run in `machine`'s network namespace and nothing else. Not `ip netns exec`:
         that also gives the command a mount namespace of its own (to remount /sys), a
-        private copy where the machine's / is private (as here), so the datasets zfs-fuse
-        mounts later (a runtime's state, controld's clones) would not show in it. A real
-        host has one mount namespace; nsenter --net keeps the machine's."""
+        private copy where the machine's / is private (no systemd, before
+        scripts/setup-zfs.sh made it shared), so the datasets zfs-fuse mounts later (a
+        runtime's state, controld's clones) would not show in it. A real host has one mount
+        namespace; nsenter --net keeps the machine's."""
         return ["nsenter", f"--net=/run/netns/{self.ns(machine)}", "--", *argv]
 
     def run(
