@@ -96,7 +96,8 @@ def _change_lock(argv: Sequence[str]) -> Iterator[None]:
         yield
         return
     try:
-        fd = os.open(CHANGE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NOFOLLOW: /run/lock is writable by everyone.
+        fd = os.open(CHANGE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as e:
         raise StorageError(f"cannot open the ZFS change lock {CHANGE_LOCK}: {e}", argv) from e
     try:
