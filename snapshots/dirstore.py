@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -109,6 +110,10 @@ class DirStore(CheckpointStore):
         return [n for n in lines if n]
 
     def destroy_snapshot(self, name: str) -> None:
+        self.detach_snapshot(name)()
+
+    def detach_snapshot(self, name: str) -> Callable[[], None]:
+        """Unlist `name` and rename its copy away (quick); the copy's removal is returned."""
         check_snapshot_name(name)
         names = self.list_snapshots()
         if name not in names:
@@ -117,12 +122,13 @@ class DirStore(CheckpointStore):
         # it), never a listed snapshot whose directory is half deleted.
         self._write_order([n for n in names if n != name])
         crash_point("dirstore.destroy.unlisted")
-        doomed = self._snaps / f".del-{name}"
-        _remove(doomed)
+        # A name of its own: the removal may still run when a copy of the same name (a
+        # checkpoint taken again after a restore) is detached.
+        doomed = self._snaps / f".del-{name}-{time.monotonic_ns()}"
         if (self._snaps / name).exists():
             os.rename(self._snaps / name, doomed)
         crash_point("dirstore.destroy.renamed")
-        shutil.rmtree(doomed, ignore_errors=True)
+        return lambda: shutil.rmtree(doomed, ignore_errors=True)
 
     @contextmanager
     def _open(self, name: str) -> Iterator[Path]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -73,6 +73,14 @@ class CheckpointStore(ABC):
     def destroy_snapshot(self, name: str) -> None:
         """Delete snapshot ``name``; a missing name is an error."""
 
+    def detach_snapshot(self, name: str) -> Callable[[], None]:
+        """Delete snapshot ``name`` from the store now (as :meth:`destroy_snapshot`); the
+        callable returned frees what it still holds, and may run later, while other
+        operations use the store (a directory copy takes long to remove). Here it is all
+        done at once."""
+        self.destroy_snapshot(name)
+        return _nothing
+
     @abstractmethod
     def open_snapshot(self, name: str) -> AbstractContextManager[Path]:
         """Context manager yielding a directory with the snapshot's content.
@@ -106,3 +114,7 @@ class CheckpointStore(ABC):
     @abstractmethod
     def destroy(self) -> None:
         """Remove the live directory and every snapshot of it."""
+
+
+def _nothing() -> None:
+    pass

@@ -9,13 +9,18 @@ its checkpoint waited on the store's FIFO lock past the 4 s timer."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from test_controld_guest_files import _ctx as guest_ctx
 
 from zz.execution.runtime import Runtime, RuntimeOptions
 from zz.execution.storelock import StoreLock
+from zz.snapshots import dirstore
 
 
 async def test_urgent_goes_before_background_holders_that_queued_first() -> None:
@@ -73,48 +78,82 @@ async def test_two_urgent_holders_run_before_background_ones() -> None:
     assert set(order[3:]) == {"b1", "b2"}, order
 
 
-async def test_a_checkpoint_waits_for_one_destroy_not_the_whole_collection(
-    tmp_path: Path,
-) -> None:
-    """A runtime on the directory store with six snapshots to collect: a checkpoint asked
-    for while the first destroy runs holds the store right after that one (the collection
-    held the store for all six before)."""
+def _runtime_with_snapshots(tmp_path: Path, n: int) -> Runtime:
+    """A runtime on the directory store with `n` checkpoints taken."""
     ctx = guest_ctx(tmp_path)
     svc = ctx.config.services[0]
     rt = Runtime(ctx.config, svc, 0, RuntimeOptions(state_dir=tmp_path / "st"))
     rt.ckpt.manifest_dir.mkdir(parents=True)
     rt._open_state()
-    cp = rt.cp
-    for k in range(1, 8):
+    for k in range(1, n + 1):
         (rt.ckpt.store.path / f"f{k}").write_bytes(b"x" * k)
-        rt._checkpoint(k * cp)
-    assert len(rt.ckpt.store.list_snapshots()) == 7
+        rt._checkpoint(k * rt.cp)
+    assert len(rt.ckpt.store.list_snapshots()) == n
+    return rt
 
+
+async def _checkpoint(rt: Runtime, events: list[str]) -> None:
+    async with rt.ckpt.lock.urgent("checkpoint"):
+        events.append("checkpoint")
+
+
+async def test_a_checkpoint_waits_for_one_snapshot_not_the_whole_collection(
+    tmp_path: Path,
+) -> None:
+    """Six snapshots to collect: a checkpoint asked for while the first is taken out of
+    the store holds the store right after that one (the collection held the store for
+    all six before)."""
+    rt = _runtime_with_snapshots(tmp_path, 7)
     events: list[str] = []
     started = threading.Event()
     go = threading.Event()
-    real_destroy = rt.ckpt.store.destroy_snapshot
+    real_detach = rt.ckpt.store.detach_snapshot
 
-    def destroy(name: str) -> None:
+    def detach(name: str) -> Callable[[], None]:
         events.append(f"destroy {name}")
         if not started.is_set():
             started.set()
-            go.wait(10)
-        real_destroy(name)
+            go.wait(30)
+        return real_detach(name)
 
-    rt.ckpt.store.destroy_snapshot = destroy  # type: ignore[method-assign]
-
-    async def checkpoint() -> None:
-        async with rt.ckpt.lock.urgent("checkpoint"):
-            events.append("checkpoint")
-
-    collect = asyncio.create_task(rt.ckpt._collect(7 * cp))
-    await asyncio.to_thread(started.wait, 10)
-    ckpt = asyncio.create_task(checkpoint())
+    rt.ckpt.store.detach_snapshot = detach  # type: ignore[method-assign]
+    collect = asyncio.create_task(rt.ckpt._collect(7 * rt.cp))
+    await asyncio.to_thread(started.wait, 30)
+    ckpt = asyncio.create_task(_checkpoint(rt, events))
     await asyncio.sleep(0)
     go.set()
     await asyncio.gather(collect, ckpt)
     assert events[0].startswith("destroy") and events[1] == "checkpoint", events
-    assert len(events) == 7 and rt.ckpt.store.list_snapshots() == [f"ckpt-{7 * cp}"], events
+    assert len(events) == 7 and rt.ckpt.store.list_snapshots() == [f"ckpt-{7 * rt.cp}"], events
     assert rt.counters["snapshots_destroyed"] == 6 and rt.counters["gc_errors"] == 0
     assert "store_lock" in rt.ckpt.status()
+
+
+async def test_a_checkpoint_does_not_wait_while_a_collected_copy_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal of a collected directory copy (the long part) runs without the store:
+    a checkpoint asked for meanwhile is not held up by it, and the copy is gone after."""
+    rt = _runtime_with_snapshots(tmp_path, 2)
+    snaps = rt.ckpt.store.root / "snapshots"
+    removing = threading.Event()
+    go = threading.Event()
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kw: Any) -> None:
+        if Path(path).name.startswith(".del-"):  # a collected copy
+            removing.set()
+            go.wait(30)
+        real_rmtree(path, *args, **kw)
+
+    monkeypatch.setattr(dirstore.shutil, "rmtree", rmtree)
+    events: list[str] = []
+    collect = asyncio.create_task(rt.ckpt._collect(2 * rt.cp))
+    assert await asyncio.to_thread(removing.wait, 30)
+    assert rt.ckpt.store.list_snapshots() == [f"ckpt-{2 * rt.cp}"]
+    # A hang guard, not a timing check: the checkpoint must not need `go`.
+    await asyncio.wait_for(_checkpoint(rt, events), 30)
+    assert events == ["checkpoint"] and not go.is_set()
+    go.set()
+    await collect
+    assert sorted(p.name for p in snaps.iterdir()) == [f"ckpt-{2 * rt.cp}"]
