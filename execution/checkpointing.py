@@ -210,12 +210,35 @@ class Checkpoints:
         self.record_manifest(seq, manifest)
         crash_point("runtime.checkpoint.manifest")
         if not self.faults.snapshot(self.store, name, manifest, self.builder.root, seq):
-            self.store.snapshot(name)
+            base = self._snapshot_base(seq) if self.store.shares_unchanged else None
+            if base is None:
+                self.store.snapshot(name)
+            else:
+                had = base[1].files
+                self.store.snapshot_since(
+                    name,
+                    checkpoint_name(base[0]),
+                    lambda rel: (e := manifest.files.get(rel)) is not None and had.get(rel) == e,
+                )
         crash_point("runtime.checkpoint.snapshot")
         # A recovering peer's first request is this manifest: spare the decode of an entry
         # per file (~20 ms at 10,000 files) on its critical path.
         self.files.remember(seq, manifest)
         return manifest.digest()
+
+    def _snapshot_base(self, seq: int) -> tuple[int, Manifest] | None:
+        """This replica's last checkpoint below `seq` and its manifest, if its snapshot is
+        still here and complete: a file whose entry is the same in both holds the same
+        bytes there (store.snapshot_since). A snapshot taken while a recovery still
+        fetched files (below `complete_from`) may hold a stale local copy of a file its
+        manifest certifies: never a base."""
+        last = self.last
+        if not (self.complete_from <= last < seq):
+            return None
+        m = self.files.manifest(last)
+        if m is None or checkpoint_name(last) not in self.store.list_snapshots():
+            return None
+        return last, m
 
     # ---- the signed statements ----------------------------------------------------------
     def announce(self, seq: int, c: bytes, sign_key: SigningKey) -> None:

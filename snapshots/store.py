@@ -73,6 +73,15 @@ class CheckpointStore(ABC):
     def destroy_snapshot(self, name: str) -> None:
         """Delete snapshot ``name``; a missing name is an error."""
 
+    # True where snapshot_since does better than snapshot (worth finding a base for).
+    shares_unchanged = False
+
+    def snapshot_since(self, name: str, base: str, unchanged: Callable[[str], bool]) -> None:
+        """:meth:`snapshot`, told that the files whose relative paths `unchanged` accepts
+        hold what they held in snapshot `base`: a backend that copies may share those
+        with `base` instead. Here it is a plain snapshot."""
+        self.snapshot(name)
+
     def detach_snapshot(self, name: str) -> Callable[[], None]:
         """Delete snapshot ``name`` from the store now (as :meth:`destroy_snapshot`); the
         callable returned frees what it still holds, and may run later, while other
