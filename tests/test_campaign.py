@@ -114,6 +114,23 @@ def test_a_sibling_wakeup_may_wake_fewer() -> None:
     assert cp.check_round(r, bound_s=30) == []
 
 
+def test_a_wakeup_that_mends_a_shortfall_convicts_nobody() -> None:
+    """f = 2, two equivocating replicas (seed 3902 round 135): the merged outcome of the
+    first round kept 1 and 2 active, 4 asleep; the next seq had two matching reports of
+    three needed, and the round woke the fresh spare 0 and convicted nobody, as it must.
+    The same SHUTDOWN over f+1 awake replicas is still a missed conviction."""
+    attacks = [cp.Attack(0, "equivocate"), cp.Attack(3, "equivocate")]
+    r = cp.Round(135, f=2, attacks=attacks)
+    r.wakeups, r.wakeup_awake = {33600: [2, 4], 33634: [0]}, {33600: [0, 1, 3], 33634: [1, 2]}
+    r.shutdowns = {33600: [0, 3], 33634: []}
+    _healthy(r, [0, 1, 2], [3, 4])
+    assert cp.check_round(r, bound_s=30) == []
+    assert any("shortfall" in n for n in r.notes), r.notes
+    r.wakeup_awake[33634] = [1, 2, 4]
+    r.notes = []
+    assert _kinds(r) == ["missed-conviction"]
+
+
 def test_no_wakeup_no_conviction_is_fine() -> None:
     """A behaviour nobody can see (a replayed old report) wakes nobody: nothing to convict."""
     r = _healthy(cp.Round(1, f=1, attacks=[cp.Attack(1, "replay-old")]), [0, 1], [2])

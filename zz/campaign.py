@@ -21,7 +21,8 @@ brought up. Each round:
 
    false-conviction   a replica convicted that the campaign did not make faulty
    missed-conviction  a WAKEUP (fault round) whose SHUTDOWN convicts no faulty replica,
-                      or that has no SHUTDOWN at all (TR Lemma 2)
+                      or that has no SHUTDOWN at all (TR Lemma 2); a WAKEUP over fewer
+                      than f+1 awake whose SHUTDOWN convicts nobody mends a shortfall
    stall              some stretch after the fault longer than --bound seconds in which
                       no client operation completed (completed = f+1 matching replies)
    not-linearizable   Porcupine (tools/lincheck) rejects the round's history
@@ -253,6 +254,12 @@ def check_round(r: Round, bound_s: float) -> list[tuple[str, str]]:
             continue
         if conv is None:
             out.append(("missed-conviction", f"WAKEUP seq {seq} (woke {woken}): no SHUTDOWN"))
+        elif not conv and len(r.wakeup_awake.get(seq, ())) < r.f + 1:
+            # A shortfall, not a fault: an earlier outcome left fewer than f+1 awake (a
+            # merge of certified outcomes keeps only who each keeps active), every awake
+            # replica answered and agreed, and the round woke a spare to make f+1 again
+            # (docs/fault-detection.md "A shortfall"). Nobody is to blame, nobody convicted.
+            r.notes.append(f"WAKEUP seq {seq}: a shortfall of {r.wakeup_awake.get(seq)} mended")
         elif not caught[seq]:
             out.append(
                 ("missed-conviction", f"WAKEUP seq {seq}: SHUTDOWN convicts {conv}, none faulty")
