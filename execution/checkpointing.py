@@ -90,6 +90,7 @@ class Checkpoints:
     _gc_wanted: int = 0
     _gc_done: int = 0
     complete_from: int = 0
+    _drill_snapshot: int = -1  # the last snapshot a drill fault took (corrupted)
     # Set by open():
     store: CheckpointStore = field(init=False)
     files: SnapshotFiles = field(init=False)
@@ -209,7 +210,11 @@ class Checkpoints:
         name = checkpoint_name(seq)
         self.record_manifest(seq, manifest)
         crash_point("runtime.checkpoint.manifest")
-        if not self.faults.snapshot(self.store, name, manifest, self.builder.root, seq):
+        if self.faults.snapshot(self.store, name, manifest, self.builder.root, seq):
+            # A drill's corrupted copy: never a base, or its corruption would go on in the
+            # next snapshots after the drill turned the fault off.
+            self._drill_snapshot = seq
+        else:
             base = self._snapshot_base(seq) if self.store.shares_unchanged else None
             if base is None:
                 self.store.snapshot(name)
@@ -233,7 +238,7 @@ class Checkpoints:
         fetched files (below `complete_from`) may hold a stale local copy of a file its
         manifest certifies: never a base."""
         last = self.last
-        if not (self.complete_from <= last < seq):
+        if not (self.complete_from <= last < seq) or last == self._drill_snapshot:
             return None
         m = self.files.manifest(last)
         if m is None or checkpoint_name(last) not in self.store.list_snapshots():

@@ -86,3 +86,19 @@ def test_snapshot_since_copies_what_the_base_lacks(tmp_path: Path) -> None:
     assert _inode(two / "d" / "x") == _inode(st.root / "snapshots" / "ckpt-1" / "d" / "x")
     st.snapshot_since("ckpt-3", "ckpt-gone", lambda rel: True)  # no such base: a copy
     assert _inode(st.root / "snapshots" / "ckpt-3" / "d" / "x") != _inode(two / "d" / "x")
+
+
+def test_a_drills_corrupted_snapshot_is_never_a_base(tmp_path: Path) -> None:
+    """corrupt-snapshot takes a copy with flipped bytes: linking the next checkpoint to it
+    would keep serving the corruption after the drill turned the fault off."""
+    rt = _runtime_with_snapshots(tmp_path, 0)
+    live = rt.ckpt.store.path
+    (live / "a").write_bytes(b"abcdef")
+    rt.faults.fault = "corrupt-snapshot"
+    c1 = rt._checkpoint(rt.cp)
+    _announce(rt, rt.cp, c1)
+    rt.faults.fault = None
+    rt._checkpoint(2 * rt.cp)
+    snaps = rt.ckpt.store.root / "snapshots"
+    assert (snaps / checkpoint_name(rt.cp) / "a").read_bytes() != b"abcdef"
+    assert (snaps / checkpoint_name(2 * rt.cp) / "a").read_bytes() == b"abcdef"
