@@ -263,6 +263,15 @@ def agent(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     (state / "zz-guest.json").write_text(
         '{"command": ["sh", "-c", "echo $ZZ_RECOVER_FROM > ran; exec sleep 60"], "start": "wake"}'
     )
+    with _running_agent(state) as port:
+        yield port, state
+
+
+@contextlib.contextmanager
+def _running_agent(state: Path) -> Iterator[int]:
+    """images/zz_guest.py on a free port over `state`, answering; its port. Stopped with
+    SIGTERM afterwards (the agent stops its runtime, and one started ahead, on it), its
+    process group killed if it does not exit within 10 s."""
     port = free_port()
     p = subprocess.Popen(
         [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
@@ -271,9 +280,9 @@ def agent(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     )  # fmt: skip
     try:
         _wait_ok(port, time.monotonic() + 20)
-        yield port, state
+        yield port
     finally:
-        p.terminate()  # the agent stops its runtime on SIGTERM
+        p.terminate()
         try:
             p.wait(10)
         except subprocess.TimeoutExpired:
@@ -351,59 +360,47 @@ def test_guest_agent_prestarts_a_python_runtime_for_the_wake(tmp_path: Path) -> 
     cfg = {"command": [sys.executable, "-m", "zzpre", "a", "b"], "start": "wake",
            "env": {"PYTHONPATH": str(mods)}}  # fmt: skip
     (state / "zz-guest.json").write_text(json.dumps(cfg))
-    port = free_port()
-    p = subprocess.Popen(
-        [sys.executable, str(REPO / "images" / "zz_guest.py"), "--port", str(port),
-         "--host", "127.0.0.1", "--state", str(state), "--no-mount"],
-        start_new_session=True,
-    )  # fmt: skip
     pids: list[int] = []
     try:
-        _wait_ok(port, time.monotonic() + 20)
-        r = _ping(port, 5)
-        assert r["mode"] == "idle" and r["prestarted"] in ("importing", "ready"), r
-        r = guest_request(port, {"op": "sleep"}, timeout=30)
-        assert r["prestarted"] == "ready" and r["mode"] == "idle", r
-        ahead = r["prestarted_pid"]
-        pids.append(ahead)
-        assert os.readlink(f"/proc/{ahead}/cwd") == "/"
-        r = guest_request(port, {"op": "wake", "seq": 7})
-        assert r["mode"] == "running" and r["runtime_pid"] == ahead and r["prestarted"] is None
-        deadline = time.monotonic() + 10
-        while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
-            assert time.monotonic() < deadline, "the pre-started runtime did not run"
-            time.sleep(0.02)
-        ran = json.loads((state / "ran.json").read_text())
-        assert ran["pid"] == ahead and ran["preimported"], ran
-        assert ran["cwd"] == str(state) and ran["argv"] == ["a", "b"] and ran["recover"] == "7"
-        assert ran["go"] is not None and r["counters"]["prestarted_runs"] == 1
-        r = guest_request(port, {"op": "sleep"}, timeout=30)
-        assert r["mode"] == "idle" and r["prestarted"] == "ready", r
-        pids.append(r["prestarted_pid"])
-        assert r["prestarted_pid"] != ahead
-        with pytest.raises(ProcessLookupError):
-            os.kill(ahead, 0)
-        # "prestart": false at the wake: the command starts anew, the one ahead is stopped.
-        (state / "zz-guest.json").write_text(json.dumps({**cfg, "prestart": False}))
-        (state / "ran.json").unlink()
-        r = guest_request(port, {"op": "wake", "seq": 8})
-        assert r["mode"] == "running" and r["runtime_pid"] not in pids, r
-        pids.append(r["runtime_pid"])
-        deadline = time.monotonic() + 10
-        while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
-            assert time.monotonic() < deadline, "the runtime command did not run"
-            time.sleep(0.02)
-        ran = json.loads((state / "ran.json").read_text())
-        assert not ran["preimported"] and ran["go"] is None and ran["recover"] == "8", ran
-        with pytest.raises(ProcessLookupError):
-            os.kill(pids[1], 0)
+        with _running_agent(state) as port:
+            r = _ping(port, 5)
+            assert r["mode"] == "idle" and r["prestarted"] in ("importing", "ready"), r
+            r = guest_request(port, {"op": "sleep"}, timeout=30)
+            assert r["prestarted"] == "ready" and r["mode"] == "idle", r
+            ahead = r["prestarted_pid"]
+            pids.append(ahead)
+            assert os.readlink(f"/proc/{ahead}/cwd") == "/"
+            r = guest_request(port, {"op": "wake", "seq": 7})
+            assert r["mode"] == "running" and r["runtime_pid"] == ahead and r["prestarted"] is None
+            deadline = time.monotonic() + 10
+            while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
+                assert time.monotonic() < deadline, "the pre-started runtime did not run"
+                time.sleep(0.02)
+            ran = json.loads((state / "ran.json").read_text())
+            assert ran["pid"] == ahead and ran["preimported"], ran
+            assert ran["cwd"] == str(state) and ran["argv"] == ["a", "b"] and ran["recover"] == "7"
+            assert ran["go"] is not None and r["counters"]["prestarted_runs"] == 1
+            r = guest_request(port, {"op": "sleep"}, timeout=30)
+            assert r["mode"] == "idle" and r["prestarted"] == "ready", r
+            pids.append(r["prestarted_pid"])
+            assert r["prestarted_pid"] != ahead
+            with pytest.raises(ProcessLookupError):
+                os.kill(ahead, 0)
+            # "prestart": false at the wake: the command starts anew, the one ahead is stopped.
+            (state / "zz-guest.json").write_text(json.dumps({**cfg, "prestart": False}))
+            (state / "ran.json").unlink()
+            r = guest_request(port, {"op": "wake", "seq": 8})
+            assert r["mode"] == "running" and r["runtime_pid"] not in pids, r
+            pids.append(r["runtime_pid"])
+            deadline = time.monotonic() + 10
+            while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
+                assert time.monotonic() < deadline, "the runtime command did not run"
+                time.sleep(0.02)
+            ran = json.loads((state / "ran.json").read_text())
+            assert not ran["preimported"] and ran["go"] is None and ran["recover"] == "8", ran
+            with pytest.raises(ProcessLookupError):
+                os.kill(pids[1], 0)
     finally:
-        p.terminate()  # the agent stops its runtime and the one started ahead
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
-            p.wait()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, 9)
