@@ -213,12 +213,12 @@ def _drill(ms: Machines, kind: str, url: str, *extra: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @needs_agreed
-# In the default run since zfs-fuse no longer wedges here: in two of three clean-clone CI
-# runs it had stopped serving every dataset during this test (processes in D state on
-# fuse_get_req), when execution replicas on two hosts created (so mounted) their datasets
-# at the same moment; zz's zfs commands that may mount now run one at a time on the
-# machine (snapshots/zfs.py CHANGE_LOCK, docs/design.md §9).
+# zfs-fuse no longer wedges here (zz's zfs commands that may mount run one at a time on the
+# machine, snapshots/zfs.py CHANGE_LOCK, docs/design.md §9), but in one of three clean-clone
+# CI runs since, its crash drill found the service stuck (no operation completed 2.5-7.5 s
+# after the fault): in scripts/test.sh --long until that is explained.
 def test_four_hosts_as_namespaces(machines: Machines) -> None:
     ms, nsx = machines, machines.nsx
     op = netns.OPERATOR
