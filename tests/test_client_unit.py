@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from zz import wire
+from zz import keys, wire
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.crypto import SigningKey, sha256
 
@@ -413,6 +413,72 @@ async def test_exec_read_only_is_ordered(exec_rig: ExecRig) -> None:
     assert not last.read_only and last.ordered_read  # ordered, run without write access
     # Ordered, so only the primary and the not yet introduced replicas were asked once.
     assert [len(r.received) for r in exec_rig.replicas] == [1, 1, 1, 1]
+
+
+class RekeyedSpare(FakeExec):
+    """A fresh spare under a new key epoch, just woken (execution/runtime.py): a REQUEST
+    that does not verify under its key makes it introduce itself with its host's signed
+    SPARE-READY and is dropped; it replies only on a connection that carried one that
+    verifies (the connection the runtime registers for the client)."""
+
+    intro: bytes = b""
+    registered = False
+
+    def reply(self, ts: int) -> None:
+        if self.registered:
+            super().reply(ts)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                m = wire.decode(await wire.read_frame(reader))
+                assert isinstance(m, wire.Request)
+                self.received.append(m)
+                if not m.verify_mac(self.principal, self.key):
+                    writer.write(wire.frame(self.intro))
+                    continue
+                self.registered = True
+                self.reply(m.timestamp)
+        writer.close()
+
+
+async def test_a_request_dropped_by_a_rekeyed_spare_is_sent_again_at_its_introduction(
+    exec_rig: ExecRig,
+) -> None:
+    """Active replica 1 has crashed and the woken spare 2 holds a key epoch this client
+    has not seen (a fresh spare provisioned after a conviction; a proxy on another machine
+    learns it only from the spare). The spare drops the request and introduces itself: the
+    client sends the request again under the new key at once, not at its next
+    retransmission (backed off to seconds by the time a spare is woken), and gets its
+    f+1 matching replies."""
+    p = exec_rig.params
+    host = SigningKey(os.urandom(32))
+    p.sign = SigningKey(os.urandom(32))
+    p.exec_hosts = [keys.controld_principal(h) for h in range(N_EXEC)]
+    p.rack_public = {keys.controld_principal(2): host.public}
+    p.initial_timeout = p.max_timeout = 60.0  # no retransmission within the test
+    spare_key = SigningKey(os.urandom(32))
+    dh_pub = keys.dh_public(spare_key)
+    new_key = keys.epoch_mac_key(p.sign, dh_pub, 1, p.principal, wire.exec_principal(2), 1)
+    spare = RekeyedSpare(2, new_key)
+    intro = wire.SpareReady(1, keys.controld_principal(2), 2, 7, 1, spare_key.public, dh_pub)
+    spare.intro = intro.signed(host).encode()
+    x = exec_rig.execs[2]
+    assert x.server is not None
+    x.server.close()
+    spare.server = await asyncio.start_server(spare.handle, *p.exec_replicas[2])
+    exec_rig.execs[2] = spare
+    for rep in exec_rig.replicas:
+        assert isinstance(rep, OrderingReplica)
+        rep.execs = exec_rig.execs
+    exec_rig.execs[1].mode = "silent"
+    async with Client(p) as c:
+        assert await c.invoke(b"op", timeout=10) == b"exec:op"
+        assert c.stats["exec_key_epochs_learned"] == 1
+        assert c.stats["resent_on_introduction"] == 1 and c.stats["retransmits"] == 0
+    assert [m.verify_mac(spare.principal, new_key) for m in spare.received] == [False, True]
+    spare.server.close()
 
 
 def _affirm_rig(rig: ExecRig, modes: list[str]) -> None:

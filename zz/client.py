@@ -215,6 +215,9 @@ class _Pending:
     # REJECTED replies by agreement replica: the limit it named.
     rejects: dict[int, int] = field(default_factory=dict)
     size: int = 0
+    # The request itself, so that an execution replica that introduces itself with a new
+    # key epoch gets it again at once (Client._on_spare_ready).
+    request: wire.Request | None = None
 
 
 class Client:
@@ -283,6 +286,14 @@ class Client:
     def primary(self) -> int:
         return self.view % self.params.n
 
+    def _macs(self) -> dict[int, bytes]:
+        """A REQUEST's MAC keys: every agreement replica's, every execution slot's at the
+        newest key epoch we know."""
+        p = self.params
+        macs = {r: p.keys[r] for r in range(p.n)}
+        macs |= {wire.exec_principal(i): k for i, k in sorted(p.exec_keys.items())}
+        return macs
+
     def _next_timestamp(self) -> int:
         # Wall-clock based so a restarted client keeps increasing, never repeating.
         self._last_ts = max(time.time_ns(), self._last_ts + 1)
@@ -326,8 +337,7 @@ class Client:
         ts = self._next_timestamp()
         flags = wire.FLAG_READONLY if read_only else wire.FLAG_ORDERED_READ if ordered_read else 0
         req = wire.Request(p.service, p.principal, ts, flags, op)
-        macs = {r: p.keys[r] for r in range(p.n)}
-        macs |= {wire.exec_principal(i): k for i, k in sorted(p.exec_keys.items())}
+        macs = self._macs()
         msg = req.with_macs(macs).encode()
         # The signed retransmission is SIG_LEN bytes longer: it must fit the limit too.
         size = len(msg) + (SIG_LEN if p.sign is not None and not read_only else 0)
@@ -340,7 +350,8 @@ class Client:
             signed = msg = req.signed_with_macs(macs, p.sign).encode()
             self.stats["signed"] += 1
         faulty = p.f if p.uses_execution_replicas else p.g
-        pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty, size=len(msg))
+        pend = _Pending(ts, read_only, quorum, loop.create_future(), faulty, size=len(msg),
+                        request=req)  # fmt: skip
         self._pending = pend
         self.stats["requests"] += 1
         everyone = list(range(p.n))
@@ -490,8 +501,20 @@ class Client:
         p.exec_keys[i] = key
         p.exec_epochs[i] = m.epoch
         self.stats["exec_key_epochs_learned"] += 1
-        if i < len(self._exec_conns):
-            self._exec_conns[i].introduced = False  # our next request goes to it again
+        if i >= len(self._exec_conns):
+            return
+        conn = self._exec_conns[i]
+        conn.introduced = False  # our next request goes to it again
+        # The replica dropped our pending request for its MAC: it introduces itself when it
+        # reads one, typically a spare just woken, so the request is part of the fault
+        # round and the reply certificate may need its reply. Send it again now, under the
+        # new key, rather than at the next retransmission (the timer is backed off by then:
+        # up to seconds after the replica could have answered).
+        pend = self._pending
+        if pend is not None and not pend.future.done() and pend.request is not None:
+            if wire.exec_principal(i) not in pend.replies:
+                conn.send(pend.request.with_macs(self._macs()).encode())
+                self.stats["resent_on_introduction"] += 1
 
     def _on_rejected(self, m: wire.Reply, kind: str, idx: int) -> None:
         """A REJECTED reply: agreement replica `idx` refused our request unordered. g+1
