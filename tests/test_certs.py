@@ -151,6 +151,74 @@ def test_vector_file_covers_every_reason() -> None:
     reasons = {c.wake[1] for c in CASES if c.wake}
     assert {"ok", "too-few-signers", "not-convictable", "not-a-fault"} <= reasons
     assert {"duplicate-signer", "bad-signer", "wrong-seq"} <= reasons
+    assert "empty-round" in reasons
+    assert any(c.wake and c.wake[0] and not c.wake[2] for c in CASES)  # an empty round
+
+
+# ---- a round that wakes nobody (docs/fault-detection.md §4a) ------------------------
+
+
+def _overdue_round_rows(seq: int = 7) -> list[bytes]:
+    """f = 1: a round woke spare 2, which was overdue; the follow-up rows over {0, 1, 2}."""
+    return [statement(s, seq, {0: "a", 1: "b", 2: "-"}) for s in (0, 1)]
+
+
+def test_empty_wakeup_over_2f_plus_1_awake_verifies() -> None:
+    w = verify(wakeup(_overdue_round_rows(), [], []))
+    assert (w.wake, w.awake, w.sleeping, w.signers) == ((), (0, 1, 2), (), (0, 1))
+    # f = 2 needs five awake
+    ev = [statement(s, 7, {0: "a", 1: "b", 2: "a", 3: "-", 4: "-"}) for s in (0, 2)]
+    assert verify(wakeup(ev, [], []), f=2, n_exec=5).wake == ()
+
+
+def test_empty_wakeup_needs_g_plus_1_statements() -> None:
+    one = _overdue_round_rows()[:1]
+    assert _reason(wakeup(one, [], [])) == "too-few-signers"
+    # a faulty agreement replica's own statement twice is still one signer
+    assert _reason(wakeup(one * 2, [], [])) == "duplicate-signer"
+    # and it cannot sign for a correct one
+    forged = statement(1, 7, {0: "a", 1: "b", 2: "-"}, key=SIGNERS[3])
+    assert _reason(wakeup([one[0], forged], [], [])) == "bad-signature"
+    # g+1 rows that hold a certificate are no fault, empty round or not
+    cert = [statement(s, 7, {0: "a", 1: "b", 2: "a"}) for s in (0, 1)]
+    assert _reason(wakeup(cert, [], [])) == "not-a-fault"
+
+
+def test_empty_wakeup_over_fewer_than_2f_plus_1_awake_is_refused() -> None:
+    """f = 1, two awake and nobody asleep (a conviction whose fresh spare is not ready): a
+    round that wakes nobody could not be sure to decide, so it is not justified."""
+    ev = [statement(s, 7, {1: "a", 2: "b"}) for s in (0, 1)]
+    assert _reason(wakeup(ev, [], []), n_exec=3) == "empty-round"
+    ev = [statement(s, 7, {0: "a", 1: "b", 2: "a", 3: "-"}) for s in (0, 1)]
+    assert _reason(wakeup(ev, [], []), f=2, n_exec=5) == "empty-round"
+
+
+def test_empty_wakeup_while_a_spare_sleeps_is_refused() -> None:
+    """The rules wake a sleeping spare: a WAKEUP that lists it asleep and wakes nobody is
+    wrong-wake; one that hides it (sleeping []) verifies here, and controld refuses it
+    against its inventory (tests/test_controld_daemon.py)."""
+    ev = _overdue_round_rows()
+    assert _reason(wakeup(ev, [3], []), n_exec=4) == "wrong-wake"
+    assert verify(wakeup(ev, [3], [3]), n_exec=4).wake == (3,)
+
+
+def test_empty_round_then_its_shutdown_is_fresh() -> None:
+    fresh = Freshness()
+    fresh.acted_wakeup(verify(wakeup(*_w1())))  # the round that woke 2, closed undecided
+    w = verify(wakeup(_overdue_round_rows(), [], []))
+    fresh.check_wakeup(w)
+    fresh.acted_wakeup(w)
+    with pytest.raises(CertError, match="duplicate"):
+        fresh.check_wakeup(verify(wakeup(_overdue_round_rows(), [], [], sender=2)))
+    col = ShutdownCollector(ServiceTrust(SERVICE, PUBLIC, 1, 1, 3))
+    cert = None
+    for s in (0, 1):
+        cert = col.add(_shutdown(s, 7, [0, 1, 2], [1], [], [0, 2])) or cert
+    assert cert is not None and cert.convict == (1,) and cert.active == (0, 2)
+    fresh.check_shutdown(cert)
+    fresh.acted_shutdown(cert)
+    with pytest.raises(CertError, match="stale"):
+        fresh.check_wakeup(w)
 
 
 # ---- forgeries and malformed certificates -------------------------------------------
@@ -299,6 +367,7 @@ _EVAL_REASONS = {
     "not-a-fault",
     "too-few-signers",
     "not-convictable",
+    "empty-round",
 }
 
 

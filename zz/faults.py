@@ -103,7 +103,9 @@ class WakeupDecision:
     ``reason`` is one of: ``ok``, ``bad-params``, ``bad-signer``, ``duplicate-signer``,
     ``wrong-seq`` (service or seq differ), ``shape`` (replica set or row length),
     ``not-a-fault`` (a row holds an execution certificate), ``too-few-signers``,
-    ``not-convictable``.  The C side reports the same codes.
+    ``not-convictable``, ``empty-round`` (nobody is asleep to wake and fewer than 2f+1
+    are awake, so a round that wakes nobody could not be sure to decide).  The C side
+    reports the same codes.
     """
 
     justified: bool
@@ -277,7 +279,9 @@ def evaluate_evidence(
     the spares that may be woken.  Sleepers are taken in ascending id order, so every
     agreement replica and every controld computes the same set.  With fewer than f+1
     awake (a shortfall left by an earlier round) no certificate can form, and g+1 rows
-    wake the missing replicas without Definition 1 (docs/fault-detection.md §4).
+    wake the missing replicas without Definition 1 (docs/fault-detection.md §4).  With
+    nobody asleep the wake set is empty, which is justified only over at least 2f+1 awake
+    replicas (``empty-round`` otherwise; §4a).
     """
     reason = _check(statements, f=f, g=g, service=service, seq=seq, awake=awake)
     if reason is not None:
@@ -291,6 +295,11 @@ def evaluate_evidence(
     # fewer than f+1 active) justify waking up to f+1 without anyone to convict.
     if len(awake) >= f + 1 and not convictable(rows, g):
         return WakeupDecision(False, "not-convictable", signers)
+    # Nobody asleep: a round that wakes nobody decides from the awake replicas' own reports
+    # (docs/fault-detection.md §4a). Only with at least 2f+1 awake are f+1 of them correct,
+    # so that their reports decide a digest; with fewer the statements wait for a spare.
+    if not sleeping and len(awake) < 2 * f + 1:
+        return WakeupDecision(False, "empty-round", signers)
     count = min(_wake_count(rows, f), len(sleeping))
     return WakeupDecision(True, "ok", signers, tuple(sorted(sleeping)[:count]))
 

@@ -19,6 +19,7 @@ static const char *const reason_names[] = {
     [ZZ_FAULT_NOT_A_FAULT] = "not-a-fault",
     [ZZ_FAULT_TOO_FEW_SIGNERS] = "too-few-signers",
     [ZZ_FAULT_NOT_CONVICTABLE] = "not-convictable",
+    [ZZ_FAULT_EMPTY_ROUND] = "empty-round",
 };
 
 const char *zz_fault_reason_name(int reason) {
@@ -176,12 +177,71 @@ int zz_fault_evaluate(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t 
      * g+1 rows over such a set wake the missing replicas with nobody to convict. */
     if ((uint64_t)n_awake >= (uint64_t)f + 1 && !convictable(rows, nrows, g))
         return ZZ_FAULT_NOT_CONVICTABLE;
+    /* Nobody asleep: a round that wakes nobody decides from the awake replicas' reports,
+     * which only 2f+1 awake (f+1 of them correct) are sure to do (§4a). */
+    if (n_sleeping == 0 && (uint64_t)n_awake < 2 * (uint64_t)f + 1)
+        return ZZ_FAULT_EMPTY_ROUND;
     /* wake_count <= f+1 <= n_awake <= ZZ_MAX_EXEC, so wake has room. */
     uint64_t count = wake_count(rows, nrows, f);
     if (count > n_sleeping)
         count = n_sleeping;
     *n_wake = smallest(sleeping, n_sleeping, (uint32_t)count, wake);
     return ZZ_FAULT_OK;
+}
+
+/* Evaluate the rows of mask (copied to sub); ZZ_FAULT_OK with the wake set, or the reason. */
+static int try_mask(const zz_frow *rows, uint32_t nrows, uint64_t mask, uint32_t f, uint32_t g,
+                    uint64_t seq, const uint32_t *awake, uint32_t n_awake,
+                    const uint32_t *sleeping, uint32_t n_sleeping, zz_frow *sub,
+                    uint32_t *n_sub, uint32_t *wake, uint32_t *n_wake) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < nrows; i++)
+        if (mask & (1ULL << i))
+            sub[k++] = rows[i];
+    *n_sub = k;
+    return zz_fault_evaluate(sub, k, f, g, seq, awake, n_awake, sleeping, n_sleeping, wake,
+                             n_wake);
+}
+
+int zz_fault_choose(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t g, uint64_t seq,
+                    const uint32_t *awake, uint32_t n_awake, const uint32_t *sleeping,
+                    uint32_t n_sleeping, zz_frow *sub, uint32_t *n_sub, uint64_t *mask,
+                    uint32_t *wake, uint32_t *n_wake) {
+    *mask = 0;
+    *n_sub = 0;
+    *n_wake = 0;
+    if (nrows == 0 || nrows > 64 || !rows || !sub)
+        return ZZ_FAULT_BAD_PARAMS;
+    uint64_t full = nrows == 64 ? UINT64_MAX : (1ULL << nrows) - 1;
+    int first = try_mask(rows, nrows, full, f, g, seq, awake, n_awake, sleeping, n_sleeping,
+                         sub, n_sub, wake, n_wake);
+    if (first == ZZ_FAULT_OK) {
+        *mask = full;
+        return ZZ_FAULT_OK;
+    }
+    uint64_t min = (uint64_t)g + 1;
+    if (nrows <= ZZ_FAULT_SUBSET_MAX) {
+        for (uint32_t pc = nrows - 1; pc >= min && pc > 0; pc--)
+            for (uint64_t m = full - 1; m > 0; m--)
+                if ((uint32_t)__builtin_popcountll(m) == pc &&
+                    try_mask(rows, nrows, m, f, g, seq, awake, n_awake, sleeping, n_sleeping,
+                             sub, n_sub, wake, n_wake) == ZZ_FAULT_OK) {
+                    *mask = m;
+                    return ZZ_FAULT_OK;
+                }
+    } else if (nrows - 1 >= min) {
+        for (uint32_t i = 0; i < nrows; i++) {
+            uint64_t m = full & ~(1ULL << i);
+            if (try_mask(rows, nrows, m, f, g, seq, awake, n_awake, sleeping, n_sleeping, sub,
+                         n_sub, wake, n_wake) == ZZ_FAULT_OK) {
+                *mask = m;
+                return ZZ_FAULT_OK;
+            }
+        }
+    }
+    *n_sub = 0;
+    *n_wake = 0;
+    return first;
 }
 
 static void sort_ids(uint32_t *ids, uint32_t n) {

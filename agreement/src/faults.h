@@ -42,7 +42,8 @@ enum {
     ZZ_FAULT_SHAPE,
     ZZ_FAULT_NOT_A_FAULT,
     ZZ_FAULT_TOO_FEW_SIGNERS,
-    ZZ_FAULT_NOT_CONVICTABLE
+    ZZ_FAULT_NOT_CONVICTABLE,
+    ZZ_FAULT_EMPTY_ROUND /* nobody asleep and fewer than 2f+1 awake (§4a) */
 };
 
 /* "ok", "bad-params", ... as in docs/fault-detection.md §4; "unknown" for other values. */
@@ -51,10 +52,27 @@ const char *zz_fault_reason_name(int reason);
 /* Checks rows[0..nrows) as WAKEUP evidence for seq over the awake replicas (ascending) and,
  * when justified, writes the sleepers to wake (ascending, *n_wake of them) into wake, which
  * must have room for ZZ_MAX_EXEC ids. Returns ZZ_FAULT_OK or the first failing reason;
- * *n_wake is 0 unless OK. */
+ * *n_wake is 0 unless OK. OK with *n_wake = 0 (nobody asleep) only when n_awake >= 2f+1:
+ * a round that wakes nobody decides from the awake replicas' reports (§4a). */
 int zz_fault_evaluate(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t g, uint64_t seq,
                       const uint32_t *awake, uint32_t n_awake, const uint32_t *sleeping,
                       uint32_t n_sleeping, uint32_t *wake, uint32_t *n_wake);
+
+/* Rows up to which zz_fault_choose tries every subset of at least g+1 of them. */
+#define ZZ_FAULT_SUBSET_MAX 10
+
+/* The evidence a WAKEUP carries, from rows[0..nrows) (the verified statements of one
+ * candidate, nrows <= 64): the first set of at least g+1 rows that zz_fault_evaluate
+ * accepts. A faulty signer's row can spoil a set that is justified without it, so with at
+ * most ZZ_FAULT_SUBSET_MAX rows every subset is tried by falling size, else the full set and
+ * the sets missing one row. On ZZ_FAULT_OK the chosen rows are copied to sub (room for nrows)
+ * in order, *n_sub of them, *mask has bit i set for each chosen rows[i], and the wake set is
+ * written as by zz_fault_evaluate (empty only over 2f+1 awake with nobody asleep: a round
+ * that wakes nobody, §4a). Otherwise returns the reason of the full set, *mask = 0. */
+int zz_fault_choose(const zz_frow *rows, uint32_t nrows, uint32_t f, uint32_t g, uint64_t seq,
+                    const uint32_t *awake, uint32_t n_awake, const uint32_t *sleeping,
+                    uint32_t n_sleeping, zz_frow *sub, uint32_t *n_sub, uint64_t *mask,
+                    uint32_t *wake, uint32_t *n_wake);
 
 /* This agreement replica's own view of replica id's report for the seq being resolved. */
 typedef struct {

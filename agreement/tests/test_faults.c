@@ -504,8 +504,10 @@ static void test_edges(tctx *t) {
     CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 4, wake, &n_wake) ==
                  ZZ_FAULT_OK);
     CHECK(t, n_wake == 2 && wake[0] == 2 && wake[1] == 2);
+    /* nobody asleep over two awake (f = 1): a round would wake nobody and could not be sure
+     * to decide (§4a) */
     CHECK(t, zz_fault_evaluate(rows, 2, 1, 1, 7, awake, 2, sleeping, 0, wake, &n_wake) ==
-                 ZZ_FAULT_OK);
+                 ZZ_FAULT_EMPTY_ROUND);
     CHECK(t, n_wake == 0);
     t_end(t);
 
@@ -552,9 +554,115 @@ static void test_edges(tctx *t) {
     t_end(t);
 }
 
+/* zz_fault_choose, the evidence search of statements.c try_evaluate, and its round that
+ * wakes nobody (docs/fault-detection.md §4a). */
+static void test_choose(tctx *t) {
+    static const uint32_t three[] = {0, 1, 2}, two[] = {1, 2}, spare[] = {3};
+    zz_frow rows[ZZ_MAX_EXEC], sub[ZZ_MAX_EXEC];
+    uint32_t wake[ZZ_MAX_EXEC], n_wake = 99, n_sub = 99;
+    uint64_t mask = 99;
+
+    t_begin(t, "nobody asleep, 2f+1 awake: g+1 rows open a round that wakes nobody");
+    set_row(&rows[0], 0, 7, three, 3, "ab-");
+    set_row(&rows[1], 1, 7, three, 3, "ab-");
+    CHECK(t, zz_fault_choose(rows, 2, 1, 1, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_OK);
+    CHECK(t, n_wake == 0 && mask == 3 && n_sub == 2);
+    CHECK(t, sub[0].signer == 0 && sub[1].signer == 1);
+    t_end(t);
+
+    t_begin(t, "the same rows with a spare asleep wake it");
+    CHECK(t, zz_fault_choose(rows, 2, 1, 1, 7, three, 3, spare, 1, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_OK);
+    CHECK(t, n_wake == 1 && wake[0] == 3 && mask == 3);
+    t_end(t);
+
+    t_begin(t, "nobody asleep, fewer than 2f+1 awake: no round (empty-round)");
+    set_row(&rows[0], 0, 7, two, 2, "ab");
+    set_row(&rows[1], 1, 7, two, 2, "ab");
+    n_wake = 99;
+    CHECK(t, zz_fault_choose(rows, 2, 1, 1, 7, two, 2, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_EMPTY_ROUND);
+    CHECK(t, mask == 0 && n_wake == 0 && n_sub == 0);
+    CHECK(t, strcmp(zz_fault_reason_name(ZZ_FAULT_EMPTY_ROUND), "empty-round") == 0);
+    /* f = 2 needs five awake: four are not enough */
+    static const uint32_t four[] = {0, 1, 2, 3}, five[] = {0, 1, 2, 3, 4};
+    set_row(&rows[0], 0, 7, four, 4, "ab--");
+    set_row(&rows[1], 1, 7, four, 4, "ab--");
+    CHECK(t, zz_fault_choose(rows, 2, 2, 1, 7, four, 4, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_EMPTY_ROUND);
+    set_row(&rows[0], 0, 7, five, 5, "aba--");
+    set_row(&rows[1], 1, 7, five, 5, "aba--");
+    CHECK(t, zz_fault_choose(rows, 2, 2, 1, 7, five, 5, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_OK);
+    CHECK(t, n_wake == 0 && mask == 3);
+    t_end(t);
+
+    t_begin(t, "g rows never open a round that wakes nobody, whatever they say");
+    set_row(&rows[0], 3, 7, three, 3, "-ba");
+    CHECK(t, zz_fault_choose(rows, 1, 1, 1, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_TOO_FEW_SIGNERS);
+    CHECK(t, mask == 0);
+    /* two rows from one faulty signer are still g rows */
+    set_row(&rows[1], 3, 7, three, 3, "-ba");
+    CHECK(t, zz_fault_choose(rows, 2, 1, 1, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_DUPLICATE_SIGNER);
+    CHECK(t, mask == 0);
+    t_end(t);
+
+    t_begin(t, "a faulty signer's row holding a certificate does not spoil the rest");
+    set_row(&rows[0], 0, 7, three, 3, "ab-");
+    set_row(&rows[1], 3, 7, three, 3, "aba"); /* 0 and 2 agree on time: not a fault row */
+    set_row(&rows[2], 2, 7, three, 3, "ab-");
+    CHECK(t, zz_fault_choose(rows, 3, 1, 1, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_OK);
+    CHECK(t, mask == 5 && n_sub == 2 && n_wake == 0);
+    CHECK(t, sub[0].signer == 0 && sub[1].signer == 2);
+    t_end(t);
+
+    t_begin(t, "more than ZZ_FAULT_SUBSET_MAX rows: the sets missing one row");
+    uint32_t n = ZZ_FAULT_SUBSET_MAX + 3; /* g = 4: signers 0..12 */
+    for (uint32_t i = 0; i < n; i++)
+        set_row(&rows[i], i, 7, three, 3, i == 5 ? "aba" : "ab-");
+    CHECK(t, zz_fault_choose(rows, n, 1, 4, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_OK);
+    CHECK(t, mask == (((1ULL << n) - 1) & ~(1ULL << 5)) && n_sub == n - 1);
+    set_row(&rows[6], 6, 7, three, 3, "aba"); /* two spoilers: no set missing one row passes */
+    CHECK(t, zz_fault_choose(rows, n, 1, 4, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_NOT_A_FAULT);
+    CHECK(t, mask == 0);
+    t_end(t);
+
+    t_begin(t, "choose: no rows, too many rows");
+    CHECK(t, zz_fault_choose(rows, 0, 1, 1, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_BAD_PARAMS);
+    CHECK(t, zz_fault_choose(rows, 65, 1, 1, 7, three, 3, NULL, 0, sub, &n_sub, &mask, wake,
+                             &n_wake) == ZZ_FAULT_BAD_PARAMS);
+    t_end(t);
+
+    t_begin(t, "a round that wakes nobody resolves from the awake replicas' reports");
+    set_row(&rows[0], 0, 7, three, 3, "ab-");
+    set_row(&rows[1], 1, 7, three, 3, "ab-");
+    zz_freport rep[3];
+    memset(rep, 0, sizeof rep);
+    for (uint32_t i = 0; i < 3; i++)
+        rep[i].id = i;
+    parse_entry("a", &rep[0].e);
+    parse_entry("b", &rep[1].e);
+    zz_fresolution res;
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, three, 3, NULL, 0, rep, 3, &res) == 0);
+    CHECK(t, !res.decided); /* the overdue spare 2 has not answered yet */
+    parse_entry("a'", &rep[2].e);
+    CHECK(t, zz_fault_resolve(rows, 2, 1, 1, three, 3, NULL, 0, rep, 3, &res) == 0);
+    CHECK(t, res.decided && res.n_convict == 1 && res.convict[0] == 1);
+    CHECK(t, res.n_stay == 2 && res.stay[0] == 0 && res.stay[1] == 2 && res.n_sleep == 0);
+    t_end(t);
+}
+
 int main(void) {
     tctx t = {0};
     test_vectors(&t);
     test_edges(&t);
+    test_choose(&t);
     return t_summary(&t);
 }
