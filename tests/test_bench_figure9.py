@@ -60,3 +60,32 @@ def test_a_corrupted_read_is_answered_by_the_woken_spare(tmp_path: Path) -> None
     assert 0 < out["recovery_s"] <= out["total_s"]
     assert out["bad_sources"] == []
     assert leftover_pids([str(tmp_path)]) == []
+
+
+def test_the_log_watch_sees_a_line_written_before_its_thread_first_ran(tmp_path: Path) -> None:
+    """The watch starts at the logs' ends when entered, not when its thread first runs: on
+    a busy machine the thread may run only after the fault's mismatch line is written, and
+    the bench then found no detection of a fault every agreement replica had logged."""
+    import threading
+
+    _load()  # puts scripts/bench on sys.path
+    from benchlib import LogWatch
+
+    log = tmp_path / "agreed-0.log"
+    log.write_text("earlier line\n")
+    line = (
+        "2026-11-27T21:28:31.247Z zz-agreed: replica 0: execution mismatch at seq 42: 0=0f 1=bb\n"
+    )
+    watch = LogWatch([log])
+    late = watch._thread
+    watch._thread = threading.Thread(target=lambda: None)  # the thread not run yet
+    with watch:
+        with open(log, "a") as fh:
+            fh.write(line)
+        late.start()  # it runs now
+        for _ in range(500):
+            if watch.since(0.0, "mismatch"):
+                break
+            late.join(0.01)
+        watch._thread = late
+    assert {r: seq for r, (_, seq) in watch.since(0.0, "mismatch").items()} == {0: 42}

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -387,36 +387,42 @@ class LogWatch:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._files: list[BinaryIO] = []
+        self._close = contextlib.ExitStack()
 
     def __enter__(self) -> LogWatch:
+        # Open once, at the current end, before returning (a read at EOF returns what was
+        # appended): opened in the thread, a line written before the thread first ran
+        # (a busy machine) would be skipped, as a fault's mismatch once was.
+        with contextlib.ExitStack() as stack:
+            for p in self.logs:
+                fh = stack.enter_context(open(p, "rb"))
+                fh.seek(0, os.SEEK_END)
+                self._files.append(fh)
+            self._close = stack.pop_all()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._close.close()
 
     def _run(self) -> None:
-        with contextlib.ExitStack() as stack:
-            # Open once, start at the current end: a read at EOF returns what was appended.
-            files = []
-            for p in self.logs:
-                fh = stack.enter_context(open(p, "rb"))
-                fh.seek(0, os.SEEK_END)
-                files.append(fh)
-            partial = [b""] * len(files)
-            while not self._stop.is_set():
-                for i, fh in enumerate(files):
-                    data = fh.read()
-                    if not data:
-                        continue
-                    now = time.monotonic()
-                    *lines, partial[i] = (partial[i] + data).split(b"\n")
-                    for line in lines:
-                        if (ev := _classify(line)) is not None:
-                            with self._lock:
-                                self.events.append((now, *ev))
-                time.sleep(self.interval)
+        files = self._files
+        partial = [b""] * len(files)
+        while not self._stop.is_set():
+            for i, fh in enumerate(files):
+                data = fh.read()
+                if not data:
+                    continue
+                now = time.monotonic()
+                *lines, partial[i] = (partial[i] + data).split(b"\n")
+                for line in lines:
+                    if (ev := _classify(line)) is not None:
+                        with self._lock:
+                            self.events.append((now, *ev))
+            time.sleep(self.interval)
 
     def rows_since(self, t: float, kind: str) -> dict[int, str]:
         """The logged detail of the first `kind` line per agreement replica after t."""
