@@ -569,8 +569,10 @@ def test_forged_wakeups_are_rejected(quiet_rig: FaultRig) -> None:
         m = wire.FaultStatement(SERVICE_ID, signer, seq, row)
         return m.signed(keys[signer if key is None else key]).encode()
 
-    def wakeup(ev: list[bytes], wake: list[int], key: int = 3) -> bytes:
-        m = wire.Wakeup(SERVICE_ID, 3, 1, ev, [SPARE], wake)
+    def wakeup(
+        ev: list[bytes], wake: list[int], key: int = 3, sleeping: tuple[int, ...] = (SPARE,)
+    ) -> bytes:
+        m = wire.Wakeup(SERVICE_ID, 3, 1, ev, list(sleeping), wake)
         return m.signed(keys[key]).encode()
 
     bad = {
@@ -579,6 +581,10 @@ def test_forged_wakeups_are_rejected(quiet_rig: FaultRig) -> None:
         "the same signer twice": wakeup([stmt(1), stmt(1)], [SPARE]),
         "evidence about another seq": wakeup([stmt(1), stmt(2, seq=2)], [SPARE]),
         "wake is not the rules' choice": wakeup([stmt(1), stmt(2)], []),
+        # sleeping [] hides the spare: a round that wakes nobody over two awake (f = 1) is
+        # not justified (docs/fault-detection.md §4a)
+        "a round that wakes nobody over f+1 awake": wakeup([stmt(1), stmt(2)], [], sleeping=()),
+        "a round that wakes nobody on one statement": wakeup([stmt(1)], [], sleeping=()),
     }
     outer_forged = wakeup([stmt(1), stmt(2)], [SPARE], key=2)  # claims sender 3
     before = [cl.stats(r) for r in (0, 1)]
@@ -596,4 +602,5 @@ def test_forged_wakeups_are_rejected(quiet_rig: FaultRig) -> None:
         assert s["exec_awake"] == [0, 1], s
         log = cl.log_path(r).read_text()
         assert "rejected: evidence signature" in log and "duplicate-signer" in log, log[-3000:]
+        assert "rejected: empty-round" in log, log[-3000:]
     _assert_quiet(rig)

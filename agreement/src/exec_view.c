@@ -449,6 +449,21 @@ void zw_send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_
     r->st.controld_sends++;
 }
 
+/* A WAKEUP to the controld of each woken replica's host; one that wakes nobody (§4a) to the
+ * controld of every host with a replica of the service, like a SHUTDOWN: none has anything
+ * to wake, but each one's audit log and replay guard then hold the certificate of the round
+ * whose SHUTDOWN follows. */
+void zw_send_wakeup_controld(zz_replica *r, const uint32_t *wake, uint32_t n_wake,
+                             const uint8_t *msg, size_t len)
+{
+    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
+    if (n_wake == 0)
+        for (uint32_t i = 0; i < r->conf->n_exec && i < ZZ_MAX_EXEC; i++)
+            zw_send_controld(r, i, msg, len, hosts);
+    for (uint32_t j = 0; j < n_wake; j++)
+        zw_send_controld(r, wake[j], msg, len, hosts);
+}
+
 void zw_bcast_raw(zz_replica *r, const uint8_t *msg, size_t len)
 {
     if (!zz_byz_silent(r))

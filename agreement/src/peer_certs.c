@@ -56,7 +56,9 @@ static const char *check_wakeup(zz_replica *r, const zz_msg *m, uint32_t *nrows_
                                    w->rows[0].n, sleeping, n_sleeping, wake, n_wake);
     if (reason != ZZ_FAULT_OK)
         return zz_fault_reason_name(reason);
-    if (!zw_same_ids(wake, *n_wake, claimed, n_claimed) || n_claimed == 0)
+    /* An empty wake list passed the evaluator only with nobody asleep in the sender's view
+     * and 2f+1 awake: a round that wakes nobody (docs/fault-detection.md §4a). */
+    if (!zw_same_ids(wake, *n_wake, claimed, n_claimed))
         return "wake differs from the evidence's choice";
     for (uint32_t j = 0; j < n_claimed; j++)
         if (claimed[j] >= r->conf->n_exec)
@@ -88,6 +90,15 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     int fits = !w->open && zw_same_ids(awake, n_awake, rows[0].ids, rows[0].n);
     for (uint32_t j = 0; fits && j < n_wake; j++)
         fits = r->zz.exec_state[wake[j]] == ZZ_EXEC_SLEEPING;
+    uint32_t asleep[ZZ_MAX_EXEC];
+    if (fits && n_wake == 0 && zw_list_state(r, ZZ_EXEC_SLEEPING, asleep) > 0) {
+        /* A round that wakes nobody while a spare sleeps in our view: its sender's sleeping
+         * list is not ours (a faulty sender's, or an old view). Our own statements wake. */
+        zz_log("zz-agreed: replica %u: WAKEUP from %u for seq %llu wakes nobody, but a spare "
+               "sleeps here: not adopted\n",
+               r->id, m->sender, (unsigned long long)m->u.wakeup.seq);
+        return;
+    }
     if (!fits)
         return; /* valid but about another awake set: an old round, or one we are past */
     char ws[256];
@@ -95,9 +106,7 @@ void zz_on_wakeup(zz_replica *r, const zz_msg *m)
     zz_log("zz-agreed: replica %u: WAKEUP seq %llu wake [%s] adopted from replica %u\n",
            r->id, (unsigned long long)m->u.wakeup.seq, ws, m->sender);
     /* Relay it: its sender may be faulty and have told no controld. */
-    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
-    for (uint32_t j = 0; j < n_wake; j++)
-        zw_send_controld(r, wake[j], m->raw, m->raw_len, hosts);
+    zw_send_wakeup_controld(r, wake, n_wake, m->raw, m->raw_len);
     r->st.wakeups_relayed++;
     /* rows live in w->rows, which open_round's evaluation paths do not touch */
     zz_frow *copy = calloc(nrows, sizeof *copy);

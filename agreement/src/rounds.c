@@ -2,7 +2,8 @@
  * zz-agreed"): open a round on a WAKEUP (own or adopted), resend it to the woken replicas'
  * controld, have the woken replicas replay the log, and once they reported the round's seq
  * (or after WAKE_RESOLVE_MS) resolve it into a signed SHUTDOWN and apply its outcome to the
- * awake set.
+ * awake set. A round that wakes nobody (nobody asleep, 2f+1 awake) resolves as soon as the
+ * awake replicas' reports decide a digest, and waits for that.
  *
  * Invariants: at most one round is open (w->open); a decided round is remembered (w->done,
  * w->settled_seq) so that a certificate for another outcome can still be adopted
@@ -257,6 +258,11 @@ static void try_resolve(zz_replica *r)
         send_shutdown(r, &res);
         return;
     }
+    /* A round that woke nobody (§4a) has 2f+1 awake, f+1 of them correct: they all report
+     * the seq in the end (a slow woken replica of the round before replays it), and their
+     * reports decide. Closing it undecided would only sign the same rows again. */
+    if (w->n_woken == 0)
+        return;
     /* Still no f+1 agree, and either everyone woken reported (the agreeing replicas were
      * faulty, scenario w6) or a woken replica is overdue (it crashed, or its host did: with
      * f = 2 a liar plus a dead spare, the round waited for it for good). Close this round:

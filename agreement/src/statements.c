@@ -83,26 +83,6 @@ int zw_row_from(const zz_msg *m, zz_frow *row)
     return 0;
 }
 
-/* Evidence sets to try, best first: every subset of at least g+1 rows by falling size when
- * there are few rows (a faulty signer's row can spoil a set that is convictable without it),
- * else the full set and the sets missing one row. */
-static uint32_t evidence_masks(uint32_t nrows, uint32_t min, uint64_t *out, uint32_t cap)
-{
-    uint64_t full = nrows >= 64 ? UINT64_MAX : (1ULL << nrows) - 1;
-    uint32_t n = 0;
-    if (nrows <= SUBSET_MAX) {
-        for (uint32_t pc = nrows; pc >= min && pc > 0; pc--)
-            for (uint64_t mask = full; mask > 0 && n < cap; mask--)
-                if ((uint32_t)__builtin_popcountll(mask) == pc)
-                    out[n++] = mask;
-        return n;
-    }
-    out[n++] = full;
-    for (uint32_t i = 0; i < nrows && n < cap && nrows - 1 >= min; i++)
-        out[n++] = full & ~(1ULL << i);
-    return n;
-}
-
 /* Try to turn the candidate's statements into a WAKEUP (docs/fault-detection.md §4). */
 static void try_evaluate(zz_replica *r, candidate *c)
 {
@@ -120,7 +100,7 @@ static void try_evaluate(zz_replica *r, candidate *c)
     uint32_t awake[ZZ_MAX_EXEC], sleeping[ZZ_MAX_EXEC];
     uint32_t n_awake = zw_list_state(r, ZZ_EXEC_AWAKE, awake);
     uint32_t n_sleeping = zw_list_state(r, ZZ_EXEC_SLEEPING, sleeping);
-    if (n_sleeping == 0 || !zw_same_ids(awake, n_awake, c->awake, c->n_awake))
+    if (!zw_same_ids(awake, n_awake, c->awake, c->n_awake))
         return;
     uint32_t signer[ZZ_MAX_REPLICAS], nrows = 0;
     for (uint32_t s = 0; s < r->n; s++) {
@@ -130,26 +110,15 @@ static void try_evaluate(zz_replica *r, candidate *c)
             continue;
         signer[nrows++] = s;
     }
-    static const uint32_t mask_cap = (1u << SUBSET_MAX) + ZZ_MAX_REPLICAS + 1;
-    uint64_t masks[(1u << SUBSET_MAX) + ZZ_MAX_REPLICAS + 1];
-    uint32_t nmasks = evidence_masks(nrows, r->g + 1, masks, mask_cap);
+    /* With nobody asleep the evaluator accepts a round that wakes nobody only over 2f+1
+     * awake, whose own reports decide it (docs/fault-detection.md §4a); with fewer it says
+     * empty-round and the candidate waits for a spare (zw_retry_candidates). */
     uint32_t wake[ZZ_MAX_EXEC], n_wake = 0, k = 0;
     uint64_t best_mask = 0;
     zz_frow *sub = w->sub;
-    for (uint32_t t = 0; t < nmasks && !best_mask; t++) {
-        k = 0;
-        for (uint32_t i = 0; i < nrows; i++)
-            if (masks[t] & (1ULL << i))
-                sub[k++] = w->rows[i];
-        int reason = zz_fault_evaluate(sub, k, r->conf->f, r->g, c->seq, awake, n_awake,
-                                       sleeping, n_sleeping, wake, &n_wake);
-        if (reason == ZZ_FAULT_OK) {
-            if (n_wake == 0)
-                return; /* justified, but nobody is left asleep to wake */
-            best_mask = masks[t];
-        }
-    }
-    if (!best_mask)
+    if (nrows == 0 ||
+        zz_fault_choose(w->rows, nrows, r->conf->f, r->g, c->seq, awake, n_awake, sleeping,
+                        n_sleeping, sub, &k, &best_mask, wake, &n_wake) != ZZ_FAULT_OK)
         return;
     /* WAKEUP: the chosen statements, our sleeping view, the evaluator's choice. */
     zz_buf *b = &w->buf;
@@ -173,9 +142,7 @@ static void try_evaluate(zz_replica *r, candidate *c)
     uint32_t len = (uint32_t)(b->len - st);
     if (!raw)
         return;
-    uint8_t hosts[ZZ_MAX_HOSTS] = {0};
-    for (uint32_t i = 0; i < n_wake; i++)
-        zw_send_controld(r, wake[i], raw, len, hosts);
+    zw_send_wakeup_controld(r, wake, n_wake, raw, len);
     zw_bcast_raw(r, raw, len);
     r->st.wakeups_sent++;
     zz_report_rec *rec = zz_detect_record(r, c->seq);

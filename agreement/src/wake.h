@@ -23,7 +23,6 @@
 #define WAKE_CANDIDATES (ZZ_MAX_REPLICAS + 16)
 #define WAKE_RESEND_MS 1000  /* WAKEUP to controld again while the woken have not reported */
 #define WAKE_RESOLVE_MS 5000 /* + ceiling: resolve without the woken replicas' reports */
-#define SUBSET_MAX 10        /* rows up to which every subset is tried as evidence */
 #define FIELDS_MAX 6         /* fields per line of the view and keys files (zw_next_fields) */
 
 typedef struct {
@@ -116,6 +115,8 @@ int zw_same_ids(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t nb);
 void zw_save_view(zz_replica *r);
 void zw_send_controld(zz_replica *r, uint32_t exec_id, const uint8_t *msg, size_t len,
                       uint8_t *sent_hosts);
+void zw_send_wakeup_controld(zz_replica *r, const uint32_t *wake, uint32_t n_wake,
+                             const uint8_t *msg, size_t len);
 
 /* statements.c */
 void zw_retry_candidates(zz_replica *r);

@@ -1,0 +1,133 @@
+# tests/test_empty_round.py - a round that wakes nobody (docs/fault-detection.md §4a): a round
+# closes undecided because its woken spare is overdue, the awake set is 2f+1 and nobody is
+# asleep; the liar must still be convicted, from the awake replicas' own reports, the awake
+# set go back to f+1 and the convicted slot's fresh spare sleep. Real zz-agreed and runtimes
+# with the certificate-checking controld stand-in of tests/test_fault_detection_e2e.py.
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import shutil
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_fault_detection_e2e import FAST, SPARE, FaultRig, _start
+from tests.test_kv_linearizable import needs_go
+from tests.test_recovery_drill import _workload
+from zz import history as zh
+from zz import keys
+from zz.controld.announce import Announcer
+from zz.history import HistoryRecorder
+from zz.procrack import signal_group
+
+LIAR = 1
+
+
+@pytest.fixture
+def liar_rig(tmp_path: Path) -> Iterator[FaultRig]:
+    yield from _start(tmp_path, {LIAR: ["--inject-fault", "wrong-reply"]}, FAST)
+
+
+def _refill(rig: FaultRig, x: int, seq: int) -> None:
+    """What controld does after a SHUTDOWN convicting x: a fresh replica in slot x (new
+    state, no fault), registered and paused, announced by SPARE-READY for `seq`."""
+    c = rig.cluster
+    svc = c.service
+    rig.execs.procs[x].wait(timeout=10)  # SIGKILLed by the controld stand-in
+    shutil.rmtree(svc.exec_state_dir(c.config, x), ignore_errors=True)
+    rig.execs.args[x] = []
+    rig.execs.start(x)
+    rig.wait_linked(x)
+    signal_group(rig.execs.procs[x].pid, signal.SIGSTOP)
+    host = c.config.hosts[0]  # the test rack's one controld (tests/test_spare_refill.py)
+    ctl_key = keys.load_secret(
+        keys.secret_path(c.dir / "keys", keys.RACK_SERVICE, keys.controld_principal(0))
+    ).sign
+    assert ctl_key is not None
+    counters: Counter[str] = Counter()
+
+    async def announce() -> None:
+        a = Announcer(c.config, host, ctl_key, counters, print)
+        a.announce(svc, x, seq)
+        await asyncio.wait_for(a.idle(), 30)
+
+    asyncio.run(announce())
+
+
+@pytest.mark.slow
+@needs_go
+def test_liar_convicted_when_its_rounds_spare_was_overdue(liar_rig: FaultRig) -> None:
+    """f = 1: replica 1 lies from the start. The round at the first seq S wakes spare 2,
+    which does not resume before the round is overdue (5 s + ceiling: a hibernated guest's
+    slow restore), so the round closes undecided with {0, 1, 2} awake and nobody asleep.
+    The spare then resumes and answers S late; from then on 0 and 2 certify every seq, so
+    no later seq is ever flagged. The statements about S over {0, 1, 2} must open a round
+    that wakes nobody and decides from the reports: 1 convicted, 0 and 2 active, and 1's
+    fresh spare sleeps. Before, nobody was convicted, three replicas kept executing and
+    no spare was left (docs/fault-detection.md "Limits", now gone)."""
+    rig = liar_rig
+    c = rig.controld
+    g = rig.cluster.g
+    c.hold = True  # the WAKEUP is verified and recorded; the test resumes the spare below
+    zh.lincheck_binary()
+    rec = HistoryRecorder()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Three clients whose first operations wait for the spare (the liar's replies never
+        # match 0's), recorded throughout.
+        first = pool.submit(asyncio.run, _workload(rig, rec, 3.0, first=0))
+        rig.wait(lambda: bool(c.wakeups), "the WAKEUP of the first round", 30)
+        w = c.wakeups[0]
+        assert w.wake == (SPARE,) and w.awake == (0, LIAR), w
+
+        def closed_undecided() -> bool:
+            stats = rig.agreement()
+            return all(
+                s["exec_awake"] == [0, LIAR, SPARE]
+                and s["exec_sleeping"] == []
+                and s["fault_statements_sent"] >= 2  # S over {0, 1}, then over {0, 1, 2}
+                for s in stats
+            )
+
+        rig.wait(closed_undecided, "the round closed undecided over the overdue spare", 60)
+        assert not c.shutdowns, c.shutdowns
+        signal_group(rig.execs.procs[SPARE].pid, signal.SIGCONT)
+        assert first.result(timeout=90) > 0
+    assert asyncio.run(_workload(rig, rec, 2.0, first=10)) > 0
+
+    rig.wait(lambda: bool(c.shutdowns), "a SHUTDOWN certificate", 60)
+    cert = c.shutdowns[0]
+    assert cert.seq == w.seq and cert.awake == (0, LIAR, SPARE), cert
+    assert cert.convict == (LIAR,) and cert.active == (0, SPARE) and cert.sleep == (), cert
+    assert len(cert.signers) >= g + 1
+    # The round's WAKEUP woke nobody and reached the controld, which verified it.
+    empty = [x for x in c.wakeups if x.wake == ()]
+    assert empty and all(x.seq == w.seq and x.awake == (0, LIAR, SPARE) for x in empty), c.wakeups
+    assert all(x.sleeping == () and len(x.signers) >= g + 1 for x in empty)
+    assert not c.rejected, c.rejected
+    rig.wait(
+        lambda: all(
+            s["exec_awake"] == [0, SPARE]
+            and s["exec_convicted"] == [LIAR]
+            and not s["fault_round_open"]
+            for s in rig.agreement()
+        ),
+        "every agreement replica back to f+1 awake",
+    )
+
+    # controld's part after any conviction: a fresh replica in slot 1, asleep.
+    _refill(rig, LIAR, cert.seq)
+    rig.wait(
+        lambda: all(
+            s["exec_awake"] == [0, SPARE] and s["exec_sleeping"] == [LIAR] for s in rig.agreement()
+        ),
+        "every agreement replica counts the fresh 1 as a sleeping spare",
+    )
+    assert asyncio.run(_workload(rig, rec, 2.0, first=20)) > 0
+    assert len(c.shutdowns) == 1, c.shutdowns
+    h = rec.history()
+    verdict = zh.check(h, timeout=60)
+    assert verdict.linearizable, f"{verdict}\n{rig.diag()}"
