@@ -1152,6 +1152,16 @@ class Daemon:
             self._audit("wakeup", "refused", [raw], m, e)
             return False
         decided = {"awake": list(w.awake), "wake": list(w.wake), "signers": list(w.signers)}
+        if not w.wake and (asleep := self._asleep_outside(svc, w.awake)):
+            # A round that wakes nobody is justified only with nobody asleep (its sender's
+            # `sleeping` list is only its claim): one of this service's spares sleeps here,
+            # so a correct agreement replica would have woken it. Nothing is recorded, and a
+            # WAKEUP that wakes the spare for this round stays fresh.
+            e = certs.CertError("spare-asleep", f"{svc.name}/{asleep} sleeps here")
+            self.counters["wakeup_rejected"] += 1
+            self.counters["wakeup_rejected:spare-asleep"] += 1
+            self._audit("wakeup", "refused", [raw], m, e, **decided)
+            return False
         try:
             self.freshness.check_wakeup(w)
         except certs.CertError as e:
@@ -1170,6 +1180,17 @@ class Daemon:
         verified = {"received_at": received_at, "accepted_at": time.time()}
         self._work.put_nowait(("wakeup", (svc, w.seq, awake, list(w.wake), verified)))
         return True
+
+    def _asleep_outside(self, svc: Service, awake: tuple[int, ...]) -> list[int]:
+        """This service's replicas asleep (paused or hibernated) on this host outside
+        `awake`."""
+        return sorted(
+            rec.index
+            for rec in self.inventory.replicas()
+            if rec.service == svc.name
+            and rec.index not in awake
+            and rec.state in (inv.PAUSED, inv.HIBERNATED)
+        )
 
     async def _act_wakeup(
         self,

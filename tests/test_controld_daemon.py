@@ -101,10 +101,18 @@ class Rack:
         return m.signed(self.signers[r]).encode()
 
 
-def make_rack(tmp_path: Path, sleep: str = "paused", uri: str = "test:///default") -> Rack:
+def make_rack(
+    tmp_path: Path, sleep: str = "paused", uri: str = "test:///default", active: int = 0
+) -> Rack:
+    """The 3-host rack of RACK; with `active` (4: f+1 < active = n_exec) a fourth host and
+    that many active execution replicas."""
     name = "t" + secrets.token_hex(4)  # domain names on the shared test:///default differ
     p = tmp_path / "rack.toml"
     text = RACK.format(name=name, base=_free_base(), sleep=sleep)
+    if active:
+        h3 = '[[hosts]]\nname = "h3"\naddress = "127.0.0.1"\nlibvirt_uri = "test:///default"\n'
+        text = text.replace("[[services]]", h3 + "[[services]]")
+        text = text.replace("f = 1\n", f"f = 1\nactive = {active}\n")
     p.write_text(text.replace("test:///default", uri))
     c = load(p)
     keys.generate(c)
@@ -389,6 +397,67 @@ async def test_wakeup_hibernated(tmp_path: Path, backend: str) -> None:
         await n.send(rack.valid_wakeup())
         assert n.state(2) == "recovering" and n.hv.state(rec.domain) == "running"
         assert n.hv.memory_kib(rec.domain) == 512 * 1024  # grown back to its full memory
+
+
+# ---- a round that wakes nobody (docs/fault-detection.md §4a) ---------------------------
+
+NONE = (0, bytes(32))  # a row entry "nothing"
+
+
+def _empty_round_evidence(rack: Rack, signers: tuple[int, ...] = (0, 1)) -> list[bytes]:
+    """Rows over {0, 1, 2} after a round whose spare 2 was overdue: 0 and 1 disagree."""
+    return [rack.statement(r, 7, [(0, 1, A), (1, 1, B), (2, *NONE)]) for r in signers]
+
+
+async def test_a_round_that_wakes_nobody(rack: Rack) -> None:
+    """A WAKEUP with an empty wake list is acted on (nothing to wake, the round recorded)
+    only when it is justified: g+1 statements over 2f+1 awake with nobody asleep. Its
+    SHUTDOWN then convicts as any other, and the fresh spare of the convicted slot sleeps."""
+    async with nodes(rack, "process", 2) as (h2,):  # h2 hosts replica 1
+        assert (await h2.rpc("provision", service="web", index=1, mode="active"))["ok"]
+        over_two = [rack.statement(r, 7, [(0, 1, A), (1, 1, B)]) for r in (0, 1)]
+        ev = _empty_round_evidence(rack)
+        await h2.send(
+            rack.wakeup(0, 7, over_two, [], []),  # f+1 awake: could not decide
+            rack.wakeup(0, 7, ev[:1], [], []),  # g statements
+            rack.wakeup(3, 7, [ev[0], ev[0]], [], []),  # one signer twice
+        )
+        c = h2.counters()
+        assert c["wakeup_rejected:empty-round"] == 1, c
+        assert c["wakeup_rejected:too-few-signers"] == 1, c
+        assert c["wakeup_rejected:duplicate-signer"] == 1, c
+        assert "wakeup_accepted" not in c
+        await h2.send(rack.wakeup(0, 7, ev, [], []), rack.wakeup(3, 7, ev, [], []))
+        c = h2.counters()
+        assert c["wakeup_accepted"] == 1 and c["wakeup_duplicate"] == 1, c
+        assert "woken" not in c and h2.state(1) == "active"
+        votes = [
+            wire.Shutdown(SVC, r, 7, [0, 1, 2], [1], [], [0, 2]).signed(rack.signers[r]).encode()
+            for r in (0, 1)
+        ]
+        await h2.send(*votes)
+        c = h2.counters()
+        assert c["shutdown_accepted"] == 1 and c["convicted"] == 1 and c["reprovisioned"] == 1
+        rec = h2.daemon.inventory.get("web", 1)
+        assert rec.state == "paused" and h2.hv.state(rec.domain) == "paused"
+
+
+async def test_a_round_that_wakes_nobody_while_a_spare_sleeps_here(tmp_path: Path) -> None:
+    """f = 1 with four execution replicas (active = 4), spare 3 asleep on h0: a WAKEUP over
+    {0, 1, 2} that hides 3 (sleeping []) verifies, but the rules would wake 3, so controld
+    refuses it and records nothing; the WAKEUP that wakes 3 for that round is acted on."""
+    rack = make_rack(tmp_path, active=4)
+    async with nodes(rack, "process", 0) as (h0,):  # h0 hosts replica 3
+        assert (await h0.rpc("provision", service="web", index=3, mode="paused"))["ok"]
+        ev = _empty_round_evidence(rack)
+        await h0.send(rack.wakeup(0, 7, ev, [], []))
+        c = h0.counters()
+        assert c["wakeup_rejected:spare-asleep"] == 1 and "wakeup_accepted" not in c, c
+        assert h0.state(3) == "paused"
+        await h0.send(rack.wakeup(1, 7, ev, [3], [3]))
+        c = h0.counters()
+        assert c["wakeup_accepted"] == 1 and c["woken"] == 1, c
+        assert h0.state(3) == "recovering"
 
 
 # ---- SHUTDOWN ---------------------------------------------------------------------------

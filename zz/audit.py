@@ -593,8 +593,10 @@ def describe(e: Entry) -> list[str]:
     if e.kind == "wakeup":
         if v == "refused":
             return [f"WAKEUP seq {seq} from {by} REFUSED ({refusal})"]
-        head = (f"WAKEUP seq {seq} from {by}, round awake [{_xs(h.get('awake'))}]:"
-                f" wake {_xs(h.get('wake'))}")  # fmt: skip
+        # An empty wake list: nobody asleep, a round decided from the awake replicas'
+        # reports (docs/fault-detection.md §4a).
+        wake = _xs(h.get("wake")) if h.get("wake") else "nobody"
+        head = f"WAKEUP seq {seq} from {by}, round awake [{_xs(h.get('awake'))}]: wake {wake}"
         head += "" if v == "acted" else f" ({v}: not acted on again)"
         if v != "acted" or not e.messages:
             return [head]
