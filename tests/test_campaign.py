@@ -131,6 +131,18 @@ def test_a_wakeup_that_mends_a_shortfall_convicts_nobody() -> None:
     assert _kinds(r) == ["missed-conviction"]
 
 
+def test_a_round_that_wakes_nobody_convicts_the_liar() -> None:
+    """exec-0 lies; the round at 100 woke 2, which was overdue, and closed undecided; the
+    round at 100 over {0, 1, 2} woke nobody (the controlds logged `wake []`) and its
+    SHUTDOWN convicted 0 (docs/fault-detection.md §4a). Without that SHUTDOWN the liar
+    stays unconvicted: a missed conviction."""
+    r = _good_round()
+    r.wakeups, r.wakeup_awake = {100: []}, {100: [0, 1, 2]}
+    assert cp.check_round(r, bound_s=30) == []
+    r.shutdowns = {}
+    assert _kinds(r) == ["missed-conviction"]
+
+
 def test_no_wakeup_no_conviction_is_fine() -> None:
     """A behaviour nobody can see (a replayed old report) wakes nobody: nothing to convict."""
     r = _healthy(cp.Round(1, f=1, attacks=[cp.Attack(1, "replay-old")]), [0, 1], [2])
