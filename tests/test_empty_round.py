@@ -65,10 +65,10 @@ def test_liar_convicted_when_its_rounds_spare_was_overdue(liar_rig: FaultRig) ->
     which does not resume before the round is overdue (5 s + ceiling: a hibernated guest's
     slow restore), so the round closes undecided with {0, 1, 2} awake and nobody asleep.
     The spare then resumes and answers S late; from then on 0 and 2 certify every seq, so
-    no later seq is ever flagged. The statements about S over {0, 1, 2} must open a round
-    that wakes nobody and decides from the reports: 1 convicted, 0 and 2 active, and 1's
-    fresh spare sleeps. Before, nobody was convicted, three replicas kept executing and
-    no spare was left (docs/fault-detection.md "Limits", now gone)."""
+    no statement about a later seq is ever signed. The statements about S over {0, 1, 2}
+    must open a round that wakes nobody and decides from the reports: 1 convicted, 0 and
+    2 active, and 1's fresh spare sleeps. Before, nobody was convicted, three replicas
+    kept executing and no spare was left (docs/fault-detection.md §4a)."""
     rig = liar_rig
     c = rig.controld
     g = rig.cluster.g
