@@ -30,6 +30,11 @@ class LazyState(Protocol):
     def pending_names(self, directory: str) -> set[str]: ...
     def pending_under(self, rel: str) -> list[str]: ...
 
+    # Directories of the certified tree are made on disk only when first needed: one
+    # not made yet is a directory to the app all the same.
+    def dir_pending(self, rel: str) -> bool: ...
+    def forget_dir(self, rel: str) -> None: ...
+
 
 class StateError(Exception):
     """A state path or operation the app is not allowed to perform; names the path."""
@@ -225,11 +230,13 @@ class StateDir:
 
     def exists(self, path: str) -> bool:
         rel, full = self._resolve(path)
-        return full.exists() or (self.lazy is not None and self.lazy.is_pending(rel))
+        if full.exists():
+            return True
+        return self.lazy is not None and (self.lazy.is_pending(rel) or self.lazy.dir_pending(rel))
 
     def is_dir(self, path: str) -> bool:
-        _rel, full = self._resolve(path)
-        return full.is_dir()
+        rel, full = self._resolve(path)
+        return full.is_dir() or (self.lazy is not None and self.lazy.dir_pending(rel))
 
     def listdir(self, path: str = ".") -> list[str]:
         """Sorted entry names (os.listdir order differs between file systems).
@@ -241,7 +248,13 @@ class StateDir:
         if rel == "":
             names = {n for n in os.listdir(self.root) if n != RESERVED_DIR}
         else:
-            names = set(os.listdir(self._resolve(path)[1]))
+            full = self._resolve(path)[1]
+            try:
+                names = set(os.listdir(full))
+            except FileNotFoundError:
+                if self.lazy is None or not self.lazy.dir_pending(rel):
+                    raise
+                names = set()
         if self.lazy is not None:
             names |= self.lazy.pending_names(rel)
         if rel == "":
@@ -259,11 +272,14 @@ class StateDir:
         rel, full = self._resolve(path)
         self._check_writable(rel)
         unfetched = self.lazy.pending_under(rel) if self.lazy is not None else []
+        unmade = self.lazy is not None and self.lazy.dir_pending(rel)
         for f in unfetched:
             self.lazy.forget(f)  # type: ignore[union-attr]
             self._mark_deleted(f)
+        if self.lazy is not None:
+            self.lazy.forget_dir(rel)
         if not full.exists():
-            if unfetched:
+            if unfetched or unmade:
                 return
             raise StateError(f"state path {path!r} does not exist")
         for f in self._files_under(rel, full):
@@ -288,7 +304,7 @@ class StateDir:
             return
         if dst_rel.startswith(src_rel + "/"):
             raise StateError(f"cannot move {src!r} into itself ({dst!r})")
-        if dst_full.is_dir():
+        if dst_full.is_dir() or (self.lazy is not None and self.lazy.dir_pending(dst_rel)):
             # os.replace would either fail or merge; neither is worth defining.
             raise StateError(f"rename destination {dst!r} is a directory")
         moved = self._files_under(src_rel, src_full)

@@ -148,6 +148,12 @@ class StateFetcher:
         self._inflight: dict[str, threading.Event] = {}
         # Directory -> names of pending entries directly inside it, for listdir.
         self._children: dict[str, set[str]] = {}
+        # Directories of the certified tree (parents of pending files) not created yet:
+        # made at the first install below them or when the app needs one on disk
+        # (materialize), so that reconciling costs no mkdir per directory. Until then
+        # StateDir shows them as directories (dir_pending, pending_names).
+        self._dirs: set[str] = set()
+        self._subdirs: dict[str, set[str]] = {}
         self._last_foreground = 0.0
 
     # -- set-up ---------------------------------------------------------------------
@@ -158,8 +164,10 @@ class StateFetcher:
         """Reconcile the local directory with the manifest without fetching anything.
 
         Local files that match the manifest are kept; everything else listed becomes
-        pending; local files not listed are removed. Directories of pending files are
-        created so that the app's directory walks see the certified tree.
+        pending; local files not listed are removed. Directories of pending files are not
+        created here (a mkdir per directory made reconciling grow with the state): the app
+        sees them through StateDir (dir_pending, pending_names) and they are made at the
+        first install below them, or when the app moves one (materialize).
 
         Without `local` every local file is found by a walk and hashed. A replica that
         knows its own state passes `local` (the files of its last checkpoint manifest)
@@ -185,7 +193,6 @@ class StateFetcher:
                 continue
             if full.is_dir():
                 raise FetchError(f"{rel}: a directory where the certified state has a file")
-            full.parent.mkdir(parents=True, exist_ok=True)
             if full.exists():
                 full.unlink()
             self._add_pending(rel)
@@ -200,7 +207,6 @@ class StateFetcher:
             if full.is_file() or full.is_symlink():
                 full.unlink()
                 self.counters["removed"] += 1
-        made: set[str] = set()
         for rel, want in listed.items():
             if rel in dirty:
                 if _matches(self.root / rel, want):
@@ -214,10 +220,6 @@ class StateFetcher:
                 if full.is_dir() and not full.is_symlink():
                     raise FetchError(f"{rel}: a directory where the certified state has a file")
                 full.unlink(missing_ok=True)
-            parent = rel.rpartition("/")[0]
-            if parent and parent not in made:
-                (self.root / parent).mkdir(parents=True, exist_ok=True)
-                made.add(parent)
             self._add_pending(rel)
         self.counters["pending_at_start"] = len(self._pending)
 
@@ -225,6 +227,27 @@ class StateFetcher:
         self._pending.add(rel)
         parent, _, name = rel.rpartition("/")
         self._children.setdefault(parent, set()).add(name)
+        while parent and parent not in self._dirs:
+            self._dirs.add(parent)
+            up, _, name = parent.rpartition("/")
+            self._subdirs.setdefault(up, set()).add(name)
+            parent = up
+
+    def _drop_dirs(self, dirs: Iterable[str]) -> None:
+        """`dirs` exist on disk now, or are gone with everything below them: lock held."""
+        for d in dirs:
+            if d in self._dirs:
+                self._dirs.discard(d)
+                up, _, name = d.rpartition("/")
+                names = self._subdirs.get(up)
+                if names is not None:
+                    names.discard(name)
+                    if not names:
+                        del self._subdirs[up]
+
+    def _dirs_at_or_under(self, rel: str) -> list[str]:
+        prefix = rel + "/"
+        return sorted(d for d in self._dirs if d == rel or d.startswith(prefix))
 
     def _drop_pending(self, rel: str) -> None:
         self._pending.discard(rel)
@@ -251,9 +274,29 @@ class StateFetcher:
             return rel in self._pending
 
     def pending_names(self, directory: str) -> set[str]:
-        """Names of pending files directly inside `directory` ('' = the root)."""
+        """Names of pending files and of directories not created yet directly inside
+        `directory` ('' = the root)."""
         with self._lock:
-            return set(self._children.get(directory, ()))
+            return set(self._children.get(directory, ())) | self._subdirs.get(directory, set())
+
+    def dir_pending(self, rel: str) -> bool:
+        """Whether `rel` is a directory of the certified tree not created on disk yet."""
+        with self._lock:
+            return rel in self._dirs
+
+    def materialize(self, rel: str) -> None:
+        """Create the directories not created yet at or below `rel` (and the ones above
+        it): the app moves `rel`, which must then exist on disk with all it holds."""
+        with self._lock:
+            dirs = self._dirs_at_or_under(rel)
+            for d in dirs:
+                (self.root / d).mkdir(parents=True, exist_ok=True)
+            self._drop_dirs(dirs)
+
+    def forget_dir(self, rel: str) -> None:
+        """The app deleted `rel`: the directories not created yet at or below it are gone."""
+        with self._lock:
+            self._drop_dirs(self._dirs_at_or_under(rel))
 
     def pending_under(self, rel: str) -> list[str]:
         prefix = rel + "/"
@@ -277,10 +320,12 @@ class StateFetcher:
         return fetched
 
     def ensure_under(self, rel: str) -> int:
-        """ensure() every pending file at or below `rel` (a rename of a directory)."""
+        """ensure() every pending file at or below `rel`, and create the directories not
+        created yet there (a rename of a directory)."""
         n = 0
         for p in self.pending_under(rel):
             n += self.ensure(p)
+        self.materialize(rel)
         return n
 
     def forget(self, rel: str) -> None:
@@ -389,16 +434,32 @@ class StateFetcher:
 
     def _install(self, rel: str, data: bytes) -> None:
         tmp_dir = self.root / TMP_DIR
-        tmp_dir.mkdir(parents=True, exist_ok=True)
         tmp = tmp_dir / f"{threading.get_ident()}-{time.monotonic_ns()}"
         # No fsync: a crash loses the recovery, not data. A restarted replica goes back
         # to its own last checkpoint and recovers again; fsync per file would cost a
         # synchronous round trip through ZFS for every file fetched.
-        with open(tmp, "wb") as f:
+        # Directories are made only when missing: each mkdir is a round trip through the
+        # file system (zfs-fuse: one daemon every pool shares) even when it exists.
+        try:
+            f = open(tmp, "wb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            f = open(tmp, "wb")  # noqa: SIM115 - closed below
+        with f:
             f.write(data)
         dest = self.root / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, dest)
+        try:
+            os.replace(tmp, dest)
+        except FileNotFoundError:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+        parent = rel.rpartition("/")[0]
+        with self._lock:
+            above = []
+            while parent:
+                above.append(parent)
+                parent = parent.rpartition("/")[0]
+            self._drop_dirs(above)
 
     # -- background ----------------------------------------------------------------
 

@@ -204,6 +204,12 @@ class _Pending:
         prefix = directory + "/" if directory else ""
         return {f[len(prefix) :].split("/")[0] for f in self.files if f.startswith(prefix)}
 
+    def dir_pending(self, rel: str) -> bool:
+        return any(f.startswith(rel + "/") for f in self.files)
+
+    def forget_dir(self, rel: str) -> None:
+        pass
+
     def pending_under(self, rel: str) -> list[str]:
         return [f for f in self.files if f.startswith(rel + "/")]
 

@@ -88,8 +88,10 @@ def make(tmp_path: Path, certified, sources=None, **kw) -> tuple[StateFetcher, P
 def test_files_are_fetched_on_first_touch_only(tmp_path, certified):
     f, local = make(tmp_path, certified)
     assert f.pending() == [".zz/memory", "db/a", "db/b", "top"]
-    assert not (local / "db" / "a").exists() and (local / "db").is_dir()
+    # Reconciling makes no directory (a mkdir each grew with the state): the install does.
+    assert not (local / "db").exists() and f.dir_pending("db")
     assert f.ensure("db/a") is True
+    assert (local / "db").is_dir() and not f.dir_pending("db")
     assert (local / "db" / "a").read_bytes() == b"alpha" * 100
     assert f.ensure("db/a") is False
     assert f.pending() == [".zz/memory", "db/b", "top"]
@@ -193,6 +195,43 @@ def test_lazy_statedir_sees_the_certified_tree(tmp_path, certified):
     assert "db/a" not in f.sources[0].served
     assert st.read_bytes("db/a") == b"new"
     assert sorted(f.sources[0].served) == ["db/b", "top"]
+
+
+def test_directories_not_made_yet_are_directories_to_the_app(tmp_path, certified):
+    """The certified tree's directories are made on disk at the first install below them
+    or when the app needs one there; until then the app sees them as a replica that made
+    them at reconcile would (the files app spreads its files over 512 bucket
+    directories, and a mkdir each on zfs-fuse was most of a woken spare's install)."""
+    src, manifest = certified
+    (src / "x" / "y" / "z").mkdir(parents=True)
+    (src / "x" / "y" / "z" / "deep").write_bytes(b"deep")
+    (src / "x" / "w").write_bytes(b"w")
+    f, local = make(tmp_path, (src, scan(src)))
+    st = StateDir(local, lazy=f)
+    assert not (local / "x").exists() and not (local / "db").exists()
+    assert st.listdir() == ["db", "top", "x"]
+    assert st.listdir("x") == ["w", "y"] and st.listdir("x/y") == ["z"]
+    assert st.is_dir("x/y") and st.exists("x/y/z") and not st.is_dir("x/w")
+    assert not st.exists("x/q") and not st.is_dir("x/q")
+    with pytest.raises(FileNotFoundError):
+        st.listdir("x/q")
+    # A directory whose pending files were all dropped unfetched stays, as a made one
+    # does when its last file is deleted.
+    st.delete("x/y/z/deep")
+    assert st.is_dir("x/y/z") and st.listdir("x/y/z") == [] and st.listdir("x/y") == ["z"]
+    # Moving a directory makes it on disk with every directory below it.
+    st.rename("x/y", "moved")
+    assert (local / "moved" / "z").is_dir() and st.listdir("moved") == ["z"]
+    assert not st.exists("x/y") and st.listdir("x") == ["w"]
+    # Deleting one not made yet: it is gone, with what it held.
+    st.delete("x")
+    assert not st.exists("x") and not st.is_dir("x") and "x/w" in st.take_dirty().deleted
+    with pytest.raises(StateError):
+        st.delete("x")
+    with pytest.raises(StateError):
+        st.rename("top", "db")  # onto a directory not made yet: refused as onto a made one
+    f.fetch_all()
+    assert f.done and scan(local).files.keys() == {".zz/memory", "db/a", "db/b", "top"}
 
 
 def test_lazy_statedir_delete_and_rename(tmp_path, certified):
