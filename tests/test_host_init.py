@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,7 @@ def test_host_init_twice_pool_libvirt_keys_unit(
         assert status == {
             "packages": "ok",  # zfsutils-linux stands in for zfs-fuse
             "pool": "done",
+            "mounts": "ok",  # scripts/setup-zfs.sh made / shared
             "libvirt": "ok",
             "keys": "done",
             "public keys": "done",
@@ -186,3 +189,41 @@ def test_bad_options_name_the_field(
 def test_unknown_host_is_named(rack_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["host", "init", str(rack_config), "--host", "h7", "--packages", "skip"]) == 2
     assert "--host: 'h7' is not in the config's hosts (h0, h1)" in capsys.readouterr().err
+
+
+# /proc/self/mountinfo of a machine without systemd (/ private) and with it (/ shared).
+_PRIVATE = """\
+22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l
+23 22 0:22 / /proc rw,nosuid shared:5 - proc proc rw
+"""
+_SHARED = """\
+22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw
+23 22 0:22 / /proc rw,nosuid shared:5 - proc proc rw
+"""
+
+
+def test_mounts_step_makes_a_private_root_shared(tmp_path: Path) -> None:
+    """A private / (no systemd) is made shared, so that a QEMU's mount namespace does not
+    keep the pool's datasets; a shared one is left alone; a failed mount names why; no
+    pool, nothing to do."""
+    assert not hostinit.root_is_shared(_PRIVATE) and hostinit.root_is_shared(_SHARED)
+    o = hostinit.InitOptions(config=tmp_path / "rack.toml", host="h1")
+    info = tmp_path / "mountinfo"
+    calls: list[list[str]] = []
+
+    def run(rc: int) -> Callable[[list[str]], subprocess.CompletedProcess[str]]:
+        def f(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+            calls.append(cmd)
+            return subprocess.CompletedProcess(cmd, rc, "", "" if rc == 0 else "permission denied")
+
+        return f
+
+    info.write_text(_SHARED)
+    assert hostinit._mounts(o, info, run(0)).status == "ok" and calls == []
+    info.write_text(_PRIVATE)
+    step = hostinit._mounts(o, info, run(0))
+    assert step.status == "done" and calls == [["mount", "--make-shared", "/"]], step
+    step = hostinit._mounts(o, info, run(32))
+    assert step.status == "FAILED" and "permission denied" in step.detail, step
+    o.no_pool = True
+    assert hostinit._mounts(o, info, run(0)).status == "skipped"

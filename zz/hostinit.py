@@ -10,6 +10,9 @@ Steps, in order, each reported as `done` (it changed something), `ok` (already s
 2. pool: the host's ZFS pool (default `zz<rack>h<i>`, the name `zz rack up` gives it) on a
    vdev file (created sparse) or a block device; an existing pool on that vdev is kept,
    one the vdev holds but nobody imported is imported;
+2b. mounts: `/` a shared mount (`mount --make-shared /` where it is private, as systemd
+   makes it at boot): in a private `/`, each QEMU's mount-namespace copy keeps the pool's
+   datasets mounted, and destroying a convicted guest's dataset fails "busy";
 3. libvirt: the host's `libvirt_uri` opens and lists its domains (`--backend libvirt`);
 4. keys: the secrets of the principals placed on this host, made here (zz/hostkeys.py),
    their public keys exported to `<key_dir>/<host>.pub`; with `--bundle FILE` the
@@ -231,6 +234,45 @@ def _pool(o: InitOptions, config: Config, host: Host) -> Step:
         return Step("pool", "FAILED", f"pool {name} on {vdev}: {e}")
 
 
+# ---- 2b. mount propagation -----------------------------------------------------------------
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+def root_is_shared(mountinfo: str) -> bool:
+    """Whether `/` is a shared mount: in /proc/self/mountinfo the line whose mount point
+    (field 5) is `/` has `shared:N` among its optional fields (those before ` - `). The last
+    such line counts: it is the mount on top."""
+    shared = False
+    for line in mountinfo.splitlines():
+        head, sep, _ = line.partition(" - ")
+        f = head.split()
+        if sep and len(f) >= 6 and f[4] == "/":
+            shared = any(x.startswith("shared:") for x in f[6:])
+    return shared
+
+
+def _mounts(
+    o: InitOptions,
+    mountinfo: Path = MOUNTINFO,
+    run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
+) -> Step:
+    if o.no_pool:
+        return Step("mounts", "skipped", "--no-pool (no datasets to keep unmounted)")
+    if root_is_shared(mountinfo.read_text()):
+        return Step("mounts", "ok", "/ is a shared mount")
+    cmd = ["mount", "--make-shared", "/"]
+    runner = run or (lambda c: subprocess.run(c, capture_output=True, text=True, check=False))
+    got = runner(cmd)
+    if got.returncode != 0:
+        why = (got.stderr or got.stdout).strip() or f"exit {got.returncode}"
+        return Step("mounts", "FAILED", f"/ is private and {shlex.join(cmd)} failed: {why}")
+    return Step(
+        "mounts", "done",
+        "made / a shared mount (it was private: a QEMU's mount namespace would keep the"
+        " pool's datasets mounted)",
+    )  # fmt: skip
+
+
 # ---- 3. libvirt ----------------------------------------------------------------------------
 def _libvirt(o: InitOptions, host: Host) -> Step:
     if o.backend != "libvirt":
@@ -332,6 +374,7 @@ def init(o: InitOptions) -> InitReport:
     steps: list[tuple[str, Callable[[], Step | list[Step]]]] = [
         ("packages", lambda: _packages(o)),
         ("pool", lambda: _pool(o, config, host)),
+        ("mounts", lambda: _mounts(o)),
         ("libvirt", lambda: _libvirt(o, host)),
         ("keys", lambda: _keys(o, config, host)),
         ("unit", lambda: _unit_env(o, config, host)),
