@@ -254,10 +254,13 @@ class FakeExec:
             while True:
                 m = wire.decode(await wire.read_frame(reader))
                 assert isinstance(m, wire.Request)
-                assert m.verify_mac(self.principal, self.key), "client sent a bad MAC"
-                self.received.append(m)
-                self.reply(m.timestamp)
+                self.on_request(m, writer)
         writer.close()
+
+    def on_request(self, m: wire.Request, writer: asyncio.StreamWriter) -> None:
+        assert m.verify_mac(self.principal, self.key), "client sent a bad MAC"
+        self.received.append(m)
+        self.reply(m.timestamp)
 
 
 @dataclass
@@ -428,19 +431,13 @@ class RekeyedSpare(FakeExec):
         if self.registered:
             super().reply(ts)
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                m = wire.decode(await wire.read_frame(reader))
-                assert isinstance(m, wire.Request)
-                self.received.append(m)
-                if not m.verify_mac(self.principal, self.key):
-                    writer.write(wire.frame(self.intro))
-                    continue
-                self.registered = True
-                self.reply(m.timestamp)
-        writer.close()
+    def on_request(self, m: wire.Request, writer: asyncio.StreamWriter) -> None:
+        self.received.append(m)
+        if not m.verify_mac(self.principal, self.key):
+            writer.write(wire.frame(self.intro))
+            return
+        self.registered = True
+        self.reply(m.timestamp)
 
 
 async def test_a_request_dropped_by_a_rekeyed_spare_is_sent_again_at_its_introduction(
