@@ -1,10 +1,13 @@
 /* faults.c - fault detection decisions: WAKEUP evidence checks, whom to wake, whom to convict.
  * A line-by-line port of zz/faults.py (docs/fault-detection.md §3-§5); tests/vectors/faults.txt
  * pins both to the same outcomes, so change them together. Pure, no allocation.
+ * zz_fault_choose, zz-agreed's search for an evidence set among a candidate's rows, has no
+ * Python counterpart (controld verifies the set a WAKEUP carries, it never searches).
  *
  * Sizes: rows describe at most ZZ_MAX_EXEC awake replicas, and every loop below is at most
  * quadratic in that or in nrows, which the signer checks bound to 3g+1 distinct rows before
- * any rule runs (a longer list fails with bad-signer or duplicate-signer first). */
+ * any rule runs (a longer list fails with bad-signer or duplicate-signer first);
+ * zz_fault_choose evaluates at most 2^ZZ_FAULT_SUBSET_MAX sets, or nrows + 1 with more rows. */
 #include "faults.h"
 
 #include <string.h>
