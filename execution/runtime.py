@@ -491,7 +491,7 @@ class Runtime:
         if not isinstance(m, wire.ExecCommit | wire.FetchReply):
             self.counters["unexpected"] += 1
             return
-        if not m.verify_mac(self.me, self.agree_keys[link.peer]):
+        if not m.verify_mac_received(raw, self.me, self.agree_keys[link.peer]):
             self.counters["bad_mac"] += 1
             return
         link.answered = True
