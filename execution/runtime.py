@@ -106,6 +106,15 @@ class Outgoing:
     result: bytes
 
 
+def _log_start(data: bytes) -> int:
+    """The first seq a FETCH-REPLY kind 3 log lists (docs/wire.md: u64 certified_through,
+    u32 count, then entries each beginning with its u64 seq), read without decoding the
+    batches; 0 when it lists none or is too short to say."""
+    if len(data) < 20 or int.from_bytes(data[8:12], "big") == 0:
+        return 0
+    return int.from_bytes(data[12:20], "big")
+
+
 class _Link(Link):
     """A reconnecting outgoing connection (to an agreement replica or a peer execution
     replica, principal `peer`). `Runtime.on_link_connect` returns what to send first on
@@ -507,21 +516,8 @@ class Runtime:
             self.counters["unexpected"] += 1
             return
         self._peek_wake_notice()  # the target below is chosen by the round's seq
-        try:
-            certified_through, entries = wire.log_reply(m.data)
-        except wire.WireError:
-            self.counters["bad_log"] += 1
-            return
         self.counters["fetch_replies"] += 1
         self.sent_reports.stable_at(m.sender, m.seq)  # it needs no report at or below it
-        self.vouches.offer(
-            m.sender, certified_through, (e.seq for e in entries), above=self.last_executed
-        )
-        for e in entries:
-            self.collector.add(m.sender, e.seq, e.digest, e.batch, 0)
-        if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
-            # The replica's log starts above us: only state transfer (recovery) can help.
-            self.counters["behind_stable"] += 1
         self.stable_votes.offer(m.sender, m.seq, m.digest)
         self.ckpt.maybe_collect()
         if self._fault_seq is not None and self.last_executed >= self._fault_seq:
@@ -543,6 +539,32 @@ class Runtime:
             and (self._recover_target is None or cert[0] > self._recover_target[0])
         ):
             self._recover_target = cert
+        target = self._recover_target
+        if (
+            target is not None
+            and target[0] > self.last_executed
+            and _log_start(m.data) > self.last_executed + 1
+        ):
+            # Recovering, and this log cannot be replayed from here: its batches are not
+            # even hashed (up to ~4 MiB a reply, from every agreement replica, before the
+            # install could start). The registration after the install asks for the log
+            # above the checkpoint recovered to (_recover).
+            self.counters["behind_stable"] += 1
+            self.counters["log_replies_skipped"] += 1
+            return
+        try:
+            certified_through, entries = wire.log_reply(m.data)
+        except wire.WireError:
+            self.counters["bad_log"] += 1
+            return
+        self.vouches.offer(
+            m.sender, certified_through, (e.seq for e in entries), above=self.last_executed
+        )
+        for e in entries:
+            self.collector.add(m.sender, e.seq, e.digest, e.batch, 0)
+        if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
+            # The replica's log starts above us: only state transfer (recovery) can help.
+            self.counters["behind_stable"] += 1
         if entries and len(m.data) >= _REFETCH_BYTES:
             target = self._recover_target
             if target is not None and target[0] >= entries[-1].seq:

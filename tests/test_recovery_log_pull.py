@@ -22,6 +22,7 @@ class _Sent:
 
 
 def _runtime(tmp_path: Path) -> Runtime:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "rack.toml"
     path.write_text(RACK_TOML.format(base_port=17200).replace('sleep = "paused"', ""))
     config = load(path)
@@ -60,7 +61,22 @@ def test_a_replica_recovering_past_the_log_it_got_pulls_no_more_of_it(tmp_path: 
     assert len(links[0].sent) == 1 and links[1].sent == []
     asked = wire.decode(links[0].sent[0])
     assert isinstance(asked, wire.Fetch) and asked.seq == 40
-    # Log reaching above the checkpoint is still followed up.
+    assert rt.counters["log_refetch_skipped"] == 1
+
+
+def test_a_recovering_replica_does_not_hash_log_it_cannot_replay(tmp_path: Path) -> None:
+    """Once it recovers to a certified checkpoint, a reply whose log starts above the
+    replica's next seq is neither decoded nor followed up; a replica that recovers to
+    nothing takes the same reply in full and asks for the rest."""
+    rt = _runtime(tmp_path)
+    stable = (64, sha256(b"checkpoint 64"))
+    rt._recover_target = stable
     above = _big_log(41, 80)
-    rt._on_fetch_reply(links[2], wire.FetchReply(rt.svc.id, 2, wire.FETCH_LOG, *stable, above))  # type: ignore[arg-type]
-    assert len(links[2].sent) == 1 and rt.counters["log_refetch_skipped"] == 1
+    link = _Sent(2)
+    rt._on_fetch_reply(link, wire.FetchReply(rt.svc.id, 2, wire.FETCH_LOG, *stable, above))  # type: ignore[arg-type]
+    assert link.sent == [] and rt.counters["log_replies_skipped"] == 1
+    assert rt.collector.pending() == []
+    other = _runtime(tmp_path / "other")
+    link = _Sent(2)
+    other._on_fetch_reply(link, wire.FetchReply(rt.svc.id, 2, wire.FETCH_LOG, *stable, above))  # type: ignore[arg-type]
+    assert len(link.sent) == 1 and other.collector.pending() == list(range(41, 81))
