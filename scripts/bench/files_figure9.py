@@ -252,6 +252,13 @@ class Point(BenchRack):
             "replayed_batches": batches,
             "replay_per_request_ms": round(replay_s / batches * 1000, 3) if batches else None,
             "install_phases_ms": rec.get("install_phases_ms"),
+            # The spare's own steps (runtime wake_marks, the same monotonic clock), ms
+            # after the first mismatch: noticed, link_up, recover_start, recovered,
+            # replay_first, replay_last, first_fresh.
+            "spare_marks_ms": {
+                k: round((v - t_detect) * 1000, 1)
+                for k, v in sorted(st.get("wake_marks", {}).items(), key=lambda kv: kv[1])
+            },
             "files_pending_at_start": rec.get("files_pending"),
             "recovered_checkpoint": rec.get("checkpoint"),
             "bad_sources": rec.get("bad_sources", []),
@@ -346,7 +353,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     runs = sorted(runs, key=lambda r: r["recovery_s"])
     p = dict(runs[len(runs) // 2])
     p["samples_s"] = [r["recovery_s"] for r in runs]
-    keep = ("recovery_s", "phases_s", "install_phases_ms", "replay_per_request_ms", "load")
+    keep = (
+        "recovery_s",
+        "phases_s",
+        "install_phases_ms",
+        "spare_marks_ms",
+        "replay_per_request_ms",
+        "load",
+    )
     p["runs"] = [{k: r[k] for k in keep} for r in runs]
     return p
 
