@@ -7,22 +7,35 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import os
+import re
 import shutil
 import signal
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.test_drill import rack_down
+from tests.test_execution_runtime import needs_agreed
 from tests.test_fault_detection_e2e import FAST, SPARE, FaultRig, _start
 from tests.test_kv_linearizable import needs_go
+from tests.test_rackctl import write_rack
 from tests.test_recovery_drill import _workload
 from zz import history as zh
-from zz import keys
+from zz import keys, rackctl
+from zz.atomicfile import write_atomic
+from zz.config import Config, load
 from zz.controld.announce import Announcer
+from zz.drill.load import start_load, stop_load
+from zz.drillfaults import FAULT_FILE
 from zz.history import HistoryRecorder
 from zz.procrack import signal_group
+from zz.rackctl import load_state
 
 LIAR = 1
 
@@ -133,3 +146,95 @@ def test_liar_convicted_when_its_rounds_spare_was_overdue(liar_rig: FaultRig) ->
     h = rec.history()
     verdict = zh.check(h, timeout=60)
     assert verdict.linearizable, f"{verdict}\n{rig.diag()}"
+
+
+# ---- the same on a `zz rack up` rack, with the real controlds -------------------------------
+
+
+async def _on_a_rack(config: Config) -> None:
+    s = config.service("kv0")
+    run = config.rack.run_dir / f"s{s.id}"
+    state = load_state(config)
+    assert state is not None
+
+    def stats() -> list[dict[str, Any]]:
+        return [json.loads((run / f"agreed-{r}.stats.json").read_text()) for r in range(s.n)]
+
+    async def until(pred: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}: {stats()}")
+            await asyncio.sleep(0.2)
+
+    await until(lambda: all(x["exec_sleeping"] for x in stats()), "the spare asleep", 30)
+    first = stats()[0]
+    liar, spare = first["exec_awake"][0], first["exec_sleeping"][0]
+    host = s.exec_host(config, spare).name
+    ctl = state.proc(host)
+    assert ctl.kind == "controld" and ctl.alive()
+    load = start_load(config, [s], 3, None)
+    try:
+        await asyncio.sleep(1.0)
+        # The spare's controld stalls (a host whose restore of a hibernated guest takes
+        # longer than the round's deadline): the WAKEUP waits in its socket.
+        os.kill(ctl.pid, signal.SIGSTOP)
+        try:
+            write_atomic(s.exec_state_dir(config, liar) / FAULT_FILE, '{"fault": "wrong-reply"}\n')
+            logs = [run / f"agreed-{r}.log" for r in range(s.n)]
+            undecided = "undecided (a woken replica is overdue)"
+            await until(
+                lambda: all(undecided in p.read_text() for p in logs),
+                "every agreement replica closing the first round undecided",
+                90,
+            )
+            assert all(x["exec_sleeping"] == [] for x in stats())
+        finally:
+            os.kill(ctl.pid, signal.SIGCONT)
+        # Resumed, it wakes the spare; the spare answers late; the round that wakes nobody
+        # convicts the liar, its controld provisions a fresh spare in that slot and
+        # announces it: every agreement replica counts it asleep, two awake.
+        others = sorted({*first["exec_awake"], spare} - {liar})
+        await until(
+            lambda: all(
+                x["exec_awake"] == others and x["exec_sleeping"] == [liar] for x in stats()
+            ),
+            "the liar convicted and its fresh spare asleep",
+            120,
+        )
+        await asyncio.sleep(2.0)  # load over the new awake set
+    finally:
+        await stop_load(load)
+    texts = "".join(p.read_text() for p in run.glob("agreed-*.log"))
+    print(*(x for x in texts.splitlines() if "WAKEUP" in x or "SHUTDOWN" in x or "round" in x))
+    # The controld of every host with a replica of the service verified the round's WAKEUP
+    # (zz/certs.py) and recorded it; the liar's acted on the SHUTDOWN and provisioned the
+    # fresh spare (the condition above).
+    hosts = {s.exec_host(config, i).name for i in range(s.n_exec)}
+    ctl_logs = {p.name: Path(p.log).read_text() for p in state.procs if p.kind == "controld"}
+    empty = re.compile(r"WAKEUP kv0 seq \d+ awake \[0, 1, 2\] wake \[\] from")
+    assert all(empty.search(ctl_logs[h]) for h in hosts), ctl_logs
+    assert "wake [] adopted" in texts or "wake [], evidence" in texts, texts[-3000:]
+    shutdown = f"convict [{liar}] sleep [] active [{','.join(map(str, others))}]"
+    assert shutdown in texts, texts[-3000:]
+    for name, rec in load.recorders.items():
+        verdict = zh.check(rec.history(), timeout=60)
+        assert verdict.linearizable, f"{name}: {verdict}"
+
+
+@pytest.mark.slow
+@needs_agreed
+@needs_go
+def test_a_round_that_wakes_nobody_on_a_rack(tmp_path: Path) -> None:
+    """`zz rack up` (process backend, f = 1): the spare's controld is stopped while the
+    first round runs, so the spare wakes only after that round closed undecided; the round
+    that wakes nobody convicts the liar, and the liar's controld replaces it by a fresh
+    sleeping spare, as after any SHUTDOWN."""
+    config = load(write_rack(tmp_path))
+    zh.lincheck_binary()
+    try:
+        agreed = Path(os.environ["ZZ_AGREED"]) if os.environ.get("ZZ_AGREED") else None
+        rackctl.up(config, agreed=agreed, overrides={"detect_ceiling_ms": 1000})
+        asyncio.run(_on_a_rack(config))
+    finally:
+        rack_down(config)
