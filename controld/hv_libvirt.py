@@ -102,6 +102,27 @@ def minimal_xml(spec: ReplicaSpec) -> str:
     )
 
 
+def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """render_domain options from controld's environment, read at each domain's creation
+    (scripts/bench/web --guest-share-cache/--guest-cpu/--guest-tb-mib set them for the
+    guests' rack; docs/performance.md "The web path on guests" measures each):
+    ZZ_GUEST_SHARE_CACHE the 9p share's cache= mode in the guest (zz.share_cache= on the
+    kernel command line: images/init, images/zz_guest.py), ZZ_GUEST_CPU the CPU model,
+    ZZ_GUEST_TB_MIB TCG's translation-block cache. Unset: QEMU's and the kernel's defaults."""
+    env = os.environ if env is None else env
+    out: dict[str, Any] = {}
+    if cache := env.get("ZZ_GUEST_SHARE_CACHE"):
+        if not (cache.isalpha() and cache.islower()):
+            raise ValueError(f"ZZ_GUEST_SHARE_CACHE={cache!r}")
+        if cache != "none":
+            out["extra_cmdline"] = f"zz.share_cache={cache}"
+    if cpu := env.get("ZZ_GUEST_CPU"):
+        out["cpu_model"] = cpu
+    if tb := env.get("ZZ_GUEST_TB_MIB"):
+        out["tb_cache_mib"] = int(tb)
+    return out
+
+
 class LibvirtHypervisor:
     """Replicas as libvirt domains on `uri`.
 
@@ -177,7 +198,7 @@ class LibvirtHypervisor:
             public_ports=spec.public_ports, state_dir=spec.state_dir,
             state_accessmode=self.state_accessmode,
             cmd=dm.shell_quote(list(spec.command)) if spec.command else None,
-            domain_type=dtype,
+            domain_type=dtype, **guest_tuning(),
         )  # fmt: skip
         return xml
 

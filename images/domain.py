@@ -51,13 +51,22 @@ def render_domain(
     cmd: str | None = None,
     extra_cmdline: str = "",
     domain_type: str = "qemu",
+    share: str = "9p",
+    cpu_model: str | None = None,
+    tb_cache_mib: int | None = None,
 ) -> str:
     """Domain XML. hostfwds: (host port on 127.0.0.1, guest port) pairs; a guest port in
     public_ports is forwarded from public_address instead (the host's rack address: other
     hosts reach the execution replica there, while the agent stays local). state_dir: a host
     directory shared as 9p tag "state" (the guest mounts it at /state); accessmode 'squash'
     needs it owned by libvirt-qemu, 'passthrough' adds a static DAC seclabel +0:+0 so QEMU
-    runs as root (docs/design.md §9)."""
+    runs as root (docs/design.md §9). share "virtiofs" shares it through virtiofsd instead
+    (shared memfd memory backing, as vhost-user needs; QEMU 7.2 cannot save such a guest, so
+    it cannot hibernate). cpu_model: libvirt's <cpu> model (None: QEMU's default, qemu64
+    under TCG). tb_cache_mib: TCG's translation-block cache (<tcg><tb-cache>; None: QEMU's
+    default). docs/performance.md "The web path on guests" measures each."""
+    if share not in ("9p", "virtiofs"):
+        raise ValueError(f"share {share!r}")
     if domain_type not in ("qemu", "kvm"):
         raise ValueError(f"domain type {domain_type!r}")
     fwd = "".join(
@@ -66,7 +75,20 @@ def render_domain(
     )
     filesystems = ""
     seclabel = ""
-    if state_dir is not None:
+    memory_backing = ""
+    if state_dir is not None and share == "virtiofs":
+        # virtiofsd runs as root and serves the directory as it is (no accessmode)
+        filesystems = (
+            "    <filesystem type='mount' accessmode='passthrough'>\n"
+            "      <driver type='virtiofs'/>\n"
+            f"      <source dir={quoteattr(str(state_dir))}/>\n"
+            "      <target dir='state'/>\n"
+            "    </filesystem>"
+        )
+        memory_backing = (
+            "  <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>\n"
+        )
+    elif state_dir is not None:
         if state_accessmode not in ("squash", "passthrough", "mapped"):
             raise ValueError(f"accessmode {state_accessmode!r}")
         # multidevs='remap': the share may hold another file system (a guest's ZFS
@@ -98,7 +120,27 @@ def render_domain(
         console_log=log,
         filesystems=filesystems,
         seclabel=seclabel,
+        memory_backing=memory_backing,
+        cpu=_cpu_xml(cpu_model),
+        tcg=(
+            f"    <tcg><tb-cache unit='MiB'>{int(tb_cache_mib)}</tb-cache></tcg>\n"
+            if tb_cache_mib and domain_type == "qemu"
+            else ""
+        ),
         hostfwds=escape(fwd),
+    )
+
+
+def _cpu_xml(model: str | None) -> str:
+    """<cpu>: "max" is libvirt's mode='maximum' (every feature the accelerator can give),
+    any other name a custom model; None: none (QEMU's default)."""
+    if not model:
+        return ""
+    if model == "max":
+        return "  <cpu mode='maximum' check='none'/>\n"
+    return (
+        f"  <cpu mode='custom' match='exact' check='none'><model fallback='forbid'>"
+        f"{escape(model)}</model></cpu>\n"
     )
 
 

@@ -85,7 +85,35 @@ sys.argv = [mod, *go["args"]]
 runpy.run_module(mod, run_name="__main__", alter_sys=True)
 """
 # The same options images/init mounts with.
-MOUNT_ARGS = ["mount", "-t", "9p", "-o", "trans=virtio,version=9p2000.L,msize=512000"]
+MOUNT_OPTS = "trans=virtio,version=9p2000.L,msize=512000"
+
+
+def share_cache(cmdline: str | None = None) -> str | None:
+    """The share's cache mode from the kernel command line (zz.share_cache=, as images/init
+    reads it; images/domain.py writes it); None: the default, cache=none."""
+    if cmdline is None:
+        try:
+            with open("/proc/cmdline") as f:
+                cmdline = f.read()
+        except OSError:
+            return None
+    for word in cmdline.split():
+        if word.startswith("zz.share_cache="):
+            mode = word.partition("=")[2]
+            return mode if mode.isalpha() and mode.islower() else None
+    return None
+
+
+def mount_args(cache: str | None) -> list[str]:
+    return ["mount", "-t", "9p", "-o", MOUNT_OPTS + (f",cache={cache}" if cache else "")]
+
+
+def drop_share_caches() -> None:
+    """Forget the guest's cached dentries and inodes (drop_caches 2: slab objects, not dirty
+    pages), so that a cached share sees what the host wrote since (controld's wake notice);
+    with cache=none nothing is cached and this is not needed."""
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")
 
 
 def uptime() -> float:
@@ -117,6 +145,7 @@ class Agent:
     def __init__(self, state_dir: Path, manage_mount: bool, stop_timeout: float = 10.0) -> None:
         self.state_dir = state_dir
         self.manage_mount = manage_mount
+        self.cache = share_cache() if manage_mount else None
         self.stop_timeout = stop_timeout
         self.child: subprocess.Popen[bytes] | None = None
         # A runtime started ahead of its wake-up (PRESTART), and whether it said "ready".
@@ -156,7 +185,7 @@ class Agent:
         if self.mounted() or not self.share_present():
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run([*MOUNT_ARGS, TAG, str(self.state_dir)], capture_output=True)
+        p = subprocess.run([*mount_args(self.cache), TAG, str(self.state_dir)], capture_output=True)
         if p.returncode != 0:
             raise RuntimeError(f"mount {TAG}: {p.stderr.decode(errors='replace').strip()}")
 
@@ -332,6 +361,9 @@ class Agent:
                 raise ValueError("seq must be a non-negative integer")
             self.mount()
             self.recovering_from = seq
+            if self.cache and self.manage_mount and self.mounted():
+                # the host wrote the wake notice into the share behind the guest's cache
+                drop_share_caches()
             if self.mounted():
                 wake = {"seq": seq, "uptime": uptime(), "time": time.time()}
                 tmp = self.state_dir / (WAKE_FILE + ".tmp")

@@ -142,6 +142,39 @@ def test_render_domain_xml(tmp_path: Path) -> None:
     assert "hostfwd=tcp:127.0.0.1:17001-:7000,hostfwd=tcp:10.0.0.11:17002-:7100" in public
     plain = ET.fromstring(domain.render_domain("zz-y", "/k", "/i", console_socket="/s"))
     assert plain.find("devices/filesystem") is None and plain.find("seclabel") is None
+    assert plain.find("cpu") is None and plain.find("features/tcg") is None
+    assert plain.find("memoryBacking") is None
+
+
+def test_render_domain_tuning(tmp_path: Path) -> None:
+    """The options scripts/bench/web measures: CPU model, TCG cache, virtiofs, 9p cache."""
+    xml = domain.render_domain(
+        "zz-t", "/k", "/i", console_socket="/s", state_dir=tmp_path, share="virtiofs",
+        cpu_model="max", tb_cache_mib=256, extra_cmdline="zz.share_cache=loose",
+    )  # fmt: skip
+    root = ET.fromstring(xml)
+    assert root.find("cpu").get("mode") == "maximum"  # type: ignore[union-attr]
+    assert root.findtext("features/tcg/tb-cache") == "256"
+    fs = root.find("devices/filesystem")
+    assert fs is not None and fs.find("driver").get("type") == "virtiofs"  # type: ignore[union-attr]
+    assert root.find("memoryBacking/access").get("mode") == "shared"  # type: ignore[union-attr]
+    assert "zz.share_cache=loose" in (root.findtext("os/cmdline") or "").split()
+    named = ET.fromstring(domain.render_domain("zz-n", "/k", "/i", console_socket="/s",
+                                               cpu_model="qemu64", tb_cache_mib=64,
+                                               domain_type="kvm"))  # fmt: skip
+    assert named.findtext("cpu/model") == "qemu64" and named.find("features/tcg") is None
+    with pytest.raises(ValueError):
+        domain.render_domain("zz-b", "/k", "/i", console_socket="/s", share="nfs")
+
+
+def test_guest_share_cache_from_cmdline() -> None:
+    """The agent mounts the share as images/init does, with zz.share_cache= when given."""
+    agent = _load("zz_guest")
+    assert agent.share_cache("console=ttyS0 quiet") is None
+    assert agent.share_cache("quiet zz.share_cache=loose panic=-1") == "loose"
+    assert agent.share_cache("zz.share_cache=lo/se") is None
+    assert agent.mount_args(None)[-1] == "trans=virtio,version=9p2000.L,msize=512000"
+    assert agent.mount_args("loose")[-1].endswith(",cache=loose")
 
 
 # ---- a real guest on libvirt ---------------------------------------------------------------
