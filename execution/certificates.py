@@ -3,6 +3,7 @@ A batch runs only once 2g+1 distinct agreement replicas vouch for the same (seq,
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -38,6 +39,8 @@ class Certificate:
 @dataclass
 class _Slot:
     votes: dict[int, Vote] = field(default_factory=dict)
+    first_at: float = 0.0  # the first vote's arrival (time.monotonic())
+    ready_at: float | None = None  # when 2g+1 votes first matched
 
 
 class CommitCollector:
@@ -85,13 +88,25 @@ class CommitCollector:
         elif sha256(batch) != digest:
             self.dropped["bad_batch"] += 1
             return False
-        slot = self._slots.setdefault(seq, _Slot())
+        slot = self._slots.get(seq)
+        if slot is None:
+            slot = self._slots[seq] = _Slot(first_at=time.monotonic())
         prev = slot.votes.get(replica)
         if prev is not None:
             self.dropped["duplicate" if prev.digest == digest else "conflict"] += 1
             return False
         slot.votes[replica] = Vote(digest, batch, view)
+        if slot.ready_at is None and sum(v.digest == digest for v in slot.votes.values()) >= (
+            self.quorum
+        ):
+            slot.ready_at = time.monotonic()
         return True
+
+    def arrival(self, seq: int) -> tuple[float, float | None] | None:
+        """When seq's first vote arrived and when 2g+1 of them matched (monotonic), if
+        its votes are still held (not yet executed)."""
+        slot = self._slots.get(seq)
+        return None if slot is None else (slot.first_at, slot.ready_at)
 
     def certificate(self, seq: int) -> Certificate | None:
         slot = self._slots.get(seq)

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,10 @@ _REFETCH_BYTES = 1 << 20
 # A connection whose peer stops reading is dropped rather than buffering without bound.
 _MAX_WRITE_BUFFER = 64 << 20
 _STALL_SECONDS = 1.0
+# A report this long after its batch's first commit vote is logged with where the time
+# went (status `slow_reports`): the agreement replicas' timer floor is 2 s on guest racks.
+SLOW_REPORT_S = 0.5
+SLOW_LOG_S = 10.0
 # controld writes this into the state directory when it wakes the replica (controld/actions.py).
 WAKE_NOTICE = "controld-wakeup.json"
 # How long a woken replica waits for g+1 agreement replicas to name a stable checkpoint
@@ -242,6 +246,10 @@ class Runtime:
         self.stable_votes = StableVotes(service.g)
         self.vouches = CertifiedVouches(service.g)
         self.replay: dict[str, Any] = {}
+        self.slow_reports: deque[dict[str, float]] = deque(maxlen=16)
+        self._slow_worst: dict[str, float] | None = None
+        self._slow_since = 0
+        self._slow_logged = -SLOW_LOG_S
         self._replay_t0: float | None = None
         self._recover_target: tuple[int, bytes] | None = None
         # The seq of the fault round this replica was woken for (controld's wake notice):
@@ -736,11 +744,14 @@ class Runtime:
                         vouched = False
                     replay = vouched and self.options.replay_skips_reads
                     t_batch = time.monotonic()
+                    arrival = self.collector.arrival(cert.seq)
                     try:
-                        outs, refs = await asyncio.to_thread(self._run_batch, cert, replay)
+                        run = self._run_batch_timed
+                        outs, refs, cpu = await asyncio.to_thread(run, cert, replay)
                     except StaleCheckpoint as e:
                         self._strand(cert.seq, e)
                         break
+                    t_done = time.monotonic()
                     if vouched:
                         self._time_replay(t_batch)
                         if "replay_first" not in self.wake_marks:
@@ -761,6 +772,7 @@ class Runtime:
                     # certify it with the replies, so a replica that signs a wrong checkpoint
                     # digest is caught like one that answers wrongly.
                     c = None
+                    t_ckpt = time.monotonic()
                     if cert.seq % self.cp == 0:
                         async with self.ckpt.lock.urgent(f"checkpoint {cert.seq}"):
                             c = await asyncio.to_thread(self._checkpoint, cert.seq)
@@ -774,6 +786,8 @@ class Runtime:
                             self._send_agreement(rep.with_macs(self.agree_keys).encode())
                             self.sent_reports.add(rep)
                     self.counters["batches_executed"] += 1
+                    if not vouched and arrival is not None:
+                        self._time_report(cert.seq, arrival, t_batch, t_done, cpu, t_ckpt)
                     if c is not None:
                         self.ckpt.announce(cert.seq, c, self.sign_key)
                         self.faults.after_checkpoint(cert.seq)
@@ -814,6 +828,63 @@ class Runtime:
         r["certified_batches"] = r.get("certified_batches", 0) + 1
         self._replay_t0 = started if self._replay_t0 is None else self._replay_t0
         r["seconds"] = round(time.monotonic() - self._replay_t0, 4)
+
+    def _time_report(
+        self,
+        seq: int,
+        arrival: tuple[float, float | None],
+        started: float,
+        done: float,
+        cpu: float,
+        ckpt_from: float,
+    ) -> None:
+        """Status `slow_reports` (the last 16): a batch whose report went out SLOW_REPORT_S
+        or more after its first commit vote arrived, and where the time went: `votes`
+        (first vote to 2g+1 matching), `queue` (to the executor taking it: earlier
+        batches, the loop), `execute` (of it `cpu`: this thread's CPU time), `checkpoint`
+        (with its lock wait; a checkpoint seq only), `send` (replies and report). The
+        worst of each SLOW_LOG_S is logged (a guest's log is its serial console, which
+        costs emulated I/O per byte)."""
+        now = time.monotonic()
+        first, ready = arrival
+        total = now - first
+        if total < SLOW_REPORT_S:
+            return
+        ready = started if ready is None else ready
+        checkpoint = now - ckpt_from if seq % self.cp == 0 else 0.0
+        parts = {
+            "votes": ready - first,
+            "queue": started - ready,
+            "execute": done - started,
+            "cpu": cpu,
+            "checkpoint": checkpoint,
+            "send": now - done - checkpoint,
+        }
+        entry = {"seq": seq, "total": round(total, 3), "at": round(time.time(), 3)}
+        entry.update({k: round(v, 3) for k, v in parts.items()})
+        self.slow_reports.append(entry)
+        self.counters["slow_reports"] += 1
+        worst = self._slow_worst
+        if worst is None or entry["total"] > worst["total"]:
+            self._slow_worst = worst = entry
+        self._slow_since += 1
+        if now - self._slow_logged < SLOW_LOG_S:
+            return
+        log.warning(
+            "%d report(s) %.1f s or more after their first commit vote; the worst: batch "
+            "%d, %.2f s (votes %.2f, queue %.2f, execute %.2f of which cpu %.2f, checkpoint "
+            "%.2f, send %.2f)",
+            self._slow_since, SLOW_REPORT_S, worst["seq"], worst["total"], worst["votes"],
+            worst["queue"], worst["execute"], worst["cpu"], worst["checkpoint"], worst["send"],
+        )  # fmt: skip
+        self._slow_logged, self._slow_since, self._slow_worst = now, 0, None
+
+    def _run_batch_timed(
+        self, cert: Certificate, replay: bool
+    ) -> tuple[list[Outgoing], list[wire.ReplyRef], float]:
+        cpu0 = time.thread_time()
+        outs, refs = self._run_batch(cert, replay)
+        return outs, refs, time.thread_time() - cpu0
 
     def _run_batch(
         self, cert: Certificate, replay: bool = False
@@ -1274,6 +1345,7 @@ class Runtime:
             "agreement_links_answered": sum(1 for link in self._links if link.up and link.answered),
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
+            "slow_reports": list(self.slow_reports),
             "reports_kept": len(self.sent_reports),
             "counters": dict(sorted(self.counters.items())),
             "certificates": dict(sorted(self.collector.dropped.items())),

@@ -32,7 +32,7 @@ kill_named() {
     for d in /proc/[0-9]*; do
         pid=${d#/proc/}
         [ "$pid" = "$$" ] && continue
-        cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
+        cmd=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline") || continue
         case "$cmd" in
         *"$1"*)
             case "$cmd" in
@@ -89,10 +89,20 @@ PROXY_PID=
 finish() {
     local n
     [ -z "$PROXY_PID" ] || kill -TERM -- "-$PROXY_PID" 2>/dev/null || true
+    keep_logs
     [ ! -f "$RACK" ] || "$PY" -m zz rack down "$RACK" || true
     n=$(kill_named "$WORK")
     [ "$n" -eq 0 ] || echo "[main] killed $n process(es) left behind"
     rm -rf "$WORK"
+}
+# ZZ_MAIN_KEEP=DIR: a copy of the work dir (logs, consoles, status files, the rack's state;
+# not the ZFS pools' vdev files) is left in DIR/<work dir's name> before the rack goes.
+keep_logs() {
+    [ -n "${ZZ_MAIN_KEEP:-}" ] && [ -d "$WORK" ] && [ -z "${KEPT:-}" ] || return 0
+    KEPT=1
+    mkdir -p "$ZZ_MAIN_KEEP"
+    rsync -a --exclude '*.img' "$WORK" "$ZZ_MAIN_KEEP/" 2>/dev/null || true
+    echo "[main] work dir copied to $ZZ_MAIN_KEEP/$(basename "$WORK")"
 }
 trap finish EXIT
 echo "[main] work dir $WORK"
@@ -209,8 +219,17 @@ echo "\$ zz status $RACK"
 echo
 kill -TERM -- "-$PROXY_PID" 2>/dev/null || true
 PROXY_PID=
+keep_logs
 echo "\$ zz rack down $RACK"
-"$PY" -m zz rack down "$RACK" || rc=1
+"$PY" -m zz rack down "$RACK" 2>&1 | tee "$WORK/down.log" || rc=1  # pipefail: down's status
 rm -f "$RACK"
+# The drill judges what it watched, up to the liar's fresh spare back asleep; a correct
+# replica convicted later (a fault round that waited for that spare) shows here: down keeps
+# one forensic state per convicted replica, and only the liar may have one.
+kept=$(grep -c "kept forensic state" "$WORK/down.log" || true)
+if [ "$kept" -gt 1 ]; then
+    echo "[main] FAIL: $kept replicas were convicted during the run, the drill faulted one"
+    rc=1
+fi
 echo "[main] done, exit status $rc"
 exit "$rc"

@@ -20,6 +20,7 @@ zfs-fuse quirks handled here, measured on the development machines:
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -71,11 +72,14 @@ def run_zfs(argv: Sequence[str], *, retry_busy: bool = False) -> str:
     pause = 0.02
     while True:
         try:
+            asked = time.monotonic()
             with _change_lock(argv):
+                started = time.monotonic()
                 proc = subprocess.run(
                     list(argv), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S,
                     check=False,
                 )  # fmt: skip
+            _trace(argv, asked, started, proc.returncode)
         except FileNotFoundError as e:
             raise ZfsMissingError(f"{argv[0]} not found: {SETUP_HINT}", argv) from e
         except subprocess.TimeoutExpired as e:
@@ -87,6 +91,27 @@ def run_zfs(argv: Sequence[str], *, retry_busy: bool = False) -> str:
             raise StorageError(f"exit status {proc.returncode}", argv, proc.stderr)
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+# ZZ_ZFS_TRACE=FILE (measurements only): one JSON line per zfs/zpool command run, with
+# when it was asked for (wall clock), how long it waited for CHANGE_LOCK and how long it ran.
+_TRACE = os.environ.get("ZZ_ZFS_TRACE")
+
+
+def _trace(argv: Sequence[str], asked: float, started: float, rc: int) -> None:
+    if not _TRACE:
+        return
+    now = time.monotonic()
+    line = json.dumps({
+        "at": round(time.time() - (now - asked), 3), "pid": os.getpid(),
+        "wait_s": round(started - asked, 4), "run_s": round(now - started, 4),
+        "rc": rc, "argv": list(argv),
+    })  # fmt: skip
+    try:
+        with open(_TRACE, "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
 
 
 @contextmanager

@@ -21,6 +21,7 @@ OVERRIDABLE = {
     "max_inflight",
     "exec_inflight",
     "exec_hold_ms",
+    "exec_hold_max_ms",
     "view_timeout_ms",
     "status_interval_ms",
     "time_tolerance_ms",

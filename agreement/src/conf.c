@@ -426,7 +426,7 @@ enum {
     K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
     K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_CLIENT_OUT,
     K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_REQUIRE_SIGNED, K_SPARE_KEYS, K_DATA_DIR, K_DURABILITY,
-    K_EXEC_INFLIGHT, K_EXEC_HOLD, K_COUNT
+    K_EXEC_INFLIGHT, K_EXEC_HOLD, K_EXEC_HOLD_MAX, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -438,6 +438,7 @@ static const char *const key_names[K_COUNT] = {
     "batch_bytes", "max_conns", "max_conns_per_source", "frame_timeout_ms", "unauth_timeout_ms",
     "unauth_buffer_bytes", "client_out_bytes", "client_out_total", "out_stall_timeout_ms",
     "require_signed", "spare_keys", "data_dir", "durability", "exec_inflight", "exec_hold_ms",
+    "exec_hold_max_ms",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -600,6 +601,8 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
         return set_u32(ps, line, k, tok[1], 0, UINT32_MAX, &c->exec_inflight);
     case K_EXEC_HOLD:
         return set_u32(ps, line, k, tok[1], 1, 3600000, &c->exec_hold_ms);
+    case K_EXEC_HOLD_MAX:
+        return set_u32(ps, line, k, tok[1], 0, 3600000, &c->exec_hold_max_ms);
     case K_MAX_REQUEST:
         /* checked against batch_bytes at the end: a request must fit a batch alone */
         return set_u32(ps, line, k, tok[1], ZZ_MIN_MAX_REQUEST, ZZ_MAX_BATCH_BYTES,

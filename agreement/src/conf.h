@@ -68,6 +68,9 @@ typedef struct {
      * (docs/agreement.md "Batching against execution"). */
     uint32_t exec_inflight;
     uint32_t exec_hold_ms;
+    /* A hold lasts about twice the recent dispatch-to-reports latency, at least exec_hold_ms
+     * and at most this (0: half of view_timeout_ms). */
+    uint32_t exec_hold_max_ms;
     uint32_t view_timeout_ms;     /* first view-change timer; doubles per failed view */
     uint32_t status_interval_ms;  /* retransmission (STATUS) period */
     uint32_t time_tolerance_ms;   /* allowed |nd_time - local clock| at a backup */

@@ -1,7 +1,8 @@
 /* detect.c - fault detection over EXEC-REPORTs (ZZ §4.3): per sequence number a timer of
  * K·t1 (t1 = delay from dispatch to the first report, clamped to a floor and a ceiling)
  * starts at the first report after this replica dispatched the seq (at dispatch if a report
- * came earlier: t1 = 0); f+1 matching on-time reports make an execution certificate.
+ * came earlier: t1 = 0), but not before seq - 1 has settled here (arm); f+1 matching on-time
+ * reports make an execution certificate.
  * Reports are taken only for seqs in the window (docs/fault-detection.md, "Bounded
  * evidence"): above it they are dropped and counted for the sender; a report for a seq of
  * the window not yet dispatched here is kept, and judged from dispatch on.
@@ -59,15 +60,54 @@ zz_report_rec *zz_detect_record(zz_replica *r, uint64_t seq) { return rec_for(r,
 static void on_deadline(void *ctx);
 static void check_reports(zz_replica *r, zz_report_rec *k);
 
-/* The K·t1 deadline, t1 measured from dispatch (0 for a report that came before it). */
-static void start_timer(zz_replica *r, zz_report_rec *k)
+/* The K·t1 deadline, t1 measured from dispatch to the first report (0 for a report that
+ * came before it). */
+static void start_timer(zz_replica *r, zz_report_rec *k, uint64_t t1)
 {
-    uint64_t now = zz_now_ms(r);
-    k->first_ms = now;
-    uint64_t t1 = now > k->dispatch_ms ? now - k->dispatch_ms : 0;
+    k->first_ms = zz_now_ms(r);
+    k->deferred = 0;
     uint64_t t = zz_fault_timer_ms(t1, r->conf->detect_k, r->conf->detect_floor_ms,
                                    r->conf->detect_ceiling_ms);
     k->timer = zz_net_timer(r->net, (uint32_t)t, on_deadline, k);
+}
+
+/* Settled: nothing more is waited for at this seq (certified, or its deadline passed, or a
+ * fault flagged), or nobody awake reported it yet, so no timer runs that could. */
+static int settled(const zz_replica *r, uint64_t seq)
+{
+    zz_report_rec *p = seq ? zz_detect_record((zz_replica *)r, seq) : NULL;
+    return !p || !p->dispatched || p->certified || p->expired || p->flagged ||
+           (!p->first_ms && !p->deferred);
+}
+
+/* A first report of k's seq came: start its timer, unless seq - 1 has not settled. An
+ * execution replica runs batches one after another, so its report of seq cannot come before
+ * it ran seq - 1: timed from the first report of seq alone, a correct replica that queued
+ * several batches (ordering ran ahead of it) was late by what it is behind on all of them,
+ * and was convicted though each batch took it well under the floor (docs/fault-detection.md
+ * §6). Timed from when seq - 1 settled, the deadline bounds each replica's time per batch;
+ * one that stops reporting is still caught at the first seq it leaves out, whose timer runs. */
+static void arm(zz_replica *r, zz_report_rec *k)
+{
+    if (k->first_ms || k->deferred || k->certified)
+        return;
+    uint64_t now = zz_now_ms(r);
+    uint64_t t1 = now > k->dispatch_ms ? now - k->dispatch_ms : 0;
+    if (settled(r, k->seq - 1)) {
+        start_timer(r, k, t1);
+        return;
+    }
+    k->deferred = 1;
+    k->t1_ms = t1;
+    r->st.exec_timers_deferred++;
+}
+
+/* k's seq has settled: the timer of the next seq, if it waits for it, starts now. */
+static void settle(zz_replica *r, zz_report_rec *k)
+{
+    zz_report_rec *n = zz_detect_record(r, k->seq + 1);
+    if (n && n->deferred && !n->first_ms && !n->certified)
+        start_timer(r, n, n->t1_ms);
 }
 
 void zz_detect_dispatched(zz_replica *r, uint64_t seq)
@@ -82,7 +122,7 @@ void zz_detect_dispatched(zz_replica *r, uint64_t seq)
     for (uint32_t i = 0; i < ZZ_MAX_EXEC; i++)
         early |= k->reported[i] && zz_exec_counts(r, i);
     if (early && !k->certified)
-        start_timer(r, k);
+        arm(r, k);
     if (early)
         check_reports(r, k);
 }
@@ -113,6 +153,7 @@ static void flag(zz_replica *r, zz_report_rec *k, const char *what)
     k->flagged = 1;
     k->flag_ms = zz_now_ms(r);
     log_fault(r, k, what);
+    settle(r, k);
 }
 
 /* A fault statement is signed once per seq, and only when no certificate can form any more
@@ -133,6 +174,7 @@ static void on_deadline(void *ctx)
     zz_replica *r = k->owner;
     k->timer = 0;
     k->expired = 1;
+    settle(r, k);
     if (k->certified)
         return;
     if (!k->flagged) {
@@ -210,6 +252,7 @@ static void check_reports(zz_replica *r, zz_report_rec *k)
         zz_wake_on_certified(r, k);
         if (k->flagged)
             zz_xlog_release_held(r); /* a checkpoint at this seq may wait for it */
+        settle(r, k);
     }
 }
 
@@ -253,7 +296,7 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
         return;
     }
     if (!k->first_ms && !k->certified && zz_exec_counts(r, i))
-        start_timer(r, k);
+        arm(r, k);
     check_reports(r, k);
     zz_wake_on_report(r, k);
     /* Batching against execution (request.c): f+1 awake replicas have run this seq, so
@@ -262,7 +305,7 @@ void zz_detect_report(zz_replica *r, uint32_t i, uint64_t seq, const uint8_t *di
     for (uint32_t j = 0; j < r->zz.n_exec; j++)
         ran += k->reported[j] && zz_exec_counts(r, j);
     if (ran >= r->conf->f + 1)
-        zz_exec_reported(r, seq);
+        zz_exec_reported(r, seq, zz_now_ms(r) - k->dispatch_ms);
 }
 
 /* An authenticated EXEC-REPORT from execution replica 256 + i. The reply digest must hash

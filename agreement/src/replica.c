@@ -546,10 +546,13 @@ void zz_write_stats(zz_replica *r)
             (unsigned long long)(total + ns->framing_errors));
     fprintf(f, "\"exec_reports_early\": %llu, \"ckpt_ahead_seq\": %llu, \"transfer_seq\": %llu, "
                "\"exec_done\": %llu, \"exec_paced\": %llu, \"exec_pace_expired\": %llu, "
+               "\"exec_lat_ms\": %llu, \"exec_hold_ms\": %llu, \"exec_timers_deferred\": %llu, "
                "\"peer_window_drops\": [",
             (unsigned long long)r->st.exec_reports_early, (unsigned long long)r->ahead_seq,
             (unsigned long long)r->transfer_seq, (unsigned long long)r->exec_done,
-            (unsigned long long)r->st.exec_paced, (unsigned long long)r->st.exec_pace_expired);
+            (unsigned long long)r->st.exec_paced, (unsigned long long)r->st.exec_pace_expired,
+            (unsigned long long)r->exec_lat_ms, (unsigned long long)zz_exec_hold_ms(r),
+            (unsigned long long)r->st.exec_timers_deferred);
     for (uint32_t i = 0; i < r->n && i < ZZ_MAX_REPLICAS; i++)
         fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)r->st.peer_window[i]);
     /* one entry per execution replica of the conf, or per slot seen without exec lines */

@@ -122,9 +122,10 @@ typedef struct {
     uint64_t exec_stable_by_reports; /* checkpoints certified by f+1 matching EXEC-REPORTs */
     uint64_t exec_reports_convicted; /* EXEC-REPORTs of a convicted replica, dropped */
     uint64_t exec_certificates, exec_mismatches, exec_timeouts;
+    uint64_t exec_timers_deferred; /* a seq's timer started when seq - 1 settled (detect.c) */
     uint64_t exec_reports_early; /* kept for a seq not yet dispatched here */
     uint64_t exec_paced;      /* proposals held for execution (conf exec_inflight) */
-    uint64_t exec_pace_expired; /* ... and released by the exec_hold_ms timer */
+    uint64_t exec_pace_expired; /* ... and released by the hold's timer */
     /* seq-indexed messages above the window, per sender (also in dropped[ZZ_DROP_WINDOW]) */
     uint64_t exec_window[ZZ_MAX_EXEC];  /* EXEC-REPORT, EXEC-CHECKPOINT */
     uint64_t peer_window[ZZ_MAX_REPLICAS]; /* CHECKPOINT, FAULT-STATEMENT */
@@ -212,6 +213,7 @@ typedef struct zz_replica {
     /* batching against execution (request.c): the highest dispatched seq an awake
      * execution replica has reported, the timer that bounds a hold, and its expiry */
     uint64_t exec_done;
+    uint64_t exec_lat_ms;           /* recent dispatch -> f+1 reports (request.c) */
     uint64_t pace_timer;
     int pace_expired;
     /* misc */
@@ -257,8 +259,11 @@ int zz_client_index(const zz_replica *r, uint32_t principal); /* -1 if not a cli
 /* request.c */
 void zz_on_request(zz_replica *r, zz_conn *conn, const zz_msg *m);
 void zz_try_propose(zz_replica *r);
-/* Execution replica reports for dispatched seq `seq` came in: may release a held proposal. */
-void zz_exec_reported(zz_replica *r, uint64_t seq);
+/* f+1 awake execution replicas reported dispatched seq `seq`, `lat_ms` after its dispatch
+ * here: may release a held proposal. */
+void zz_exec_reported(zz_replica *r, uint64_t seq, uint64_t lat_ms);
+/* How long the primary holds a proposal for execution now (request.c). */
+uint64_t zz_exec_hold_ms(const zz_replica *r);
 void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_t flags,
                    const uint8_t *res, uint32_t len);
 void zz_requeue_pending(zz_replica *r); /* after a view change */

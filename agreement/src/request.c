@@ -350,10 +350,19 @@ static void propose_loop(zz_replica *r);
  * EXEC-REPORT, was paid per request). The primary holds a proposal while `exec_inflight`
  * batches or more wait above the highest seq that f+1 awake execution replicas have
  * reported (what a client needs for its reply certificate): requests arriving meanwhile go
- * out together once the reports come. A hold lasts at most exec_hold_ms, so execution
- * replicas that are slow, asleep or silent (a fault round) delay ordering by that much per
- * batch at worst, far below any view-change timer. Reports only release holds: replicas
- * reporting early or falsely merely bring back proposing at once. */
+ * out together once the reports come. Reports only release holds: replicas reporting early
+ * or falsely merely bring back proposing at once.
+ *
+ * A hold lasts twice the recent latency from dispatch to those f+1 reports (exec_lat_ms),
+ * at least exec_hold_ms and at most exec_hold_max_ms (half the view-change timer unless
+ * set), so execution replicas that are asleep, stopped or silent (a fault round) delay
+ * ordering by that much per batch at worst. A fixed 40 ms hold let ordering run ahead of
+ * execution replicas that take longer per batch (TCG guests: 0.3-1.5 s): every hold
+ * expired, each request went out alone, each execution replica queued several batches, and
+ * its report of the last came that many batches late. The detection timer runs from the
+ * first report of a seq, so a correct replica merely a little slower per batch was late by
+ * the sum over its queue, and convicted (docs/fault-detection.md §6: a report timer bounds
+ * a correct replica's lateness only while what it has queued is bounded). */
 static void on_pace_timer(void *ctx)
 {
     zz_replica *r = ctx;
@@ -363,6 +372,17 @@ static void on_pace_timer(void *ctx)
     zz_try_propose(r);
 }
 
+uint64_t zz_exec_hold_ms(const zz_replica *r)
+{
+    uint64_t lo = r->conf->exec_hold_ms;
+    uint64_t hi = r->conf->exec_hold_max_ms ? r->conf->exec_hold_max_ms
+                                             : r->conf->view_timeout_ms / 2;
+    uint64_t h = 2 * r->exec_lat_ms;
+    if (h > hi)
+        h = hi;
+    return h < lo ? lo : h;
+}
+
 static int paced(zz_replica *r)
 {
     if (!r->conf->exec_inflight || !r->zz.reports || r->pace_expired ||
@@ -370,15 +390,21 @@ static int paced(zz_replica *r)
         return 0;
     r->st.exec_paced++;
     if (!r->pace_timer)
-        r->pace_timer = zz_net_timer(r->net, r->conf->exec_hold_ms, on_pace_timer, r);
+        r->pace_timer = zz_net_timer(r->net, zz_exec_hold_ms(r), on_pace_timer, r);
     return 1;
 }
 
-void zz_exec_reported(zz_replica *r, uint64_t seq)
+void zz_exec_reported(zz_replica *r, uint64_t seq, uint64_t lat_ms)
 {
     if (seq <= r->exec_done)
         return;
     r->exec_done = seq;
+    /* Up at once, down by an eighth per report: one slow batch lengthens the next holds, a
+     * run of fast ones shortens them again. */
+    if (lat_ms >= r->exec_lat_ms)
+        r->exec_lat_ms = lat_ms;
+    else
+        r->exec_lat_ms -= (r->exec_lat_ms - lat_ms + 7) / 8;
     if (r->q_len > 0)
         zz_try_propose(r);
 }

@@ -57,6 +57,9 @@ typedef struct zz_report_rec {
                                       * starts only then, and nothing is judged before */
     int expired, certified, flagged; /* flagged: counted as a mismatch or a timeout */
     int stated;                      /* a fault statement was signed (or suppressed) */
+    int deferred;                    /* reported, but its timer waits for seq - 1 to
+                                      * settle (detect.c arm); t1_ms as at that report */
+    uint64_t t1_ms;
     uint8_t reported[ZZ_MAX_EXEC], late[ZZ_MAX_EXEC];
     uint8_t dig[ZZ_MAX_EXEC][ZZ_DIGEST_LEN];
     /* Each reporter's reply_refs (owned, 44 bytes each) until the seq is certified: the
