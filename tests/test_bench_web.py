@@ -76,6 +76,25 @@ def test_summarize_ratios_per_round() -> None:
     assert s["get"]["ratios"] == [] and s["get"]["ratio_median"] is None
 
 
+def test_summarize_guest_ratios() -> None:
+    """--backend libvirt: each guests' rack against the process rack, per round."""
+    rows = [_row(0, "zz", 200), _row(0, "guests", 4), _row(0, "guests2", 10),
+            _row(0, "gunicorn", 400), _row(1, "guests", 3), _row(1, "zz", 100),
+            _row(1, "guests2", 5)]  # fmt: skip
+    s = web.summarize(rows)["post"]
+    assert s["guest_ratios"] == [0.02, 0.03] and s["guest_ratio_median"] == 0.025
+    assert s["guests2_ratios"] == [0.05, 0.05] and s["ratios"] == [0.5]
+    assert web.guest_sides(list(s)) == ["guests", "guests2"]
+
+
+def test_parse_variant() -> None:
+    assert web.parse_variant("default") == {}
+    assert web.parse_variant("cache=loose,cp=256") == {"cache": "loose", "cp": "256"}
+    for bad in ("cache", "colour=red", "cpu="):
+        with pytest.raises(ValueError):
+            web.parse_variant(bad)
+
+
 def test_rack_is_web_only(tmp_path: Path) -> None:
     cfg = load(write_rack(tmp_path, "w", durability="off", kv=False))
     assert [(s.name, s.id, s.app, s.f) for s in cfg.services] == [("web", 1, "wsgi:guestbook", 1)]

@@ -167,6 +167,18 @@ def test_render_domain_tuning(tmp_path: Path) -> None:
         domain.render_domain("zz-b", "/k", "/i", console_socket="/s", share="nfs")
 
 
+def test_guest_tuning_from_controld_environment() -> None:
+    """controld's environment -> render_domain options (controld/hv_libvirt.py)."""
+    hv = pytest.importorskip("zz.controld.hv_libvirt")
+    assert hv.guest_tuning({}) == {}
+    env = {"ZZ_GUEST_SHARE_CACHE": "loose", "ZZ_GUEST_CPU": "max", "ZZ_GUEST_TB_MIB": "256"}
+    want = {"extra_cmdline": "zz.share_cache=loose", "cpu_model": "max", "tb_cache_mib": 256}
+    assert hv.guest_tuning(env) == want
+    assert hv.guest_tuning({"ZZ_GUEST_SHARE_CACHE": "none"}) == {}
+    with pytest.raises(ValueError):
+        hv.guest_tuning({"ZZ_GUEST_SHARE_CACHE": "loose zz.cmd64=x"})
+
+
 def test_guest_share_cache_from_cmdline() -> None:
     """The agent mounts the share as images/init does, with zz.share_cache= when given."""
     agent = _load("zz_guest")
