@@ -570,8 +570,8 @@ class Runtime:
         self.vouches.offer(
             m.sender, certified_through, (e.seq for e in entries), above=self.last_executed
         )
-        for e in entries:
-            self.collector.add(m.sender, e.seq, e.digest, e.batch, 0)
+        for e in entries:  # log_reply checked every batch against its digest
+            self.collector.add(m.sender, e.seq, e.digest, e.batch, 0, hashed=True)
         if m.seq > self.last_executed and not any(e.seq == self.last_executed + 1 for e in entries):
             # The replica's log starts above us: only state transfer (recovery) can help.
             self.counters["behind_stable"] += 1

@@ -80,3 +80,21 @@ def test_a_recovering_replica_does_not_hash_log_it_cannot_replay(tmp_path: Path)
     link = _Sent(2)
     other._on_fetch_reply(link, wire.FetchReply(rt.svc.id, 2, wire.FETCH_LOG, *stable, above))  # type: ignore[arg-type]
     assert len(link.sent) == 1 and other.collector.pending() == list(range(41, 81))
+
+
+def test_a_log_entry_whose_batch_does_not_hash_adds_no_vote(tmp_path: Path) -> None:
+    """The collector takes a FETCH-REPLY's batches without hashing them again (hashed=True):
+    wire.log_reply has checked each against its digest, and a reply with one that does not
+    match counts nothing."""
+    rt = _runtime(tmp_path)
+    batch = wire.batch_encoding(1000, 1, [b"real"])
+    forged = wire.log_encoding([(1, sha256(batch), wire.batch_encoding(1000, 1, [b"fake"]))])
+    reply = wire.FetchReply(rt.svc.id, 0, wire.FETCH_LOG, 0, sha256(b"none"), forged)
+    rt._on_fetch_reply(_Sent(0), reply)  # type: ignore[arg-type]
+    assert rt.counters["bad_log"] == 1 and rt.collector.pending() == []
+    good = wire.log_encoding([(1, sha256(batch), batch)])
+    for r in range(3):
+        reply = wire.FetchReply(rt.svc.id, r, wire.FETCH_LOG, 0, sha256(b"none"), good)
+        rt._on_fetch_reply(_Sent(r), reply)  # type: ignore[arg-type]
+    cert = rt.collector.next_ready()
+    assert cert is not None and cert.seq == 1 and cert.batch == batch
