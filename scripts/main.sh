@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # main.sh - the main job: set up, plan and bring up a one-machine rack (zz rack up: 4
-# simulated hosts with a controld each (and a ZFS pool each with ZZ_MAIN_STORE=auto|zfs),
-# the guestbook web app with
+# simulated hosts with a controld each and a ZFS pool each (the directory store where ZFS
+# does not work), the guestbook web app with
 # f = g = 1 running in QEMU/libvirt VMs, one of them a paused spare), serve it over HTTP with `zz proxy`, use it with curl, run the wrong-reply drill
 # under HTTP load (zz drill: detection, wake-up, conviction, report + timeline.png), then
 # tear the rack down. Exit status 0 when the drill says PASS or DEGRADED (every check held;
@@ -167,14 +167,13 @@ echo "\$ zz rack plan $RACK"
 echo
 # detect_floor_ms, the floor of the execution-report timer (docs/operations.md): 2 s, as
 # a correct replica in a TCG guest on a loaded 2-core host is sometimes late by 1 s.
-# --store dir: the directory store. ZZ_MAIN_STORE=auto (ZFS wherever zpool/zfs answer,
-# else dir with the reason: zz/rackctl.py choose_store) or zfs gives each guest a dataset
-# of its host's zfs-fuse pool, each checkpoint a ZFS snapshot its controld takes. Not the
-# default yet: until zz-agreed timed each replica per batch (docs/fault-detection.md §6) a
-# correct guest was convicted as late in every run at load average 8-14, on ZFS and on
-# dir alike; since then the main job has not run to the end on ZFS here (other jobs' TCG
-# guests kept the 2-core machine at load 17-26: docs/operations.md "What the drills showed").
-STORE=${ZZ_MAIN_STORE:-dir}
+# --store auto: each guest's state in a dataset of its host's zfs-fuse pool, checkpoints
+# ZFS snapshots its controld takes, wherever zpool/zfs answer; else the directory store,
+# and `up` prints why (zz/rackctl.py choose_store). ZZ_MAIN_STORE=dir|zfs forces one. (A
+# correct guest was convicted as late in every run, on ZFS and on dir alike, until
+# zz-agreed timed each replica per batch: docs/fault-detection.md §6, docs/operations.md
+# "What the drills showed".)
+STORE=${ZZ_MAIN_STORE:-auto}
 echo "\$ zz rack up $RACK --backend $BACKEND --store $STORE --set detect_floor_ms=2000"
 "$PY" -m zz rack up "$RACK" --backend "$BACKEND" --store "$STORE" --set detect_floor_ms=2000
 echo
