@@ -74,6 +74,7 @@ class Announcer:
         self.note = note
         self.retry_for = retry_for
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def announce(self, svc: Service, index: int, seq: int, raw: bytes | None = None) -> None:
         """SPARE-READY{index, seq} to every agreement replica of `svc` (needs a running loop).
@@ -114,6 +115,13 @@ class Announcer:
             try:
                 await self._send_once(addr, raw)
             except (OSError, TimeoutError) as e:
+                # Python 3.11's wait_for hands back the connect's own error when it had
+                # failed as the task was cancelled, and the cancellation is lost: without
+                # this check close() waited out the whole retry period (2 minutes of a
+                # controld stop).
+                task = asyncio.current_task()
+                if self._closed or (task is not None and task.cancelling()):
+                    raise asyncio.CancelledError from e
                 if loop.time() + delay > deadline:
                     self.counters[failed] += 1
                     self.note(f"SPARE-READY {svc.name} to {who} failed: {e}")
@@ -143,6 +151,7 @@ class Announcer:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
+        self._closed = True
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):

@@ -234,6 +234,49 @@ base_port = {base}
         assert m.verify_sig(key.public)
 
 
+def test_announcer_close_ends_a_send_whose_connect_failed_as_it_was_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's wait_for hands back the connect's own error when the connect had
+    failed just as the task was cancelled, and the cancellation is lost: the send then
+    retried for the whole retry period, and a controld stop took two minutes (the
+    controld test of a round that wakes nobody took 117 s). close() ends it at once."""
+    from zz import config as zconfig
+
+    (tmp_path / "rack.toml").write_text(
+        '[rack]\nname = "t"\n[[hosts]]\nname = "h0"\naddress = "127.0.0.1"\n'
+        '[[services]]\nname = "kv"\nid = 3\ng = 1\nf = 1\napp = "kv"\nbase_port = 17300\n'
+    )
+    cfg = zconfig.load(tmp_path / "rack.toml")
+    attempts: list[int] = []
+
+    async def refused_when_cancelled(self: Announcer, addr: object, raw: bytes) -> None:
+        attempts.append(1)
+        first = len(attempts) <= 4  # each of the 4 sends' first connect
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if first:
+                raise ConnectionRefusedError("what wait_for hands back") from None
+            raise
+
+    monkeypatch.setattr(Announcer, "_send_once", refused_when_cancelled)
+
+    async def main() -> tuple[Counter[str], bool]:
+        counters: Counter[str] = Counter()
+        a = Announcer(cfg, cfg.hosts[0], SigningKey(bytes(32)), counters, lambda _: None,
+                      retry_for=3600)  # fmt: skip
+        a.announce(cfg.services[0], 2, 41)
+        await asyncio.sleep(0.1)  # every send waits in its connect
+        close = asyncio.create_task(a.close())
+        await asyncio.wait({close}, timeout=60)  # a guard: it took the retry period before
+        return counters, close.done()
+
+    counters, closed = asyncio.run(main())
+    assert closed and len(attempts) == 4, attempts
+    assert not counters["spare_ready_retries"] and not counters["spare_ready_failed"]
+
+
 @pytest.mark.parametrize(
     ("text", "why"),
     [
