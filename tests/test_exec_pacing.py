@@ -97,7 +97,9 @@ def _exec_timeouts(cfg: zconfig.Config) -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not DEFAULT_AGREED.exists(), reason="make -C agreement first")
-@pytest.mark.parametrize("hold_max_ms", [None, 40])
+# The old 40 ms hold (the timer alone keeps replica 1 on time) in scripts/test.sh --long:
+# the default run keeps the rack as configured, within the suite's 20 minutes.
+@pytest.mark.parametrize("hold_max_ms", [None, pytest.param(40, marks=pytest.mark.long)])
 def test_a_correct_but_slower_replica_is_not_late(tmp_path: Path, hold_max_ms: int | None) -> None:
     """Lemma 3 (docs/fault-detection.md §6): a correct execution replica whose every batch
     takes less than the timer floor is never late. Replica 1 here takes 0.5 s per batch
