@@ -10,10 +10,8 @@ import concurrent.futures
 import json
 import os
 import re
-import shutil
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +24,11 @@ from tests.test_fault_detection_e2e import FAST, SPARE, FaultRig, _start
 from tests.test_kv_linearizable import needs_go
 from tests.test_rackctl import write_rack
 from tests.test_recovery_drill import _workload
+from tests.test_shortfall_recovery import refill_slot
 from zz import history as zh
-from zz import keys, rackctl
+from zz import rackctl
 from zz.atomicfile import write_atomic
 from zz.config import Config, load
-from zz.controld.announce import Announcer
 from zz.drill.load import start_load, stop_load
 from zz.drillfaults import FAULT_FILE
 from zz.history import HistoryRecorder
@@ -43,32 +41,6 @@ LIAR = 1
 @pytest.fixture
 def liar_rig(tmp_path: Path) -> Iterator[FaultRig]:
     yield from _start(tmp_path, {LIAR: ["--inject-fault", "wrong-reply"]}, FAST)
-
-
-def _refill(rig: FaultRig, x: int, seq: int) -> None:
-    """What controld does after a SHUTDOWN convicting x: a fresh replica in slot x (new
-    state, no fault), registered and paused, announced by SPARE-READY for `seq`."""
-    c = rig.cluster
-    svc = c.service
-    rig.execs.procs[x].wait(timeout=10)  # SIGKILLed by the controld stand-in
-    shutil.rmtree(svc.exec_state_dir(c.config, x), ignore_errors=True)
-    rig.execs.args[x] = []
-    rig.execs.start(x)
-    rig.wait_linked(x)
-    signal_group(rig.execs.procs[x].pid, signal.SIGSTOP)
-    host = c.config.hosts[0]  # the test rack's one controld (tests/test_spare_refill.py)
-    ctl_key = keys.load_secret(
-        keys.secret_path(c.dir / "keys", keys.RACK_SERVICE, keys.controld_principal(0))
-    ).sign
-    assert ctl_key is not None
-    counters: Counter[str] = Counter()
-
-    async def announce() -> None:
-        a = Announcer(c.config, host, ctl_key, counters, print)
-        a.announce(svc, x, seq)
-        await asyncio.wait_for(a.idle(), 30)
-
-    asyncio.run(announce())
 
 
 @pytest.mark.slow
@@ -134,7 +106,7 @@ def test_liar_convicted_when_its_rounds_spare_was_overdue(liar_rig: FaultRig) ->
     )
 
     # controld's part after any conviction: a fresh replica in slot 1, asleep.
-    _refill(rig, LIAR, cert.seq)
+    refill_slot(rig, LIAR, cert.seq)
     rig.wait(
         lambda: all(
             s["exec_awake"] == [0, SPARE] and s["exec_sleeping"] == [LIAR] for s in rig.agreement()

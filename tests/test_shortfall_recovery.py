@@ -39,7 +39,6 @@ from zz.procrack import signal_group
 def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRequest) -> None:
     rig: FaultRig = request.getfixturevalue("wrong_rig")
     c = rig.cluster
-    svc = c.service
     # 1. Replica 1 lies: the spare is woken, 1 convicted; 0 and the former spare are active.
     assert _puts(rig, 1, "w") == [_kv_ok()]
     _check_wakeup(rig)
@@ -71,25 +70,7 @@ def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRe
 
         # 3. controld refills slot 1 (fresh state, no fault, registered, asleep) and
         # announces it. Nothing else happens: no new request, no new seq.
-        rig.execs.procs[1].wait(timeout=10)
-        shutil.rmtree(svc.exec_state_dir(c.config, 1), ignore_errors=True)
-        rig.execs.args[1] = []
-        rig.execs.start(1)
-        rig.wait_linked(1)
-        signal_group(rig.execs.procs[1].pid, signal.SIGSTOP)
-        host = c.config.hosts[0]  # the test rack's one controld (tests/test_spare_refill.py)
-        ctl_key = keys.load_secret(
-            keys.secret_path(c.dir / "keys", keys.RACK_SERVICE, keys.controld_principal(0))
-        ).sign
-        assert ctl_key is not None
-        counters: Counter[str] = Counter()
-
-        async def announce() -> None:
-            a = Announcer(c.config, host, ctl_key, counters, print)
-            a.announce(svc, 1, seq)
-            await asyncio.wait_for(a.idle(), 30)
-
-        asyncio.run(announce())
+        refill_slot(rig, 1, seq)
 
         # 4. The statements collected while nobody slept now wake 1; the crashed replica is
         # convicted, 0 and 1 are active, and the stuck PUT completes.
@@ -111,18 +92,7 @@ def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRe
     # the refilled spare at that old seq (controld refuses it as stale, and the agreement
     # replicas counted 2 awake: the campaign saw stalls from it).
     wakeups = sum(s["wakeups_sent"] for s in rig.agreement())
-    rig.execs.procs[SPARE].wait(timeout=10)
-    shutil.rmtree(svc.exec_state_dir(c.config, SPARE), ignore_errors=True)
-    rig.execs.start(SPARE)
-    rig.wait_linked(SPARE)
-    signal_group(rig.execs.procs[SPARE].pid, signal.SIGSTOP)
-
-    async def announce_2() -> None:
-        a = Announcer(c.config, host, ctl_key, counters, print)
-        a.announce(svc, SPARE, cert.seq)
-        await asyncio.wait_for(a.idle(), 30)
-
-    asyncio.run(announce_2())
+    refill_slot(rig, SPARE, cert.seq, clear_args=False)
     rig.wait(
         lambda: all(s["exec_sleeping"] == [SPARE] for s in rig.agreement()),
         "every agreement replica counts 2 as a sleeping spare",
@@ -132,6 +102,34 @@ def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRe
     assert all(
         s["exec_awake"] == [0, 1] and s["exec_sleeping"] == [SPARE] for s in rig.agreement()
     ), [(s["exec_awake"], s["exec_sleeping"]) for s in rig.agreement()]
+
+
+def refill_slot(rig: FaultRig, x: int, seq: int, *, clear_args: bool = True) -> None:
+    """What controld does after a SHUTDOWN convicting x: a fresh replica in slot x (new
+    state; without its fault arguments unless `clear_args` is false), registered and
+    paused, announced by SPARE-READY for `seq`."""
+    c = rig.cluster
+    svc = c.service
+    rig.execs.procs[x].wait(timeout=10)  # SIGKILLed by the controld stand-in
+    shutil.rmtree(svc.exec_state_dir(c.config, x), ignore_errors=True)
+    if clear_args:
+        rig.execs.args[x] = []
+    rig.execs.start(x)
+    rig.wait_linked(x)
+    signal_group(rig.execs.procs[x].pid, signal.SIGSTOP)
+    host = c.config.hosts[0]  # the test rack's one controld (tests/test_spare_refill.py)
+    ctl_key = keys.load_secret(
+        keys.secret_path(c.dir / "keys", keys.RACK_SERVICE, keys.controld_principal(0))
+    ).sign
+    assert ctl_key is not None
+    counters: Counter[str] = Counter()
+
+    async def announce() -> None:
+        a = Announcer(c.config, host, ctl_key, counters, print)
+        a.announce(svc, x, seq)
+        await asyncio.wait_for(a.idle(), 30)
+
+    asyncio.run(announce())
 
 
 @pytest.fixture
