@@ -65,6 +65,8 @@ _WAKE_POLL = 0.02
 # A gap this long between agreement frames means the replica was stopped (paused) or idle:
 # look for a wake notice before judging the next frame (_peek_wake_notice).
 _PEEK_GAP = 0.25
+# The status file is written every second, and at most this long after a link came up.
+_STATUS_MIN_GAP = 0.05
 # How long a request waiting for a file keeps asking the peers before the replica gives up.
 _FETCH_PATIENCE = 60.0
 # Sleep between background file fetches: request execution keeps most of the bandwidth.
@@ -231,6 +233,9 @@ class Runtime:
         self._links: list[_Link] = []
         self._peer_links: list[_Link] = []
         self._tasks: list[asyncio.Task[None]] = []
+        # Set when a link comes up: the status file says so at once, not at the next
+        # second's write (controld and `zz rack up` wait for every link in that file).
+        self._status_changed = asyncio.Event()
         self._server: asyncio.base_events.Server | None = None
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -477,6 +482,7 @@ class Runtime:
     def on_link_connect(self, link: _Link) -> list[bytes]:
         # Registration (FETCH kind 3) must be re-sent after every reconnect: the agreement
         # replica forgets the connection, and with it where to push EXEC-COMMITs.
+        self._status_changed.set()
         if link.peer < wire.PRINCIPAL_EXEC:
             self._mark("link_up")
             return [self._fetch_msg(link.peer), *self.ckpt.latest_msgs(), *self._resend(link.peer)]
@@ -1383,11 +1389,15 @@ class Runtime:
 
     async def _status_loop(self) -> None:
         while True:
+            self._status_changed.clear()
             try:
                 self._write_status()
             except OSError as e:
                 log.warning("cannot write %s: %s", self.status_path, e)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(_STATUS_MIN_GAP)  # a flapping link is not a write per connect
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0 - _STATUS_MIN_GAP):
+                    await self._status_changed.wait()
 
 
 async def serve(
