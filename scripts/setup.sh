@@ -75,6 +75,12 @@ if [ -f pyproject.toml ]; then
     say "$PY -m pip install -e '.[$extras]'"
     $PY -m pip install -q --disable-pip-version-check -e "$ROOT[$extras]"
     $PY -c 'import matplotlib' 2>/dev/null || { say "matplotlib missing after pip install"; exit 1; }
+    # Byte-compile the project's packages once: a rack starts a dozen Python processes
+    # (controld per host, runtimes, proxy, CLI), and where PYTHONDONTWRITEBYTECODE is set
+    # Python reads cached bytecode but never writes it, so each of them compiled every
+    # project module again (0.7-0.9 s of CPU per start against 0.3 s, measured with `time`).
+    say "$PY -m compileall -q zz execution controld snapshots"
+    $PY -m compileall -q zz execution controld snapshots
     # The Porcupine checker of kv histories (tools/lincheck, Go), built here once per version
     # of its sources and cached (zz/history.py lincheck_binary): a drill never builds it on
     # its clock, and refuses to start without it.
