@@ -179,8 +179,8 @@ def f2_rig(tmp_path: Path) -> Iterator[FaultRig]:
     yield from _start(tmp_path, {}, TIMERS, cp=CP, f=2)
 
 
-# `long`: tests/test_drill.py::test_execution_fault_drill[crash-0] crashes a replica at the
-# same phase through the real controld on every run; this one only prints what it saw.
+# `long`: tests/test_drill.py::test_two_faults_in_a_row crashes a replica at the same phase
+# through the real controld on every run; this one only prints what it saw.
 @pytest.mark.slow
 @pytest.mark.long
 @needs_go
@@ -188,8 +188,8 @@ def test_crash_right_after_a_checkpoint(f1_rig: FaultRig) -> None:
     print(_drill(f1_rig, faulty=1, spare=2, fault="crash", phase=0))
 
 
-# `long`: tests/test_drill.py::test_execution_fault_drill[wrong-reply-31] lies one seq before
-# a checkpoint through the real controld on every run; this one only prints what it saw.
+# `long`: tests/test_drill.py::test_two_faults_in_a_row lies one seq before a checkpoint
+# through the real controld on every run; this one only prints what it saw.
 @pytest.mark.slow
 @pytest.mark.long
 @needs_go
