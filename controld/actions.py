@@ -130,12 +130,24 @@ def _runtime_flags(ctx: HostContext, inject_fault: str | None, asleep: bool) -> 
     return flags
 
 
+def guest_share(ctx: HostContext, service: Service, mode: str) -> str:
+    """How a guest's state is shared (docs/images.md "The state share"): the rack's
+    guest_share (virtiofs by default), except 9p for a replica that may be hibernated: one
+    provisioned hibernated, and every replica of a service whose spares hibernate (an
+    active one goes back to sleep hibernated after a round). QEMU 7.2 cannot save a guest
+    with a virtiofs device, and a 9p share can be unmounted for the save."""
+    if mode == "hibernated" or service.sleep == "hibernated":
+        return "9p"
+    return ctx.config.rack.guest_share
+
+
 def replica_spec(
     ctx: HostContext,
     service: Service,
     index: int,
     inject_fault: str | None = None,
     asleep: bool = False,
+    mode: str | None = None,
 ) -> ReplicaSpec:
     domain = domain_name(ctx.config, service, index)
     rd = run_dir(ctx, domain)
@@ -170,6 +182,7 @@ def replica_spec(
         state_dir=state,
         public_address=service.exec_host(ctx.config, index).address,
         public_ports=(port,),
+        share=guest_share(ctx, service, mode or ("active" if not asleep else service.sleep)),
     )
 
 
@@ -362,7 +375,7 @@ def provision(
     running (mode active) or put it to sleep. On failure whatever was created is destroyed
     before the error goes up, so the inventory's settle sees nothing and forgets the
     record (never a half-provisioned replica nobody tracks)."""
-    spec = replica_spec(ctx, service, index, inject_fault, asleep=mode != "active")
+    spec = replica_spec(ctx, service, index, inject_fault, asleep=mode != "active", mode=mode)
     t0 = time.monotonic()
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)

@@ -72,6 +72,8 @@ def _mapped(name: str, action: str, e: libvirt.libvirtError) -> HypervisorError:
 
 # The slirp forward to the guest agent, as images/domain.py writes it on the QEMU command line.
 _AGENT_FWD = re.compile(rf"hostfwd=tcp:127\.0\.0\.1:(\d+)-:{GUEST_AGENT_PORT}\b")
+# A virtiofs share in a live domain's XML.
+_VIRTIOFS = re.compile(r"<driver type=['\"]virtiofs['\"]")
 BALLOON_SLACK_KIB = 1024  # the balloon driver lands on the target, give or take a page run
 BALLOON_STALL_S = 2.0  # no progress for this long: the guest has nothing more to give
 
@@ -108,9 +110,16 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
     guests' rack; docs/performance.md "The web path on guests" measures each):
     ZZ_GUEST_SHARE_CACHE the 9p share's cache= mode in the guest (zz.share_cache= on the
     kernel command line: images/init, images/zz_guest.py), ZZ_GUEST_CPU the CPU model,
-    ZZ_GUEST_TB_MIB TCG's translation-block cache. Unset: QEMU's and the kernel's defaults."""
+    ZZ_GUEST_TB_MIB TCG's translation-block cache, ZZ_GUEST_VIRTIOFS_CACHE virtiofsd's cache
+    mode for a virtiofs share (none unless set: the only mode in which the host and the
+    guest see each other's writes at once, docs/images.md "The state share"). Unset:
+    QEMU's and the kernel's defaults."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
+    if vcache := env.get("ZZ_GUEST_VIRTIOFS_CACHE"):
+        if vcache not in ("none", "auto", "always"):
+            raise ValueError(f"ZZ_GUEST_VIRTIOFS_CACHE={vcache!r}")
+        out["virtiofs_cache"] = vcache
     if cache := env.get("ZZ_GUEST_SHARE_CACHE"):
         if not (cache.isalpha() and cache.islower()):
             raise ValueError(f"ZZ_GUEST_SHARE_CACHE={cache!r}")
@@ -198,7 +207,7 @@ class LibvirtHypervisor:
             public_ports=spec.public_ports, state_dir=spec.state_dir,
             state_accessmode=self.state_accessmode,
             cmd=dm.shell_quote(list(spec.command)) if spec.command else None,
-            domain_type=dtype, **guest_tuning(),
+            domain_type=dtype, share=spec.share, **guest_tuning(),
         )  # fmt: skip
         return xml
 
@@ -376,6 +385,11 @@ class LibvirtHypervisor:
         A paused domain (paused -> hibernated) is resumed first, since a paused guest
         cannot unmount its share, and paused again if the hibernation fails."""
         dom = self._dom(name, "hibernate")
+        if _VIRTIOFS.search(self._call(name, "hibernate", lambda: dom.XMLDesc(0))):
+            # QEMU 7.2 refuses to save it ("vhost-user-fs" is not migratable); say so
+            # before the guest's runtime is stopped for nothing.
+            raise HypervisorError(name, "hibernate", "a guest with a virtiofs share cannot be"
+                                  " saved (docs/images.md \"The state share\")")  # fmt: skip
         full_kib = self._call(name, "hibernate", lambda: int(dom.maxMemory()))
         port = self.agent_port(name)
         was_paused = self.state(name) == PAUSED

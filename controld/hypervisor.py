@@ -119,8 +119,8 @@ class ReplicaSpec:
                all of it). The process backend ignores both (a process has no balloon).
     ports      (host port on 127.0.0.1, guest port) pairs forwarded into the guest. A process
                listens on the host itself, so the process backend only records them.
-    state_dir  the replica's state directory: shared into the guest as 9p tag "state"
-               (mounted at /state), the working directory of a process.
+    state_dir  the replica's state directory: shared into the guest as tag "state" (9p or
+               virtiofs: `share`; mounted at /state), the working directory of a process.
     """
 
     name: str
@@ -136,6 +136,9 @@ class ReplicaSpec:
     # rather than 127.0.0.1: the execution port, which clients and other hosts reach.
     public_address: str = "127.0.0.1"
     public_ports: tuple[int, ...] = ()
+    # libvirt: how state_dir is shared, "9p" or "virtiofs" (docs/images.md "The state
+    # share"; a virtiofs guest cannot be saved). The process backend ignores it.
+    share: str = "9p"
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -144,6 +147,8 @@ class ReplicaSpec:
             raise ValueError(f"{self.name}: memory_mib and vcpus must be positive")
         if self.current_mib is not None and not 0 < self.current_mib <= self.memory_mib:
             raise ValueError(f"{self.name}: current_mib must be in 1..memory_mib")
+        if self.share not in ("9p", "virtiofs"):
+            raise ValueError(f"{self.name}: share must be 9p or virtiofs, got {self.share!r}")
         for host, guest in self.ports:
             if not (0 < host < 65536 and 0 < guest < 65536):
                 raise ValueError(f"{self.name}: port pair {(host, guest)} out of range")

@@ -16,6 +16,10 @@ from xml.sax.saxutils import escape, quoteattr
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "domain.xml"
 GUEST_PORT = 7000  # zz_guest.py, the guest agent (the default command) listens here
+# QEMU 7.2's virtiofsd (Debian's qemu-system-common); libvirt finds it by its vhost-user
+# descriptor when it is elsewhere.
+VIRTIOFSD = "/usr/lib/qemu/virtiofsd"
+VIRTIOFS_CACHE_MODES = ("none", "auto", "always")
 
 
 def kernel_cmdline(cmd: str | None = None, extra: str = "") -> str:
@@ -52,6 +56,7 @@ def render_domain(
     extra_cmdline: str = "",
     domain_type: str = "qemu",
     share: str = "9p",
+    virtiofs_cache: str = "none",
     cpu_model: str | None = None,
     tb_cache_mib: int | None = None,
 ) -> str:
@@ -62,11 +67,17 @@ def render_domain(
     needs it owned by libvirt-qemu, 'passthrough' adds a static DAC seclabel +0:+0 so QEMU
     runs as root (docs/design.md §9). share "virtiofs" shares it through virtiofsd instead
     (shared memfd memory backing, as vhost-user needs; QEMU 7.2 cannot save such a guest, so
-    it cannot hibernate). cpu_model: libvirt's <cpu> model (None: QEMU's default, qemu64
-    under TCG). tb_cache_mib: TCG's translation-block cache (<tcg><tb-cache>; None: QEMU's
-    default). docs/performance.md "The web path on guests" measures each."""
+    it cannot hibernate), virtiofsd's cache mode virtiofs_cache (none: no guest caching of
+    entries, attributes or pages, so each side sees the other's writes at once; auto or
+    always measure what the guest's cache would give), and zz.share=virtiofs on the kernel
+    command line tells images/init and the agent to mount that. cpu_model: libvirt's <cpu>
+    model (None: QEMU's default, qemu64 under TCG). tb_cache_mib: TCG's translation-block
+    cache (<tcg><tb-cache>; None: QEMU's default). docs/performance.md "The web path on
+    guests" measures each."""
     if share not in ("9p", "virtiofs"):
         raise ValueError(f"share {share!r}")
+    if virtiofs_cache not in VIRTIOFS_CACHE_MODES:
+        raise ValueError(f"virtiofs cache mode {virtiofs_cache!r}")
     if domain_type not in ("qemu", "kvm"):
         raise ValueError(f"domain type {domain_type!r}")
     fwd = "".join(
@@ -77,10 +88,17 @@ def render_domain(
     seclabel = ""
     memory_backing = ""
     if state_dir is not None and share == "virtiofs":
-        # virtiofsd runs as root and serves the directory as it is (no accessmode)
+        # libvirt starts virtiofsd (as root: it serves the directory as it is, no
+        # accessmode) before QEMU, and it ends when QEMU closes its socket (the domain's
+        # end). No writeback cache (virtiofsd's default, said here): a guest write() reaches
+        # the host file before it returns, as with 9p. No xattrs: the runtime uses none.
+        # libvirt 9.0 knows cache modes none and always; virtiofsd's own default is auto.
+        binary = f" path={quoteattr(VIRTIOFSD)}" if Path(VIRTIOFSD).exists() else ""
+        cache = "" if virtiofs_cache == "auto" else f"<cache mode='{virtiofs_cache}'/>"
         filesystems = (
             "    <filesystem type='mount' accessmode='passthrough'>\n"
             "      <driver type='virtiofs'/>\n"
+            f"      <binary{binary} xattr='off'>{cache}</binary>\n"
             f"      <source dir={quoteattr(str(state_dir))}/>\n"
             "      <target dir='state'/>\n"
             "    </filesystem>"
@@ -88,6 +106,7 @@ def render_domain(
         memory_backing = (
             "  <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>\n"
         )
+        extra_cmdline = " ".join(filter(None, ["zz.share=virtiofs", extra_cmdline]))
     elif state_dir is not None:
         if state_accessmode not in ("squash", "passthrough", "mapped"):
             raise ValueError(f"accessmode {state_accessmode!r}")

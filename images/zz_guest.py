@@ -1,6 +1,7 @@
 # zz_guest.py - the guest agent (the image's default command, images/init): answers health
-# requests on TCP port 7000 and runs the replica's runtime from the 9p-shared state dataset.
-# One JSON object per line each way; stdlib only (it also runs on the host). docs/images.md.
+# requests on TCP port 7000 and runs the replica's runtime from the shared state dataset (9p
+# or virtiofs). One JSON object per line each way; stdlib only (it also runs on the host).
+# docs/images.md.
 """ZZ guest agent.
 
 A sleeping replica boots into this agent *idle*: no service state is touched, it only
@@ -104,7 +105,21 @@ def share_cache(cmdline: str | None = None) -> str | None:
     return None
 
 
-def mount_args(cache: str | None) -> list[str]:
+def share_kind(cmdline: str | None = None) -> str:
+    """The share's type: "virtiofs" when the kernel command line has zz.share=virtiofs
+    (images/domain.py writes it with a virtiofs share), else "9p"."""
+    if cmdline is None:
+        try:
+            with open("/proc/cmdline") as f:
+                cmdline = f.read()
+        except OSError:
+            return "9p"
+    return "virtiofs" if "zz.share=virtiofs" in cmdline.split() else "9p"
+
+
+def mount_args(cache: str | None, kind: str = "9p") -> list[str]:
+    if kind == "virtiofs":
+        return ["mount", "-t", "virtiofs"]  # virtiofsd's cache mode decides the caching
     return ["mount", "-t", "9p", "-o", MOUNT_OPTS + (f",cache={cache}" if cache else "")]
 
 
@@ -145,7 +160,8 @@ class Agent:
     def __init__(self, state_dir: Path, manage_mount: bool, stop_timeout: float = 10.0) -> None:
         self.state_dir = state_dir
         self.manage_mount = manage_mount
-        self.cache = share_cache() if manage_mount else None
+        self.kind = share_kind() if manage_mount else "9p"
+        self.cache = share_cache() if manage_mount and self.kind == "9p" else None
         self.stop_timeout = stop_timeout
         self.child: subprocess.Popen[bytes] | None = None
         # A runtime started ahead of its wake-up (PRESTART), and whether it said "ready".
@@ -161,8 +177,10 @@ class Agent:
 
     # ---- the share -------------------------------------------------------------------
     def share_present(self) -> bool:
-        """A virtio-9p device tagged "state" exists (or we do not manage mounts)."""
-        if not self.manage_mount:
+        """A virtio-9p device tagged "state" exists (or we do not manage mounts). A
+        virtiofs share is there when the command line says so (the guest's kernel, 6.1,
+        lists no virtiofs tags in sysfs)."""
+        if not self.manage_mount or self.kind == "virtiofs":
             return True
         for tag in Path("/sys/bus/virtio/drivers/9pnet_virtio").glob("virtio*/mount_tag"):
             try:
@@ -185,7 +203,8 @@ class Agent:
         if self.mounted() or not self.share_present():
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run([*mount_args(self.cache), TAG, str(self.state_dir)], capture_output=True)
+        argv = [*mount_args(self.cache, self.kind), TAG, str(self.state_dir)]
+        p = subprocess.run(argv, capture_output=True)
         if p.returncode != 0:
             raise RuntimeError(f"mount {TAG}: {p.stderr.decode(errors='replace').strip()}")
 
@@ -323,6 +342,7 @@ class Agent:
             "mode": mode,
             "uptime": uptime(),
             "state_mounted": self.mounted(),
+            "share": self.kind,
             "recovering_from": self.recovering_from,
             "runtime_pid": child.pid if child is not None else None,
             "runtime_exit": child.returncode if child is not None else None,

@@ -58,6 +58,7 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
         ("batch_max = 16", 'batch_max = 16\ndurability = "always"', "rack.durability: must be"),
         ("batch_max = 16", 'batch_max = 16\ncontrolds = "remote"', "rack.controlds: must be one"),
         ("batch_max = 16", "batch_max = 16\ncontrolds = 1", "rack.controlds: must be a non-empty"),
+        ("batch_max = 16", 'batch_max = 16\nguest_share = "nfs"', "rack.guest_share: must be"),
         # Hosts: an address that is not one, a libvirt URI that is not one (issue 17).
         ('address = "127.0.0.1"', 'address = "127.0.0.1:7000"', "hosts[0].address: must be an"),
         ('address = "127.0.0.1"', 'address = "10.0.0.256"', "hosts[0].address: must be an"),
@@ -150,6 +151,13 @@ def test_client_signatures_always_renders_require_signed(
     )
     assert c.rack.client_signatures == "always"
     assert "require_signed 1" in render_service(c, c.service("web"))[0].read_text().splitlines()
+
+
+def test_guest_share(write_rack: Callable[[str], Path]) -> None:
+    """docs/config.md: virtiofs by default; "9p" shares every guest's state over 9p."""
+    assert load(write_rack(BASE)).rack.guest_share == "virtiofs"
+    rack = BASE.replace("batch_max = 16", 'batch_max = 16\nguest_share = "9p"')
+    assert load(write_rack(rack)).rack.guest_share == "9p"
 
 
 def test_durability_renders_data_dir_and_policy(write_rack: Callable[[str], Path]) -> None:

@@ -80,6 +80,27 @@ def test_hibernated_spare_starts_its_runtime_at_the_wake(tmp_path: Path) -> None
     assert cfg["command"][-2:] == ["--inject-fault", "wrong-reply"]
 
 
+def test_guest_share_is_9p_wherever_a_replica_may_be_hibernated(tmp_path: Path) -> None:
+    """docs/images.md "The state share": virtiofs for a service whose spares pause (active
+    and paused alike), 9p for every replica of one whose spares hibernate (an active one
+    goes back to sleep hibernated) and for one provisioned hibernated; rack.guest_share
+    "9p" gives 9p to all. A virtiofs guest cannot be saved."""
+    ctx = _ctx(tmp_path)
+    paused = ctx.config.services[0]
+    assert paused.sleep == "paused"
+    hib = type(paused)(**{**paused.__dict__, "sleep": "hibernated"})
+    assert actions.guest_share(ctx, paused, "active") == "virtiofs"
+    assert actions.guest_share(ctx, paused, "paused") == "virtiofs"
+    assert actions.guest_share(ctx, paused, "hibernated") == "9p"
+    assert actions.guest_share(ctx, hib, "active") == "9p"
+    assert actions.guest_share(ctx, hib, "hibernated") == "9p"
+    rack = type(ctx.config.rack)(**{**ctx.config.rack.__dict__, "guest_share": "9p"})
+    ctx9 = actions.HostContext(
+        type(ctx.config)(**{**ctx.config.__dict__, "rack": rack}), ctx.host, ctx.hv, ctx.home
+    )
+    assert actions.guest_share(ctx9, paused, "active") == "9p"
+
+
 def test_runtime_switches_its_fault_from_the_fault_file(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
     svc = ctx.config.services[0]

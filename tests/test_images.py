@@ -159,12 +159,27 @@ def test_render_domain_tuning(tmp_path: Path) -> None:
     assert fs is not None and fs.find("driver").get("type") == "virtiofs"  # type: ignore[union-attr]
     assert root.find("memoryBacking/access").get("mode") == "shared"  # type: ignore[union-attr]
     assert "zz.share_cache=loose" in (root.findtext("os/cmdline") or "").split()
+    # what a rack's virtiofs guest gets: virtiofsd without guest caching, no xattrs, and the
+    # word that makes images/init and the agent mount virtiofs
+    assert fs.find("binary/cache").get("mode") == "none"  # type: ignore[union-attr]
+    assert fs.find("binary").get("xattr") == "off"  # type: ignore[union-attr]
+    assert "zz.share=virtiofs" in (root.findtext("os/cmdline") or "").split()
+    auto = ET.fromstring(domain.render_domain("zz-a", "/k", "/i", console_socket="/s",
+                                              state_dir=tmp_path, share="virtiofs",
+                                              virtiofs_cache="auto"))  # fmt: skip
+    assert auto.find("devices/filesystem/binary/cache") is None  # virtiofsd's default
+    p9 = ET.fromstring(domain.render_domain("zz-9", "/k", "/i", console_socket="/s",
+                                            state_dir=tmp_path))  # fmt: skip
+    assert "zz.share=virtiofs" not in (p9.findtext("os/cmdline") or "")
+    assert p9.find("memoryBacking") is None
     named = ET.fromstring(domain.render_domain("zz-n", "/k", "/i", console_socket="/s",
                                                cpu_model="qemu64", tb_cache_mib=64,
                                                domain_type="kvm"))  # fmt: skip
     assert named.findtext("cpu/model") == "qemu64" and named.find("features/tcg") is None
     with pytest.raises(ValueError):
         domain.render_domain("zz-b", "/k", "/i", console_socket="/s", share="nfs")
+    with pytest.raises(ValueError):
+        domain.render_domain("zz-b", "/k", "/i", console_socket="/s", virtiofs_cache="loose")
 
 
 def test_guest_tuning_from_controld_environment() -> None:
@@ -175,6 +190,9 @@ def test_guest_tuning_from_controld_environment() -> None:
     want = {"extra_cmdline": "zz.share_cache=loose", "cpu_model": "max", "tb_cache_mib": 256}
     assert hv.guest_tuning(env) == want
     assert hv.guest_tuning({"ZZ_GUEST_SHARE_CACHE": "none"}) == {}
+    assert hv.guest_tuning({"ZZ_GUEST_VIRTIOFS_CACHE": "auto"}) == {"virtiofs_cache": "auto"}
+    with pytest.raises(ValueError):
+        hv.guest_tuning({"ZZ_GUEST_VIRTIOFS_CACHE": "loose"})
     with pytest.raises(ValueError):
         hv.guest_tuning({"ZZ_GUEST_SHARE_CACHE": "loose zz.cmd64=x"})
 
@@ -187,6 +205,9 @@ def test_guest_share_cache_from_cmdline() -> None:
     assert agent.share_cache("zz.share_cache=lo/se") is None
     assert agent.mount_args(None)[-1] == "trans=virtio,version=9p2000.L,msize=512000"
     assert agent.mount_args("loose")[-1].endswith(",cache=loose")
+    assert agent.share_kind("quiet zz.share=virtiofs panic=-1") == "virtiofs"
+    assert agent.share_kind("quiet zz.share=virtiofsx") == "9p"
+    assert agent.mount_args(None, "virtiofs") == ["mount", "-t", "virtiofs"]
 
 
 # ---- a real guest on libvirt ---------------------------------------------------------------

@@ -144,13 +144,50 @@ def _guest_status(config: Config, service: str, i: int) -> dict[str, object]:
 @needs_go
 def test_runtimes_run_inside_the_guests(vm_rack: Config) -> None:
     """The execution replicas are the runtimes in the VMs (not host processes): their
-    status comes through the 9p share, and no zz.execution process runs on the host."""
+    status comes through the share, and no zz.execution process runs on the host."""
     assert not [p for p in leftovers(vm_rack) if b"zz.execution" in _cmdline(p)]
     for i in (0, 1):
         st = _guest_status(vm_rack, "kv0", i)
         assert st["agreement_links_up"] == 4 and st["asleep"] is False
     names = {n for _, n in rackctl.rack_domains(vm_rack)}
     assert names == {"zz-vm-kv0-x0", "zz-vm-kv0-x1", "zz-vm-kv0-x2"}
+
+
+def _domain_shares(config: Config) -> dict[str, str]:
+    """Each domain of the rack: how its state is shared (its live XML's filesystem)."""
+    import libvirt
+
+    out = {}
+    for uri, name in rackctl.rack_domains(config):
+        conn = libvirt.open(uri)
+        try:
+            xml = conn.lookupByName(name).XMLDesc(0)
+        finally:
+            conn.close()
+        out[name] = "virtiofs" if "<driver type='virtiofs'" in xml else "9p"
+    return out
+
+
+@pytest.mark.slow
+@needs_vms
+@needs_agreed
+@needs_go
+def test_vm_wrong_reply_drill_on_virtiofs(vm_rack: Config, tmp_path: Path) -> None:
+    """The rack's guests share their state over virtiofs (rack.guest_share's default for a
+    service whose spares pause): they serve, checkpoint on the share (the directory store's
+    snapshots), and a liar's wrong replies right before a checkpoint are detected, the
+    paused guest woken recovers from its peers' checkpoint, the liar is convicted and a
+    fresh paused guest, on virtiofs too, takes its index; linearizable."""
+    assert set(_domain_shares(vm_rack).values()) == {"virtiofs"}, _domain_shares(vm_rack)
+    cp = vm_rack.rack.checkpoint_interval
+    r = _run(vm_rack, "wrong-reply", tmp_path / "drill", before=10.0, cp_phase=cp - 1)
+    assert r.details["fault_at_seq"] > cp, r.details
+    assert len(r.convicted) == 1 and len(r.woken) == 1, (r.convicted, r.woken)
+    woken = r.woken[0].who
+    assert r.convicted[0].who in {x.who for x in r.spares_restored if x.mode == "paused"}
+    st = _guest_status(vm_rack, "kv0", int(woken.split("/")[1]))
+    assert st["asleep"] is False and st["recovery"].get("checkpoint", 0) >= cp, st
+    assert set(_domain_shares(vm_rack).values()) == {"virtiofs"}, _domain_shares(vm_rack)
 
 
 def _zfs_snapshots(config: Config) -> list[str]:

@@ -86,12 +86,18 @@ class Rack:
     # runs on its host under its own supervisor (systemd: zz-controld@NAME), and `zz rack`,
     # `zz status` and `zz drill` only talk to them (docs/operations.md "Four real hosts").
     controlds: str = "local"
+    # How a guest's state dataset is shared into it on a libvirt rack (docs/images.md "The
+    # state share"): "virtiofs" for the replicas of services whose spares pause, 9p for
+    # those whose spares hibernate (QEMU 7.2 cannot save a guest with virtiofs); "9p" for
+    # every guest.
+    guest_share: str = "virtiofs"
 
 
 PLACEMENTS = ("spread", "rotate")
 CONTROLDS = ("local", "hosts")
 CLIENT_SIGNATURES = ("retransmit", "always")
 DURABILITY = ("fsync", "write", "off")
+GUEST_SHARES = ("virtiofs", "9p")
 
 
 def placement_shift(placement: str, index: int, services: int, hosts: int) -> int:
@@ -394,6 +400,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         client_signatures=rt.get_str("client_signatures", "retransmit"),
         durability=rt.get_str("durability", "off"),
         controlds=rt.get_str("controlds", "local"),
+        guest_share=rt.get_str("guest_share", "virtiofs"),
     )
     if rack.batch_bytes > MAX_BATCH_BYTES:
         raise ConfigError(
@@ -419,6 +426,10 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             f"rack.controlds: must be one of {', '.join(CONTROLDS)} (local: `zz rack up` starts"
             " every host's controld on this machine; hosts: each runs on its host, started"
             f" there), got {rack.controlds!r}"
+        )
+    if rack.guest_share not in GUEST_SHARES:
+        raise ConfigError(
+            f"rack.guest_share: must be one of {', '.join(GUEST_SHARES)}, got {rack.guest_share!r}"
         )
     if rack.placement not in PLACEMENTS:
         raise ConfigError(
