@@ -194,6 +194,29 @@ def test_corrupt_state_file_is_an_error_not_a_guess(tmp_path: Path) -> None:
         rackctl.down(config)
 
 
+def test_leftovers_include_a_guest_that_names_no_path_of_the_rack(tmp_path: Path) -> None:
+    """A guest with a virtiofs share: its QEMU's command line names its domain, not the
+    rack's run directory (the share is virtiofsd's), and `stop`'s sweep must still find
+    it. Stood in for by a process with QEMU's `-name` argument."""
+    import subprocess
+    import sys
+
+    config = load(write_rack(tmp_path))
+    svc = config.services[0]
+    name = f"zz-{config.rack.name}-{svc.name}-x0"
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "qemu-system-x86_64",
+            "-name", f"guest={name},debug-threads=on"]  # fmt: skip
+    other = [*argv[:-1], f"guest={name}9,debug-threads=on"]  # another rack's domain
+    procs = [subprocess.Popen(argv), subprocess.Popen(other)]
+    try:
+        found = rackctl.rack_leftovers(config)
+        assert procs[0].pid in found and procs[1].pid not in found
+    finally:
+        for pr in procs:
+            pr.kill()
+            pr.wait()
+
+
 def test_start_ticks_tells_a_recycled_pid_apart() -> None:
     me = rackctl.start_ticks(os.getpid())
     assert me is not None

@@ -1349,9 +1349,16 @@ _RACK_PROGRAMS = (b"zz-agreed", b"zz.execution", b"zz.controld", b"qemu-system")
 
 def rack_leftovers(config: Config) -> list[int]:
     """Live rack processes (zz-agreed, runtimes, controlds, QEMU) naming this rack's
-    config or run directory."""
+    config or run directory, or, QEMU, one of its domains (`-name guest=<domain>,`: a
+    guest with a virtiofs share names no path of the rack, its share is virtiofsd's)."""
+    guests = [
+        f"guest={domain_name(config, s, i)},"
+        for s in config.services
+        if s.uses_execution_replicas
+        for i in range(s.n_exec)
+    ]
     out = []
-    for pid in leftover_pids([str(config.path), f"{config.rack.run_dir}/"]):
+    for pid in leftover_pids([str(config.path), f"{config.rack.run_dir}/", *guests]):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
