@@ -233,6 +233,7 @@ class Runtime:
         self._links: list[_Link] = []
         self._peer_links: list[_Link] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._preopens: set[asyncio.Task[None]] = set()  # Checkpoints.preopen, one per checkpoint
         # Set when a link comes up: the status file says so at once, not at the next
         # second's write (controld and `zz rack up` wait for every link in that file).
         self._status_changed = asyncio.Event()
@@ -433,9 +434,9 @@ class Runtime:
     async def shutdown(self) -> None:
         self._stopping.set()
         self._bg_stop.set()
-        for t in self._tasks:
+        for t in [*self._tasks, *self._preopens]:
             t.cancel()
-        for t in self._tasks:
+        for t in [*self._tasks, *self._preopens]:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
@@ -797,6 +798,9 @@ class Runtime:
                     if c is not None:
                         self.ckpt.announce(cert.seq, c, self.sign_key)
                         self.faults.after_checkpoint(cert.seq)
+                        task = asyncio.create_task(self.ckpt.preopen(cert.seq))
+                        self._preopens.add(task)
+                        task.add_done_callback(self._preopens.discard)
         except asyncio.CancelledError:
             raise
         except BaseException as e:

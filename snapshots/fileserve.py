@@ -15,8 +15,9 @@ server holds that hashes to it (status COPY, snapshots/copies.py) when ``path`` 
 being recovered. The server verifies such a copy before it sends it.
 
 Snapshots are read through the store's ``open_snapshot`` (a ZFS clone on ZFS). A clone
-costs tens of milliseconds, so the last few stay open; the owner calls :meth:`release`
-before it destroys a snapshot, because ZFS refuses to destroy a snapshot with a clone.
+costs tens of milliseconds, so the last few stay open, and the owner opens each new
+checkpoint's ahead of need (:meth:`preopen`); it calls :meth:`release` before it destroys
+a snapshot, because ZFS refuses to destroy a snapshot with a clone.
 """
 
 from __future__ import annotations
@@ -275,6 +276,22 @@ class SnapshotFiles:
             with contextlib.suppress(OSError, StorageError):
                 hit[0].close()
         self._manifests.pop(seq, None)
+
+    def preopen(self, seq: int) -> bool:
+        """Open checkpoint `seq`'s snapshot now (a ZFS clone), ahead of a recovering
+        peer's first read of it, and keep it among the open ones; whether a new one was
+        opened. Called by the owner in the background right after it took the snapshot:
+        the clone was most of the time a woken spare's install spent fetching its first
+        two files. What is read from it is checked by the requester as before."""
+        with self._lock:
+            name = checkpoint_name(seq)
+            if not (self.path_reads and self.servable(seq)) or name in self._open:
+                return False
+            try:
+                self._root(name)
+            except (OSError, StorageError):
+                return False  # collected meanwhile, or the store failed: opened on demand
+            return True
 
     def snapshot_root(self, name: str) -> Path:
         """Snapshot `name` opened (kept open like a checkpoint's), for a place's `root`

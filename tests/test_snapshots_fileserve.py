@@ -115,6 +115,39 @@ def test_zfs_store_through_clones(pool: str, tmp_path: Path) -> None:
     exercise(store, tmp_path)
 
 
+def test_zfs_snapshot_opened_ahead_of_a_read(pool: str, tmp_path: Path) -> None:
+    """The owner opens a new checkpoint's snapshot right after taking it (a ZFS clone,
+    26-231 ms on zfs-fuse under load): a recovering peer's first read then finds it open.
+    Not one not servable by path; release still removes the clone before a destroy."""
+    store = open_store("zfs", pool=pool, dataset="pre", mountpoint=tmp_path / "live")
+    assert store.opens_slowly and not open_store("dir", root=tmp_path / "d").opens_slowly
+    manifests = tmp_path / "manifests"
+    (store.path / "f").write_bytes(b"content")
+    checkpoint(store, manifests, 10)
+    checkpoint(store, manifests, 20)
+    opened: list[str] = []
+    real_open = store.open_snapshot
+
+    def counting_open(name: str):  # type: ignore[no-untyped-def]
+        opened.append(name)
+        return real_open(name)
+
+    store.open_snapshot = counting_open  # type: ignore[method-assign]
+    files = SnapshotFiles(store, manifests, servable=lambda s: s != 20)
+    try:
+        assert files.preopen(10) and opened == ["ckpt-10"]
+        assert not files.preopen(10)  # open already
+        assert not files.preopen(20) and not files.preopen(30)  # not servable; no snapshot
+        assert opened == ["ckpt-10", "ckpt-30"]  # 30 was tried: it is not there
+        assert files.read(10, "f", 0, 100).data == b"content"
+        assert opened == ["ckpt-10", "ckpt-30"]  # the read opened nothing
+        files.release(checkpoint_name(10))
+        store.destroy_snapshot(checkpoint_name(10))  # no clone left to refuse it
+    finally:
+        files.release()
+        store.destroy()
+
+
 @pytest.mark.parametrize("bad", ["", "x" * 5000])
 def test_bad_paths_never_raise(tmp_path: Path, bad: str) -> None:
     store = open_store("dir", root=tmp_path / "store")
