@@ -58,6 +58,9 @@ class CommitCollector:
         self.g = g
         self.window = window
         self.last_executed = 0
+        # A checkpoint being installed: votes are kept within `window` of it too (the log
+        # above it arrives during the install, before last_executed jumps to it).
+        self.floor = 0
         self._slots: dict[int, _Slot] = {}
         self.dropped: Counter[str] = Counter()
 
@@ -84,7 +87,7 @@ class CommitCollector:
         if seq <= self.last_executed:
             self.dropped["old"] += 1
             return False
-        if seq > self.last_executed + self.window:
+        if seq > max(self.last_executed, self.floor) + self.window:
             self.dropped["too_far"] += 1
             return False
         if len(digest) != 32:
@@ -113,6 +116,11 @@ class CommitCollector:
             slot.ready_at = time.monotonic()
         return True
 
+    def expect(self, seq: int) -> None:
+        """The replica is about to jump to checkpoint `seq`: keep votes up to `window`
+        above it."""
+        self.floor = max(self.floor, seq)
+
     def arrival(self, seq: int) -> tuple[float, float | None] | None:
         """When seq's first vote arrived and when 2g+1 of them matched (monotonic), if
         its votes are still held (not yet executed)."""
@@ -135,6 +143,14 @@ class CommitCollector:
         view = views[self.g]
         batch = next(iter(voters.values())).batch
         return Certificate(seq, digest, batch, view, frozenset(voters))
+
+    def ready_through(self) -> int:
+        """The highest seq up to which every seq above last_executed holds 2g+1 matching
+        votes (last_executed when the next one does not)."""
+        seq = self.last_executed
+        while self.certificate(seq + 1) is not None:
+            seq += 1
+        return seq
 
     def next_ready(self) -> Certificate | None:
         """The certificate for last_executed + 1, if complete."""

@@ -303,6 +303,10 @@ class Checkpoints:
         self.votes.setdefault(seq, {}).setdefault(peer, c)  # first signed statement counts
         self._check_stable(seq)
 
+    def peer_ahead(self, seq: int) -> bool:
+        """Whether a peer signed a checkpoint above `seq`."""
+        return any(s > seq and any(p != self.me for p in v) for s, v in self.votes.items())
+
     def _compare(self, seq: int, peer: int, theirs: bytes) -> None:
         """Record a peer's signed checkpoint digest that differs from ours at `seq` (once
         per seq and peer; a peer's later statements for a seq do not count anyway)."""

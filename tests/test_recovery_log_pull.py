@@ -98,3 +98,39 @@ def test_a_log_entry_whose_batch_does_not_hash_adds_no_vote(tmp_path: Path) -> N
         rt._on_fetch_reply(_Sent(r), reply)  # type: ignore[arg-type]
     cert = rt.collector.next_ready()
     assert cert is not None and cert.seq == 1 and cert.batch == batch
+
+
+def test_the_log_above_the_checkpoint_being_installed_is_taken_during_the_install(
+    tmp_path: Path,
+) -> None:
+    """At the start of an install the replica registers from the checkpoint it installs
+    (FETCH kind 3 from its seq), so the agreement replicas send the log above it while the
+    install runs: a reply whose log starts right above that checkpoint is decoded and
+    voted at once (and its rest asked for), one that starts anywhere else is not. The
+    replay's first batch then needs no log exchange after the install (98-164 ms at 1 GB
+    in the Figure 9 bench)."""
+    rt = _runtime(tmp_path)
+    stable = (5000, sha256(b"checkpoint 5000"))
+    rt._recover_target = stable
+    rt._installing = stable[0]
+    rt.collector.expect(stable[0])
+    asked = wire.decode(rt._fetch_msg(1))
+    assert isinstance(asked, wire.Fetch) and asked.seq == 5000
+    below = _big_log(4961, 5000)
+    link = _Sent(0)
+    rt._on_fetch_reply(link, wire.FetchReply(rt.svc.id, 0, wire.FETCH_LOG, *stable, below))  # type: ignore[arg-type]
+    assert link.sent == [] and rt.collector.pending() == []
+    above = _big_log(5001, 5040)
+    for r in range(3):
+        link = _Sent(r)
+        rt._on_fetch_reply(link, wire.FetchReply(rt.svc.id, r, wire.FETCH_LOG, *stable, above))  # type: ignore[arg-type]
+        more = wire.decode(link.sent[0])
+        assert isinstance(more, wire.Fetch) and more.seq == 5040
+    # Kept although 5001 is more than the collector's window above last executed (0).
+    assert rt.collector.pending() == list(range(5001, 5041))
+    rt.collector.executed(5000)  # what the install does
+    cert = rt.collector.next_ready()
+    assert cert is not None and cert.seq == 5001
+    # After the install it registers again from the end of what is certified here, so
+    # that what was committed meanwhile comes, and not the tail a second time.
+    assert rt.collector.ready_through() == 5040
