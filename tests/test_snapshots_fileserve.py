@@ -106,25 +106,14 @@ def exercise(store: CheckpointStore, tmp_path: Path) -> None:
         files.release()
 
 
-def test_dir_store(tmp_path: Path) -> None:
-    exercise(open_store("dir", root=tmp_path / "store"), tmp_path)
-
-
-def test_zfs_store_through_clones(pool: str, tmp_path: Path) -> None:
-    store = open_store("zfs", pool=pool, dataset="fs", mountpoint=tmp_path / "live")
-    exercise(store, tmp_path)
-
-
-def test_zfs_snapshot_opened_ahead_of_a_read(pool: str, tmp_path: Path) -> None:
+def opened_ahead(store: CheckpointStore, tmp_path: Path) -> None:
     """The owner opens a new checkpoint's snapshot right after taking it (a ZFS clone,
     26-231 ms on zfs-fuse under load): a recovering peer's first read then finds it open.
     Not one not servable by path; release still removes the clone before a destroy."""
-    store = open_store("zfs", pool=pool, dataset="pre", mountpoint=tmp_path / "live")
-    assert store.opens_slowly and not open_store("dir", root=tmp_path / "d").opens_slowly
-    manifests = tmp_path / "manifests"
+    manifests = tmp_path / "pre-manifests"
     (store.path / "f").write_bytes(b"content")
-    checkpoint(store, manifests, 10)
-    checkpoint(store, manifests, 20)
+    checkpoint(store, manifests, 40)
+    checkpoint(store, manifests, 50)
     opened: list[str] = []
     real_open = store.open_snapshot
 
@@ -133,19 +122,31 @@ def test_zfs_snapshot_opened_ahead_of_a_read(pool: str, tmp_path: Path) -> None:
         return real_open(name)
 
     store.open_snapshot = counting_open  # type: ignore[method-assign]
-    files = SnapshotFiles(store, manifests, servable=lambda s: s != 20)
+    files = SnapshotFiles(store, manifests, servable=lambda s: s != 50)
     try:
-        assert files.preopen(10) and opened == ["ckpt-10"]
-        assert not files.preopen(10)  # open already
-        assert not files.preopen(20) and not files.preopen(30)  # not servable; no snapshot
-        assert opened == ["ckpt-10", "ckpt-30"]  # 30 was tried: it is not there
-        assert files.read(10, "f", 0, 100).data == b"content"
-        assert opened == ["ckpt-10", "ckpt-30"]  # the read opened nothing
-        files.release(checkpoint_name(10))
-        store.destroy_snapshot(checkpoint_name(10))  # no clone left to refuse it
+        assert files.preopen(40) and opened == ["ckpt-40"]
+        assert not files.preopen(40)  # open already
+        assert not files.preopen(50) and not files.preopen(60)  # not servable; no snapshot
+        assert opened == ["ckpt-40", "ckpt-60"]  # 60 was tried: it is not there
+        assert files.read(40, "f", 0, 100).data == b"content"
+        assert opened == ["ckpt-40", "ckpt-60"]  # the read opened nothing
+        files.release(checkpoint_name(40))
+        store.destroy_snapshot(checkpoint_name(40))  # no clone left to refuse it
     finally:
         files.release()
-        store.destroy()
+
+
+def test_dir_store(tmp_path: Path) -> None:
+    store = open_store("dir", root=tmp_path / "store")
+    assert not store.opens_slowly  # its snapshots are directories: nothing to open ahead
+    exercise(store, tmp_path)
+
+
+def test_zfs_store_through_clones(pool: str, tmp_path: Path) -> None:
+    store = open_store("zfs", pool=pool, dataset="fs", mountpoint=tmp_path / "live")
+    assert store.opens_slowly
+    exercise(store, tmp_path)
+    opened_ahead(store, tmp_path)
 
 
 @pytest.mark.parametrize("bad", ["", "x" * 5000])
