@@ -376,3 +376,54 @@ def test_the_execution_log_and_its_stable_checkpoint_survive_a_restart(tmp_path:
         after = fetch(c, 1, me, 0)
         assert (after.seq, after.digest) == (8, digest)
         assert wire.log_entries(after.data) == entries
+
+
+def test_a_replica_commits_on_its_own_commit_only_once_its_record_is_synced(
+    tmp_path: Path,
+) -> None:
+    """A replica's own COMMIT counts toward its commit quorum only once the record it
+    depends on (its P entry) is synced, as every COMMIT it receives was sent only then. With
+    replica 3 stopped, replica 1 needs its own COMMIT to commit; its syncs are held
+    (inject_sync_gate), so it must neither execute nor reply until one runs. Before this rule
+    it committed on its own unsynced COMMIT plus those of 0 and 2 and executed at once: a
+    host crash then could lose the P entry the reply relied on."""
+    gate = tmp_path / "sync-gate"
+    c = _cluster(tmp_path, overrides_per_replica={1: {"inject_sync_gate": str(gate)}})
+    with c:
+        c.start()
+        _order(c, [b"warm-up"])
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=30, what="same state")
+        c.stop(3)
+        before = c.stats(1)
+        gate.touch()
+
+        async def run() -> bytes:
+            task = asyncio.create_task(c.client(0).invoke(b"gated", timeout=60))
+            # Replicas 0 and 2 prepared it and synced their P entries, so their COMMITs are
+            # out; replica 1 has prepared it too, its COMMIT held behind its sync.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                s = [c.stats(r) for r in (0, 1, 2)]
+                if all(x["phases"]["prepared"] > before["phases"]["prepared"] for x in s):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"not prepared everywhere: {c.summary()}")
+            # Given time to take the COMMITs of 0 and 2, replica 1 still has not executed
+            # it: its own COMMIT does not count yet, and nobody else can commit without it.
+            for _ in range(30):
+                await asyncio.sleep(0.1)
+                s1 = c.stats(1)
+                assert s1["last_exec"] == before["last_exec"], c.summary()
+                assert s1["wal"]["commit_unsynced"] == 0, s1["wal"]
+            assert not task.done()
+            gate.unlink()
+            return await task
+
+        assert asyncio.run(run()) == b"gated"
+        c.wait_for(
+            lambda: all(c.stats(r)["last_exec"] > before["last_exec"] for r in (0, 1, 2)),
+            timeout=30,
+            what="executed everywhere once the sync ran",
+        )
+        assert all(c.stats(r)["wal"]["commit_unsynced"] == 0 for r in (0, 1, 2))

@@ -50,6 +50,10 @@ OVERRIDABLE = {
     "rack_public",
     "data_dir",
     "durability",
+    "sync_threads",
+    "sync_slice_us",
+    "loop_slice_us",
+    "inject_sync_gate",
 }
 BYZANTINE = ("none", "equivocate", "drop-requests", "silent", "false-fault")
 
@@ -69,7 +73,16 @@ def _fmt(key: str, value: Any) -> str:
         if value not in DURABILITY:
             raise ConfigError(f"override durability: must be one of {', '.join(DURABILITY)}")
         return str(value)
-    paths = ("secret", "public", "stats_file", "exec_view", "rack_public", "spare_keys", "data_dir")
+    paths = (
+        "secret",
+        "public",
+        "stats_file",
+        "exec_view",
+        "rack_public",
+        "spare_keys",
+        "data_dir",
+        "inject_sync_gate",
+    )
     if key in paths:
         s = str(value)
         if not s or any(c.isspace() for c in s):

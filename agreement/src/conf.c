@@ -426,7 +426,7 @@ enum {
     K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
     K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_CLIENT_OUT,
     K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_REQUIRE_SIGNED, K_SPARE_KEYS, K_DATA_DIR, K_DURABILITY,
-    K_EXEC_INFLIGHT, K_EXEC_HOLD, K_EXEC_HOLD_MAX, K_COUNT
+    K_EXEC_INFLIGHT, K_EXEC_HOLD, K_EXEC_HOLD_MAX, K_SYNC_THREADS, K_SYNC_SLICE, K_LOOP_SLICE, K_SYNC_GATE, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -438,7 +438,7 @@ static const char *const key_names[K_COUNT] = {
     "batch_bytes", "max_conns", "max_conns_per_source", "frame_timeout_ms", "unauth_timeout_ms",
     "unauth_buffer_bytes", "client_out_bytes", "client_out_total", "out_stall_timeout_ms",
     "require_signed", "spare_keys", "data_dir", "durability", "exec_inflight", "exec_hold_ms",
-    "exec_hold_max_ms",
+    "exec_hold_max_ms", "sync_threads", "sync_slice_us", "loop_slice_us", "inject_sync_gate",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -603,6 +603,12 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
         return set_u32(ps, line, k, tok[1], 1, 3600000, &c->exec_hold_ms);
     case K_EXEC_HOLD_MAX:
         return set_u32(ps, line, k, tok[1], 0, 3600000, &c->exec_hold_max_ms);
+    case K_SYNC_THREADS:
+        return set_u32(ps, line, k, tok[1], 0, ZZ_MAX_SYNC_THREADS, &c->sync_threads);
+    case K_SYNC_SLICE:
+        return set_u32(ps, line, k, tok[1], 0, 100000, &c->sync_slice_us);
+    case K_LOOP_SLICE:
+        return set_u32(ps, line, k, tok[1], 0, 100000, &c->loop_slice_us);
     case K_MAX_REQUEST:
         /* checked against batch_bytes at the end: a request must fit a batch alone */
         return set_u32(ps, line, k, tok[1], ZZ_MIN_MAX_REQUEST, ZZ_MAX_BATCH_BYTES,
@@ -643,6 +649,10 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
     case K_EXEC_VIEW:
         if (parse_path(tok[1], c->exec_view, sizeof c->exec_view) < 0)
             return bad(ps, line, name, "path longer than %zu", sizeof c->exec_view - 1);
+        return 0;
+    case K_SYNC_GATE:
+        if (parse_path(tok[1], c->inject_sync_gate, sizeof c->inject_sync_gate) < 0)
+            return bad(ps, line, name, "path longer than %zu", sizeof c->inject_sync_gate - 1);
         return 0;
     case K_DATA_DIR:
         if (parse_path(tok[1], c->data_dir, sizeof c->data_dir) < 0)
@@ -827,6 +837,8 @@ int zz_conf_load(const char *path, zz_conf *c, char *err, size_t errcap)
     c->log_window = 256;
     c->batch_max = 400;
     c->max_inflight = 4;
+    c->sync_threads = 2;
+    c->sync_slice_us = ZZ_DEFAULT_SYNC_SLICE_US;
     c->exec_inflight = 1;
     c->exec_hold_ms = 40;
     c->view_timeout_ms = 1000;

@@ -14,6 +14,8 @@
 #define ZZ_MAX_EXEC 64 /* execution replicas per service (same value as replica.h) */
 #endif
 #define ZZ_MAX_HOSTS 256 /* hosts of the rack that run a controld */
+#define ZZ_MAX_SYNC_THREADS 4 /* sync_threads, at most */
+#define ZZ_DEFAULT_SYNC_SLICE_US 100 /* sync_slice_us (docs/agreement.md "The sync threads") */
 /* Request and batch size defaults (bytes); docs/wire.md "Size limits". */
 #define ZZ_DEFAULT_MAX_REQUEST 1048576u
 #define ZZ_DEFAULT_BATCH_BYTES 4194304u
@@ -94,6 +96,13 @@ typedef struct {
     char spare_keys[256];
     char data_dir[256];  /* the write-ahead log's directory (wal.c); "" = no durable state */
     uint32_t durability; /* enum zz_durability; used only with data_dir */
+    /* durability fsync: threads that run the fdatasyncs beside the loop (0: the loop syncs
+     * itself), and the scheduler slice each asks for (us; 0: the kernel's default) */
+    uint32_t sync_threads, sync_slice_us;
+    uint32_t loop_slice_us; /* the scheduler slice the event loop's thread asks for (0: the
+                             * kernel's default) */
+    /* test only: the sync threads start no fdatasync while this file exists; "" = none */
+    char inject_sync_gate[256];
     /* test-only fault injection on replica-to-replica sends */
     double inject_drop, inject_dup;
     uint32_t inject_delay_ms;

@@ -136,6 +136,10 @@ void zz_try_execute(zz_replica *r)
         }
         r->last_exec = seq;
         r->st.batches_executed++;
+        if (s->t_commit_us) {
+            r->st.ph_exec_n++;
+            r->st.ph_exec_us += zz_mono_us() - s->t_commit_us;
+        }
         progress = 1;
         if (seq % r->conf->checkpoint_interval == 0)
             zz_take_checkpoint(r);

@@ -76,6 +76,7 @@ int main(int argc, char **argv)
     zz_log("zz-agreed: service %u replica %u of %u listening on %s:%u\n",
            conf.service, conf.id, 3 * conf.g + 1, conf.listen.host, conf.listen.port);
     zz_replica_start_timers(&the_replica);
+    zz_sched_slice(conf.loop_slice_us);
     zz_net_run(the_replica.net);
     zz_write_stats(&the_replica);
     zz_replica_free(&the_replica);

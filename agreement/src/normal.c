@@ -22,6 +22,8 @@ void zz_slot_reset(zz_replica *r, zz_slot *s, uint64_t seq)
     s->has_p = s->has_q = 0;
     s->fetch_sent_ms = 0;
     s->pp_time_ms = 0;
+    s->t_pp_us = s->t_prep_us = s->t_commit_us = 0;
+    s->p_mark = 0;
     for (uint32_t i = 0; i < r->n; i++)
         s->prep_view[i] = s->commit_view[i] = UINT32_MAX;
 }
@@ -111,6 +113,8 @@ static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *dige
     s->is_null = memcmp(digest, null_digest, ZZ_DIGEST_LEN) == 0;
     s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
     s->pp_time_ms = zz_now_ms(r);
+    s->t_pp_us = zz_mono_us();
+    s->t_prep_us = s->t_commit_us = 0;
     int new_batch = batch && !s->batch && zz_slot_set_batch(r, s, batch, batch_len) == 0;
     if (!held)
         prepare(r, s, new_batch);
@@ -311,21 +315,45 @@ void zz_check_slot(zz_replica *r, zz_slot *s)
         if (p < 2 * r->g)
             return;
         s->prepared = 1;
+        s->t_prep_us = zz_mono_us();
+        if (s->t_pp_us) {
+            r->st.ph_prep_n++;
+            r->st.ph_prep_us += s->t_prep_us - s->t_pp_us;
+        }
         s->has_p = 1;
         s->p_view = s->view;
         memcpy(s->p_dig, s->digest, ZZ_DIGEST_LEN);
-        s->commit_view[r->id] = s->view;
-        memcpy(s->commit_dig[r->id], s->digest, ZZ_DIGEST_LEN);
         s->sent_commit = 1;
         /* The P entry a VIEW-CHANGE reports: synced before our COMMIT is sent. */
         zz_wal_slot(r, s, 0, ZZ_WAL_SYNCED);
+        s->p_mark = zz_wal_mark(r);
         if (!zz_wal_abstains(r, s->seq))
             send_phase(r, s, ZZ_COMMIT);
     }
+    /* Our own COMMIT counts toward our commit quorum once its P entry is synced, as every
+     * COMMIT we receive was sent only then: a batch this replica executes (and replies for)
+     * has 2g+1 synced P entries behind it, so a host crash here cannot leave it with fewer
+     * than g+1 correct ones (docs/agreement.md "Durable state"). Until then 2g+1 COMMITs of
+     * others commit it; the sync's end checks the slot again (wal.c). */
+    if (s->commit_view[r->id] != s->view && zz_wal_synced(r, s->p_mark)) {
+        s->commit_view[r->id] = s->view;
+        memcpy(s->commit_dig[r->id], s->digest, ZZ_DIGEST_LEN);
+    }
     if (!s->committed) {
-        if (count_votes(r, s, s->commit_view, s->commit_dig, UINT32_MAX) < 2 * r->g + 1)
+        uint32_t votes = count_votes(r, s, s->commit_view, s->commit_dig, UINT32_MAX);
+        if (votes < 2 * r->g + 1)
             return;
         s->committed = 1;
+        /* A check of the rule above: the quorum needed our own COMMIT and its P entry was
+         * not synced (stats wal.commit_unsynced; never with the rule in force). */
+        if (votes - (s->commit_view[r->id] == s->view) < 2 * r->g + 1 &&
+            !zz_wal_synced(r, s->p_mark))
+            r->wal.exec_unsynced++;
+        s->t_commit_us = zz_mono_us();
+        if (s->t_prep_us) {
+            r->st.ph_commit_n++;
+            r->st.ph_commit_us += s->t_commit_us - s->t_prep_us;
+        }
         zz_wal_slot(r, s, 0, ZZ_WAL_NODEP); /* a restart executes it again without asking */
     }
     if (s->seq == r->last_exec + 1)

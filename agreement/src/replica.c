@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "byz.h"
@@ -24,6 +26,36 @@ uint64_t zz_wall_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The kernel's struct sched_attr (its first version, 48 bytes): glibc has no wrapper. */
+struct zz_sched_attr {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+};
+
+void zz_sched_slice(uint32_t us)
+{
+    struct zz_sched_attr a;
+    memset(&a, 0, sizeof a);
+    if (us == 0 || syscall(SYS_sched_getattr, 0, &a, (unsigned)sizeof a, 0) != 0)
+        return;
+    if (a.policy != 0) /* SCHED_OTHER only: other policies' runtime means something else */
+        return;
+    a.size = sizeof a;
+    a.flags = 0;
+    a.runtime = (uint64_t)us * 1000u;
+    (void)syscall(SYS_sched_setattr, 0, &a, 0);
+}
+
+uint64_t zz_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 uint64_t zz_now_ms(const zz_replica *r) { return zz_net_now_ms(r->net); }
@@ -578,6 +610,16 @@ void zz_write_stats(zz_replica *r)
     zz_limits_write_stats(r, f);
     zz_wake_write_stats(r, f);
     zz_wal_stats(r, f);
+    const zz_rstats *st = &r->st;
+    fprintf(f, "\"phases\": {\"prepared\": %llu, \"pp_to_prepared_us\": %llu, "
+               "\"committed\": %llu, \"prepared_to_committed_us\": %llu, \"executed\": %llu, "
+               "\"committed_to_executed_us\": %llu}, ",
+            (unsigned long long)st->ph_prep_n,
+            (unsigned long long)(st->ph_prep_n ? st->ph_prep_us / st->ph_prep_n : 0),
+            (unsigned long long)st->ph_commit_n,
+            (unsigned long long)(st->ph_commit_n ? st->ph_commit_us / st->ph_commit_n : 0),
+            (unsigned long long)st->ph_exec_n,
+            (unsigned long long)(st->ph_exec_n ? st->ph_exec_us / st->ph_exec_n : 0));
     fprintf(f, "\"net\": {\"frames_in\": %llu, \"frames_out\": %llu, \"reconnects\": %llu, "
                "\"injected_drops\": %llu, \"injected_dups\": %llu, \"injected_delays\": %llu, "
                "\"send_overflow\": %llu, \"connect_failures\": %llu, "

@@ -43,6 +43,10 @@ typedef struct {
     int sent_prepare, sent_commit; /* in `view` */
     int prepared, committed;       /* in `view` */
     uint64_t pp_time_ms;           /* when the pre-prepare was accepted (latency stats) */
+    uint64_t p_mark;   /* the log's mark of the record that made it prepared: this replica's
+                        * own COMMIT counts toward committing only once it is synced */
+    uint64_t t_pp_us, t_prep_us, t_commit_us; /* monotonic us when it was pre-prepared,
+                                   * prepared, committed here (stats "phases"); 0: not seen */
     /* View-change sets: highest view in which this replica prepared / pre-prepared. */
     int has_p, has_q;
     uint32_t p_view, q_view;
@@ -158,6 +162,10 @@ typedef struct {
     uint64_t unsigned_deferred;  /* primary: unsigned requests left for their signed copy */
     uint64_t requests_too_large;   /* REQUESTs over the limit: dropped, REPLY rejected sent */
     uint64_t batches_too_large;    /* PRE-PREPAREs whose batch is over a limit: refused */
+    /* Where a slot's time goes here (stats "phases"): slots that went from pre-prepared to
+     * prepared, prepared to committed, committed to executed in one view, and the summed
+     * microseconds of each step. */
+    uint64_t ph_prep_n, ph_prep_us, ph_commit_n, ph_commit_us, ph_exec_n, ph_exec_us;
 } zz_rstats;
 
 /* The replica. Watermarks: stable < seq <= stable + conf->log_window.
@@ -238,6 +246,13 @@ uint32_t zz_primary(const zz_replica *r, uint32_t view);
 int zz_is_primary(const zz_replica *r);
 uint64_t zz_now_ms(const zz_replica *r);
 uint64_t zz_wall_ms(void);
+uint64_t zz_mono_us(void); /* CLOCK_MONOTONIC in microseconds */
+/* Ask the scheduler (EEVDF, Linux 6.12 and later) for a slice of `us` microseconds for the
+ * calling thread, keeping its policy and nice value (0: leave it). A thread that runs briefly
+ * per wakeup gets an earlier virtual deadline with a short slice and so runs when its wakeup
+ * comes rather than after the running task's slice. Best effort: an older kernel ignores or
+ * refuses it (docs/agreement.md "The sync threads"). */
+void zz_sched_slice(uint32_t us);
 uint64_t zz_rand(zz_replica *r);
 /* Add a MAC vector for all other agreement replicas to the message at `start` and send it. */
 void zz_bcast_mac(zz_replica *r, zz_buf *b, size_t start);

@@ -339,6 +339,7 @@ void zz_wal_slot(zz_replica *r, const zz_slot *s, int with_batch, int dep)
         dep = ZZ_WAL_SYNCED;
     w->must_sync |= dep == ZZ_WAL_SYNCED;
     w->must_write |= dep == ZZ_WAL_WRITTEN;
+    w->seqno++;
     if (w->compact_due)
         return; /* a rewrite pending: it takes every slot from memory */
     size_t before = w->pend.len;
@@ -356,6 +357,7 @@ void zz_wal_view(zz_replica *r)
     w->must_sync = 1;
     w->view_pending = 1;
     w->view_ticket = 0; /* the sync asked after this record is written ends view_pending */
+    w->seqno++;
     if (w->compact_due)
         return;
     size_t before = w->pend.len;
@@ -368,7 +370,10 @@ void zz_wal_view(zz_replica *r)
 void zz_wal_xstable(zz_replica *r)
 {
     zz_wal *w = &r->wal;
-    if (!w->enabled || w->replaying || w->compact_due)
+    if (!w->enabled || w->replaying)
+        return;
+    w->seqno++;
+    if (w->compact_due)
         return;
     size_t before = w->pend.len;
     size_t st = zz_wal_begin(&w->pend, ZZ_WAL_XSTABLE, w->epoch);
@@ -697,6 +702,43 @@ static int put_records(zz_wal *w, int i, zz_buf *b, uint64_t off)
     return rc;
 }
 
+/* A prepared slot waits for its P record's sync before this replica's own COMMIT counts in
+ * its commit quorum (normal.c): once seq_durable moves, a 0 ms timer checks those slots
+ * again (not from here: this runs inside net's barrier, where no message may be made). */
+static void rescan(void *ctx)
+{
+    zz_replica *r = ctx;
+    r->wal.rescan_due = 0;
+    for (uint64_t seq = r->last_exec + 1; seq <= r->stable + r->L; seq++) {
+        zz_slot *s = &r->slots[seq % r->L];
+        if (s->seq == seq && s->prepared && !s->committed)
+            zz_check_slot(r, s);
+    }
+}
+
+static void durable_to(zz_replica *r, uint64_t seq)
+{
+    zz_wal *w = &r->wal;
+    if (seq <= w->seq_durable)
+        return;
+    w->seq_durable = seq;
+    if (!w->rescan_due && r->net && !w->replaying) {
+        w->rescan_due = 1;
+        zz_net_timer(r->net, 0, rescan, r);
+    }
+}
+
+uint64_t zz_wal_mark(const zz_replica *r)
+{
+    return r->wal.enabled ? r->wal.seqno : 0;
+}
+
+int zz_wal_synced(const zz_replica *r, uint64_t mark)
+{
+    const zz_wal *w = &r->wal;
+    return !w->enabled || !w->fsync || w->seq_durable >= mark;
+}
+
 /* Rewrite the log from memory into the other file with the next epoch: header, stable
  * checkpoint, view, every slot of the window, SNAPEND; synced, it replaces the current
  * file (recovery takes the complete file of the higher epoch). -1 with errno set. */
@@ -736,8 +778,10 @@ static int compact(zz_replica *r)
      * durability fsync; so are the tickets before it, including one the thread still syncs
      * in the old file). */
     w->issued++;
-    if (w->fsync)
+    if (w->fsync) {
         w->durable = w->issued;
+        durable_to(r, w->seqno);
+    }
     w->want = 0;
     zz_buf_reset(&w->pend);
     if (b->cap > (8u << 20)) { /* a large window's rewrite is not kept for good */
@@ -757,8 +801,13 @@ static void write_pending(zz_replica *r)
     zz_wal *w = &r->wal;
     if (w->pend.len == 0)
         return; /* the end mark of the last write is in place */
+    uint64_t t0 = mono_us();
     if (put_records(w, w->cur, &w->pend, w->off) != 0)
         fatal(r, "cannot write", w->path[w->cur]);
+    uint64_t us = mono_us() - t0;
+    w->write_us_total += us;
+    if (us > w->write_us_max)
+        w->write_us_max = us;
     w->writes++;
     w->off += w->pend.len;
     w->unsynced += w->pend_records;
@@ -775,7 +824,7 @@ static void write_pending(zz_replica *r)
 
 /* Each thread takes the last ticket asked (a later one covers an earlier one still waiting:
  * it was asked after the earlier one's records were written), syncs the file named with it
- * and reports it done by the eventfd. Up to ZZ_WAL_SYNC_THREADS syncs run at once, so a
+ * and reports it done by the eventfd. Up to sync_threads syncs run at once, so a
  * ticket asked while one runs does not wait for it. Each thread syncs through descriptors
  * of its own (opened by path): the kernel reports a writeback error to every open file
  * description once, so a sync that returns 0 on its own description means nothing written
@@ -786,6 +835,7 @@ static void *sync_main(void *arg)
 {
     zz_wal *w = arg;
     int fds[2] = {-1, -1};
+    zz_sched_slice(w->slice_us);
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (!w->t_stop && w->t_ticket == w->t_taken)
@@ -796,14 +846,21 @@ static void *sync_main(void *arg)
         uint64_t ticket = w->t_ticket;
         w->t_taken = ticket;
         w->t_running++;
-        pthread_mutex_unlock(&w->mu);
         uint64_t t0 = mono_us();
+        w->t_start_us_total += t0 - w->t_asked_us;
+        pthread_mutex_unlock(&w->mu);
+        /* test only (conf inject_sync_gate): no sync starts while the file exists */
+        while (w->gate[0] && access(w->gate, F_OK) == 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
         if (fds[file] < 0)
             fds[file] = open(w->path[file], O_RDWR | O_CLOEXEC);
         int rc = fds[file] >= 0 ? fdatasync(fds[file]) : -1;
         int err = rc != 0 ? errno : 0;
-        uint64_t us = mono_us() - t0;
+        uint64_t t1 = mono_us(), us = t1 - t0;
         pthread_mutex_lock(&w->mu);
+        w->t_done_us = t1;
         w->t_running--;
         if (err && !w->t_err) {
             w->t_err = err;
@@ -836,6 +893,8 @@ static uint64_t sync_issue(zz_replica *r)
     if (!w->compact_due)
         write_pending(r);
     w->busy = ++w->issued;
+    /* everything logged is written now, unless a rewrite is due (it holds what was dropped) */
+    w->ring_seq[w->busy % ZZ_WAL_RING] = w->compact_due ? w->seq_durable : w->seqno;
     w->ring_records[w->busy % ZZ_WAL_RING] = w->written_total;
     w->ring_since_us[w->busy % ZZ_WAL_RING] = mono_us();
     w->unsynced = 0;
@@ -845,6 +904,7 @@ static uint64_t sync_issue(zz_replica *r)
     pthread_mutex_lock(&w->mu);
     w->t_file = w->cur;
     w->t_ticket = w->busy;
+    w->t_asked_us = w->ring_since_us[w->busy % ZZ_WAL_RING];
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return w->busy;
@@ -887,9 +947,10 @@ static void on_synced(void *ctx)
     (void)n; /* EAGAIN: what is below was reported with an earlier wakeup */
     pthread_mutex_lock(&w->mu);
     uint64_t done = w->t_done, syncs = w->t_syncs, us_total = w->t_us_total;
-    uint64_t us_max = w->t_us_max;
+    uint64_t us_max = w->t_us_max, done_us = w->t_done_us;
     int err = w->t_err, err_file = w->t_err_file;
     pthread_mutex_unlock(&w->mu);
+    uint64_t now = mono_us();
     if (err) {
         errno = err;
         fatal(r, "cannot sync", w->path[err_file]);
@@ -903,9 +964,19 @@ static void on_synced(void *ctx)
     if (done > w->durable) {
         if (w->issued - done < ZZ_WAL_RING) {
             w->synced_records = w->ring_records[done % ZZ_WAL_RING];
-            w->ticket_us_total += mono_us() - w->ring_since_us[done % ZZ_WAL_RING];
+            w->ticket_us_total += now - w->ring_since_us[done % ZZ_WAL_RING];
             w->tickets_done++;
         }
+        if (w->issued - done < ZZ_WAL_RING)
+            durable_to(r, w->ring_seq[done % ZZ_WAL_RING]);
+        w->tell_us_total += now - done_us;
+        w->tells++;
+        for (uint64_t t = done; t > w->durable && done - t < ZZ_WAL_RING; t--)
+            if (w->ring_need_ticket[t % ZZ_WAL_RING] == t) {
+                w->need_us_total += now - w->ring_need_us[t % ZZ_WAL_RING];
+                w->needs_done++;
+                w->ring_need_ticket[t % ZZ_WAL_RING] = 0;
+            }
         w->durable = done;
     }
     if (w->view_pending && w->view_ticket && w->durable >= w->view_ticket) {
@@ -935,8 +1006,10 @@ static void join_threads(zz_wal *w)
 static void start_thread(zz_replica *r)
 {
     zz_wal *w = &r->wal;
-    if (!w->fsync || !r->net)
-        return;
+    if (!w->fsync || !r->net || r->conf->sync_threads == 0)
+        return; /* durability write has nothing to sync; sync_threads 0: the loop syncs */
+    w->slice_us = r->conf->sync_slice_us;
+    snprintf(w->gate, sizeof w->gate, "%s", r->conf->inject_sync_gate);
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->efd < 0)
         goto blocking;
@@ -954,7 +1027,8 @@ static void start_thread(zz_replica *r)
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    for (int i = 0; i < ZZ_WAL_SYNC_THREADS && rc == 0; i++) {
+    uint32_t want = r->conf->sync_threads;
+    for (uint32_t i = 0; i < want && i < ZZ_MAX_SYNC_THREADS && rc == 0; i++) {
         rc = pthread_create(&w->thr[i], NULL, sync_main, w);
         if (rc == 0)
             w->n_thr++;
@@ -1009,6 +1083,10 @@ uint64_t zz_wal_sync(void *replica, int durable)
         w->must_sync = 0;
         w->must_write = 0;
         w->need = sync_ask(r);
+        if (w->ring_need_ticket[w->need % ZZ_WAL_RING] != w->need) {
+            w->ring_need_ticket[w->need % ZZ_WAL_RING] = w->need;
+            w->ring_need_us[w->need % ZZ_WAL_RING] = mono_us();
+        }
         return w->need;
     }
     /* Written (a process crash keeps them), synced with the next sync: records nothing sent
@@ -1063,8 +1141,10 @@ static void sync_now(zz_replica *r)
             w->synced_records += w->unsynced;
         w->unsynced = 0;
         w->issued++;
-        if (w->fsync)
+        if (w->fsync) {
             w->durable = w->issued;
+            durable_to(r, w->seqno);
+        }
     }
     w->must_sync = 0;
     w->must_write = 0;
@@ -1349,6 +1429,13 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
                                       : memcmp(w->log_boot, unknown, ZZ_WAL_BOOT_LEN) == 0);
     if (pick >= 0 && tail == ZZ_WAL_CLEAN && same_boot) {
         w->off = valid;
+        /* Records the last process wrote may not be synced yet (same boot): a restored P
+         * entry counts as this replica's own COMMIT at once (normal.c), so sync them now. */
+        if (w->fsync && fdatasync(w->fd[pick]) != 0) {
+            snprintf(err, errcap, "data_dir %s: cannot sync %s: %s", w->dir, w->path[pick],
+                     strerror(errno));
+            return -1;
+        }
     } else if (compact(r) != 0) {
         snprintf(err, errcap, "data_dir %s: cannot write %s: %s", w->dir,
                  w->path[1 - w->cur], strerror(errno));
@@ -1391,6 +1478,17 @@ int zz_wal_abstains(const zz_replica *r, uint64_t seq)
     return until && seq <= until && r->stable < until;
 }
 
+/* The threads' summed time from a ticket asked to one taking it (stats). */
+static uint64_t start_us_total(zz_wal *w)
+{
+    if (!w->thr_on)
+        return 0;
+    pthread_mutex_lock(&w->mu);
+    uint64_t v = w->t_start_us_total;
+    pthread_mutex_unlock(&w->mu);
+    return v;
+}
+
 void zz_wal_stats(zz_replica *r, void *file)
 {
     const zz_wal *w = &r->wal;
@@ -1404,7 +1502,9 @@ void zz_wal_stats(zz_replica *r, void *file)
                   "\"synced_records\": %llu, \"boot_known\": %d, \"boot_changed\": %d, "
                   "\"lost_view\": %u, \"lost_until\": %llu, \"withholding\": %d, "
                   "\"withheld\": %llu, \"sync_thread\": %d, \"loop_syncs\": %llu, "
-                  "\"loop_sync_us\": %llu, \"ticket_us_avg\": %llu, \"waited\": %llu}, ",
+                  "\"loop_sync_us\": %llu, \"ticket_us_avg\": %llu, \"waited\": %llu, "
+                  "\"hold_us_avg\": %llu, \"start_us_avg\": %llu, \"tell_us_avg\": %llu, "
+                  "\"write_us_avg\": %llu, \"write_us_max\": %llu, \"commit_unsynced\": %llu}, ",
             w->enabled, w->fsync, (unsigned long long)w->records, (unsigned long long)w->bytes,
             (unsigned long long)w->writes, (unsigned long long)w->syncs,
             (unsigned long long)(w->syncs ? w->sync_us_total / w->syncs : 0),
@@ -1419,5 +1519,11 @@ void zz_wal_stats(zz_replica *r, void *file)
             (unsigned long long)w->lost_until, forgetting(r), (unsigned long long)w->withheld,
             w->thr_on, (unsigned long long)w->loop_syncs, (unsigned long long)w->loop_sync_us,
             (unsigned long long)(w->tickets_done ? w->ticket_us_total / w->tickets_done : 0),
-            (unsigned long long)(r->net ? zz_net_get_stats(r->net)->waited : 0));
+            (unsigned long long)(r->net ? zz_net_get_stats(r->net)->waited : 0),
+            (unsigned long long)(w->needs_done ? w->need_us_total / w->needs_done : 0),
+            (unsigned long long)(w->thr_syncs_seen
+                                     ? start_us_total(&r->wal) / w->thr_syncs_seen : 0),
+            (unsigned long long)(w->tells ? w->tell_us_total / w->tells : 0),
+            (unsigned long long)(w->writes ? w->write_us_total / w->writes : 0),
+            (unsigned long long)w->write_us_max, (unsigned long long)w->exec_unsynced);
 }

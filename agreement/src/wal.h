@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "conf.h"
 #include "wire.h"
 
 #define ZZ_WAL_HDR 12u
@@ -32,7 +33,6 @@
 #define ZZ_WAL_VERSION 2u /* 1: a header without the boot id; still read */
 #define ZZ_WAL_BOOT_LEN 16u
 #define ZZ_WAL_CHUNK (4u << 20) /* the files grow by this much of zeros */
-#define ZZ_WAL_SYNC_THREADS 2 /* fdatasyncs that may run at once (each in its own thread) */
 #define ZZ_WAL_RING 8u        /* tickets remembered for the stats (a power of two) */
 
 enum zz_wal_type {
@@ -99,7 +99,7 @@ const uint8_t *zz_wal_raw(zz_wal_rd *d, uint32_t n);
 const uint8_t *zz_wal_bytes(zz_wal_rd *d, uint32_t *n); /* u32 length + data */
 
 /* One replica's log (the replica's r->wal). With durability fsync and an event loop, sync
- * threads (ZZ_WAL_SYNC_THREADS) run the fdatasyncs the loop asks for (tickets, ascending)
+ * threads (conf sync_threads) run the fdatasyncs the loop asks for (tickets, ascending)
  * while the loop goes on; the frames that need a sync wait in net for their ticket
  * (zz_net_release). Ownership: the fields marked (mu) are read and written under mu by the
  * loop and the threads; everything else is the loop's alone (a thread never touches the
@@ -135,7 +135,9 @@ typedef struct {
     /* sync threads (durability fsync with an event loop; thr_on 0: every sync blocks) */
     int thr_on;
     int efd;            /* eventfd: the thread's "a sync finished" to the loop; -1 */
-    pthread_t thr[ZZ_WAL_SYNC_THREADS];
+    pthread_t thr[ZZ_MAX_SYNC_THREADS];
+    uint32_t slice_us;  /* the slice each thread asks the scheduler for (conf sync_slice_us) */
+    char gate[256];     /* test only (conf inject_sync_gate): no sync starts while it exists */
     int n_thr;          /* threads started */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -146,6 +148,9 @@ typedef struct {
     int t_running;      /* (mu) threads inside fdatasync */
     int t_err, t_err_file; /* (mu) errno of a failed fdatasync (0: none) and its file */
     uint64_t t_syncs, t_us_total, t_us_max; /* (mu) the threads' syncs and their time */
+    uint64_t t_asked_us;  /* (mu) when the last ticket was asked */
+    uint64_t t_start_us_total; /* (mu) summed time from a ticket asked to a thread taking it */
+    uint64_t t_done_us;   /* (mu) when the last sync returned */
     int t_stop;         /* (mu) zz_wal_free: end the threads */
     /* the loop's view of the tickets: every record written before ticket t was asked is
      * synced once t <= durable. A rewrite is a ticket of its own, durable at once (it holds
@@ -171,6 +176,18 @@ typedef struct {
     uint64_t loop_syncs, loop_sync_us; /* syncs and rewrites the loop waited for itself */
     uint64_t ticket_us_total, tickets_done; /* tickets from asked to the loop learning them
                                              * done */
+    uint64_t ring_need_ticket[ZZ_WAL_RING], ring_need_us[ZZ_WAL_RING]; /* per ticket frames
+                         * waited for: when the first of them was held for it */
+    uint64_t need_us_total, needs_done; /* held frames: from their barrier to their release */
+    uint64_t tell_us_total, tells;      /* a sync returned -> the loop learning it */
+    uint64_t write_us_total, write_us_max; /* the loop in pwrite of the pending records */
+    /* Every record logged gets the next number (zz_wal_mark), also one a pending rewrite
+     * takes from memory; seq_durable is the highest whose record (or a rewrite holding it)
+     * is synced. ring_seq: per ticket asked, the number it covers. */
+    uint64_t seqno, seq_durable, ring_seq[ZZ_WAL_RING];
+    uint64_t exec_unsynced; /* batches executed on a commit quorum that needed this replica's
+                             * own COMMIT before its record was synced (must stay 0) */
+    int rescan_due;         /* a 0 ms timer re-checks prepared slots once seq_durable moved */
     uint64_t recovered_records, recovered_bytes, discard_offset, recover_ms;
     uint64_t recovered_slots, recovered_stable, recovered_last_exec, grown;
     int recovered_tail; /* enum zz_wal_tail of the recovery scan */
@@ -207,6 +224,11 @@ int zz_wal_early(const struct zz_replica *r);
 /* Sync whatever is pending or written since the last sync (each second, so that nothing
  * waits long): asked of the sync thread, or done here without it. */
 void zz_wal_flush(struct zz_replica *r);
+/* The number of the last record logged (0 without a log); zz_wal_synced says whether it
+ * is on disk: 1 when it is synced (durability fsync), always with durability write or no
+ * log (nothing is ever synced, or nothing kept). */
+uint64_t zz_wal_mark(const struct zz_replica *r);
+int zz_wal_synced(const struct zz_replica *r, uint64_t mark);
 /* Log changes (no-ops without a data directory or while replaying). */
 void zz_wal_view(struct zz_replica *r);
 void zz_wal_stable(struct zz_replica *r); /* the stable checkpoint advanced */

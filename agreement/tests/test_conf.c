@@ -156,7 +156,7 @@ static int contains(const char *hay, const char *needle)
 static void test_valid(tctx *t, const fixture *fx)
 {
     static zz_conf c;
-    char lines[NBASE + 12][256];
+    char lines[NBASE + 15][256];
     char err[1024] = "";
     base_lines(fx, lines);
     int n = NBASE;
@@ -172,6 +172,9 @@ static void test_valid(tctx *t, const fixture *fx)
     snprintf(lines[n++], 256, "stats_file /tmp/x.json");
     snprintf(lines[n++], 256, "data_dir /tmp/x.data");
     snprintf(lines[n++], 256, "durability write");
+    snprintf(lines[n++], 256, "sync_threads 0");
+    snprintf(lines[n++], 256, "sync_slice_us 250");
+    snprintf(lines[n++], 256, "loop_slice_us 300");
     write_keys(fx);
     write_conf(fx, lines, n);
 
@@ -194,6 +197,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.external_exec == 1);
     CHECK(t, strcmp(c.stats_file, "/tmp/x.json") == 0);
     CHECK(t, strcmp(c.data_dir, "/tmp/x.data") == 0 && c.durability == ZZ_DUR_WRITE);
+    CHECK(t, c.sync_threads == 0 && c.sync_slice_us == 250 && c.loop_slice_us == 300);
     end_case(t);
 
     t_begin(t, "valid file: keys sorted and looked up");
@@ -260,6 +264,8 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.external_exec == 0);
     CHECK(t, c.stats_file[0] == '\0' && c.exec_view[0] == '\0');
     CHECK(t, c.data_dir[0] == '\0' && c.durability == ZZ_DUR_FSYNC); /* no log, fsync if one */
+    CHECK(t, c.sync_threads == 2 && c.sync_slice_us == ZZ_DEFAULT_SYNC_SLICE_US &&
+                 c.loop_slice_us == 0);
     CHECK(t, c.detect_k == 4 && c.detect_floor_ms == 500 && c.detect_ceiling_ms == 5000);
     CHECK(t, c.controld_pub[0] == NULL && c.controld_pub[1] == NULL);
     zz_conf_free(&c);
@@ -328,6 +334,11 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"require_signed 2", 0, "require_signed 2", 15, "require_signed", "out of range"},
         {"durability bogus", 0, "durability sometimes", 15, "durability",
          "not one of fsync, write, off"},
+        {"sync_threads 5", 0, "sync_threads 5", 15, "sync_threads", "out of range"},
+        {"sync_slice_us over 100 ms", 0, "sync_slice_us 100001", 15, "sync_slice_us",
+         "out of range"},
+        {"loop_slice_us over 100 ms", 0, "loop_slice_us 100001", 15, "loop_slice_us",
+         "out of range"},
         {"id >= n", 3, "id 4", 3, "id", "not below n"},
         {"g = 0", 4, "g 0", 4, "g", "out of range"},
         {"3g+1 > max replicas", 4, "g 22", 4, "g", "out of range"},
