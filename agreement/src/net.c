@@ -137,6 +137,7 @@ struct zz_net {
     zz_on_barrier barrier; /* before any write to a socket (zz_net_set_barrier) */
     void *barrier_ctx;
     int early;    /* link sends now go out before the durable barrier (zz_net_early) */
+    int barrier_first; /* the turn's durable call before its socket writes */
     int any_held; /* some link holds frames for the durable barrier */
     int any_wait; /* some link has frames waiting for a ticket (zz_net_release) */
     uint64_t released; /* the highest ticket released */
@@ -1174,6 +1175,8 @@ static void conn_destroy(zz_net *n, zz_conn *c)
 static void settle(zz_net *n)
 {
     while (n->dirty_head || n->dead_head || n->any_held) {
+        if (n->barrier_first)
+            release_held(n); /* the durable call first: it only asks for the sync */
         while (n->dirty_head) {
             zz_conn *c = n->dirty_head;
             n->dirty_head = c->next_dirty;
@@ -1303,6 +1306,8 @@ void zz_net_on_kick(zz_net *n, zz_on_timer fn, void *ctx)
 }
 
 void zz_net_early(zz_net *n, int on) { n->early = on; }
+
+void zz_net_barrier_first(zz_net *n, int on) { n->barrier_first = on; }
 
 void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx)
 {

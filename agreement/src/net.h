@@ -117,6 +117,11 @@ void zz_net_release(zz_net *n, uint64_t ticket);
  * (closing removes it from epoll). */
 int zz_net_watch(zz_net *n, int fd, zz_on_timer fn, void *ctx);
 void zz_net_early(zz_net *n, int on);
+/* At the end of a turn, make the durable call before the turn's queued bytes (replies,
+ * early frames) are written rather than after them: for an owner whose durable call only
+ * asks another thread for the work (wal.c's sync threads), so that it starts before the
+ * turn's socket writes. What each frame waits for is unchanged. Off by default. */
+void zz_net_barrier_first(zz_net *n, int on);
 
 /* Timers: one-shot, ms from now. Returns an id > 0; cancel with zz_net_cancel. */
 uint64_t zz_net_timer(zz_net *n, uint32_t ms, zz_on_timer fn, void *ctx);
