@@ -251,18 +251,19 @@ class Checkpoints:
         return last, m
 
     async def preopen(self, seq: int) -> None:
-        """Open checkpoint `seq`'s snapshot for peers now, as background work on the
-        store (a checkpoint or an install due meanwhile goes first), where opening it is
-        costly (a ZFS clone): a woken spare's first file fetch then reads an open clone
-        instead of waiting 26-231 ms for one on its critical path (docs/files.md "Recovery
-        after a corrupted read"). It stays open until three newer ones were opened or it is
-        collected (SnapshotFiles.release)."""
+        """Open checkpoint `seq`'s snapshot for peers now, where opening it is costly (a
+        ZFS clone): a woken spare's first file fetch then reads an open clone instead of
+        waiting 26-231 ms for one on its critical path (docs/files.md "Recovery after a
+        corrupted read"). It stays open until three newer ones were opened or it is
+        collected (SnapshotFiles.release). Not under the store lock: a clone changes no
+        snapshot of the store (and every zfs command is one at a time on the machine
+        anyway, snapshots/zfs.py run_zfs), and a peer's manifest request, which needs no
+        clone, must not wait for one."""
         if not self.store.opens_slowly:
             return
         try:
-            async with self.lock.background(f"opening checkpoint {seq} for peers"):
-                if await asyncio.to_thread(self.files.preopen, seq):
-                    self.counters["snapshots_preopened"] += 1
+            if await asyncio.to_thread(self.files.preopen, seq):
+                self.counters["snapshots_preopened"] += 1
         except Exception:
             log.exception("opening checkpoint %d for peers failed", seq)
 

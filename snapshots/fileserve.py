@@ -132,6 +132,9 @@ class SnapshotFiles:
         self.path_reads = path_reads
         self.copies = copies or CopyFinder()
         self._lock = threading.Lock()
+        # Notified when a snapshot preopen() was opening (outside the lock) is open.
+        self._opened = threading.Condition(self._lock)
+        self._opening: set[str] = set()
         self._open: OrderedDict[str, tuple[contextlib.ExitStack, Path]] = OrderedDict()
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
 
@@ -282,16 +285,42 @@ class SnapshotFiles:
         peer's first read of it, and keep it among the open ones; whether a new one was
         opened. Called by the owner in the background right after it took the snapshot:
         the clone was most of the time a woken spare's install spent fetching its first
-        two files. What is read from it is checked by the requester as before."""
+        two files. What is read from it is checked by the requester as before.
+
+        The clone is made outside the lock: a read of the manifest (a woken spare's
+        first request) or of another snapshot meanwhile does not wait for it; a read of
+        this snapshot waits for it instead of making a second clone (_root)."""
+        name = checkpoint_name(seq)
         with self._lock:
-            name = checkpoint_name(seq)
-            if not (self.path_reads and self.servable(seq)) or name in self._open:
+            if (
+                not (self.path_reads and self.servable(seq))
+                or name in self._open
+                or name in self._opening
+            ):
                 return False
-            try:
-                self._root(name)
-            except (OSError, StorageError):
+            self._opening.add(name)
+        stack = contextlib.ExitStack()
+        try:
+            root = stack.enter_context(self.store.open_snapshot(name))
+        except BaseException as e:
+            stack.close()
+            with self._lock:
+                self._opening.discard(name)
+                self._opened.notify_all()
+            if isinstance(e, OSError | StorageError):
                 return False  # collected meanwhile, or the store failed: opened on demand
-            return True
+            raise
+        evicted: list[contextlib.ExitStack] = []
+        with self._lock:
+            self._opening.discard(name)
+            self._open[name] = (stack, root)  # not opened meanwhile: _root waited for this
+            while len(self._open) > self.max_open:
+                evicted.append(self._open.popitem(last=False)[1][0])
+            self._opened.notify_all()
+        for old in evicted:  # zfs destroy of a clone, outside the lock too
+            with contextlib.suppress(OSError, StorageError):
+                old.close()
+        return True
 
     def snapshot_root(self, name: str) -> Path:
         """Snapshot `name` opened (kept open like a checkpoint's), for a place's `root`
@@ -299,6 +328,8 @@ class SnapshotFiles:
         return self._root(name)
 
     def _root(self, name: str) -> Path:
+        while name in self._opening:  # preopen() is making its clone: wait for that one
+            self._opened.wait()
         hit = self._open.get(name)
         if hit is not None:
             self._open.move_to_end(name)
@@ -325,6 +356,8 @@ class SnapshotFiles:
     def release(self, name: str | None = None) -> None:
         """Close the open snapshot `name` (all when None) before it is destroyed."""
         with self._lock:
+            while self._opening:  # a clone preopen() is making is released too
+                self._opened.wait()
             names = [name] if name is not None else list(self._open)
             for n in names:
                 hit = self._open.pop(n, None)

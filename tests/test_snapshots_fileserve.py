@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -472,3 +474,41 @@ async def test_runtime_serves_a_requester_on_parallel_connections(tmp_path: Path
             src.close()
         server.close()
         await server.wait_closed()
+
+
+def test_a_snapshot_being_opened_ahead_blocks_only_its_own_reads(tmp_path: Path) -> None:
+    """preopen() makes its clone outside the lock: the manifest (a woken spare's first
+    request) and other snapshots are served meanwhile; a read of the snapshot being opened
+    waits for that clone instead of making a second one, and release() waits for it too,
+    so no clone outlives it."""
+    store = open_store("dir", root=tmp_path / "store")
+    manifests = tmp_path / "manifests"
+    (store.path / "f").write_bytes(b"ten")
+    checkpoint(store, manifests, 10)
+    m20 = checkpoint(store, manifests, 20)
+    go = threading.Event()
+    opened: list[str] = []
+    real_open = store.open_snapshot
+
+    def slow_open(name: str):  # type: ignore[no-untyped-def]
+        opened.append(name)
+        if name == "ckpt-20":
+            assert go.wait(10)
+        return real_open(name)
+
+    store.open_snapshot = slow_open  # type: ignore[method-assign]
+    files = SnapshotFiles(store, manifests)
+    with ThreadPoolExecutor(2) as pool:
+        ahead = pool.submit(files.preopen, 20)
+        while "ckpt-20" not in opened:
+            time.sleep(0.01)
+        assert files.read(20, "", 0, 1 << 20).data == m20.encode()  # no clone needed
+        assert files.read(10, "f", 0, 10).data == b"ten"  # another snapshot
+        waiting = pool.submit(files.read, 20, "f", 0, 10)
+        time.sleep(0.1)
+        assert not waiting.done()  # waits for the clone under way
+        go.set()
+        assert ahead.result(10) is True
+        assert waiting.result(10).data == b"ten"
+    assert opened.count("ckpt-20") == 1
+    files.release()
