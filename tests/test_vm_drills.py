@@ -169,6 +169,10 @@ def _domain_shares(config: Config) -> dict[str, str]:
 
 
 @pytest.mark.slow
+# `long`: 70-80 s with the fresh spare's boot, as the crash drill below; the default command
+# serves from these virtiofs guests (test_runtimes_run_inside_the_guests) and wakes one
+# through controld's notice on the share (test_real_guest_wakeup).
+@pytest.mark.long
 @needs_vms
 @needs_agreed
 @needs_go
