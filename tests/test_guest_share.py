@@ -23,7 +23,9 @@ import test_images
 from test_images import domain
 
 image = test_images.image  # the cached guest build (skips without root/apt)
-pytestmark = pytest.mark.slow
+# `long` (two guests, 40 s): the default command drills a rack of virtiofs guests instead
+# (tests/test_vm_drills.py test_vm_wrong_reply_drill_on_virtiofs).
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 URI = os.environ.get("ZZ_LIBVIRT_URI", "qemu:///system")
 MARK = "ZZ-PROBE "

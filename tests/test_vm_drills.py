@@ -146,9 +146,12 @@ def test_runtimes_run_inside_the_guests(vm_rack: Config) -> None:
     """The execution replicas are the runtimes in the VMs (not host processes): their
     status comes through the share, and no zz.execution process runs on the host."""
     assert not [p for p in leftovers(vm_rack) if b"zz.execution" in _cmdline(p)]
-    for i in (0, 1):
-        st = _guest_status(vm_rack, "kv0", i)
-        assert st["agreement_links_up"] == 4 and st["asleep"] is False
+    # Two active guests, whichever: a drill on this module's rack (in any order) leaves
+    # another pair active and a fresh paused spare.
+    statuses = {i: _guest_status(vm_rack, "kv0", i) for i in range(3)}
+    awake = [i for i, st in statuses.items() if st["asleep"] is False]
+    assert len(awake) == 2, statuses
+    assert all(statuses[i]["agreement_links_up"] == 4 for i in awake), statuses
     names = {n for _, n in rackctl.rack_domains(vm_rack)}
     assert names == {"zz-vm-kv0-x0", "zz-vm-kv0-x1", "zz-vm-kv0-x2"}
 
@@ -169,10 +172,6 @@ def _domain_shares(config: Config) -> dict[str, str]:
 
 
 @pytest.mark.slow
-# `long`: 70-80 s with the fresh spare's boot, as the crash drill below; the default command
-# serves from these virtiofs guests (test_runtimes_run_inside_the_guests) and wakes one
-# through controld's notice on the share (test_real_guest_wakeup).
-@pytest.mark.long
 @needs_vms
 @needs_agreed
 @needs_go
