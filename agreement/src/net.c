@@ -755,7 +755,8 @@ void zz_net_release(zz_net *n, uint64_t ticket)
                 c->wait = NULL;
                 c->wait_cap = 0;
             }
-            mark_dirty(n, c);
+            /* Out now, not at the end of the turn: they waited for this sync alone. */
+            conn_flush(n, c);
         }
         if (c->wait_len > 0)
             n->any_wait = 1;
@@ -1260,6 +1261,11 @@ int zz_net_run(zz_net *n)
             rc = -1;
             break;
         }
+        /* The owner's descriptor first (a finished sync: the frames waiting for it leave
+         * before this turn's messages are handled). */
+        for (int i = 0; i < ne; i++)
+            if (((zz_conn *)evs[i].data.ptr)->kind == C_WATCH)
+                n->watch_fn(n->watch_ctx); /* it reads the descriptor */
         for (int i = 0; i < ne; i++) {
             zz_conn *c = evs[i].data.ptr;
             uint32_t e = evs[i].events;
@@ -1267,10 +1273,8 @@ int zz_net_run(zz_net *n)
                 accept_all(n);
                 continue;
             }
-            if (c->kind == C_WATCH) {
-                n->watch_fn(n->watch_ctx); /* it reads the descriptor */
-                continue;
-            }
+            if (c->kind == C_WATCH)
+                continue; /* handled above */
             if (c->kind == C_WAKE) {
                 uint64_t v;
                 ssize_t r = read(c->fd, &v, sizeof v);

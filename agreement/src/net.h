@@ -109,7 +109,9 @@ uint64_t zz_net_owner_closes(const zz_net *n, uint32_t owner);
  * other frames on accepted connections never wait for the durable call. */
 typedef uint64_t (*zz_on_barrier)(void *ctx, int durable);
 void zz_net_set_barrier(zz_net *n, zz_on_barrier fn, void *ctx);
-/* Every ticket up to `ticket` is durable: the frames waiting for them join their queues. */
+/* Every ticket up to `ticket` is durable: the frames waiting for them join their queues and
+ * are written at once (not at the end of the turn). The loop calls the watched descriptor's
+ * function before the other events of a turn. */
 void zz_net_release(zz_net *n, uint64_t ticket);
 /* Call fn(ctx) from the loop whenever `fd` is readable (fn must read it, e.g. an eventfd
  * another thread writes when its work is done). One descriptor per loop; -1 if one is
