@@ -378,9 +378,6 @@ def test_the_execution_log_and_its_stable_checkpoint_survive_a_restart(tmp_path:
         assert wire.log_entries(after.data) == entries
 
 
-# About 6 s (a cluster, a stopped replica, 1.5 s watching): in scripts/test.sh --long, as the
-# default suite is at its time limit.
-@pytest.mark.long
 def test_a_replica_commits_on_its_own_commit_only_once_its_record_is_synced(
     tmp_path: Path,
 ) -> None:
