@@ -125,13 +125,8 @@ class Checkpoints:
         else:
             raise ValueError(f"unknown store kind {kind!r}")
         self._recover_store()
-        # Three open: the checkpoint just taken (preopen), the stable one and the stable
-        # one before it, which peers keep for a spare woken at a fault above it.
         self.files = SnapshotFiles(
-            self.store,
-            self.manifest_dir,
-            servable=lambda seq: seq >= self.complete_from,
-            max_open=3,
+            self.store, self.manifest_dir, servable=lambda seq: seq >= self.complete_from
         )
 
     def _recover_store(self) -> None:
@@ -249,23 +244,6 @@ class Checkpoints:
         if m is None or checkpoint_name(last) not in self.store.list_snapshots():
             return None
         return last, m
-
-    async def preopen(self, seq: int) -> None:
-        """Open checkpoint `seq`'s snapshot for peers now, where opening it is costly (a
-        ZFS clone): a woken spare's first file fetch then reads an open clone instead of
-        waiting 26-231 ms for one on its critical path (docs/files.md "Recovery after a
-        corrupted read"). It stays open until three newer ones were opened or it is
-        collected (SnapshotFiles.release). Not under the store lock: a clone changes no
-        snapshot of the store (and every zfs command is one at a time on the machine
-        anyway, snapshots/zfs.py run_zfs), and a peer's manifest request, which needs no
-        clone, must not wait for one."""
-        if not self.store.opens_slowly:
-            return
-        try:
-            if await asyncio.to_thread(self.files.preopen, seq):
-                self.counters["snapshots_preopened"] += 1
-        except Exception:
-            log.exception("opening checkpoint %d for peers failed", seq)
 
     # ---- the signed statements ----------------------------------------------------------
     def announce(self, seq: int, c: bytes, sign_key: SigningKey) -> None:

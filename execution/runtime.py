@@ -438,9 +438,9 @@ class Runtime:
     async def shutdown(self) -> None:
         self._stopping.set()
         self._bg_stop.set()
-        for t in [*self._tasks, *self._preopens]:
+        for t in self._tasks:
             t.cancel()
-        for t in [*self._tasks, *self._preopens]:
+        for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
@@ -812,9 +812,6 @@ class Runtime:
                     if c is not None:
                         self.ckpt.announce(cert.seq, c, self.sign_key)
                         self.faults.after_checkpoint(cert.seq)
-                        task = asyncio.create_task(self.ckpt.preopen(cert.seq))
-                        self._preopens.add(task)
-                        task.add_done_callback(self._preopens.discard)
         except asyncio.CancelledError:
             raise
         except BaseException as e:

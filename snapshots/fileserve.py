@@ -15,9 +15,8 @@ server holds that hashes to it (status COPY, snapshots/copies.py) when ``path`` 
 being recovered. The server verifies such a copy before it sends it.
 
 Snapshots are read through the store's ``open_snapshot`` (a ZFS clone on ZFS). A clone
-costs tens of milliseconds, so the last few stay open, and the owner opens each new
-checkpoint's ahead of need (:meth:`preopen`); it calls :meth:`release` before it destroys
-a snapshot, because ZFS refuses to destroy a snapshot with a clone.
+costs tens of milliseconds, so the last few stay open; the owner calls :meth:`release`
+before it destroys a snapshot, because ZFS refuses to destroy a snapshot with a clone.
 """
 
 from __future__ import annotations
@@ -132,9 +131,6 @@ class SnapshotFiles:
         self.path_reads = path_reads
         self.copies = copies or CopyFinder()
         self._lock = threading.Lock()
-        # Notified when a snapshot preopen() was opening (outside the lock) is open.
-        self._opened = threading.Condition(self._lock)
-        self._opening: set[str] = set()
         self._open: OrderedDict[str, tuple[contextlib.ExitStack, Path]] = OrderedDict()
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
 
@@ -280,56 +276,12 @@ class SnapshotFiles:
                 hit[0].close()
         self._manifests.pop(seq, None)
 
-    def preopen(self, seq: int) -> bool:
-        """Open checkpoint `seq`'s snapshot now (a ZFS clone), ahead of a recovering
-        peer's first read of it, and keep it among the open ones; whether a new one was
-        opened. Called by the owner in the background right after it took the snapshot:
-        the clone was most of the time a woken spare's install spent fetching its first
-        two files. What is read from it is checked by the requester as before.
-
-        The clone is made outside the lock: a read of the manifest (a woken spare's
-        first request) or of another snapshot meanwhile does not wait for it; a read of
-        this snapshot waits for it instead of making a second clone (_root)."""
-        name = checkpoint_name(seq)
-        with self._lock:
-            if (
-                not (self.path_reads and self.servable(seq))
-                or name in self._open
-                or name in self._opening
-            ):
-                return False
-            self._opening.add(name)
-        stack = contextlib.ExitStack()
-        try:
-            root = stack.enter_context(self.store.open_snapshot(name))
-        except BaseException as e:
-            stack.close()
-            with self._lock:
-                self._opening.discard(name)
-                self._opened.notify_all()
-            if isinstance(e, OSError | StorageError):
-                return False  # collected meanwhile, or the store failed: opened on demand
-            raise
-        evicted: list[contextlib.ExitStack] = []
-        with self._lock:
-            self._opening.discard(name)
-            self._open[name] = (stack, root)  # not opened meanwhile: _root waited for this
-            while len(self._open) > self.max_open:
-                evicted.append(self._open.popitem(last=False)[1][0])
-            self._opened.notify_all()
-        for old in evicted:  # zfs destroy of a clone, outside the lock too
-            with contextlib.suppress(OSError, StorageError):
-                old.close()
-        return True
-
     def snapshot_root(self, name: str) -> Path:
         """Snapshot `name` opened (kept open like a checkpoint's), for a place's `root`
         callable: read() calls it with the lock held."""
         return self._root(name)
 
     def _root(self, name: str) -> Path:
-        while name in self._opening:  # preopen() is making its clone: wait for that one
-            self._opened.wait()
         hit = self._open.get(name)
         if hit is not None:
             self._open.move_to_end(name)
@@ -356,8 +308,6 @@ class SnapshotFiles:
     def release(self, name: str | None = None) -> None:
         """Close the open snapshot `name` (all when None) before it is destroyed."""
         with self._lock:
-            while self._opening:  # a clone preopen() is making is released too
-                self._opened.wait()
             names = [name] if name is not None else list(self._open)
             for n in names:
                 hit = self._open.pop(n, None)

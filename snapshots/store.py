@@ -75,10 +75,6 @@ class CheckpointStore(ABC):
 
     # True where snapshot_since does better than snapshot (worth finding a base for).
     shares_unchanged = False
-    # True where open_snapshot is costly (a ZFS clone, 26-231 ms on zfs-fuse under load):
-    # the owner opens a new checkpoint's snapshot ahead of need, in the background, so a
-    # recovering peer's first read does not wait for it (SnapshotFiles.preopen).
-    opens_slowly = False
 
     def snapshot_since(self, name: str, base: str, unchanged: Callable[[str], bool]) -> None:
         """:meth:`snapshot`, told that the files whose relative paths `unchanged` accepts

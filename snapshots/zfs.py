@@ -342,8 +342,6 @@ class ZfsStore(CheckpointStore):
         self._path = Path(mp)
         self._drop_stale_read_clones()
 
-    opens_slowly = True  # a snapshot is read through a clone (no .zfs/snapshot here)
-
     def _drop_stale_read_clones(self) -> None:
         # Read clones (open_snapshot) of a process that was killed outlive it, and a
         # snapshot with a clone can be neither destroyed nor rolled back past: they go.
