@@ -175,6 +175,10 @@ def _domain_shares(config: Config) -> dict[str, str]:
 @needs_vms
 @needs_agreed
 @needs_go
+# `long`: 60-90 s with its fresh spare's boot, more than the default command's 20 minutes
+# leave; the default runs the runtimes on this rack's virtiofs shares
+# (test_runtimes_run_inside_the_guests) and controld's wake of a real paused guest.
+@pytest.mark.long
 def test_vm_wrong_reply_drill_on_virtiofs(vm_rack: Config, tmp_path: Path) -> None:
     """The rack's guests share their state over virtiofs (rack.guest_share's default for a
     service whose spares pause): they serve, checkpoint on the share (the directory store's
