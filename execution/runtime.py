@@ -1017,17 +1017,22 @@ class Runtime:
         last = -1
         while True:
             await asyncio.sleep(_STALL_SECONDS)
-            self._start_due_background(idle=True)
-            # Votes above us but nothing executable for a while: something was lost
-            # (e.g. on a reconnect). Registration again makes the replicas resend the log.
-            # So does a peer's signed checkpoint above us with no vote here: a replica the
-            # agreement replicas count asleep gets no batches pushed, only the log a
-            # registration brings, and ran out of it.
-            behind = self.collector.pending() or self.ckpt.peer_ahead(self.last_executed)
-            if self.last_executed == last and behind:
-                self.counters["refetches"] += 1
-                self._register_again()
-            last = self.last_executed
+            last = self._stall_tick(last)
+
+    def _stall_tick(self, last: int) -> int:
+        """One turn of the stall loop, `last` the seq executed at the previous one;
+        returns the seq executed now."""
+        self._start_due_background(idle=True)
+        # Votes above us but nothing executable for a while: something was lost
+        # (e.g. on a reconnect). Registration again makes the replicas resend the log.
+        # So does a peer's signed checkpoint above us with no vote here: a replica the
+        # agreement replicas count asleep gets no batches pushed, only the log a
+        # registration brings, and ran out of it.
+        behind = self.collector.pending() or self.ckpt.peer_ahead(self.last_executed)
+        if self.last_executed == last and behind:
+            self.counters["refetches"] += 1
+            self._register_again()
+        return self.last_executed
 
     def _start_links(self) -> None:
         self.asleep = False

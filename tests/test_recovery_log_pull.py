@@ -134,3 +134,23 @@ def test_the_log_above_the_checkpoint_being_installed_is_taken_during_the_instal
     # After the install it registers again from the end of what is certified here, so
     # that what was committed meanwhile comes, and not the tail a second time.
     assert rt.collector.ready_through() == 5040
+
+
+def test_a_replica_out_of_log_behind_a_peer_checkpoint_registers_again(tmp_path: Path) -> None:
+    """A replica the agreement replicas count asleep gets no batches pushed, only the log a
+    registration (FETCH kind 3) brings. Once it has executed all of it while a peer signed
+    a checkpoint above it, the stall loop registers again, though it holds no vote above
+    itself; before, it stayed there (tests/test_recovery.py
+    test_checkpoint_collected_while_recovering_from_it timed out now and then: the spare
+    recovered, replayed the log it was sent and stopped short of the peers)."""
+    rt = _runtime(tmp_path)
+    links = [_Sent(r) for r in range(4)]
+    rt._links = links  # type: ignore[assignment]
+    assert rt._stall_tick(-1) == 0 and all(link.sent == [] for link in links)
+    assert rt._stall_tick(0) == 0 and all(link.sent == [] for link in links)  # no peer ahead
+    rt.ckpt.votes[16] = {wire.exec_principal(1): sha256(b"checkpoint 16")}
+    assert rt._stall_tick(0) == 0
+    for link in links:
+        (asked,) = [wire.decode(raw) for raw in link.sent]
+        assert isinstance(asked, wire.Fetch) and asked.kind == wire.FETCH_LOG and asked.seq == 0
+    assert rt.counters["refetches"] == 1
