@@ -427,3 +427,26 @@ def test_a_replica_commits_on_its_own_commit_only_once_its_record_is_synced(
             what="executed everywhere once the sync ran",
         )
         assert all(c.stats(r)["wal"]["commit_unsynced"] == 0 for r in (0, 1, 2))
+
+
+def test_pre_prepares_restored_from_the_log_are_sent_again_to_a_replica_that_lacks_them(
+    tmp_path: Path,
+) -> None:
+    """Replica 1 is down while batches are ordered; then every replica is killed and all are
+    started again. The others' slots come back from their logs without the PRE-PREPARE frame
+    (the log keeps the batch), so on replica 1's STATUS the primary makes the PRE-PREPARE
+    again from the logged batch (same view, seq and batch: no new proposal). Without it
+    replica 1 got the votes but never the batches, and waited for the next stable
+    checkpoint (1024 seqs here) or a view change: seen as a 30 s stall in CI."""
+    c = _cluster(tmp_path, checkpoint_interval=1024, log_window=2048)
+    with c:
+        c.start()
+        _order(c, [b"a-%d" % i for i in range(3)])
+        c.kill(1)
+        _order(c, [b"b-%d" % i for i in range(5)])  # ordered by 0, 2 and 3 alone
+        for r in (0, 2, 3):
+            c.kill(r)
+        for r in range(4):
+            _start(c, r)
+        _order(c, [b"after"], client=20)
+        c.wait_for(lambda: _caught_up(c, [0, 1, 2, 3]), timeout=20, what="replica 1 caught up")
