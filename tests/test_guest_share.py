@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,11 @@ import test_images
 from test_images import domain
 
 image = test_images.image  # the cached guest build (skips without root/apt)
-# `long` (two guests, 40 s): the default command drills a rack of virtiofs guests instead
-# (tests/test_vm_drills.py test_vm_wrong_reply_drill_on_virtiofs).
+conn = test_images.conn  # libvirt, or a skip that says how to set it up
+# `long` (two guests, 40 s): the default command runs the runtimes on a rack of virtiofs
+# guests (tests/test_vm_drills.py test_runtimes_run_inside_the_guests).
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
-URI = os.environ.get("ZZ_LIBVIRT_URI", "qemu:///system")
 MARK = "ZZ-PROBE "
 BIG = 300_000  # a status file of several virtio requests' worth
 
@@ -89,19 +88,6 @@ def _virtiofsd_pids(state: Path) -> list[int]:
         if argv and argv[0].endswith(b"virtiofsd") and any(str(state).encode() in a for a in argv):
             out.append(int(p.name))
     return out
-
-
-@pytest.fixture
-def conn() -> Iterator[object]:
-    libvirt = pytest.importorskip("libvirt", reason="libvirt-python: scripts/setup-virt.sh")
-    try:
-        c = libvirt.open(URI)
-    except libvirt.libvirtError as e:
-        pytest.skip(f"cannot connect to {URI} ({e}): bash scripts/setup-virt.sh")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("share", ["9p", "virtiofs"])
