@@ -282,6 +282,9 @@ uint64_t zz_exec_hold_ms(const zz_replica *r);
 void zz_send_reply(zz_replica *r, uint32_t ci, uint32_t view, uint64_t t, uint8_t flags,
                    const uint8_t *res, uint32_t len);
 void zz_requeue_pending(zz_replica *r); /* after a view change */
+/* A PRE-PREPARE of this view for seq and batch, to replica `to` alone. */
+void zz_send_pre_prepare_to(zz_replica *r, uint32_t to, uint64_t seq, const uint8_t *batch,
+                            uint32_t len);
 /* A pending request older than the given time; only signed ones with signed_only (the
  * view-change timer). */
 int zz_has_pending(const zz_replica *r, uint64_t older_than_ms, int signed_only);

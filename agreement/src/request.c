@@ -336,8 +336,8 @@ static void send_pp(zz_replica *r, int only, uint32_t to, uint64_t seq, const ui
         zz_bcast_mac(r, b, st);
 }
 
-static void send_pp_to(zz_replica *r, uint32_t to, uint64_t seq, const uint8_t *batch,
-                       uint32_t len)
+void zz_send_pre_prepare_to(zz_replica *r, uint32_t to, uint64_t seq, const uint8_t *batch,
+                            uint32_t len)
 {
     send_pp(r, 1, to, seq, batch, len);
 }
@@ -457,7 +457,7 @@ static void propose_loop(zz_replica *r)
             return;
         }
         zz_accept_proposal(r, s, r->view, d, batch.p, (uint32_t)batch.len);
-        if (!zz_byz_pre_prepare(r, seq, &batch, seed, send_pp_to)) {
+        if (!zz_byz_pre_prepare(r, seq, &batch, seed, zz_send_pre_prepare_to)) {
             zz_net_early(r->net, zz_wal_early(r)); /* before the turn's sync, if it may */
             send_pp(r, 0, 0, seq, batch.p, (uint32_t)batch.len);
             zz_net_early(r->net, 0);

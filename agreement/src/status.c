@@ -46,21 +46,6 @@ static void resend_phase(zz_replica *r, uint32_t to, zz_slot *s, uint8_t type)
     zz_send_mac(r, to, b, st);
 }
 
-/* A slot restored from the durable log has its batch but not the PRE-PREPARE frame it came
- * in, so no backup can relay it: the primary of its view makes it again (same view, seq and
- * batch, so the same proposal). Without it a replica that missed the PRE-PREPARE before a
- * restart of the cluster got the votes but never the batch, until the next stable
- * checkpoint or view change. */
-static void resend_pre_prepare(zz_replica *r, uint32_t to, const zz_slot *s)
-{
-    zz_buf *b = &r->out;
-    zz_buf_reset(b);
-    size_t st = zz_enc_pre_prepare(b, r->conf->service, r->id, s->view, s->seq, s->batch,
-                                   s->batch_len);
-    zz_end_body(b, st);
-    zz_send_mac(r, to, b, st);
-}
-
 void zz_on_status(zz_replica *r, const zz_msg *m)
 {
     const zz_status *ps = &m->u.status;
@@ -93,7 +78,12 @@ void zz_on_status(zz_replica *r, const zz_msg *m)
             zz_net_send_peer(r->net, j, s->pp_raw, s->pp_raw_len);
         else if (!s->pp_raw && s->batch && r->id == zz_primary(r, s->view) &&
                  !zz_wal_abstains(r, seq) && !zz_wal_forgets(r, s->view, seq))
-            resend_pre_prepare(r, j, s); /* restored from the log, which keeps no frames */
+            /* Restored from the durable log, which keeps the batch but no frames: no backup
+             * can relay it, so the primary makes it again (the slot's view is this view;
+             * same seq and batch: the same proposal). Without it a replica that missed it
+             * before a restart of the cluster got the votes but never the batch, until the
+             * next stable checkpoint or view change. */
+            zz_send_pre_prepare_to(r, j, seq, s->batch, s->batch_len);
         else if (r->nv_raw && !sent_nv) {
             zz_net_send_peer(r->net, j, r->nv_raw, r->nv_len);
             sent_nv = 1;

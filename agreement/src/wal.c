@@ -604,13 +604,6 @@ static int apply(void *ctx, uint8_t type, const uint8_t *body, uint32_t len)
 
 /* ---- files ---- */
 
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off)
 {
     while (n > 0) {
@@ -801,10 +794,10 @@ static void write_pending(zz_replica *r)
     zz_wal *w = &r->wal;
     if (w->pend.len == 0)
         return; /* the end mark of the last write is in place */
-    uint64_t t0 = mono_us();
+    uint64_t t0 = zz_mono_us();
     if (put_records(w, w->cur, &w->pend, w->off) != 0)
         fatal(r, "cannot write", w->path[w->cur]);
-    uint64_t us = mono_us() - t0;
+    uint64_t us = zz_mono_us() - t0;
     w->write_us_total += us;
     if (us > w->write_us_max)
         w->write_us_max = us;
@@ -846,7 +839,7 @@ static void *sync_main(void *arg)
         uint64_t ticket = w->t_ticket;
         w->t_taken = ticket;
         w->t_running++;
-        uint64_t t0 = mono_us();
+        uint64_t t0 = zz_mono_us();
         w->t_start_us_total += t0 - w->t_asked_us;
         pthread_mutex_unlock(&w->mu);
         /* test only (conf inject_sync_gate): no sync starts while the file exists */
@@ -858,7 +851,7 @@ static void *sync_main(void *arg)
             fds[file] = open(w->path[file], O_RDWR | O_CLOEXEC);
         int rc = fds[file] >= 0 ? fdatasync(fds[file]) : -1;
         int err = rc != 0 ? errno : 0;
-        uint64_t t1 = mono_us(), us = t1 - t0;
+        uint64_t t1 = zz_mono_us(), us = t1 - t0;
         pthread_mutex_lock(&w->mu);
         w->t_done_us = t1;
         w->t_running--;
@@ -896,7 +889,7 @@ static uint64_t sync_issue(zz_replica *r)
     /* everything logged is written now, unless a rewrite is due (it holds what was dropped) */
     w->ring_seq[w->busy % ZZ_WAL_RING] = w->compact_due ? w->seq_durable : w->seqno;
     w->ring_records[w->busy % ZZ_WAL_RING] = w->written_total;
-    w->ring_since_us[w->busy % ZZ_WAL_RING] = mono_us();
+    w->ring_since_us[w->busy % ZZ_WAL_RING] = zz_mono_us();
     w->unsynced = 0;
     w->want = 0;
     if (w->view_pending && !w->compact_due)
@@ -950,7 +943,7 @@ static void on_synced(void *ctx)
     uint64_t us_max = w->t_us_max, done_us = w->t_done_us;
     int err = w->t_err, err_file = w->t_err_file;
     pthread_mutex_unlock(&w->mu);
-    uint64_t now = mono_us();
+    uint64_t now = zz_mono_us();
     if (err) {
         errno = err;
         fatal(r, "cannot sync", w->path[err_file]);
@@ -1088,7 +1081,7 @@ uint64_t zz_wal_sync(void *replica, int durable)
         w->need = sync_ask(r);
         if (w->ring_need_ticket[w->need % ZZ_WAL_RING] != w->need) {
             w->ring_need_ticket[w->need % ZZ_WAL_RING] = w->need;
-            w->ring_need_us[w->need % ZZ_WAL_RING] = mono_us();
+            w->ring_need_us[w->need % ZZ_WAL_RING] = zz_mono_us();
         }
         return w->need;
     }
@@ -1132,7 +1125,7 @@ void zz_wal_flush(zz_replica *r)
 static void sync_now(zz_replica *r)
 {
     zz_wal *w = &r->wal;
-    uint64_t t0 = mono_us();
+    uint64_t t0 = zz_mono_us();
     if (w->compact_due) {
         if (compact(r) != 0)
             fatal(r, "cannot rewrite", w->path[1 - w->cur]);
@@ -1153,7 +1146,7 @@ static void sync_now(zz_replica *r)
     w->must_write = 0;
     w->view_pending = 0;
     w->view_ticket = 0;
-    uint64_t us = mono_us() - t0;
+    uint64_t us = zz_mono_us() - t0;
     if (w->fsync) {
         w->syncs++;
         w->sync_us_total += us;
@@ -1283,7 +1276,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
         snprintf(err, errcap, "data_dir %s: cannot create: %s", w->dir, strerror(errno));
         return -1;
     }
-    uint64_t t0 = mono_us();
+    uint64_t t0 = zz_mono_us();
     uint8_t *buf[2] = {NULL, NULL};
     size_t len[2] = {0, 0};
     uint32_t epoch[2] = {0, 0};
@@ -1444,7 +1437,7 @@ int zz_wal_recover(zz_replica *r, char *err, size_t errcap)
                  w->path[1 - w->cur], strerror(errno));
         return -1;
     }
-    w->recover_ms = (mono_us() - t0) / 1000u;
+    w->recover_ms = (zz_mono_us() - t0) / 1000u;
     if (pick >= 0)
         zz_log("zz-agreed: replica %u: durable state: recovered %llu records (%zu bytes) from "
                "%s in %llu ms: view %u%s, stable %llu, executed through %llu\n", r->id,
