@@ -959,9 +959,8 @@ static void on_synced(void *ctx)
             w->synced_records = w->ring_records[done % ZZ_WAL_RING];
             w->ticket_us_total += now - w->ring_since_us[done % ZZ_WAL_RING];
             w->tickets_done++;
-        }
-        if (w->issued - done < ZZ_WAL_RING)
             durable_to(r, w->ring_seq[done % ZZ_WAL_RING]);
+        }
         w->tell_us_total += now - done_us;
         w->tells++;
         for (uint64_t t = done; t > w->durable && done - t < ZZ_WAL_RING; t--)
