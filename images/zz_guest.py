@@ -89,16 +89,19 @@ runpy.run_module(mod, run_name="__main__", alter_sys=True)
 MOUNT_OPTS = "trans=virtio,version=9p2000.L,msize=512000"
 
 
+def _kernel_cmdline() -> str:
+    """/proc/cmdline, or "" where there is none to read (the agent run on a host)."""
+    try:
+        with open("/proc/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def share_cache(cmdline: str | None = None) -> str | None:
     """The share's cache mode from the kernel command line (zz.share_cache=, as images/init
     reads it; images/domain.py writes it); None: the default, cache=none."""
-    if cmdline is None:
-        try:
-            with open("/proc/cmdline") as f:
-                cmdline = f.read()
-        except OSError:
-            return None
-    for word in cmdline.split():
+    for word in (_kernel_cmdline() if cmdline is None else cmdline).split():
         if word.startswith("zz.share_cache="):
             mode = word.partition("=")[2]
             return mode if mode.isalpha() and mode.islower() else None
@@ -108,13 +111,8 @@ def share_cache(cmdline: str | None = None) -> str | None:
 def share_kind(cmdline: str | None = None) -> str:
     """The share's type: "virtiofs" when the kernel command line has zz.share=virtiofs
     (images/domain.py writes it with a virtiofs share), else "9p"."""
-    if cmdline is None:
-        try:
-            with open("/proc/cmdline") as f:
-                cmdline = f.read()
-        except OSError:
-            return "9p"
-    return "virtiofs" if "zz.share=virtiofs" in cmdline.split() else "9p"
+    words = (_kernel_cmdline() if cmdline is None else cmdline).split()
+    return "virtiofs" if "zz.share=virtiofs" in words else "9p"
 
 
 def mount_args(cache: str | None, kind: str = "9p") -> list[str]:
