@@ -251,8 +251,9 @@ class Daemon:
     def reconcile_orphans(self, only: tuple[Service, int] | None = None) -> None:
         """Compare the inventory with what really runs and end what it does not explain
         (docs/controld.md "Orphans"): domains named like ours (zz-<rack>-...) the hypervisor
-        lists, runtime processes owning a slot's state directory (process backend: a
-        runtime outlives a SIGKILLed controld), runtimes listening on a slot's execution
+        lists, except those of slots placed on other hosts (a rack on one machine shares
+        one libvirtd), runtime processes owning a slot's state directory (process backend:
+        a runtime outlives a SIGKILLed controld), runtimes listening on a slot's execution
         port. Each is counted (orphans_destroyed) and noted. A port held by anything else
         is reported (orphan_port_busy), not touched. `only`: one slot (before provisioning
         it); None: every slot of this host and every domain (at start)."""
@@ -260,13 +261,22 @@ class Daemon:
         known = {r.domain for r in self.inventory.replicas() if r.state != inv.CONVICTED}
         if only is None and self.hv.kind != "process":
             prefix = f"zz-{self.config.rack.name}-"
+            # The simulated hosts of a rack on one machine share its libvirtd: the domains
+            # of slots placed on other hosts are their controlds' replicas, not orphans.
+            theirs = {
+                domain_name(self.config, svc, i)
+                for svc in self.config.services
+                if svc.uses_execution_replicas
+                for i in range(svc.n_exec)
+                if svc.exec_host(self.config, i).index != self.host.index
+            }
             try:
                 running = self.hv.list()
             except HypervisorError as e:
                 running = []
                 self._note(f"orphan check: cannot list domains: {e}")
             for name in running:
-                if name.startswith(prefix) and name not in known:
+                if name.startswith(prefix) and name not in known and name not in theirs:
                     try:
                         self.hv.destroy(name)
                     except DomainNotFound:

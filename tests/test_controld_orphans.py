@@ -206,3 +206,34 @@ async def test_libvirt_orphan_domain_destroyed_at_start(rack: Rack) -> None:
                 with contextlib.suppress(Exception):
                     keep.destroy(name)
         keep.close()
+
+
+async def test_libvirt_restart_leaves_other_hosts_domains_alone(rack: Rack) -> None:
+    """Simulated hosts of a one-machine rack share one libvirtd (here test:///default, on a
+    guest rack qemu:///system): a restarted controld destroys the domains of its own slots
+    that its inventory does not explain, never those of slots placed on other hosts (their
+    controlds' replicas, running as their inventories record)."""
+    pytest.importorskip("libvirt")
+    from zz.controld.hypervisor import open_backend
+
+    keep = open_backend("libvirt", uri="test:///default")  # stands for libvirtd
+    h2 = Node(rack, 2, "libvirt")
+    n: Node | None = None
+    try:
+        await h2.start()
+        assert (await h2.rpc("provision", service="web", index=1, mode="paused"))["ok"]
+        theirs = h2.daemon.inventory.get("web", 1).domain
+        n = Node(rack, 0, "libvirt")  # h0's controld (re)starts
+        await n.start()
+        assert theirs in keep.list() and keep.state(theirs) == "paused"
+        st = await n.rpc("status")
+        assert "orphans_destroyed" not in st["counters"] and st["orphans"] == [], st["orphans"]
+    finally:
+        if n is not None:
+            await n.close()
+        await h2.close()
+        for name in keep.list():
+            if rack.config.rack.name in name:
+                with contextlib.suppress(Exception):
+                    keep.destroy(name)
+        keep.close()
