@@ -554,3 +554,26 @@ def test_random_sequence_matches_a_model(fs: Fs) -> None:
             n = rng.randrange(1, 20_000)
             assert fs.read(ino, off, n) == bytes(model[off : off + n])
         assert fs.attr(ino).size == len(model)
+
+
+def test_recovering_replica_write_into_a_pending_file_keeps_the_rest(tmp_path: Path) -> None:
+    """A WRITE in the middle of a file not fetched yet (StateDir.write_at) fetches it first:
+    the bytes around the range are the certified ones, not zeros."""
+    src = Fs(tmp_path / "src")
+    f = src.create(ROOT, b"big")
+    src.write(f.ino, 0, b"x" * 50_000)
+    certified = {
+        str(p.relative_to(src.state.root)): p.read_bytes()
+        for p in src.state.root.rglob("*")
+        if p.is_file()
+    }
+    root = tmp_path / "rec"
+    root.mkdir()
+    lazy = _Pending(root, certified)
+    app = create_app("files")
+    rec = Fs.__new__(Fs)
+    rec.app, rec.state, rec.seq = app, StateDir(root, lazy=lazy), src.seq  # type: ignore[assignment]
+    app.open(rec.state)
+    rec.write(f.ino, 20_000, b"new")
+    assert files.data_path(f.ino) in lazy.fetched
+    assert rec.read(f.ino) == b"x" * 20_000 + b"new" + b"x" * 29_997

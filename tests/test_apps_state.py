@@ -222,3 +222,45 @@ def test_dirty_set_drives_an_exact_incremental_manifest(state: StateDir) -> None
         incremental = builder.build()
         full = scan(state.root, previous=prev)
         assert incremental == full, f"round {round_}: dirty set {dirty} missed a change"
+
+
+def test_write_at_keeps_the_rest_and_makes_parents(state: StateDir) -> None:
+    state.write_at("d/e/f", 3, b"xyz")
+    assert state.read_bytes("d/e/f") == b"\0\0\0xyz"
+    state.take_dirty()
+    state.write_at("d/e/f", 1, b"AB")
+    assert state.read_bytes("d/e/f") == b"\0ABxyz"
+    assert state.take_dirty().written == {"d/e/f"}
+    state.makedirs("dir")
+    with pytest.raises(StateError, match="directory"):
+        state.write_at("dir", 0, b"x")
+    with state.read_only(), pytest.raises(ReadOnlyStateError):
+        state.write_at("d/e/f", 0, b"x")
+    assert state.read_bytes("d/e/f") == b"\0ABxyz"
+
+
+def test_symlink_planted_where_a_known_directory_was(state: StateDir, tmp_path: Path) -> None:
+    """Directories seen once are not lstat'ed again; a delete or rename forgets them, so
+    a symlink that takes a directory's name afterwards is still refused."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    state.write_bytes("a/b/f", b"1")
+    assert state.read_bytes("a/b/f") == b"1"
+    state.rename("a", "gone")
+    os.symlink(outside, state.root / "a")
+    for attempt in (
+        lambda: state.write_bytes("a/b/f", b"x"),
+        lambda: state.write_at("a/f", 0, b"x"),
+        lambda: state.read_bytes("a/f"),
+    ):
+        with pytest.raises(StateError, match="symlink"):
+            attempt()
+    state.write_bytes("c/d/f", b"1")
+    state.delete("c/d")
+    os.symlink(outside, state.root / "c" / "d")
+    with pytest.raises(StateError, match="symlink"):
+        state.write_at("c/d/f", 0, b"x")
+    os.symlink(outside / "t", state.root / "gone" / "b" / "l")
+    with pytest.raises(StateError, match="symlink"):
+        state.write_at("gone/b/l", 0, b"x")  # the last component is always checked
+    assert list(outside.iterdir()) == []

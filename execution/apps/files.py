@@ -298,10 +298,7 @@ class _Txn:
             assert node is not None
             if ino in self.gone:
                 continue
-            path = data_path(ino)
-            with st.open(path, "r+b" if st.exists(path) else "wb") as f:
-                f.seek(off)
-                f.write(data)
+            st.write_at(data_path(ino), off, data)
         for ino, size in sorted(self.data.items()):
             if ino in self.gone:
                 continue
@@ -354,20 +351,22 @@ class FilesApp(App):
     def load(self, ino: int) -> Inode | None:
         if ino <= 0:
             return None
-        path = inode_path(ino)
-        if not self.state.exists(path):
+        try:
+            raw = self.state.read_bytes(inode_path(ino))
+        except FileNotFoundError:
             if ino == ROOT_INO:
                 # Until the first change the root exists only here; every replica starts
                 # from the same empty directory, written with the first change to it.
                 mode = S_IFDIR | self.root_mode
                 return Inode(ROOT_INO, mode, 2, self.root_uid, self.root_gid, 0, 0, 0, 0, ROOT_INO)
             return None
-        return Inode.decode(ino, self.state.read_bytes(path))
+        return Inode.decode(ino, raw)
 
     def load_super(self) -> Super:
-        if not self.state.exists(SUPER_PATH):
+        try:
+            raw = self.state.read_bytes(SUPER_PATH)
+        except FileNotFoundError:
             return Super(ROOT_INO + 1, 1, 0)
-        raw = self.state.read_bytes(SUPER_PATH)
         try:
             version, next_ino, inodes, used = _SUPER.unpack(raw)
         except struct.error as e:
