@@ -21,11 +21,14 @@ import pytest
 
 from tests.test_drill import _args, assert_phases, assert_recovered, needs_go
 from tests.test_execution_runtime import needs_agreed
+from tests.test_guest_share import _virtiofsd_pids
+from tests.test_rack_lifecycle import kv, wait_dead
 from tests.test_rackctl import leftovers, write_rack
-from zz import drill, rackctl
+from zz import drill, kvop, rackctl
 from zz import report as rp
 from zz.config import Config, load
 from zz.naming import zfs_dataset
+from zz.procrack import leftover_pids
 
 try:
     import libvirt  # type: ignore[import-not-found]  # noqa: F401
@@ -83,9 +86,10 @@ def vm_rack_up(
     store: str = "dir",
     sleep: str = "paused",
     ceiling_ms: int | None = None,
+    durability: str = "off",
 ) -> Iterator[Config]:
     """A rack of guests with kv services kv0, kv1, ... of the given f (their spares
-    `sleep`: paused or hibernated), torn down (and its
+    `sleep`: paused or hibernated; rack.durability `durability`), torn down (and its
     directory removed) also on failure. Every simulated host is 127.0.0.1: a guest reaches
     only the host's 127.0.0.1 (as 10.0.2.2). Not under pytest's tmp_path: QEMU runs as
     libvirt-qemu and must reach the shares, and /tmp/pytest-of-root is private."""
@@ -94,11 +98,12 @@ def vm_rack_up(
     failed_before = session.testsfailed if session is not None else 0
     ok = False
     try:
-        config = load(
-            write_rack(
-                tmp, name, len(f), sleep, hosts=hosts, one_address=True, f=f, placement=placement
-            )
+        path = write_rack(
+            tmp, name, len(f), sleep, hosts=hosts, one_address=True, f=f, placement=placement
         )
+        text = path.read_text().replace("[rack]\n", f'[rack]\ndurability = "{durability}"\n', 1)
+        path.write_text(text)
+        config = load(path)
         try:
             overrides = {"detect_floor_ms": floor_ms}
             if ceiling_ms is not None:
@@ -355,3 +360,100 @@ def test_vm_byzantine_host_drill(tmp_path: Path) -> None:
         assert "kv0/2" in {w.who for w in r.woken} and "kv1/2" in {w.who for w in r.woken}
         restored = {(x.who, x.mode) for x in r.spares_restored}
         assert {("kv0/1", "paused"), ("kv1/0", "paused")} <= restored, r.spares_restored
+
+
+def _qemu_pids(config: Config) -> dict[str, int]:
+    """Each running domain of the rack: its QEMU process (`-name guest=<domain>,`)."""
+    out = {}
+    for _, name in rackctl.rack_domains(config):
+        pids = [p for p in leftover_pids([f"guest={name},"]) if b"qemu-system" in _cmdline(p)]
+        assert len(pids) == 1, (name, pids)
+        out[name] = pids[0]
+    return out
+
+
+def _virtiofsds(config: Config, service: str) -> dict[int, list[int]]:
+    """Each execution replica of `service`: the virtiofsd processes serving its share."""
+    s = config.service(service)
+    return {i: sorted(_virtiofsd_pids(s.exec_state_dir(config, i))) for i in range(s.n_exec)}
+
+
+def _controld_views(config: Config) -> dict[str, dict[str, object]]:
+    """Every controld's status (each must answer)."""
+    answers = rackctl.controld_statuses(config, timeout=10)
+    assert all(isinstance(a, dict) for a in answers.values()), answers
+    return answers  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@needs_vms
+@needs_agreed
+@needs_go
+def test_vm_controld_restart_adopts_running_virtiofs_guests(tmp_path: Path) -> None:
+    """An operator restarts the controlds of a guest rack while its guests run: the
+    spare's host's controld crashes (SIGKILL) and an active guest's host's controld is
+    stopped (SIGTERM, an upgrade); the service keeps answering meanwhile; `zz rack start`
+    restarts the two controlds, which find their domains (same QEMU processes, the same
+    libvirt virtiofsd on each share, nothing lost, in doubt or orphaned) and provision
+    nothing; then a wrong-reply drill: the restarted controld wakes the paused virtiofs
+    spare on the WAKEUP certificate, the other convicts its liar and boots a fresh virtiofs
+    spare; `zz rack stop` and `zz rack start` bring the same rack back (durable agreement
+    replicas, every guest booted again on its state directory) and it answers."""
+    with vm_rack_up("vmrs", 4, [1], durability="write") as config:
+        svc = config.service("kv0")
+        assert set(_domain_shares(config).values()) == {"virtiofs"}, _domain_shares(config)
+        assert all(r.ok for r in kv(config, *(kvop.encode_put(b"a%d" % n, b"v") for n in range(8))))
+        qemu, fsd = _qemu_pids(config), _virtiofsds(config, "kv0")
+        assert all(fsd.values()), fsd
+        state = rackctl.load_state(config)
+        assert state is not None
+        spare_host = svc.exec_host(config, 2).name  # kv0/2 sleeps paused
+        active_host = svc.exec_host(config, 0).name
+        crashed, upgraded = state.proc(spare_host), state.proc(active_host)
+        os.kill(crashed.pid, signal.SIGKILL)
+        os.kill(upgraded.pid, signal.SIGTERM)
+        wait_dead([crashed.pid, upgraded.pid])
+        # Without those two controlds the guests and the agreement replicas serve on.
+        got = kv(config, kvop.encode_put(b"b", b"w"), kvop.encode_get(b"a3"))
+        assert got[-1] == kvop.KvReply(kvop.OK, b"v"), got
+
+        lines: list[str] = []
+        rackctl.start(config, progress=lines.append)
+        repaired = rackctl.load_state(config)
+        assert repaired is not None and all(p.alive() for p in repaired.procs)
+        assert sorted(repaired.repairs[-1]["restarted"]) == sorted(
+            f"controld {p.name} (pid {p.pid} dead)" for p in (crashed, upgraded)
+        ), lines  # nothing provisioned: each guest runs as its controld recorded it
+        assert _qemu_pids(config) == qemu and _virtiofsds(config, "kv0") == fsd
+        views = _controld_views(config)
+        for h in (spare_host, active_host):
+            v = views[h]
+            assert v["lost"] == [] and v["in_doubt_at_start"] == [] and v["orphans"] == [], v
+        assert [(r["index"], r["state"]) for r in views[spare_host]["replicas"]] == [  # type: ignore[index]
+            (2, "paused")
+        ]
+        got = kv(config, kvop.encode_get(b"b"))
+        assert got == [kvop.KvReply(kvop.OK, b"w")], got
+
+        # A fault after the restart: the restarted controlds act on the certificates.
+        r = _run(config, "wrong-reply", tmp_path / "drill")
+        assert "kv0/0" in {c.who for c in r.convicted}, r.convicted
+        assert ("kv0/2", "paused") in {(w.who, w.from_state) for w in r.woken}, r.woken
+        assert {w.host for w in r.woken if w.who == "kv0/2"} == {spare_host}, r.woken
+        assert ("kv0/0", "paused") in {(x.who, x.mode) for x in r.spares_restored}
+        assert set(_domain_shares(config).values()) == {"virtiofs"}, _domain_shares(config)
+
+        stopped = rackctl.stop(config, progress=print)
+        assert stopped.clean, stopped
+        assert not rackctl.rack_domains(config) and not _virtiofsds_left(config, "kv0")
+        rackctl.start(config, progress=print)
+        assert set(_domain_shares(config).values()) == {"virtiofs"}, _domain_shares(config)
+        got = kv(config, kvop.encode_get(b"a3"), kvop.encode_put(b"c", b"x"))
+        assert got[0] == kvop.KvReply(kvop.OK, b"v") and got[1].ok, got
+        states = {i: _guest_status(config, "kv0", i)["asleep"] for i in range(svc.n_exec)}
+        assert sorted(states.values()) == [False, False, True], states
+
+
+def _virtiofsds_left(config: Config, service: str) -> list[int]:
+    return [p for pids in _virtiofsds(config, service).values() for p in pids]
