@@ -150,3 +150,56 @@ def test_a_symlink_or_fifo_where_a_file_was_is_neither_followed_nor_waited_on(
     assert only_live.read(16, "a", 0, 100, sha(A1)).status != COPY
     assert only_live.read(16, "d/b", 0, 100, sha(B)).status != COPY
     assert only_live.copies.counters["mismatched"] == 2
+
+
+class CountingStore(DirStore):
+    """A DirStore that counts how often a snapshot is opened (a clone on ZFS)."""
+
+    opened = 0
+
+    def open_snapshot(self, name: str):  # type: ignore[no-untyped-def]
+        self.opened += 1
+        return super().open_snapshot(name)
+
+
+def test_live_first_serves_an_unchanged_file_without_opening_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    store, manifests = CountingStore(tmp_path / "store"), tmp_path / "manifests"
+    (store.path / "d").mkdir()
+    (store.path / "a").write_bytes(A0)
+    (store.path / "d" / "b").write_bytes(B)
+    m8 = checkpoint(store, manifests, 8)
+    files = SnapshotFiles(store, manifests, live_first=True)
+    files.live = lambda: live_place(store, m8)
+    # Unchanged since checkpoint 8: the live copy, verified, chunk after chunk.
+    assert whole(files, 8, "d/b", B) == (COPY, B)
+    assert store.opened == 0
+    assert files.copies.counters["found"] == 1  # read and hashed once for all its chunks
+    # Rewritten live since: never sent; the snapshot serves it by path, and the live
+    # copy is not hashed again for the next chunks or the next request.
+    (store.path / "a").write_bytes(A1)
+    assert whole(files, 8, "a", A0) == (OK, A0)
+    assert whole(files, 8, "a", A0) == (OK, A0)
+    assert files.copies.counters["mismatched"] == 1
+    assert store.opened >= 1
+    # No SHA-256 named, or one the live manifest does not list there: by path only.
+    r = files.read(8, "d/b", 0, 5)
+    assert (r.status, r.data) == (OK, B[:5])
+    r = files.read(8, "d/b", 0, 5, sha(A0))
+    assert r.status == OK
+
+
+def test_live_first_skips_pending_and_bad_live_files(tmp_path: Path) -> None:
+    store, manifests = CountingStore(tmp_path / "store"), tmp_path / "manifests"
+    (store.path / "a").write_bytes(A0)
+    (store.path / "b").write_bytes(B)
+    m8 = checkpoint(store, manifests, 8)
+    files = SnapshotFiles(store, manifests, live_first=True)
+    files.live = lambda: live_place(store, m8, pending={"a"})
+    assert whole(files, 8, "a", A0) == (OK, A0)  # pending on the server: not its copy
+    # A live copy corrupted on disk (same size, one byte flipped) is refused by the
+    # server's own hash check, and the snapshot's right bytes go out instead.
+    (store.path / "b").write_bytes(b"X" + B[1:])
+    assert whole(files, 8, "b", B) == (OK, B)
+    assert files.copies.counters["found"] == 0
