@@ -68,7 +68,9 @@ enum zz_wal_dep {
                          * boot id cannot be read) */
 };
 
+/* CRC32C (the crc32 instruction where the CPU has it, else the table; the same value). */
 uint32_t zz_crc32c(uint32_t crc, const void *p, size_t n);
+uint32_t zz_crc32c_table(uint32_t crc, const void *p, size_t n);
 
 /* Start a record of `epoch` in b (its framing with a zero length and checksum); returns its
  * offset. zz_wal_end patches length and checksum once the body is written. */
