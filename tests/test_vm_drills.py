@@ -258,6 +258,7 @@ def test_vm_wrong_reply_drill_f2(tmp_path: Path) -> None:
     """f = 2: three active guests, two paused; one lies: a spare is woken (f+1 = 3
     matching replies again), the liar convicted, a fresh spare provisioned."""
     with vm_rack_up("vmf2", 5, [2], floor_ms=4000) as config:
+        assert set(_domain_shares(config).values()) == {"virtiofs"}, _domain_shares(config)
         r = _run(config, "wrong-reply", tmp_path / "drill")
         assert "kv0/0" in {c.who for c in r.convicted}, r.convicted
         assert {w.who for w in r.woken} & {"kv0/3", "kv0/4"}, r.woken
@@ -353,6 +354,7 @@ def test_vm_byzantine_host_drill(tmp_path: Path) -> None:
     # 6 guests, and h2 boots two fresh ones while they run: at a 2 s floor the correct guests'
     # reports came late enough that woken spares were convicted too, one after the other.
     with vm_rack_up("vmbh", 4, [1, 1], placement="rotate", floor_ms=5000) as config:
+        assert set(_domain_shares(config).values()) == {"virtiofs"}, _domain_shares(config)
         r = _run(config, "byzantine-host", tmp_path / "drill", host="h2")
         assert set(r.service.split(",")) == {"kv0", "kv1"}
         assert "kv0/1" in {c.who for c in r.convicted}, r.convicted
