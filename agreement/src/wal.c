@@ -638,10 +638,28 @@ static int apply(void *ctx, uint8_t type, const uint8_t *body, uint32_t len)
 
 /* ---- files ---- */
 
+/* The page cache keeps the folios a write makes, and a write larger than a page makes
+ * larger folios (ext4, Linux 6.16 and later), over which every later small write of the
+ * log, and its writeback, walks each block's buffer: 2.9 against 1.3 µs of CPU per
+ * 700-byte pwrite here, in a file zero-filled with 1 MiB against 4 KiB writes. A write
+ * longer than a page therefore goes in pieces that end at page boundaries (the zeros of
+ * grow, a rewrite), so the log's pages stay single-page folios. */
+static size_t page_size(void)
+{
+    static size_t page;
+    if (!page) {
+        long p = sysconf(_SC_PAGESIZE);
+        page = p > 0 && p <= (1L << 20) ? (size_t)p : 4096;
+    }
+    return page;
+}
+
 static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off)
 {
+    size_t page = page_size();
     while (n > 0) {
-        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        size_t m = n > page ? page - (size_t)(off % page) : n;
+        ssize_t w = pwrite(fd, p, m, (off_t)off);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -690,7 +708,8 @@ static int open_file(zz_wal *w, int i)
 }
 
 /* Zeros up to at least `need` bytes (whole chunks), synced with the file's size, so that
- * appends overwrite allocated blocks and an fdatasync has only data to write. */
+ * appends overwrite allocated blocks and an fdatasync has only data to write (write_at
+ * writes them a page at a time). */
 static int grow(zz_wal *w, int i, uint64_t need)
 {
     if (w->size[i] >= need)
