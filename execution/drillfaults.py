@@ -16,9 +16,6 @@ is a no-op or hands back what it was given:
   after_checkpoint(seq)         once the checkpoint is taken and announced
   on_stable(seq)                a checkpoint became stable (corrupt-snapshot's lies start)
   file_data(out)                an answer of the snapshot file server
-  live_first()                  whether that server may answer from the live state
-                                first (not under corrupt-snapshot, whose model is a
-                                replica that serves its corrupted snapshots)
   status()                      the status file's `inject_fault` and `corrupt_lie_from`
 
 and `watch()`, the task that reads the fault file (<state dir>/zz-fault.json) every 20 ms
@@ -161,11 +158,6 @@ class DrillFaults:
 
     def file_data(self, out: wire.FileData) -> wire.FileData:
         return self.byz.file_data(out)
-
-    def live_first(self) -> bool:
-        # Byzantine storage serves what its snapshots hold: the right live copy first
-        # would hide the corruption this fault is there to have rejected.
-        return self.fault != "corrupt-snapshot"
 
     def status(self) -> dict[str, Any]:
         return {"inject_fault": self.fault, "corrupt_lie_from": self.corrupt_lie_from}

@@ -1346,7 +1346,6 @@ class Runtime:
         else:
             if bad_range(m.offset, m.length):
                 self.counters["file_fetch_bad_range"] += 1
-            self.ckpt.files.live_first = self.faults.live_first()
             async with self.ckpt.lock.background("a file served to a peer"):
                 r = await asyncio.to_thread(
                     self.ckpt.files.read, m.seq, m.path_text(), m.offset, m.length, m.sha256

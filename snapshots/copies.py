@@ -77,27 +77,6 @@ class CopyFinder:
         self.counters["missing"] += 1
         return None
 
-    def cached(self, sha256: bytes) -> bytes | None:
-        """A copy verified before and still kept, or None."""
-        hit = self._cache.get(sha256)
-        if hit is not None:
-            self._cache.move_to_end(sha256)
-        return hit
-
-    def verified(self, full: Path, size: int, sha256: bytes) -> bytes | None:
-        """The file at `full` if it has `size` bytes hashing to `sha256` (then kept for the
-        next chunk), else None: one known place, no search."""
-        try:
-            data = read_whole(full, size)
-        except (OSError, ValueError):
-            return None
-        if data is None or hashlib.sha256(data).digest() != sha256:
-            self.counters["mismatched"] += 1
-            return None
-        self.counters["found"] += 1
-        self._keep(sha256, data)
-        return data
-
     def _from(self, place: Place, sha256: bytes) -> bytes | None:
         paths = [p for p in place.manifest.paths_with(sha256) if not place.skip(p)]
         if not paths:

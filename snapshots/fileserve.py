@@ -50,9 +50,6 @@ FILE_SEND_TIMEOUT = 10.0
 # The wire carries a u64 offset; os.pread takes a signed one (OverflowError past it). No
 # file comes near it, so a larger offset is refused as a bad request.
 MAX_OFFSET = (1 << 63) - 1
-# Live copies (live_first) are looked at first only up to this size: one that changed
-# since its checkpoint costs a read and a hash of it before the snapshot is opened.
-LIVE_FIRST_MAX = 16 << 20
 # A connection's challenge (docs/wire.md "State fetching", docs/security.md "Snapshot file
 # server"): random, so a FILE-FETCH signed for one connection is refused on any other.
 CHALLENGE_LEN = 16
@@ -118,7 +115,6 @@ class SnapshotFiles:
         live: Callable[[], Place | None] | None = None,
         path_reads: bool = True,
         copies: CopyFinder | None = None,
-        live_first: bool = False,
     ) -> None:
         self.store = store
         self.manifest_dir = Path(manifest_dir)
@@ -134,13 +130,6 @@ class SnapshotFiles:
         # served by path are the server's word).
         self.path_reads = path_reads
         self.copies = copies or CopyFinder()
-        # True: a request naming its file's SHA-256 is served from the live copy of that
-        # path first when the live manifest lists it with that hash and it still hashes to
-        # it (status COPY), before the snapshot is opened. On ZFS opening one is a clone
-        # (tens of ms on zfs-fuse, more under load), most of a woken spare's install; a
-        # file not written since the checkpoint is the same bytes live.
-        self.live_first = live_first
-        self._live_misses: set[tuple[str, bytes]] = set()
         self._lock = threading.Lock()
         self._open: OrderedDict[str, tuple[contextlib.ExitStack, Path]] = OrderedDict()
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
@@ -198,10 +187,6 @@ class SnapshotFiles:
                         return FileRead(REFUSED)
                 except ManifestError:
                     return FileRead(REFUSED)
-            if self.live_first and path != "" and sha256 != NULL_DIGEST:
-                c = self._read_live(path, sha256, offset, length)
-                if c is not None:
-                    return c
             by_path = self.path_reads and self.servable(seq)
             r = self._read_seq(seq, path, offset, length) if by_path else FileRead(REFUSED)
             if r.status == OK:
@@ -248,34 +233,6 @@ class SnapshotFiles:
             if found is None:
                 return None
             data = found
-        return FileRead(COPY, len(data), data[offset : offset + length])
-
-    def _read_live(self, path: str, sha256: bytes, offset: int, length: int) -> FileRead | None:
-        """`path` from the live state if it is listed there with `sha256` and its bytes
-        hash to it (verified by the CopyFinder, which keeps them for the next chunk);
-        None otherwise, and a miss is remembered so the file is not hashed again."""
-        if (path, sha256) in self._live_misses:
-            return None
-        live = self.live() if self.live is not None else None
-        if live is None:
-            return None
-        entry = live.manifest.files.get(path)
-        if entry is None or entry.sha256 != sha256 or entry.size > LIVE_FIRST_MAX:
-            return None
-        if live.skip(path):
-            return None
-        data = self.copies.cached(sha256)
-        if data is None:
-            try:
-                root = live.root()
-            except (OSError, StorageError):
-                return None
-            data = self.copies.verified(root / path, entry.size, sha256)
-        if data is None:
-            if len(self._live_misses) >= 4096:
-                self._live_misses.clear()
-            self._live_misses.add((path, sha256))
-            return None
         return FileRead(COPY, len(data), data[offset : offset + length])
 
     def _places(self) -> Iterator[Place]:

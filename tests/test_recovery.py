@@ -50,11 +50,6 @@ def _snapshot_dir(rig: Rig, i: int, seq: int) -> Path:
     return hits[0]
 
 
-def _live_dir(rig: Rig, i: int) -> Path:
-    """Replica i's live state (dir store)."""
-    return rig.cluster.run_dir / f"exec-{i}" / "store" / "live"
-
-
 @pytest.mark.slow
 @needs_agreed
 def test_spare_recovers_on_demand_and_serves_clients(rig: Rig) -> None:
@@ -101,12 +96,9 @@ def test_corrupted_peer_file_is_rejected_and_fetched_elsewhere(rig: Rig) -> None
     # No requests follow, so no new checkpoint: the spare recovers to this one.
     seq = min(execs.status(i)["stable_checkpoint"] for i in (0, 1))
     victim = key_path(b"k1")
-    # The spare (index 2) asks peers from index+1 on: replica 0 first. Corrupt its copy,
-    # in the snapshot and live: a replica serves a file unchanged since its checkpoint
-    # from its live copy first (SnapshotFiles.live_first), hashed before it goes out, and
-    # the snapshot's only when the live one does not match.
-    for path in (_snapshot_dir(rig, 0, seq) / victim, _live_dir(rig, 0) / victim):
-        path.write_bytes(path.read_bytes() + b"corrupt")
+    # The spare (index 2) asks peers from index+1 on: replica 0 first. Corrupt its copy.
+    path = _snapshot_dir(rig, 0, seq) / victim
+    path.write_bytes(path.read_bytes() + b"corrupt")
     execs.start(SPARE)
     rig.wait_linked(SPARE)
     rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint"), "recovery")
