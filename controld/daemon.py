@@ -10,14 +10,17 @@ and ask for status, and start, stop and watch this host's agreement replicas
 down (SHUTDOWN, g+1 matching). Everything that fails to frame, decode, authenticate or
 verify is dropped and counted (`status` shows the counters); no message can crash the
 daemon. Certificate actions run one at a time, in arrival order, on one worker (so a
-SHUTDOWN never overtakes the WAKEUP of its round); operator operations run concurrently,
-serialised per replica by the inventory's locks.
+SHUTDOWN never overtakes the WAKEUP of its round), except a convicted slot's fresh spare:
+its provisioning runs in the background (_fresh_spare), and a later certificate naming that
+slot waits for it (_wait_for_spares). Operator operations run concurrently, serialised per
+replica by the inventory's locks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -154,7 +157,13 @@ class Daemon:
         # Every WAKEUP, SHUTDOWN and SPARE-READY, accepted or refused (zz/audit.py).
         # Opened at start (or at the first entry, for a daemon driven without start()).
         self.audit = audit.AuditLog(home / audit.FILE_NAME, host.name)
-        self._action_lines: list[str] | None = None  # _note lines of the running action
+        # The _note lines of the action running in this task (a certificate's, on the
+        # worker; a fresh spare's, in its background task): its audit entry's `lines`.
+        self._lines: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+            f"controld-{host.name}-lines", default=None
+        )
+        # (service id, index) -> the background provisioning of that slot's fresh spare.
+        self._spares: dict[tuple[int, int], asyncio.Task[None]] = {}
         # Per (service, slot): the last fresh spare's SPARE-READY, and lower sibling
         # certificates' seqs (_lower_sibling) seen before it was announced.
         self._announced: dict[tuple[int, int], bytes] = {}
@@ -354,7 +363,7 @@ class Daemon:
         # The agreement replicas run on (as libvirt domains do): a restarted controld adopts
         # them (controld/agreed.py); `zz rack stop|down` stop them first with agreed_stop.
         tasks = (self._worker, self._datasets_task, self._agreed_task)
-        background = [t for t in tasks if t is not None]
+        background = [t for t in tasks if t is not None] + list(self._spares.values())
         for t in [*self._tasks, *background]:
             t.cancel()
         for t in [*self._tasks, *background]:
@@ -378,15 +387,22 @@ class Daemon:
                 log.exception("agreement replica watch failed")
 
     async def idle(self) -> None:
-        """Wait until every queued certificate action is done (tests, bench)."""
-        await self._work.join()
+        """Wait until every queued certificate action is done and every fresh spare they
+        started is provisioned (or given up): tests, bench, reset."""
+        while True:
+            await self._work.join()
+            spares = list(self._spares.values())
+            if not spares:
+                return
+            await asyncio.wait(spares)
 
     def _note(self, line: str) -> None:
         # zz drill parses these lines (docs/controld.md): change their wording with it.
         log.info("%s", line)
         self.recent.append(f"{time.strftime('%H:%M:%S')} {line}")
-        if self._action_lines is not None:
-            self._action_lines.append(line)
+        lines = self._lines.get()
+        if lines is not None:
+            lines.append(line)
 
     # ---- the audit log (zz/audit.py, docs/audit.md) -----------------------------------------
     def _audit(
@@ -992,9 +1008,12 @@ class Daemon:
             raise OpError(f"purge_forensics must be true or false, not {purge!r}")
         await reply({"ok": True, "final": False, "progress": "waiting for actions in flight"})
         try:
-            await asyncio.wait_for(self._work.join(), 120.0)
+            await asyncio.wait_for(self.idle(), 120.0)
         except TimeoutError:
-            raise OpError("a certificate action is still running after 120 s: try again") from None
+            raise OpError(
+                "a certificate action or a fresh spare's provisioning is still running after"
+                " 120 s: try again"
+            ) from None
         stopped, killed = await asyncio.to_thread(
             self.agreed.stop, self.agreed.running_names(), 15.0
         )
@@ -1367,10 +1386,12 @@ class Daemon:
         self.counters["spare_announced_for_sibling"] += 1
         self.announcer.announce(svc, x, seq, again.signed(sign).encode())
 
-    async def _fresh_spare(self, svc: Service, x: int, seq: int, attempts: int = 2) -> None:
-        """Provision and announce the convicted replica's successor. A guest that fails to
-        boot (seen: one stopped while booting next to five busy TCG guests) is destroyed by
-        provision() and tried once more: without it the service stays a spare short."""
+    async def _start_fresh_spare(self, svc: Service, x: int, seq: int) -> None:
+        """On the certificate worker, right after the conviction: re-key the slot, then hand
+        the successor's provisioning (a whole boot: 60-110 s for a TCG guest) to a
+        background task, so the worker takes the next certificate at once. A certificate
+        naming the slot waits for that task (_wait_for_spares); the inventory record of the
+        slot is written ahead (state None, pending the sleep mode) as any provisioning's."""
         # The successor gets new keys (docs/wire.md "Key epochs"): whatever the convicted
         # guest held (its key file was in its share) must not speak for the slot any more.
         try:
@@ -1379,23 +1400,78 @@ class Daemon:
             self.counters["action_failed"] += 1
             self._note(f"no fresh spare for {svc.name}/{x}: new keys failed: {e}")
             return
-        for attempt in range(1, attempts + 1):
-            try:
-                self._placement_check(svc, x)
-                await self._provision(svc, x, svc.sleep, role="standby")
-                self.counters["reprovisioned"] += 1
-                self.announcer.announce(svc, x, seq, announcement)
-                self._announced[(svc.id, x)] = announcement
-                for lower in sorted(self._sibling_seqs.pop((svc.id, x), set())):
-                    self._announce_as(svc, x, announcement, lower)
-                return
-            except OpError as e:
-                self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
-                return
-            except (HypervisorError, inv.IllegalTransition, OSError) as e:
-                self.counters["action_failed"] += 1
-                again = "; trying once more" if attempt < attempts else ""
-                self._note(f"fresh spare {svc.name}/{x} failed: {e}{again}")
+        key = (svc.id, x)
+        earlier = self._spares.get(key)
+        if earlier is not None:  # never two provisionings of one slot (_wait_for_spares)
+            await asyncio.wait([earlier])
+        task = asyncio.create_task(self._fresh_spare(svc, x, seq, announcement))
+        self._spares[key] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._spares.get(key) is t:
+                del self._spares[key]
+
+        task.add_done_callback(done)
+        self._note(f"fresh spare {svc.name}/{x}: provisioning in the background")
+
+    async def _fresh_spare(
+        self, svc: Service, x: int, seq: int, announcement: bytes, attempts: int = 2
+    ) -> None:
+        """Provision and announce the convicted replica's successor (a background task of
+        _start_fresh_spare). A guest that fails to boot (seen: one stopped while booting
+        next to five busy TCG guests) is destroyed by provision() and tried once more:
+        without it the service stays a spare short. Its log lines go into an audit entry
+        of its own (`action`, what `fresh-spare`, docs/audit.md)."""
+        lines: list[str] = []
+        self._lines.set(lines)  # this task's context only: not the worker's action
+        began = round(time.time(), 6)
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    self._placement_check(svc, x)
+                    await self._provision(svc, x, svc.sleep, role="standby")
+                    self.counters["reprovisioned"] += 1
+                    # Announced only now that it sleeps: the agreement replicas may wake it.
+                    self.announcer.announce(svc, x, seq, announcement)
+                    self._announced[(svc.id, x)] = announcement
+                    for lower in sorted(self._sibling_seqs.pop((svc.id, x), set())):
+                        self._announce_as(svc, x, announcement, lower)
+                    return
+                except OpError as e:
+                    self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
+                    return
+                except (HypervisorError, inv.IllegalTransition, OSError) as e:
+                    self.counters["action_failed"] += 1
+                    again = "; trying once more" if attempt < attempts else ""
+                    self._note(f"fresh spare {svc.name}/{x} failed: {e}{again}")
+        except Exception:
+            self.counters["internal_error"] += 1
+            log.exception("fresh spare %s/%d failed", svc.name, x)
+        finally:
+            self._audit("action", "done", [], service=svc.id, seq=seq, what="fresh-spare",
+                        index=x, began=began, lines=lines)  # fmt: skip
+
+    def _named_here(self, kind: str, args: tuple[Any, ...]) -> list[int]:
+        """The slots of its service a queued certificate action may act on."""
+        if kind == "wakeup":
+            return list(args[3])  # wake
+        svc, named = args[0], args[5]
+        return [*named, *(x for sid, x in self._woken_for if sid == svc.id)]
+
+    async def _wait_for_spares(self, kind: str, args: tuple[Any, ...]) -> None:
+        """A certificate naming a slot whose fresh spare is being provisioned waits until
+        that provisioning is over (the spare sleeps, or it failed and the slot is empty):
+        never a wake-up of a half-booted spare, never a second provisioning of the slot.
+        The worker waits, so the certificates behind it keep their arrival order."""
+        svc, seq = args[0], args[1]
+        for x in sorted(set(self._named_here(kind, args))):
+            task = self._spares.get((svc.id, x))
+            if task is None:
+                continue
+            self.counters["spare_waited"] += 1
+            self._note(f"{kind.upper()} {svc.name} seq {seq} names {svc.name}/{x}: waiting for"
+                       " its fresh spare's provisioning")  # fmt: skip
+            await asyncio.wait([task])
 
     def _rekey(self, svc: Service, x: int, seq: int) -> bytes:
         """A new key epoch for slot x (zz.keys.rotate_exec); our key view (PeerKeys) reads
@@ -1455,7 +1531,7 @@ class Daemon:
                 self.counters["action_failed"] += 1
                 self._note(f"SHUTDOWN {svc.name}/{x} destroy failed: {e}")
                 continue
-            await self._fresh_spare(svc, x, seq)
+            await self._start_fresh_spare(svc, x, seq)
         for x in [*sleep, *extra]:
             try:
                 rec = self.inventory.get(svc.name, x)
@@ -1498,9 +1574,11 @@ class Daemon:
     async def _work_loop(self) -> None:
         while True:
             kind, args = await self._work.get()
-            self._action_lines = []
+            lines: list[str] = []
+            token = self._lines.set(lines)
             began = round(time.time(), 6)
             try:
+                await self._wait_for_spares(kind, args)
                 if kind == "wakeup":
                     await self._act_wakeup(*args)
                 else:
@@ -1510,7 +1588,7 @@ class Daemon:
                 log.exception("%s action failed", kind)
             finally:
                 # What the certificate led to, in the words of the log lines (audit story).
-                lines, self._action_lines = self._action_lines or [], None
+                self._lines.reset(token)
                 svc, seq = args[0], args[1]
                 self._audit("action", "done", [], service=svc.id, seq=seq, what=kind,
                             began=began, lines=lines)  # fmt: skip

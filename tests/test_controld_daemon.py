@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from zz.procrack import REPO, repo_env
 A, B = bytes([0xA]) * 32, bytes([0xB]) * 32
 OP = keys.operator_principal(0)
 SVC = 1
+KV = 2  # make_rack(kv=True): a second service, so that one host holds slots of two
 
 
 def _free_base() -> int:
@@ -102,13 +104,20 @@ class Rack:
 
 
 def make_rack(
-    tmp_path: Path, sleep: str = "paused", uri: str = "test:///default", active: int = 0
+    tmp_path: Path,
+    sleep: str = "paused",
+    uri: str = "test:///default",
+    active: int = 0,
+    kv: bool = False,
 ) -> Rack:
     """The 3-host rack of RACK; with `active` (4: f+1 < active = n_exec) a fourth host and
-    that many active execution replicas."""
+    that many active execution replicas; with `kv` a second service, "kv" (id KV), alike."""
     name = "t" + secrets.token_hex(4)  # domain names on the shared test:///default differ
     p = tmp_path / "rack.toml"
     text = RACK.format(name=name, base=_free_base(), sleep=sleep)
+    if kv:
+        svc = RACK[RACK.index("[[services]]") :].format(base=_free_base(), sleep=sleep)
+        text += svc.replace('name = "web"', 'name = "kv"').replace("id = 1", f"id = {KV}")
     if active:
         h3 = '[[hosts]]\nname = "h3"\naddress = "127.0.0.1"\nlibvirt_uri = "test:///default"\n'
         text = text.replace("[[services]]", h3 + "[[services]]")
@@ -160,9 +169,9 @@ class Node:
             timeout=self.daemon.ctx.ready_timeout + 60,
         )
 
-    async def send(self, *raws: bytes) -> None:
+    async def send(self, *raws: bytes, wait: bool = True) -> None:
         """Send messages on one connection, then a status RPC on it: its reply means they
-        were all handled; then wait until the actions they queued are done."""
+        were all handled; then (`wait`) wait until the actions they queued are done."""
         r, w = await asyncio.open_connection("127.0.0.1", self.port)
         try:
             for raw in raws:
@@ -174,7 +183,8 @@ class Node:
             await asyncio.wait_for(wire.read_frame(r), 10)
         finally:
             w.close()
-        await asyncio.wait_for(self.daemon.idle(), self.daemon.ctx.ready_timeout + 120)
+        if wait:
+            await asyncio.wait_for(self.daemon.idle(), self.daemon.ctx.ready_timeout + 120)
 
     def counters(self) -> dict[str, int]:
         return dict(self.daemon.counters)
@@ -850,6 +860,97 @@ async def test_fresh_spare_that_fails_to_boot_is_tried_once_more(
         assert any("trying once more" in line for line in h2.daemon.recent)
         rec = h2.daemon.inventory.get("web", 1)
         assert rec.state == "paused" and h2.hv.state(rec.domain) == "paused"
+
+
+def _kv_wakeup(rack: Rack, seq: int, spare: int) -> bytes:
+    """A valid WAKEUP of service KV: the two awake replicas disagree, wake `spare`."""
+    key_dir = rack.config.rack.key_dir
+    sk = {r: keys.load_secret(keys.secret_path(key_dir, KV, r)).sign for r in (0, 1)}
+    a, b = (j for j in range(3) if j != spare)
+    ev = []
+    for r in (0, 1):
+        row = [wire.RowEntry(a, 1, A), wire.RowEntry(b, 1, B)]
+        signer = sk[r]
+        assert signer is not None
+        ev.append(wire.FaultStatement(KV, r, seq, row).signed(signer).encode())
+    signer = sk[0]
+    assert signer is not None
+    return wire.Wakeup(KV, 0, seq, ev, [spare], [spare]).signed(signer).encode()
+
+
+async def _until(what: str, cond: Any, n: Node, most: float = 20.0) -> None:
+    """Wait for cond() (a deadlock guard, not a time limit: what is waited for takes
+    milliseconds once it can happen)."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < most, f"{what}: never happened\n" + "\n".join(
+            n.daemon.recent
+        )
+        await asyncio.sleep(0.02)
+
+
+async def test_fresh_spare_provisioning_does_not_hold_up_other_certificates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SHUTDOWN's fresh spare boots in the background of the certificate queue (a TCG
+    boot is 60-110 s): while web/1's successor is still provisioning, a WAKEUP of another
+    service's spare on the same host is acted on at once; a WAKEUP naming web/1 waits until
+    its spare is provisioned and then wakes it (never half-booted, never provisioned
+    twice). The spare's provisioning has an audit entry of its own."""
+    rack = make_rack(tmp_path, kv=True)
+    kv = rack.config.service("kv")
+    h2 = rack.config.service("web").exec_host(rack.config, 1).index
+    spare = next(j for j in range(3) if kv.exec_host(rack.config, j).index == h2)
+    release = threading.Event()
+    real, booted = actions.provision, []
+
+    def blocked(ctx: Any, svc: Any, index: int, *args: Any, **kw: Any) -> dict[str, Any]:
+        booted.append((svc.name, index))
+        if svc.name == "web":
+            assert release.wait(60), "never released"
+        return real(ctx, svc, index, *args, **kw)
+
+    async with nodes(rack, "libvirt", h2) as (n,):
+        try:
+            assert (await n.rpc("provision", service="web", index=1, mode="active"))["ok"]
+            assert (await n.rpc("provision", service="kv", index=spare, mode="paused"))["ok"]
+            monkeypatch.setattr(actions, "provision", blocked)
+            votes = [rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)]
+            await n.send(*votes, wait=False)
+            await _until("web/1 convicted", lambda: n.counters().get("convicted") == 1, n)
+            await _until("its successor booting", lambda: ("web", 1) in booted, n)
+            # Another service's spare on this host: woken while web/1's spare boots.
+            await n.send(_kv_wakeup(rack, 3, spare), wait=False)
+            woken = lambda: n.daemon.inventory.get("kv", spare).state == "recovering"  # noqa: E731
+            await _until("kv spare woken", woken, n)
+            rec = n.daemon.inventory.get("web", 1)
+            assert rec.state is None and rec.pending == "paused", rec
+            # A WAKEUP naming web/1 itself waits for its spare's provisioning.
+            ev = [rack.statement(r, 9, [(0, 1, A), (2, 1, B)]) for r in (0, 1)]
+            await n.send(rack.wakeup(0, 9, ev, [1], [1]), wait=False)
+            await _until("the wait noted", lambda: n.counters().get("spare_waited") == 1, n)
+            rec = n.daemon.inventory.get("web", 1)
+            assert rec.state is None and rec.pending == "paused", rec
+            assert n.counters()["woken"] == 1  # the kv spare only
+        finally:
+            release.set()
+        await asyncio.wait_for(n.daemon.idle(), 60)
+        c = n.counters()
+        assert c["reprovisioned"] == 1 and c["woken"] == 2, c
+        assert booted == [("web", 1)], booted  # provisioned once
+        assert n.state(1) == "recovering"
+        recent = "\n".join(n.daemon.recent)
+        assert recent.index("provisioned web/1 paused") < recent.index("woke web/1 from paused")
+    sc = audit.read(rack.config.rack.run_dir / "controld" / n.host.name / "audit.log")
+    acts = [e.header for e in sc.entries if e.kind == "action"]
+    what = [(h["what"], h["seq"]) for h in acts if h["service"] == 1]
+    assert what == [("shutdown", 7), ("fresh-spare", 7), ("wakeup", 9)], acts
+    shutdown = next(h for h in acts if h["what"] == "shutdown")
+    fresh = next(h for h in acts if h["what"] == "fresh-spare")
+    assert any(x.startswith("convicted web/1") for x in shutdown["lines"]), shutdown
+    assert not any(x.startswith("provisioned") for x in shutdown["lines"]), shutdown
+    assert fresh["index"] == 1 and any(x.startswith("provisioned web/1") for x in fresh["lines"])
+    assert sc.error is None
 
 
 async def test_wake_failure_is_reported(tmp_path: Path) -> None:
