@@ -950,6 +950,8 @@ async def test_fresh_spare_provisioning_does_not_hold_up_other_certificates(
     assert any(x.startswith("convicted web/1") for x in shutdown["lines"]), shutdown
     assert not any(x.startswith("provisioned") for x in shutdown["lines"]), shutdown
     assert fresh["index"] == 1 and any(x.startswith("provisioned web/1") for x in fresh["lines"])
+    entry = next(e for e in sc.entries if e.kind == "action" and e.header is fresh)
+    assert audit.describe(entry)[0].startswith("fresh spare x1 of SHUTDOWN seq 7 led to: ")
     assert sc.error is None
 
 

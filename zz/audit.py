@@ -589,7 +589,10 @@ def describe(e: Entry) -> list[str]:
         return [f"torn tail of {h.get('length')} bytes cut at offset {h.get('offset')}"]
     if e.kind == "action":
         lines = [str(x) for x in h.get("lines", [])] or ["nothing done"]
-        return [f"{h.get('what', 'action')} seq {seq} led to: {lines[0]}", *lines[1:]]
+        what = h.get("what", "action")
+        if what == "fresh-spare":  # a convicted slot's successor, provisioned in the background
+            what = f"fresh spare x{h.get('index')} of SHUTDOWN"
+        return [f"{what} seq {seq} led to: {lines[0]}", *lines[1:]]
     if e.kind == "wakeup":
         if v == "refused":
             return [f"WAKEUP seq {seq} from {by} REFUSED ({refusal})"]
