@@ -23,8 +23,10 @@ the file can be read:
   * after a failed action `pending` is None again and `error` says what failed: the
     state is settled from what the hypervisor reports (confirm if it shows the target,
     roll back if it shows the old state, else keep the old one and say so in `error`);
-  * a record with `pending` set on load is "in doubt" (controld died mid-action):
-    reconcile() settles it the same way before anything else may touch it.
+  * a record with `pending` set on load is "in doubt" (controld died mid-action, or was
+    stopped while an action's thread ran: a cancelled atransition/aprovision leaves the
+    record as written ahead): reconcile() settles it the same way before anything else
+    may touch it.
 """
 
 from __future__ import annotations
@@ -213,6 +215,8 @@ class Inventory:
             old_save = self._begin(rec, to, save_file)
             try:
                 await asyncio.to_thread(action)
+            except asyncio.CancelledError:
+                raise  # left in doubt, as in aprovision()
             except BaseException as e:
                 self._settle_failure(rec, to, e, old_save)
                 raise
@@ -242,6 +246,12 @@ class Inventory:
             self._begin(rec, state, save_file)
             try:
                 await asyncio.to_thread(action)
+            except asyncio.CancelledError:
+                # The action's thread cannot be cancelled and runs on (a daemon stopped
+                # mid-boot): settling now would record what the hypervisor shows halfway.
+                # The record stays written ahead, in doubt as after a crash, and the next
+                # start's reconcile() settles it from what the hypervisor shows then.
+                raise
             except BaseException as e:
                 self._settle_failure(rec, state, e, None)
                 raise

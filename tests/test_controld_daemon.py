@@ -955,6 +955,56 @@ async def test_fresh_spare_provisioning_does_not_hold_up_other_certificates(
     assert sc.error is None
 
 
+async def test_a_fresh_spare_booting_as_controld_stops_is_settled_at_the_next_start(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """controld is stopped while a fresh spare boots in the background: the boot's thread
+    runs on, so the record stays as written ahead (in doubt) instead of being settled from
+    what the hypervisor shows halfway; the next start settles it from what it shows then
+    (the spare asleep: confirmed, not lost and not an orphan)."""
+    keep = open_backend("libvirt", uri="test:///default")  # test:/// state outlives a daemon
+    entered, release, done = threading.Event(), threading.Event(), threading.Event()
+    real = actions.provision
+
+    def blocked(ctx: Any, svc: Any, index: int, *args: Any, **kw: Any) -> dict[str, Any]:
+        entered.set()
+        try:
+            assert release.wait(60), "never released"
+            return real(ctx, svc, index, *args, **kw)
+        finally:
+            done.set()
+
+    h2 = rack.config.service("web").exec_host(rack.config, 1).index
+    n = Node(rack, h2, "libvirt")
+    try:
+        await n.start()
+        assert (await n.rpc("provision", service="web", index=1, mode="active"))["ok"]
+        monkeypatch.setattr(actions, "provision", blocked)
+        await n.send(*(rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)), wait=False)
+        await _until("the spare booting", entered.is_set, n)
+        await n.daemon.stop()
+        rec = n.daemon.inventory.get("web", 1)
+        assert rec.state is None and rec.pending == "paused", rec
+        release.set()
+        assert await asyncio.to_thread(done.wait, 60)
+    finally:
+        release.set()
+        n.hv.close()
+    n2 = Node(rack, h2, "libvirt")
+    try:
+        await n2.start()
+        rec = n2.daemon.inventory.get("web", 1)
+        assert rec.state == "paused" and rec.pending is None, rec
+        assert n2.hv.state(rec.domain) == "paused"
+        st = await n2.rpc("status")
+        (doubt,) = st["in_doubt_at_start"]
+        assert "shows it done: confirmed" in doubt["error"], doubt
+        assert st["lost"] == [] and st["orphans"] == [], st
+    finally:
+        await n2.close()
+        keep.close()
+
+
 async def test_wake_failure_is_reported(tmp_path: Path) -> None:
     """A hibernated replica whose save file vanished cannot be woken: the WAKEUP is spent,
     the record keeps its state with the error, nothing else changes."""
