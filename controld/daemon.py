@@ -1520,6 +1520,9 @@ class Daemon:
                 continue
             try:
                 await self._destroy(rec)
+                # Its SPARE-READY announced an incarnation that is gone: a lower sibling of
+                # this round must not send it again (_lower_sibling), only the successor's.
+                self._announced.pop((svc.id, x), None)
                 # Our read clones of its snapshots would follow the dataset into forensics
                 # and block purging it later.
                 await asyncio.to_thread(self.snapshots.forget, svc, x)

@@ -955,6 +955,52 @@ async def test_fresh_spare_provisioning_does_not_hold_up_other_certificates(
     assert sc.error is None
 
 
+async def test_a_lower_sibling_never_re_announces_a_convicted_incarnation(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """web/1 is convicted at seq 7 (its spare announced under key epoch 1), woken at seq 9
+    and convicted again at seq 12; while its epoch-2 successor boots, a lower sibling
+    certificate (seq 10, the seq-12 round's awake set) arrives. The slot's fresh spare is
+    announced under that seq too, but only once it is up and with its own keys: the epoch-1
+    announcement (of the destroyed incarnation) re-sent under seq 10 would tell the
+    agreement replicas that a spare sleeps in the slot while it is still booting."""
+    release = threading.Event()
+    real, booted = actions.provision, []
+
+    def gated(ctx: Any, svc: Any, index: int, *args: Any, **kw: Any) -> dict[str, Any]:
+        booted.append(index)
+        if len(booted) == 2:
+            assert release.wait(60), "never released"
+        return real(ctx, svc, index, *args, **kw)
+
+    def shutdown(r: int, seq: int, awake: list[int]) -> bytes:
+        m = wire.Shutdown(SVC, r, seq, awake, [1], [], [j for j in (0, 1, 2) if j != 1])
+        return m.signed(rack.signers[r]).encode()
+
+    h2 = rack.config.service("web").exec_host(rack.config, 1).index
+    async with nodes(rack, "libvirt", h2) as (n,):
+        try:
+            assert (await n.rpc("provision", service="web", index=1, mode="active"))["ok"]
+            monkeypatch.setattr(actions, "provision", gated)
+            await n.send(*(shutdown(x, 7, [0, 1]) for x in (0, 1)))
+            assert n.state(1) == "paused" and n.counters()["reprovisioned"] == 1
+            ev = [rack.statement(r, 9, [(0, 1, A), (2, 1, B)]) for r in (0, 1)]
+            await n.send(rack.wakeup(0, 9, ev, [1], [1]))
+            assert n.state(1) == "recovering"
+            await n.send(*(shutdown(x, 12, [0, 1]) for x in (0, 1)), wait=False)
+            await _until("the second successor booting", lambda: len(booted) == 2, n)
+            await n.send(*(shutdown(x, 10, [0, 1]) for x in (0, 1)), wait=False)
+            assert n.counters()["shutdown_sibling"] == 1, n.counters()
+            assert "spare_announced_for_sibling" not in n.counters(), n.counters()
+        finally:
+            release.set()
+        await asyncio.wait_for(n.daemon.idle(), 60)
+        assert n.counters()["spare_announced_for_sibling"] == 1, n.counters()
+    sc = audit.read(rack.config.rack.run_dir / "controld" / n.host.name / "audit.log")
+    sent = [(e.header["seq"], e.header["epoch"]) for e in sc.entries if e.kind == "spare-ready"]
+    assert sent == [(7, 1), (12, 2), (10, 2)], sent
+
+
 async def test_a_fresh_spare_booting_as_controld_stops_is_settled_at_the_next_start(
     rack: Rack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
