@@ -499,14 +499,8 @@ class _Pending:
         return sorted(f for f in self.files if f == rel or f.startswith(rel + "/"))
 
 
-def test_recovering_replica_fetches_only_what_a_request_needs(tmp_path: Path) -> None:
-    """On-demand fetch (ZZ §4.5, §4.7.2): metadata requests fetch the small inode files,
-    never a file's data; a truncate to zero and an unlink drop the data unfetched."""
-    src = Fs(tmp_path / "src")
-    f = src.create(ROOT, b"big")
-    src.write(f.ino, 0, b"x" * 50_000)
-    g = src.create(ROOT, b"other")
-    src.write(g.ino, 0, b"y" * 1000)
+def _recovering(tmp_path: Path, src: Fs) -> tuple[Fs, _Pending]:
+    """A replica recovering to src's state: every file of it pending (fetched on touch)."""
     certified = {
         str(p.relative_to(src.state.root)): p.read_bytes()
         for p in src.state.root.rglob("*")
@@ -519,6 +513,18 @@ def test_recovering_replica_fetches_only_what_a_request_needs(tmp_path: Path) ->
     rec = Fs.__new__(Fs)
     rec.app, rec.state, rec.seq = app, StateDir(root, lazy=lazy), src.seq  # type: ignore[assignment]
     app.open(rec.state)
+    return rec, lazy
+
+
+def test_recovering_replica_fetches_only_what_a_request_needs(tmp_path: Path) -> None:
+    """On-demand fetch (ZZ §4.5, §4.7.2): metadata requests fetch the small inode files,
+    never a file's data; a truncate to zero and an unlink drop the data unfetched."""
+    src = Fs(tmp_path / "src")
+    f = src.create(ROOT, b"big")
+    src.write(f.ino, 0, b"x" * 50_000)
+    g = src.create(ROOT, b"other")
+    src.write(g.ino, 0, b"y" * 1000)
+    rec, lazy = _recovering(tmp_path, src)
     assert rec.lookup(ROOT, b"big").size == 50_000
     assert rec.names(ROOT) == [b"big", b"other"]
     assert files.data_path(f.ino) not in lazy.fetched
@@ -562,18 +568,7 @@ def test_recovering_replica_write_into_a_pending_file_keeps_the_rest(tmp_path: P
     src = Fs(tmp_path / "src")
     f = src.create(ROOT, b"big")
     src.write(f.ino, 0, b"x" * 50_000)
-    certified = {
-        str(p.relative_to(src.state.root)): p.read_bytes()
-        for p in src.state.root.rglob("*")
-        if p.is_file()
-    }
-    root = tmp_path / "rec"
-    root.mkdir()
-    lazy = _Pending(root, certified)
-    app = create_app("files")
-    rec = Fs.__new__(Fs)
-    rec.app, rec.state, rec.seq = app, StateDir(root, lazy=lazy), src.seq  # type: ignore[assignment]
-    app.open(rec.state)
+    rec, lazy = _recovering(tmp_path, src)
     rec.write(f.ino, 20_000, b"new")
     assert files.data_path(f.ino) in lazy.fetched
     assert rec.read(f.ino) == b"x" * 20_000 + b"new" + b"x" * 29_997
