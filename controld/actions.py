@@ -224,10 +224,8 @@ def write_guest_files(
     me = exec_principal(index)
     # Public only, besides its own secret: the re-keyed slots' signed announcements and the
     # controlds' keys that verify them, so its peer view holds every slot's current key.
-    certs = sorted(service_dir(key_dir, service.id).glob("spare-p*.msg"))
-    rack_pub = [public_path(key_dir, RACK_SERVICE)] if certs else []
     for src in (secret_path(key_dir, service.id, me), public_path(key_dir, service.id),
-                *certs, *rack_pub):  # fmt: skip
+                *_announcements(key_dir, service)):  # fmt: skip
         dest = guest / "keys" / src.relative_to(key_dir)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
@@ -242,6 +240,47 @@ def write_guest_files(
         # QEMU reads the share as libvirt-qemu: the key file must be its own.
         for p in [guest, *guest.rglob("*"), state / GUEST_CONFIG]:
             shutil.chown(p, "libvirt-qemu", "libvirt-qemu")
+
+
+def _announcements(key_dir: Path, service: Service) -> list[Path]:
+    """The key directory's files a guest needs to know every re-keyed slot's current key:
+    the controlds' public keys (they sign the announcements) first, then each announcement
+    (spare-p<id>.msg)."""
+    certs = sorted(service_dir(key_dir, service.id).glob("spare-p*.msg"))
+    return [public_path(key_dir, RACK_SERVICE), *certs] if certs else []
+
+
+def refresh_guest_keys(ctx: HostContext, service: Service, state: Path) -> int:
+    """Bring a provisioned guest's copy of the key directory up to the host's announcements
+    of re-keyed slots; return how many files changed. The guest's copy is made at its
+    provisioning: without this a guest running before a slot was re-keyed kept the old key
+    of the successor and dropped its FILE-FETCHes as badly signed, so a woken successor
+    waited out the fetch timeout at each such peer (2 s each, docs/performance.md
+    "Recovery with real guests"). Each file is replaced whole (rename), so the runtime's
+    PeerKeys, which re-reads the announcements when one of them changes, never reads half
+    of one; the controlds' keys come first, so an announcement is never there without
+    what verifies it."""
+    dest_dir = state / GUEST_DIR / "keys"
+    if not dest_dir.is_dir():
+        return 0
+    key_dir = ctx.config.rack.key_dir
+    changed = 0
+    for src in _announcements(key_dir, service):
+        data = src.read_bytes()
+        dest = dest_dir / src.relative_to(key_dir)
+        try:
+            if dest.read_bytes() == data:
+                continue
+        except FileNotFoundError:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".new")
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o600)
+        if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
+            shutil.chown(tmp, "libvirt-qemu", "libvirt-qemu")
+        os.replace(tmp, dest)
+        changed += 1
+    return changed
 
 
 def _share_with_qemu(ctx: HostContext, state: Path) -> None:

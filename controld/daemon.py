@@ -38,7 +38,7 @@ from zz.atomicfile import write_atomic
 from zz.config import Config, ConfigError, Host, Service
 from zz.controld import actions, orphans, reset
 from zz.controld import inventory as inv
-from zz.controld.actions import HostContext
+from zz.controld.actions import HostContext, refresh_guest_keys
 from zz.controld.agreed import MAX_LOG_LINES, MAX_WAIT_S, AgreedError, AgreedReplicas
 from zz.controld.announce import Announcer
 from zz.controld.guestsnap import GuestDatasets
@@ -605,7 +605,10 @@ class Daemon:
         except keyfiles.KeyFileError:
             known = None
         if known is not None and known.epoch >= m.epoch:
+            # On one machine the hosts share the key directory: the re-keying controld
+            # wrote it there, but this host's guests hold copies of their own.
             self.counters["spare_ready_known"] += 1
+            self._refresh_guest_keys(svc)
             return True
         path = keyfiles.spare_cert_path(self.config.rack.key_dir, svc.id, principal)
         write_atomic(path, raw.hex() + "\n", durable=True)
@@ -613,7 +616,29 @@ class Daemon:
         self._audit("spare-ready", "stored", [raw], m, replica=m.replica, epoch=m.epoch)
         self._note(f"{svc.name}/{m.replica}: key epoch {m.epoch} announced by controld"
                    f" {m.sender}: kept in {path.name}")  # fmt: skip
+        self._refresh_guest_keys(svc)
         return True
+
+    def _refresh_guest_keys(self, svc: Service) -> None:
+        """Give this host's guests of svc the key directory's current announcements
+        (actions.refresh_guest_keys): a guest's copy is made at its provisioning, and one
+        provisioned before a slot's re-key would refuse the successor's FILE-FETCHes."""
+        if self.hv.kind == "process" or self.ctx.fake_guests:
+            return  # process runtimes read the key directory itself
+        for rec in self.inventory.replicas():
+            if rec.service != svc.name or rec.state == inv.CONVICTED:
+                continue
+            try:
+                n = refresh_guest_keys(self.ctx, svc, svc.exec_state_dir(self.config, rec.index))
+            except OSError as e:
+                self.counters["guest_keys_failed"] += 1
+                self._note(f"{svc.name}/{rec.index}: key announcements not copied to the"
+                           f" guest: {e}")  # fmt: skip
+                continue
+            if n:
+                self.counters["guest_keys_refreshed"] += 1
+                self._note(f"{svc.name}/{rec.index}: the guest's key copy took {n} new"
+                           " announcement file(s)")  # fmt: skip
 
     # ---- FILE-FETCH: checkpoint files of this host's replicas -------------------------------
     async def _on_file_fetch(
@@ -1484,6 +1509,7 @@ class Daemon:
         assert isinstance(m, wire.SpareReady)
         self.counters["rekeyed"] += 1
         self._note(f"{svc.name}/{x}: key epoch {m.epoch} for the successor")
+        self._refresh_guest_keys(svc)
         return raw
 
     async def _act_shutdown(

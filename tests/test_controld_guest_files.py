@@ -218,3 +218,37 @@ def test_a_spare_paused_before_its_wake_watch_ran_still_wakes(tmp_path: Path) ->
     asyncio.run(run())
     assert not rt.asleep and rt.counters["wake_notices"] == 1
     assert rt._fault_seq == 7
+
+
+def test_a_running_guest_takes_a_slots_new_key_from_its_host(tmp_path: Path) -> None:
+    """A guest's key copy is made at its provisioning. When a slot is re-keyed later (a
+    convicted replica's successor), controld copies the announcement, and the controlds'
+    keys that verify it, into the running guest's copy (actions.refresh_guest_keys), where
+    its runtime's PeerKeys takes the successor's new signing key: without it the guest
+    dropped the successor's FILE-FETCHes as badly signed."""
+    from collections import Counter
+
+    ctx = _ctx(tmp_path)
+    config, svc = ctx.config, ctx.config.services[0]
+    state = svc.exec_state_dir(config, 1)
+    state.mkdir(parents=True)
+    actions.write_guest_files(ctx, svc, 1, state, None, asleep=False)
+    guest_keys = state / "guest" / "keys"
+    peer = keys.PeerKeys(guest_keys, config, svc, Counter())
+    old = peer[256 + 0]
+    assert actions.refresh_guest_keys(ctx, svc, state) == 0, "nothing re-keyed yet"
+
+    h = svc.exec_host(config, 0).index
+    ctl = keys.load_secret(keys.secret_path(config.rack.key_dir, keys.RACK_SERVICE,
+                                            keys.controld_principal(h)))  # fmt: skip
+    assert ctl.sign is not None
+    keys.rotate_exec(config.rack.key_dir, config, svc, 0, 9, ctl.sign, h)
+    assert peer[256 + 0] == old, "the guest's copy does not have it yet"
+    assert actions.refresh_guest_keys(ctx, svc, state) == 2  # s0/public, spare-p256.msg
+    new = peer[256 + 0]
+    assert new != old and peer.epochs[256 + 0] == 1
+    assert new == keys.service_publics(config.rack.key_dir, config, svc)[256 + 0]
+    assert actions.refresh_guest_keys(ctx, svc, state) == 0, "already up to date"
+    assert not list(guest_keys.rglob("*.new"))
+    # A guest with no key copy (not provisioned here, or a fake guest) is left alone.
+    assert actions.refresh_guest_keys(ctx, svc, tmp_path / "none") == 0
