@@ -236,7 +236,7 @@ def write_guest_files(
     body = {"command": cmd, "start": "wake" if hibernated else "boot"}
     (state / GUEST_CONFIG).write_text(json.dumps(body, indent=1) + "\n")
     (state / GUEST_STATUS).unlink(missing_ok=True)
-    if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
+    if _qemu_owns_share(ctx):
         # QEMU reads the share as libvirt-qemu: the key file must be its own.
         for p in [guest, *guest.rglob("*"), state / GUEST_CONFIG]:
             shutil.chown(p, "libvirt-qemu", "libvirt-qemu")
@@ -273,21 +273,23 @@ def refresh_guest_keys(ctx: HostContext, service: Service, state: Path) -> int:
                 continue
         except FileNotFoundError:
             dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".new")
-        tmp.write_bytes(data)
-        os.chmod(tmp, 0o600)
-        if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
-            shutil.chown(tmp, "libvirt-qemu", "libvirt-qemu")
-        os.replace(tmp, dest)
+        owner = "libvirt-qemu" if _qemu_owns_share(ctx) else None
+        write_atomic(dest, data, mode=0o600, owner=owner)
         changed += 1
     return changed
 
 
+def _qemu_owns_share(ctx: HostContext) -> bool:
+    """9p accessmode 'squash' (the backend's default), with controld as root: QEMU reads
+    and writes the share as libvirt-qemu, so what controld puts there must be that user's
+    (docs/images.md). 'passthrough' runs QEMU as root; a controld that is not root makes
+    its files its own user's anyway."""
+    return getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0
+
+
 def _share_with_qemu(ctx: HostContext, state: Path) -> None:
-    """9p accessmode 'squash' (the backend's default) writes as QEMU's user: the guest can
-    only write its share if libvirt-qemu owns it (docs/images.md). 'passthrough' runs QEMU
-    as root and needs nothing."""
-    if getattr(ctx.hv, "state_accessmode", "squash") != "squash" or os.geteuid() != 0:
+    """The guest can only write its share if libvirt-qemu owns it (_qemu_owns_share)."""
+    if not _qemu_owns_share(ctx):
         return
     for d in state.resolve().parents:
         if not os.stat(d).st_mode & 0o001:
@@ -321,7 +323,7 @@ def make_guest_dataset(ctx: HostContext, service: Service, index: int, share: Pa
         store = ZfsStore(ctx.zfs_pool, name.partition("/")[2], share / "live")
     except StorageError as e:
         raise HypervisorError(share.name, "provision", f"dataset: {e}") from e
-    if getattr(ctx.hv, "state_accessmode", "squash") == "squash" and os.geteuid() == 0:
+    if _qemu_owns_share(ctx):
         try:
             shutil.chown(store.path, "libvirt-qemu", "libvirt-qemu")
         except (LookupError, OSError) as e:

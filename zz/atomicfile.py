@@ -8,17 +8,25 @@ beside the target, which then replaces it (rename(2) is atomic within a file sys
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
 def write_atomic(
-    path: Path | str, data: bytes | str, *, durable: bool = False, mode: int = 0o644
+    path: Path | str,
+    data: bytes | str,
+    *,
+    durable: bool = False,
+    mode: int = 0o644,
+    owner: str | None = None,
 ) -> None:
     """Write `data` to `path` atomically. `durable`: also survive a host crash (the file
     and then its directory are fsynced), for records a daemon restarts from. `mode`: the
     new file's permissions (a secret key: 0o600, never readable by others, not even
-    briefly). On an error the temporary file is removed and the old `path` is left as it
-    was. The temporary name carries the pid: several daemons may replace one file."""
+    briefly). `owner`: a user (and group of that name) the new file belongs to before it
+    takes `path`'s place, so that a reader running as that user never finds it unreadable.
+    On an error the temporary file is removed and the old `path` is left as it was. The
+    temporary name carries the pid: several daemons may replace one file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -28,6 +36,8 @@ def write_atomic(
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
+        if owner is not None:
+            shutil.chown(tmp, owner, owner)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
