@@ -235,14 +235,15 @@ class Daemon:
         self.reconcile_orphans()
 
     # ---- orphans: what runs here that the inventory does not explain ------------------------
-    def _slots(self) -> list[tuple[Service, int]]:
-        """The execution replica slots the config places on this host."""
+    def _slots(self, here: bool = True) -> list[tuple[Service, int]]:
+        """The execution replica slots the config places on this host (here=False: on the
+        other hosts)."""
         return [
             (svc, i)
             for svc in self.config.services
             if svc.uses_execution_replicas
             for i in range(svc.n_exec)
-            if svc.exec_host(self.config, i).index == self.host.index
+            if (svc.exec_host(self.config, i).index == self.host.index) == here
         ]
 
     def _explained(self, svc: Service, index: int) -> bool:
@@ -272,13 +273,7 @@ class Daemon:
             prefix = f"zz-{self.config.rack.name}-"
             # The simulated hosts of a rack on one machine share its libvirtd: the domains
             # of slots placed on other hosts are their controlds' replicas, not orphans.
-            theirs = {
-                domain_name(self.config, svc, i)
-                for svc in self.config.services
-                if svc.uses_execution_replicas
-                for i in range(svc.n_exec)
-                if svc.exec_host(self.config, i).index != self.host.index
-            }
+            theirs = {domain_name(self.config, svc, i) for svc, i in self._slots(here=False)}
             try:
                 running = self.hv.list()
             except HypervisorError as e:
@@ -622,7 +617,9 @@ class Daemon:
     def _refresh_guest_keys(self, svc: Service) -> None:
         """Give this host's guests of svc the key directory's current announcements
         (actions.refresh_guest_keys): a guest's copy is made at its provisioning, and one
-        provisioned before a slot's re-key would refuse the successor's FILE-FETCHes."""
+        provisioned before a slot's re-key would refuse the successor's FILE-FETCHes. Not
+        needed at the re-key itself: the re-keying host holds no other replica of the
+        service (_placement_check), and the successor's copy is made after it."""
         if self.hv.kind == "process" or self.ctx.fake_guests:
             return  # process runtimes read the key directory itself
         for rec in self.inventory.replicas():
@@ -1509,7 +1506,6 @@ class Daemon:
         assert isinstance(m, wire.SpareReady)
         self.counters["rekeyed"] += 1
         self._note(f"{svc.name}/{x}: key epoch {m.epoch} for the successor")
-        self._refresh_guest_keys(svc)
         return raw
 
     async def _act_shutdown(
