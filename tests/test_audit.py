@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from test_controld_daemon import SVC, Rack, make_rack, nodes
+from test_controld_daemon import SVC, Rack, close_keeping_backend, make_rack, nodes
 
 from zz import audit, cli, wire
 from zz.config import Config
@@ -414,8 +414,4 @@ async def test_libvirt_console_log_kept_and_torn_tail_at_restart(tmp_path: Path)
         rc, out = _cli("audit", "verify", str(rack.path), "--host", "h2")
         assert rc == 0 and "warning:" in out and "torn tail of 18 bytes was cut" in out, out
     finally:
-        for name in keep.list():
-            if rack.config.rack.name in name:
-                with contextlib.suppress(Exception):
-                    keep.destroy(name)
-        keep.close()
+        close_keeping_backend(keep, rack)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_controld_daemon import OP, Node, Rack, make_rack
+from tests.test_controld_daemon import OP, Node, Rack, close_keeping_backend, make_rack
 from tests.test_execution_runtime import needs_agreed
 from zz import keys, rackctl, wire
 from zz.config import Config, load
@@ -325,11 +325,7 @@ async def test_halt_destroys_this_hosts_domains_and_keeps_the_records(tmp_path: 
         ], listed
     finally:
         await n.close()
-        for name in keep.list():
-            if rack.config.rack.name in name:
-                with contextlib.suppress(Exception):
-                    keep.destroy(name)
-        keep.close()
+        close_keeping_backend(keep, rack)
 
 
 # ---- exec_status: the runtimes' status files, read by their host's controld ----------------

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controld_daemon import OP, Node, Rack, _procs_with, make_rack
+from test_controld_daemon import OP, Node, Rack, _procs_with, close_keeping_backend, make_rack
 
 from zz import keys
 from zz.controld import actions
@@ -201,11 +201,7 @@ async def test_libvirt_orphan_domain_destroyed_at_start(rack: Rack) -> None:
             await n.close()
             keep.destroy(other.name)
     finally:
-        for name in keep.list():
-            if rack.config.rack.name in name:
-                with contextlib.suppress(Exception):
-                    keep.destroy(name)
-        keep.close()
+        close_keeping_backend(keep, rack)
 
 
 async def test_libvirt_restart_leaves_other_hosts_domains_alone(rack: Rack) -> None:
@@ -232,8 +228,4 @@ async def test_libvirt_restart_leaves_other_hosts_domains_alone(rack: Rack) -> N
         if n is not None:
             await n.close()
         await h2.close()
-        for name in keep.list():
-            if rack.config.rack.name in name:
-                with contextlib.suppress(Exception):
-                    keep.destroy(name)
-        keep.close()
+        close_keeping_backend(keep, rack)
