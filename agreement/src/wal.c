@@ -646,12 +646,10 @@ static int apply(void *ctx, uint8_t type, const uint8_t *body, uint32_t len)
  * grow, a rewrite), so the log's pages stay single-page folios. */
 static size_t page_size(void)
 {
-    static size_t page;
-    if (!page) {
-        long p = sysconf(_SC_PAGESIZE);
-        page = p > 0 && p <= (1L << 20) ? (size_t)p : 4096;
-    }
-    return page;
+    /* Asked each time, not cached in a static (no mutable state outside the replica
+     * struct): glibc answers from the value the kernel gave the process at start. */
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 && p <= (1L << 20) ? (size_t)p : 4096;
 }
 
 static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off)
