@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +47,18 @@ from zz.procrack import ProcRack, reap, repo_env, signal_group, spawn  # noqa: E
 from zz.snapshots.zfs import create_file_pool, destroy_pool  # noqa: E402
 
 SPARE = 2  # f = 1: execution replicas 0 and 1 active (or all three), 2 the spare
+
+
+def load_images_module(name: str) -> ModuleType:
+    """images/<name>.py by path (images/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"zz_images_{name}", REPO / "images" / f"{name}.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def load() -> float:

@@ -28,7 +28,6 @@ time it is woken, and the cold read is the cost that paging out saves.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -38,11 +37,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import load_images_module  # noqa: E402
 
 from zz.controld.hypervisor import (  # noqa: E402
     GUEST_AGENT_PORT,
@@ -66,18 +67,6 @@ TARGET_SPEEDUP = 3.0
 PAPER = {"unpause_s": 0.29, "paged_out_restore_s": 5.88}  # ZZ §6.5.3, as the issue cites
 POOL_SIZE = 256 << 20
 STATE_MIB = 32  # files in the replica's dataset (what the clone is of)
-
-
-def load_images_module(name: str) -> ModuleType:
-    """images/<name>.py by path (images/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        f"zz_images_{name}", REPO / "images" / f"{name}.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def wait_answer(port: int, t0: float, limit: float = 120.0) -> tuple[float, dict[str, Any]]:
