@@ -26,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -374,12 +375,20 @@ def _runtime_status(ctx: HostContext, state_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def wait_answering(ctx: HostContext, service: Service, index: int, timeout: float) -> float:
-    """Block until the replica answers (_answers); returns the seconds it took."""
+def wait_answering(
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    timeout: float,
+    stop: threading.Event | None = None,
+) -> float:
+    """Block until the replica answers (_answers); returns the seconds it took. Stopped
+    when `stop` is set."""
     t0 = time.monotonic()
     addr = (service.exec_host(ctx.config, index).address, exec_port(service, index))
     domain = domain_name(ctx.config, service, index)
     while True:
+        _stop_point(stop, domain)
         last = _answers(ctx, domain, addr, service.exec_state_dir(ctx.config, index))
         if last is None:
             return time.monotonic() - t0
@@ -409,27 +418,42 @@ def put_to_sleep(ctx: HostContext, domain: str, mode: str) -> None:
     ctx.hv.save(domain, path)
 
 
+class Stopped(HypervisorError):
+    """A provisioning given up between two of its steps because its `stop` event was set
+    (controld's `halt`): what it had created is destroyed, and it is not tried again."""
+
+
+def _stop_point(stop: threading.Event | None, domain: str) -> None:
+    if stop is not None and stop.is_set():
+        raise Stopped(domain, "provision", "stopped by a halt")
+
+
 def provision(
-    ctx: HostContext, service: Service, index: int, mode: str, inject_fault: str | None = None
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    mode: str,
+    inject_fault: str | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Boot the replica, wait until its runtime answers (not on test:///), then leave it
     running (mode active) or put it to sleep. On failure whatever was created is destroyed
     before the error goes up, so the inventory's settle sees nothing and forgets the
-    record (never a half-provisioned replica nobody tracks)."""
+    record (never a half-provisioned replica nobody tracks). `stop` set (a halt) ends it
+    with Stopped at the next step: before the boot, after it, while waiting for the
+    runtime, before the sleep."""
     spec = replica_spec(ctx, service, index, inject_fault, asleep=mode != "active", mode=mode)
+    _stop_point(stop, spec.name)
     t0 = time.monotonic()
     out: dict[str, Any] = {"domain": spec.name}
     ctx.hv.create(spec)
-    _test_hold(spec.name)
+    _test_hold(spec.name, mode)
     try:
+        _stop_point(stop, spec.name)
         # Booting a spare must not starve the replicas that serve (docs/controld.md).
-        restore = _boot_at_low_priority(ctx, spec.name, out) if mode != "active" else None
-        if not ctx.fake_guests:
-            out["answering_s"] = round(wait_answering(ctx, service, index, ctx.ready_timeout), 3)
         if mode != "active":
-            if restore is not None:
-                restore()  # it must run at full speed once woken
-            put_to_sleep(ctx, spec.name, mode)
+            _boot_at_low_priority(ctx, spec.name, out)
+        _to_mode(ctx, service, index, spec.name, mode, out, stop)
     except BaseException:
         _destroy_quietly(ctx, spec.name, save_path(ctx, spec.name))
         raise
@@ -437,34 +461,119 @@ def provision(
     return out
 
 
-def _boot_at_low_priority(
-    ctx: HostContext, name: str, out: dict[str, Any]
-) -> Callable[[], object] | None:
+def _to_mode(
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    domain: str,
+    mode: str,
+    out: dict[str, Any],
+    stop: threading.Event | None,
+) -> None:
+    """The rest of a provisioning once the domain runs: wait until the runtime answers,
+    then (a spare) give it its full CPU weight back and put it to sleep."""
+    if not ctx.fake_guests:
+        out["answering_s"] = round(wait_answering(ctx, service, index, ctx.ready_timeout, stop), 3)
+    if mode != "active":
+        restore_boot_priority(ctx, domain)  # it must run at full speed once woken
+        _stop_point(stop, domain)
+        put_to_sleep(ctx, domain, mode)
+
+
+def finish_provision(
+    ctx: HostContext,
+    service: Service,
+    index: int,
+    mode: str,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Finish the provisioning of a spare (mode paused or hibernated) that a stopped or
+    killed controld left under way, from what the hypervisor shows: asleep already (paused,
+    or gone with its save file): nothing to do; running (booting, or up and not yet put to
+    sleep): wait until its runtime answers, then put it to sleep as provision() would.
+    Anything else (gone, shut off, crashed) or a failure on the way: what is left is
+    destroyed (domain, save file) and HypervisorError says why, for the caller to provision
+    anew. `found` in the result says what it found."""
+    domain = domain_name(ctx.config, service, index)
+    save = save_path(ctx, domain)
+    try:
+        shown: str | None = ctx.hv.state(domain)
+    except DomainNotFound:
+        shown = None
+    out: dict[str, Any] = {"domain": domain, "found": shown or "gone"}
+    if (mode, shown) == ("paused", "paused"):
+        return out
+    if mode == "hibernated" and shown is None and save.exists():
+        out["found"] = "saved"
+        return out
+    t0 = time.monotonic()
+    try:
+        if shown != "running":
+            why = f"the hypervisor shows it {shown or 'gone'}"
+            raise HypervisorError(domain, "finish provisioning", why)
+        _stop_point(stop, domain)
+        _to_mode(ctx, service, index, domain, mode, out, stop)
+    except BaseException:
+        _destroy_quietly(ctx, domain, save)
+        raise
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+BOOT_PRIORITY = "boot-priority.json"  # in the run dir while a spare boots at low priority
+
+
+def _boot_at_low_priority(ctx: HostContext, name: str, out: dict[str, Any]) -> None:
     """Give a booting spare a small CPU weight (its cgroup's, through libvirt), else a high
-    nice; record which in `out` (`low_priority_boot`, `boot_cpu_shares`); the call that
-    sets it back (None: nothing was changed)."""
+    nice; record which in `out` (`low_priority_boot`, `boot_cpu_shares`), and what sets it
+    back in the run dir (BOOT_PRIORITY, read by restore_boot_priority: a controld that
+    finishes the boot of one it did not start still knows the weight it had)."""
     get, put = getattr(ctx.hv, "cpu_shares", None), getattr(ctx.hv, "set_cpu_shares", None)
     before = get(name) if get is not None and put is not None else None
+    back: dict[str, int] | None = None
     if before is not None and put is not None and put(name, SPARE_BOOT_SHARES):
         out["low_priority_boot"] = True
         out["boot_cpu_shares"] = [SPARE_BOOT_SHARES, before]
-        return lambda: put(name, before)
-    renice = getattr(ctx.hv, "set_nice", None)
-    if renice is None:
-        return None
-    out["low_priority_boot"] = renice(name, SPARE_BOOT_NICE)
-    return lambda: renice(name, 0)
+        back = {"cpu_shares": before}
+    else:
+        renice = getattr(ctx.hv, "set_nice", None)
+        if renice is None:
+            return
+        out["low_priority_boot"] = renice(name, SPARE_BOOT_NICE)
+        back = {"nice": 0}
+    write_atomic(run_dir(ctx, name) / BOOT_PRIORITY, json.dumps(back) + "\n")
+
+
+def restore_boot_priority(ctx: HostContext, name: str) -> None:
+    """Set a booted spare's CPU weight (or nice) back to what it had before its boot
+    (_boot_at_low_priority); nothing if it was not changed."""
+    path = run_dir(ctx, name) / BOOT_PRIORITY
+    try:
+        back = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(back, dict) and isinstance(back.get("cpu_shares"), int):
+        put = getattr(ctx.hv, "set_cpu_shares", None)
+        if put is not None:
+            put(name, back["cpu_shares"])
+    elif isinstance(back, dict) and "nice" in back:
+        renice = getattr(ctx.hv, "set_nice", None)
+        if renice is not None:
+            renice(name, 0)
+    path.unlink(missing_ok=True)
 
 
 # TESTS ONLY (tests/test_controld_orphans.py): after create(), write the domain name to
 # this file and wait, so a test can SIGKILL controld between the runtime's spawn and the
-# inventory's confirmation, deterministically.
+# inventory's confirmation, deterministically; with TEST_HOLD_MODE_ENV set, only for a
+# provisioning in that mode (e.g. paused: a fresh spare, not the replica it succeeds).
 TEST_HOLD_ENV = "ZZ_CONTROLD_TEST_HOLD_AFTER_CREATE"
+TEST_HOLD_MODE_ENV = "ZZ_CONTROLD_TEST_HOLD_MODE"
 
 
-def _test_hold(domain: str) -> None:
+def _test_hold(domain: str, mode: str) -> None:
     path = os.environ.get(TEST_HOLD_ENV)
-    if not path:
+    if not path or os.environ.get(TEST_HOLD_MODE_ENV, mode) != mode:
         return
     Path(path).write_text(domain + "\n")
     time.sleep(300.0)

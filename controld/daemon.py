@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import signal
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -164,6 +165,13 @@ class Daemon:
         )
         # (service id, index) -> the background provisioning of that slot's fresh spare.
         self._spares: dict[tuple[int, int], asyncio.Task[None]] = {}
+        # Set by `halt` (its domains are being destroyed) until the next `provision` or
+        # `reset`: a fresh spare's provisioning stops at its next step and is not tried
+        # again, and no certificate starts a domain (a fresh spare, a wake-up).
+        self._halt = threading.Event()
+        # Fresh spares whose provisioning a stopped controld left under way (recover()):
+        # start() finishes them in the background.
+        self._unfinished: list[inv.Replica] = []
         # Per (service, slot): the last fresh spare's SPARE-READY, and lower sibling
         # certificates' seqs (_lower_sibling) seen before it was announced.
         self._announced: dict[tuple[int, int], bytes] = {}
@@ -215,11 +223,22 @@ class Daemon:
             self.counters["audit_log_repaired"] += 1
             self._note(line)
         self.agreed.load()
-        for rec in self.inventory.reconcile():
+        for rec in self.inventory.reconcile(leave=self._finishable):
             self.in_doubt_at_start.append(asdict(rec))
             self._note(f"in doubt at start: {rec.service}/{rec.index}: {rec.error}")
+        self._unfinished = [r for r in self.inventory.in_doubt() if self._finishable(r)]
+        for rec in self._unfinished:
+            self.in_doubt_at_start.append(
+                asdict(rec)
+                | {
+                    "error": f"a fresh spare (successor of SHUTDOWN seq {rec.successor_of})"
+                    " provisioning when controld stopped: finished in the background"
+                }
+            )
         self.lost = []
         for rec in self.inventory.replicas():
+            if rec.pending is not None:
+                continue  # a fresh spare being finished
             try:
                 ok = inv.consistent_states(self.hv, rec)
             except HypervisorError as e:
@@ -233,6 +252,60 @@ class Daemon:
                     f"lost: {rec.service}/{rec.index} is {rec.state} in the inventory; {why}"
                 )
         self.reconcile_orphans()
+
+    def _finishable(self, rec: inv.Replica) -> bool:
+        """A fresh spare whose provisioning a stopped controld left under way, of a slot
+        this host holds: start() finishes it (_fresh_spare) instead of reconcile()."""
+        svc = next((s for s in self.config.services if s.name == rec.service), None)
+        return (
+            rec.state is None
+            and rec.pending in (inv.PAUSED, inv.HIBERNATED)
+            and rec.successor_of is not None
+            and svc is not None
+            and (svc, rec.index) in self._slots()
+        )
+
+    def _finish_spares(self) -> None:
+        """At start: finish the fresh spares recover() found under way, in the background
+        as their first provisioning ran (_fresh_spare with finish), and announce the ones
+        provisioned but not announced (controld stopped in between)."""
+        unfinished, self._unfinished = self._unfinished, []
+        for rec in unfinished:
+            svc = self.config.service(rec.service)
+            assert rec.successor_of is not None
+            raw = self._announcement(svc, rec.index, rec.successor_of)
+            if raw is not None:
+                self._spawn_spare(svc, rec.index, rec.successor_of, raw, finish=True)
+                continue
+            for r in self.inventory.reconcile(leave=lambda r, k=rec.key: r.key != k):
+                self._note(f"in doubt at start: {r.service}/{r.index}: {r.error}")
+        for rec in self.inventory.replicas():
+            if rec.successor_of is None or rec.pending is not None:
+                continue
+            svc = self.config.service(rec.service)
+            if rec.state not in (inv.PAUSED, inv.HIBERNATED):
+                self.inventory.announced(svc.name, rec.index)  # woken since: nothing to say
+                continue
+            self._note(
+                f"{svc.name}/{rec.index}: provisioned as the successor of SHUTDOWN"
+                f" seq {rec.successor_of}, not announced when controld stopped"
+            )
+            raw = self._announcement(svc, rec.index, rec.successor_of)
+            if raw is not None:
+                self._announce_spare(svc, rec.index, rec.successor_of, raw)
+
+    def _announcement(self, svc: Service, x: int, seq: int) -> bytes | None:
+        """The SPARE-READY of slot x's re-key at `seq`, as rotate_exec made it (it returns
+        the one it made for that conviction); None, noted, if the key directory fails."""
+        sign = self.keys.secret.sign
+        assert sign is not None
+        try:
+            return rotate_exec(self.config.rack.key_dir, self.config, svc, x, seq, sign,
+                               self.host.index)  # fmt: skip
+        except (OSError, KeyFileError, ValueError) as e:
+            self.counters["action_failed"] += 1
+            self._note(f"{svc.name}/{x}: the announcement of its successor's keys: {e}")
+            return None
 
     # ---- orphans: what runs here that the inventory does not explain ------------------------
     def _slots(self, here: bool = True) -> list[tuple[Service, int]]:
@@ -333,6 +406,7 @@ class Daemon:
         self.audit.ensure_open()  # AuditError: another controld runs on this home
         self.recover()
         self._worker = asyncio.create_task(self._work_loop())
+        self._finish_spares()
         self._agreed_task = asyncio.create_task(self._watch_agreed())
         if self.datasets.enabled:
             self._datasets_task = asyncio.create_task(self.datasets.run())
@@ -892,7 +966,10 @@ class Daemon:
         mode: str,
         role: str | None = None,
         inject_fault: str | None = None,
+        successor_of: int | None = None,
     ) -> dict[str, Any]:
+        """Provision `svc`/`index` in `mode` (the inventory written ahead). A fresh spare
+        (`successor_of`, the SHUTDOWN's seq) is stopped by a halt (self._halt)."""
         domain = domain_name(self.config, svc, index)
         with contextlib.suppress(KeyError):
             old = self.inventory.get(svc.name, index)
@@ -916,11 +993,14 @@ class Daemon:
         role = role or ("active" if index < svc.active else "standby")
         out: dict[str, Any] = {}
 
+        stop = {"stop": self._halt} if successor_of is not None else {}
+
         def act() -> None:
-            out.update(actions.provision(self.ctx, svc, index, mode, inject_fault))
+            out.update(actions.provision(self.ctx, svc, index, mode, inject_fault, **stop))
 
         t0 = time.monotonic()
-        await self.inventory.aprovision(svc.name, index, role, domain, mode, act, save_file=save)
+        await self.inventory.aprovision(svc.name, index, role, domain, mode, act, save_file=save,
+                                        successor_of=successor_of)  # fmt: skip
         self.metrics.provision(svc, index, mode, time.monotonic() - t0)
         self._note(f"provisioned {svc.name}/{index} {mode} ({domain}) {out}")
         return out
@@ -939,6 +1019,7 @@ class Daemon:
             if fault not in FAULTS or mode != "active":
                 raise OpError(f"inject_fault must be one of {', '.join(FAULTS)}, mode active")
         self._placement_check(svc, index)
+        self._halt.clear()  # an operator provisions again (`zz rack start`): not halted
         await reply(
             {"ok": True, "final": False, "progress": f"booting {svc.name}/{index}, then {mode}"}
         )
@@ -994,8 +1075,18 @@ class Daemon:
         the inventory holds, records kept as they are (the hypervisor then shows them gone:
         `list` says inconsistent, `zz rack start` provisions them again on their state), and
         any other domain named zz-<rack>-*. What `zz rack stop` and `down` do before they
-        stop controld, which leaves libvirt domains running; a save file stays."""
+        stop controld, which leaves libvirt domains running; a save file stays. First every
+        fresh spare's provisioning is stopped and waited for (it destroys what it had
+        created and is not tried again), so no domain is created after the destroys; until
+        the next `provision` or `reset` no certificate starts one."""
         prefix = f"zz-{self.config.rack.name}-"
+        self._halt.set()
+        while self._spares:  # none starts while halted (_start_fresh_spare)
+            spares = dict(self._spares)
+            names = ", ".join(f"{svc.name}/{x}" for svc in self.config.services
+                              for x in range(svc.n_exec) if (svc.id, x) in spares)  # fmt: skip
+            self._note(f"halt: stopping the provisioning of {names}")
+            await asyncio.wait(list(spares.values()))
 
         def halt() -> tuple[list[str], list[str]]:
             names = [r.domain for r in self.inventory.replicas() if r.state != inv.CONVICTED]
@@ -1057,6 +1148,7 @@ class Daemon:
         self._announced.clear()
         self._woken_for.clear()
         self._sibling_seqs.clear()
+        self._halt.clear()
         self._note(f"reset: {len(out['deleted'])} paths and datasets deleted, {len(out['kept'])}"
                    " forensic states kept")  # fmt: skip
         return {"stopped": stopped, "killed": killed, "destroyed": halted["destroyed"],
@@ -1266,6 +1358,10 @@ class Daemon:
                 self.counters["wakeup_not_sleeping"] += 1
                 self._note(f"WAKEUP {svc.name}/{x}: is {rec.state}, nothing to wake")
                 continue
+            if self._halt.is_set():
+                self.counters["halted_not_acted"] += 1
+                self._note(f"WAKEUP {svc.name}/{x}: halted, not woken")
+                continue
             domain, state, save = rec.domain, rec.state, rec.save_file
             # The notice before the resume: a replica that runs again must find the round's
             # seq at once, before it takes any log the agreement replicas serve it (else it
@@ -1422,11 +1518,25 @@ class Daemon:
             self.counters["action_failed"] += 1
             self._note(f"no fresh spare for {svc.name}/{x}: new keys failed: {e}")
             return
+        if self._halt.is_set():
+            self.counters["halted_not_acted"] += 1
+            self._note(f"{svc.name}/{x}: halted, its successor is not provisioned (the next"
+                       " provision of the slot, e.g. by `zz rack start`, is)")  # fmt: skip
+            return
         key = (svc.id, x)
         earlier = self._spares.get(key)
         if earlier is not None:  # never two provisionings of one slot (_wait_for_spares)
             await asyncio.wait([earlier])
-        task = asyncio.create_task(self._fresh_spare(svc, x, seq, announcement))
+        self._spawn_spare(svc, x, seq, announcement)
+        # Not "fresh spare ...": zz drill takes those lines for failures (exec_faults.py).
+        self._note(f"{svc.name}/{x}: successor provisioning in the background")
+
+    def _spawn_spare(
+        self, svc: Service, x: int, seq: int, announcement: bytes, finish: bool = False
+    ) -> None:
+        """The background task of slot x's fresh spare (_fresh_spare), in self._spares."""
+        key = (svc.id, x)
+        task = asyncio.create_task(self._fresh_spare(svc, x, seq, announcement, finish=finish))
         self._spares[key] = task
 
         def done(t: asyncio.Task[None]) -> None:
@@ -1434,34 +1544,58 @@ class Daemon:
                 del self._spares[key]
 
         task.add_done_callback(done)
-        # Not "fresh spare ...": zz drill takes those lines for failures (exec_faults.py).
-        self._note(f"{svc.name}/{x}: successor provisioning in the background")
+
+    def _announce_spare(self, svc: Service, x: int, seq: int, announcement: bytes) -> None:
+        """Slot x's fresh spare sleeps: its SPARE-READY (the re-key's `announcement`) under
+        the SHUTDOWN's seq (the agreement replicas may wake it from now on), and under the
+        lower siblings' seqs seen meanwhile; its record succeeds no conviction any more."""
+        self.announcer.announce(svc, x, seq, announcement)
+        self._announced[(svc.id, x)] = announcement
+        for lower in sorted(self._sibling_seqs.pop((svc.id, x), set())):
+            self._announce_as(svc, x, announcement, lower)
+        self.inventory.announced(svc.name, x)
 
     async def _fresh_spare(
-        self, svc: Service, x: int, seq: int, announcement: bytes, attempts: int = 2
+        self,
+        svc: Service,
+        x: int,
+        seq: int,
+        announcement: bytes,
+        attempts: int = 2,
+        finish: bool = False,
     ) -> None:
         """Provision and announce the convicted replica's successor (a background task of
         _start_fresh_spare). A guest that fails to boot (seen: one stopped while booting
         next to five busy TCG guests) is destroyed by provision() and tried once more:
-        without it the service stays a spare short. Its log lines go into an audit entry
-        of its own (`action`, what `fresh-spare`, docs/audit.md)."""
+        without it the service stays a spare short. A halt stops it for good. `finish`:
+        a stopped controld left it under way (recover()): first finish that boot from
+        where the hypervisor shows it (actions.finish_provision); if it is gone or broken,
+        what is left is destroyed and it is provisioned anew. Its log lines go into an
+        audit entry of its own (`action`, what `fresh-spare`, docs/audit.md)."""
         lines: list[str] = []
         self._lines.set(lines)  # this task's context only: not the worker's action
         began = round(time.time(), 6)
         try:
+            if finish and await self._finish_spare(svc, x, seq, announcement):
+                return
             for attempt in range(1, attempts + 1):
+                if self._halt.is_set():
+                    self._note(f"{svc.name}/{x}: halted, its successor is not provisioned")
+                    return
                 try:
                     self._placement_check(svc, x)
-                    await self._provision(svc, x, svc.sleep, role="standby")
+                    await self._provision(svc, x, svc.sleep, role="standby", successor_of=seq)
                     self.counters["reprovisioned"] += 1
                     # Announced only now that it sleeps: the agreement replicas may wake it.
-                    self.announcer.announce(svc, x, seq, announcement)
-                    self._announced[(svc.id, x)] = announcement
-                    for lower in sorted(self._sibling_seqs.pop((svc.id, x), set())):
-                        self._announce_as(svc, x, announcement, lower)
+                    self._announce_spare(svc, x, seq, announcement)
                     return
                 except OpError as e:
                     self._note(f"no fresh spare for {svc.name}/{x} here: {e}")
+                    return
+                except actions.Stopped:
+                    self.counters["halted_not_acted"] += 1
+                    self._note(f"{svc.name}/{x}: halted while its successor was provisioned:"
+                               " destroyed, not tried again")  # fmt: skip
                     return
                 except (HypervisorError, inv.IllegalTransition, OSError) as e:
                     self.counters["action_failed"] += 1
@@ -1473,6 +1607,37 @@ class Daemon:
         finally:
             self._audit("action", "done", [], service=svc.id, seq=seq, what="fresh-spare",
                         index=x, began=began, lines=lines)  # fmt: skip
+
+    async def _finish_spare(self, svc: Service, x: int, seq: int, announcement: bytes) -> bool:
+        """_fresh_spare's first step after a restart: finish the boot a stopped controld
+        left under way. True if the spare sleeps and is announced; False if it is to be
+        provisioned anew (the record is then forgotten, what was left destroyed)."""
+        rec = self.inventory.get(svc.name, x)
+        mode = rec.pending
+        assert mode is not None
+        self._note(f"{svc.name}/{x}: its successor (of SHUTDOWN seq {seq}) was being"
+                   f" provisioned {mode} when controld stopped: finishing it")  # fmt: skip
+        out: dict[str, Any] = {}
+
+        def act() -> None:
+            out.update(actions.finish_provision(self.ctx, svc, x, mode, stop=self._halt))
+
+        try:
+            await self.inventory.afinish(svc.name, x, act)
+        except actions.Stopped:
+            self.counters["halted_not_acted"] += 1
+            self._note(f"{svc.name}/{x}: halted while its successor was finished: destroyed")
+            return True
+        except (HypervisorError, inv.IllegalTransition, OSError) as e:
+            self.counters["spare_reprovisioned_at_start"] += 1
+            self._note(f"{svc.name}/{x}: the successor left under way cannot be finished"
+                       f" ({e}): what was left is destroyed, provisioning it anew")  # fmt: skip
+            return False
+        self.counters["spare_finished_at_start"] += 1
+        self.counters["reprovisioned"] += 1
+        self._note(f"provisioned {svc.name}/{x} {mode} ({rec.domain}) {out}")
+        self._announce_spare(svc, x, seq, announcement)
+        return True
 
     def _named_here(self, kind: str, args: tuple[Any, ...]) -> list[int]:
         """The slots of its service a queued certificate action may act on."""

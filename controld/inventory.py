@@ -79,6 +79,10 @@ class Replica:
     pending    the state an action under way is taking it to (write-ahead), else None
     error      what the last failed action reported, None after a success
     updated    time.time() of the last change
+    successor_of  a fresh spare's: the seq of the SHUTDOWN that convicted the replica it
+               succeeds, written ahead with its provisioning and cleared once its
+               SPARE-READY is sent (a controld stopped before that finishes the job at its
+               next start); None for a replica the operator provisioned
     """
 
     service: str
@@ -90,6 +94,7 @@ class Replica:
     pending: str | None = None
     error: str | None = None
     updated: float = 0.0
+    successor_of: int | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -105,6 +110,8 @@ class Replica:
             raise ValueError(f"{self.service}/{self.index}: pending {self.pending!r}")
         if not isinstance(self.index, int) or self.index < 0:
             raise ValueError(f"{self.service}/{self.index}: index")
+        if self.successor_of is not None and not isinstance(self.successor_of, int):
+            raise ValueError(f"{self.service}/{self.index}: successor_of {self.successor_of!r}")
 
 
 def consistent_states(hv: Hypervisor, rec: Replica) -> set[str | None]:
@@ -231,6 +238,7 @@ class Inventory:
         state: str,
         action: Callable[[], object],
         save_file: str | None = None,
+        successor_of: int | None = None,
     ) -> Replica:
         """provision() for the daemon: written ahead on the event loop, the (blocking)
         action in a thread, under the replica's lock like atransition()."""
@@ -238,7 +246,7 @@ class Inventory:
         async with lock:
             if (service, index) in self._replicas:
                 raise IllegalTransition(f"{service}/{index} exists already")
-            rec = Replica(service, index, role, None, domain)
+            rec = Replica(service, index, role, None, domain, successor_of=successor_of)
             rec.pending = state
             rec.check()
             self._check_edge(rec, state)
@@ -257,6 +265,35 @@ class Inventory:
                 raise
             return self._confirm(rec, state)
 
+    async def afinish(self, service: str, index: int, action: Callable[[], object]) -> Replica:
+        """Finish a provisioning left in doubt (a record written ahead with state None by a
+        controld that stopped before confirming it; reconcile() left it alone): `action`
+        takes the replica from wherever it got to to the pending state while the record
+        stays written ahead, then it is confirmed, or settled as a failed provisioning (a
+        record whose replica the hypervisor does not show is forgotten)."""
+        lock = self._locks.setdefault((service, index), asyncio.Lock())
+        async with lock:
+            rec = self.get(service, index)
+            to = rec.pending
+            if rec.state is not None or to is None:
+                raise IllegalTransition(f"{service}/{index} is {rec.state}: no provisioning"
+                                        " to finish")  # fmt: skip
+            try:
+                await asyncio.to_thread(action)
+            except asyncio.CancelledError:
+                raise  # still in doubt, for the next start
+            except BaseException as e:
+                self._settle_failure(rec, to, e, None)
+                raise
+            return self._confirm(rec, to)
+
+    def announced(self, service: str, index: int) -> None:
+        """A fresh spare's SPARE-READY is sent: it succeeds no conviction any more."""
+        rec = self.get(service, index)
+        if rec.successor_of is not None:
+            rec.successor_of = None
+            self._persist()
+
     def remove(self, service: str, index: int) -> None:
         """Forget a convicted replica."""
         rec = self.get(service, index)
@@ -265,10 +302,11 @@ class Inventory:
         del self._replicas[rec.key]
         self._persist()
 
-    def reconcile(self) -> list[Replica]:
+    def reconcile(self, leave: Callable[[Replica], bool] | None = None) -> list[Replica]:
         """Settle every in-doubt record from what the hypervisor shows (without one: roll
-        back); returns the records that were in doubt, with `error` telling the outcome."""
-        settled = self.in_doubt()
+        back), except those `leave` picks (the daemon finishes them: afinish()); returns
+        the records settled, with `error` telling the outcome."""
+        settled = [r for r in self.in_doubt() if leave is None or not leave(r)]
         for rec in settled:
             to = rec.pending
             assert to is not None

@@ -1012,26 +1012,52 @@ async def test_a_lower_sibling_never_re_announces_a_convicted_incarnation(
     assert sent == [(7, 1), (12, 2), (10, 2)], sent
 
 
-async def test_a_fresh_spare_booting_as_controld_stops_is_settled_at_the_next_start(
-    rack: Rack, monkeypatch: pytest.MonkeyPatch
+def _sent(rack: Rack, host: str) -> list[tuple[int, int]]:
+    """(seq, epoch) of the SPARE-READYs controld `host` sent, from its audit log."""
+    sc = audit.read(rack.config.rack.run_dir / "controld" / host / "audit.log")
+    return [(e.header["seq"], e.header["epoch"]) for e in sc.entries if e.kind == "spare-ready"]
+
+
+def _fresh_spare_lines(rack: Rack, host: str) -> list[list[str]]:
+    """The log lines of each fresh spare's audit entry (action, what fresh-spare)."""
+    sc = audit.read(rack.config.rack.run_dir / "controld" / host / "audit.log")
+    return [e.header["lines"] for e in sc.entries
+            if e.kind == "action" and e.header.get("what") == "fresh-spare"]  # fmt: skip
+
+
+@pytest.mark.parametrize("left", ["asleep", "booting", "gone"])
+async def test_a_fresh_spare_under_way_as_controld_stops_is_finished_at_the_next_start(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch, left: str
 ) -> None:
-    """controld is stopped while a fresh spare boots in the background: the boot's thread
-    runs on, so the record stays as written ahead (in doubt) instead of being settled from
-    what the hypervisor shows halfway; the next start settles it from what it shows then
-    (the spare asleep: confirmed, not lost and not an orphan)."""
+    """controld stops (or dies) while a fresh spare boots in the background: the record
+    stays as written ahead (in doubt), and the next start finishes the job from what the
+    hypervisor shows then, in the background like the first boot: `asleep` (the boot's
+    thread ran on and paused it) is confirmed; `booting` (the domain runs, never put to
+    sleep: controld was killed) is waited for and put to sleep; `gone` (the domain died
+    with it) is provisioned anew. Each way the spare ends asleep and its SPARE-READY is sent
+    under the SHUTDOWN's seq with the re-key's epoch, and the fresh spare's audit entry
+    says what happened. Before, the spare was confirmed (asleep) or kept `active` (booting)
+    or forgotten (gone), and never announced."""
     keep = open_backend("libvirt", uri="test:///default")  # test:/// state outlives a daemon
     entered, release, done = threading.Event(), threading.Event(), threading.Event()
     real = actions.provision
 
-    def blocked(ctx: Any, svc: Any, index: int, *args: Any, **kw: Any) -> dict[str, Any]:
+    def blocked(ctx: Any, svc: Any, index: int, mode: str, *args: Any, **kw: Any) -> Any:
         entered.set()
         try:
+            if left == "asleep":  # the thread runs on after the stop and finishes the boot
+                assert release.wait(60), "never released"
+                return real(ctx, svc, index, mode, *args, **kw)
+            # booting, gone: the domain is created, and controld dies before it is up
+            ctx.hv.create(actions.replica_spec(ctx, svc, index, asleep=True, mode=mode))
             assert release.wait(60), "never released"
-            return real(ctx, svc, index, *args, **kw)
+            raise RuntimeError("controld was killed: this thread never went on")
         finally:
             done.set()
 
     h2 = rack.config.service("web").exec_host(rack.config, 1).index
+    host = rack.config.hosts[h2].name
+    domain = domain_name(rack.config, rack.config.service("web"), 1)
     n = Node(rack, h2, "libvirt")
     try:
         await n.start()
@@ -1047,19 +1073,96 @@ async def test_a_fresh_spare_booting_as_controld_stops_is_settled_at_the_next_st
     finally:
         release.set()
         n.hv.close()
+        monkeypatch.setattr(actions, "provision", real)
+    assert _sent(rack, host) == []  # never announced by the stopped controld
+    shown = {"asleep": "paused", "booting": "running", "gone": "running"}[left]
+    assert keep.state(domain) == shown
+    if left == "gone":
+        keep.destroy(domain)  # e.g. the guest died with the host's controld
     n2 = Node(rack, h2, "libvirt")
     try:
         await n2.start()
+        await asyncio.wait_for(n2.daemon.idle(), 30)
         rec = n2.daemon.inventory.get("web", 1)
         assert rec.state == "paused" and rec.pending is None, rec
         assert n2.hv.state(rec.domain) == "paused"
+        assert _sent(rack, host) == [(7, 1)]  # the re-key's announcement, not a new epoch
+        assert rec.successor_of is None, rec
         st = await n2.rpc("status")
         (doubt,) = st["in_doubt_at_start"]
-        assert "shows it done: confirmed" in doubt["error"], doubt
+        assert "finished in the background" in doubt["error"], doubt
         assert st["lost"] == [] and st["orphans"] == [], st
+        c = n2.counters()
+        anew = "spare_reprovisioned_at_start"
+        assert c.get(anew, 0) == (left == "gone") and c["reprovisioned"] == 1, c
+        assert c.get("spare_finished_at_start", 0) == (left != "gone"), c
     finally:
         await n2.close()
-        keep.close()
+        close_keeping_backend(keep, rack)
+    *_, lines = _fresh_spare_lines(rack, host)
+    assert "provisioned paused when controld stopped: finishing it" in lines[0], lines
+    assert any(x.startswith("provisioned web/1 paused") for x in lines), lines
+    assert lines[-1].startswith("SPARE-READY web/1 seq 7"), lines
+    found = {"asleep": "'found': 'paused'", "booting": "'found': 'running'"}
+    if left in found:
+        assert found[left] in "\n".join(lines), lines
+    else:
+        assert any("cannot be finished" in x and "provisioning it anew" in x for x in lines)
+
+
+async def test_halt_stops_a_fresh_spare_booting_in_the_background(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`halt` (zz rack stop/down) while a convicted slot's fresh spare boots in the
+    background: the provisioning is stopped and waited for before the destroys, and not
+    tried again, so no domain is left (or created) once halt has answered; no certificate
+    starts one until an operator provisions again. Before, halt destroyed the booting
+    domain, the boot failed and its retry created a new one after the halt."""
+    held, release = threading.Event(), threading.Event()
+    created: list[str] = []
+
+    def hold(domain: str, *args: Any) -> None:  # right after each create
+        created.append(domain)
+        if len(created) == 1:
+            held.set()
+            assert release.wait(60), "never released"
+
+    web = rack.config.service("web")
+    h2 = web.exec_host(rack.config, 1).index
+    async with nodes(rack, "libvirt", h2) as (n,):
+        try:
+            assert (await n.rpc("provision", service="web", index=1, mode="active"))["ok"]
+            monkeypatch.setattr(actions, "_test_hold", hold)
+            await n.send(*(rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)),
+                         wait=False)  # fmt: skip
+            await _until("the successor booting", held.is_set, n)
+            halt = asyncio.create_task(n.rpc("halt"))
+            # Its first line (with the fix: the provisioning is stopped; before: a destroy).
+            began = lambda: halt.done() or any(  # noqa: E731
+                x.split(" ", 1)[1].startswith("halt") for x in n.daemon.recent
+            )
+            await _until("the halt under way", began, n)
+        finally:
+            release.set()
+        answer = await asyncio.wait_for(halt, 30)
+        assert answer["ok"], answer
+        await asyncio.wait_for(n.daemon.idle(), 30)
+        ours = [d for d in n.hv.list() if rack.config.rack.name in d]
+        assert ours == [] and len(created) == 1, (ours, created, list(n.daemon.recent))
+        assert "reprovisioned" not in n.counters(), "\n".join(n.daemon.recent)
+        assert n.daemon.inventory.replicas() == []
+        assert n.counters()["halted_not_acted"] == 1, n.counters()
+        # Halted: a later conviction's successor is not provisioned either ...
+        assert (await n.rpc("provision", service="web", index=1, mode="active"))["ok"]
+        assert (await n.rpc("halt"))["destroyed"] == [domain_name(rack.config, web, 1)]
+        round9 = [wire.Shutdown(SVC, r, 9, [0, 1, 2], [1], [], [0, 2]) for r in (0, 1)]
+        await n.send(*(m.signed(rack.signers[m.sender]).encode() for m in round9))
+        assert n.counters()["convicted"] == 2, n.counters()
+        assert [d for d in n.hv.list() if rack.config.rack.name in d] == [], n.counters()
+        assert n.counters()["halted_not_acted"] == 2, n.counters()
+        # ... until an operator provisions again (`zz rack start`).
+        assert (await n.rpc("provision", service="web", index=1, mode="paused"))["ok"]
+        assert n.state(1) == "paused"
 
 
 async def test_wake_failure_is_reported(tmp_path: Path) -> None:
