@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from test_controld_daemon import OP, Node, Rack, _procs_with, close_keeping_backend, make_rack
 
-from zz import keys
+from zz import audit, keys, wire
 from zz.controld import actions
 from zz.controld.rpc import call
 from zz.naming import domain_name
@@ -51,11 +51,17 @@ def _runtimes(rack: Rack) -> list[int]:
     return _procs_with(f"--rack {rack.path} {RUNTIME}")
 
 
-def _start_controld(rack: Rack, port: int, hold: Path | None = None) -> subprocess.Popen[bytes]:
+def _start_controld(
+    rack: Rack, port: int, hold: Path | None = None, host: str = "h0", mode: str | None = None
+) -> subprocess.Popen[bytes]:
+    """controld of `host` (process backend); `hold`: it waits after each create (of a
+    provisioning in `mode` only, if given), writing the domain's name to that file."""
     env = repo_env()
     if hold is not None:
-        env["ZZ_CONTROLD_TEST_HOLD_AFTER_CREATE"] = str(hold)
-    cmd = [sys.executable, "-m", "zz.controld", "--config", str(rack.path), "--host", "h0",
+        env[actions.TEST_HOLD_ENV] = str(hold)
+        if mode is not None:
+            env[actions.TEST_HOLD_MODE_ENV] = mode
+    cmd = [sys.executable, "-m", "zz.controld", "--config", str(rack.path), "--host", host,
            "--backend", "process", "--port", str(port), "--ready-timeout", "30"]  # fmt: skip
     p = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -127,6 +133,72 @@ async def test_controld_killed_mid_provision_leaves_no_hidden_replica(rack: Rack
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
+
+
+async def test_controld_killed_mid_boot_of_a_fresh_spare_provisions_it_at_the_next_start(
+    rack: Rack,
+) -> None:
+    """SHUTDOWN convicts web/1; its fresh spare's runtime is spawned in the background and
+    controld is SIGKILLed before the spare is asleep. The next controld finds the record in
+    doubt, ends the killed one's runtime (an orphan: the process backend cannot adopt it),
+    provisions the spare anew, puts it to sleep and sends its SPARE-READY under the
+    SHUTDOWN's seq with the re-key's epoch; its audit log says so. Before, the record was
+    forgotten and the slot stayed without a spare until an operator provisioned one."""
+    port = free_port()
+    svc = rack.config.service("web")
+    host = svc.exec_host(rack.config, 1)
+    ctl = keys.controld_principal(host.index)
+    key = rack.op_keys[ctl]
+
+    async def rpc(op: dict[str, Any]) -> dict[str, Any]:
+        return await call("127.0.0.1", port, operator=OP, controld=ctl, key=key, op=op, timeout=90)
+
+    async def send(*raws: bytes) -> None:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        for raw in raws:
+            w.write(wire.frame(raw))
+        await w.drain()
+        w.close()
+
+    def spare_runtimes() -> list[int]:
+        return _procs_with(f"--rack {rack.path} --service web --index 1 ")
+
+    hold = rack.path.parent / "hold"
+    p = _start_controld(rack, port, hold, host.name, mode="paused")
+    try:
+        r = await rpc({"op": "provision", "service": "web", "index": 1, "mode": "active"})
+        assert r["ok"], r
+        await send(*(rack.shutdown(x, 7, convict=[1], sleep=[]) for x in (0, 1)))
+        await asyncio.to_thread(_wait, hold.exists, 60, "the fresh spare's spawn")
+        (orphan,) = spare_runtimes()
+    finally:
+        p.kill()
+        p.wait()
+    p = _start_controld(rack, port, host=host.name)
+    try:
+        for _ in range(600):
+            st = await rpc({"op": "status"})
+            if [(x["index"], x["state"]) for x in st["replicas"]] == [(1, "paused")]:
+                break
+            await asyncio.sleep(0.05)
+        assert [(x["index"], x["state"], x["pending"]) for x in st["replicas"]] == [
+            (1, "paused", None)
+        ], st
+        c = st["counters"]
+        assert c.get("spare_reprovisioned_at_start") == 1 and c.get("reprovisioned") == 1, c
+        assert c.get("orphans_destroyed") == 1, c
+        (doubt,) = st["in_doubt_at_start"]
+        assert "finished in the background" in doubt["error"], doubt
+        assert orphan not in spare_runtimes() and len(spare_runtimes()) == 1
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    sc = audit.read(rack.config.rack.run_dir / "controld" / host.name / "audit.log")
+    sent = [(e.header["seq"], e.header["epoch"]) for e in sc.entries if e.kind == "spare-ready"]
+    assert sent == [(7, 1)], sent
+    fresh = [e.header["lines"] for e in sc.entries
+             if e.kind == "action" and e.header.get("what") == "fresh-spare"]  # fmt: skip
+    assert len(fresh) == 1 and any("provisioning it anew" in x for x in fresh[0]), fresh
 
 
 async def test_orphan_found_before_provision(rack: Rack) -> None:
