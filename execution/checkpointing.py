@@ -207,9 +207,20 @@ class Checkpoints:
 
     def take(self, seq: int, manifest: Manifest) -> bytes:
         """Manifest file, then the snapshot (its listing is the commit point); returns C."""
+        c, finish = self.stage(seq, manifest)
+        finish()
+        return c
+
+    def stage(self, seq: int, manifest: Manifest) -> tuple[bytes, Callable[[], None]]:
+        """take() in two halves: this one does what reads the live directory (the
+        manifest file; on a store that can part it, a copy of each file changed since the
+        base, store.stage_since) and returns C with the rest, which reads only the store
+        and may run while the next batches write the live directory (the lock still held:
+        docs/checkpoints.md "Off the execution path")."""
         name = checkpoint_name(seq)
         self.record_manifest(seq, manifest)
         crash_point("runtime.checkpoint.manifest")
+        rest: Callable[[], None] | None = None
         if self.faults.snapshot(self.store, name, manifest, self.builder.root, seq):
             # A drill's corrupted copy: never a base, or its corruption would go on in the
             # next snapshots after the drill turned the fault off.
@@ -220,16 +231,24 @@ class Checkpoints:
                 self.store.snapshot(name)
             else:
                 had = base[1].files
-                self.store.snapshot_since(
-                    name,
-                    checkpoint_name(base[0]),
-                    lambda rel: (e := manifest.files.get(rel)) is not None and had.get(rel) == e,
-                )
-        crash_point("runtime.checkpoint.snapshot")
-        # A recovering peer's first request is this manifest: spare the decode of an entry
-        # per file (~20 ms at 10,000 files) on its critical path.
-        self.files.remember(seq, manifest)
-        return manifest.digest()
+                base_name = checkpoint_name(base[0])
+
+                def unchanged(rel: str) -> bool:
+                    return (e := manifest.files.get(rel)) is not None and had.get(rel) == e
+
+                rest = self.store.stage_since(name, base_name, manifest.files, unchanged)
+                if rest is None:
+                    self.store.snapshot_since(name, base_name, unchanged)
+
+        def finish() -> None:
+            if rest is not None:
+                rest()
+            crash_point("runtime.checkpoint.snapshot")
+            # A recovering peer's first request is this manifest: spare the decode of an
+            # entry per file (~20 ms at 10,000 files) on its critical path.
+            self.files.remember(seq, manifest)
+
+        return manifest.digest(), finish
 
     def _snapshot_base(self, seq: int) -> tuple[int, Manifest] | None:
         """This replica's last checkpoint below `seq` and its manifest, if its snapshot is

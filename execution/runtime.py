@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,20 @@ def _process_start_mono() -> float | None:
     except (OSError, ValueError, IndexError, AttributeError):
         return None
     return time.monotonic() - age
+
+
+def _handed_marks() -> dict[str, float]:
+    """The steps of a wake-up taken before this runtime ran, on the same time.monotonic()
+    clock: the guest agent's (ZZ_WAKE_MARKS, images/zz_guest.py: agent_wake, mounted,
+    notice_written, config_read) for a runtime it started or handed its command at the
+    wake. A value that is not a number is left out."""
+    try:
+        marks = json.loads(os.environ.get("ZZ_WAKE_MARKS") or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(marks, dict):
+        return {}
+    return {str(k): round(float(v), 4) for k, v in marks.items() if isinstance(v, int | float)}
 
 
 def _mtime(path: Path) -> int | None:
@@ -168,6 +183,9 @@ class RuntimeOptions:
     listen: str | None = None  # address to listen on instead of the configured one
     inject_fault: str | None = None  # DRILLS: one of zz/drillfaults.py FAULTS
     drill_faults: bool = False  # DRILLS: <state dir>/zz-fault.json switches the fault
+    # Steps of the start-up taken before the Runtime was made (execution/__main__.py: main,
+    # config_loaded), on the time.monotonic() clock: wake_marks of a runtime started awake.
+    marks: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.store not in STORE_KINDS:
@@ -252,6 +270,10 @@ class Runtime:
         self.vouches = CertifiedVouches(service.g)
         self.replay: dict[str, Any] = {}
         self.slow_reports: deque[dict[str, float]] = deque(maxlen=16)
+        # Milliseconds of the last checkpoint's parts and the slowest of each (status).
+        self.checkpoint_ms: dict[str, float] = {}
+        self.checkpoint_ms_max: dict[str, float] = {}
+        self._ckpt_task: asyncio.Task[None] | None = None
         self._slow_worst: dict[str, float] | None = None
         self._slow_since = 0
         self._slow_logged = -SLOW_LOG_S
@@ -272,14 +294,16 @@ class Runtime:
         self._notice_at_start = self._notice_taken
         # The steps of this replica's latest wake-up on its time.monotonic() clock (status
         # `wake_marks`, with `mono_now`): noticed (the wake notice taken) or started (a
-        # runtime started at the wake), link_up, recover_start, recovered, replay_first and
-        # replay_last (certified batches run again), first_fresh (the first batch whose
-        # report counts: its replies are sent). zz drill places them on the host's clock
-        # (docs/operations.md "Recovery phases").
+        # runtime started at the wake; before it the guest agent's steps, and after it
+        # main, config_loaded, keys_loaded, state_opened, listening), link_up,
+        # recover_start, recovered, replay_first and replay_last (certified batches run
+        # again), first_fresh (the first batch whose report counts: its replies are sent).
+        # zz drill places them on the host's clock (docs/operations.md "Recovery phases").
         self.wake_marks: dict[str, float] = {}
         if not opts.asleep:
             started = _process_start_mono()
-            self.wake_marks = {"started": round(started or time.monotonic(), 4)}
+            self.wake_marks = {**_handed_marks(), **dict(opts.marks),
+                               "started": round(started or time.monotonic(), 4)}  # fmt: skip
         self._last_agreement_frame = time.monotonic()
         # The seq of a batch abandoned half-run because the checkpoint being recovered was
         # collected (StaleCheckpoint): nothing executes until a newer one is installed.
@@ -443,6 +467,9 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        if self._ckpt_task is not None:  # a snapshot being completed: let it list itself
+            with contextlib.suppress(Exception):
+                await self._ckpt_task
         for link in self._links + self._peer_links:
             await link.close()
         if self._server is not None:
@@ -794,8 +821,7 @@ class Runtime:
                     c = None
                     t_ckpt = time.monotonic()
                     if cert.seq % self.cp == 0:
-                        async with self.ckpt.lock.urgent(f"checkpoint {cert.seq}"):
-                            c = await asyncio.to_thread(self._checkpoint, cert.seq)
+                        c = await self._take_checkpoint(cert.seq)
                     if replay:
                         self.counters["replayed_certified"] += 1
                     else:
@@ -835,6 +861,12 @@ class Runtime:
         first)."""
         if again or name not in self.wake_marks:
             self.wake_marks[name] = round(time.monotonic(), 4)
+
+    def _start_mark(self, name: str) -> None:
+        """A step of start() for a runtime started awake (a hibernated guest's, at its
+        wake-up); a spare provisioned asleep marks its wake-up from the notice on."""
+        if not self.asleep:
+            self._mark(name)
 
     def _new_wake(self) -> None:
         """A new wake notice was taken: the marks start over from it."""
@@ -986,6 +1018,16 @@ class Runtime:
     def _checkpoint(self, seq: int) -> bytes:
         """Manifest + snapshot of the state after `seq` (worker thread, ckpt.lock held);
         returns C."""
+        c, finish = self._checkpoint_staged(seq)
+        finish()
+        return c
+
+    def _checkpoint_staged(self, seq: int) -> tuple[bytes, Callable[[], None]]:
+        """_checkpoint in two halves (Checkpoints.stage): C once what reads the live
+        directory is done, and the rest of the snapshot, which the next batches need not
+        wait for. Times each part (status `checkpoint_ms`: the last one, `_max` the
+        slowest)."""
+        t0 = time.monotonic()
         self.state.sync()
         dirty = self.state.take_dirty()
         memory = self.app.save_memory()
@@ -998,7 +1040,51 @@ class Runtime:
             self.fetcher = None
             self.recovery["complete_at_checkpoint"] = seq
             log.info("recovery complete: checkpoint %d holds the whole state", seq)
-        return self.ckpt.take(seq, manifest)
+        t1 = time.monotonic()
+        c, rest = self.ckpt.stage(seq, manifest)
+        t2 = time.monotonic()
+        times = {"seq": seq, "build": round((t1 - t0) * 1e3, 1), "stage": round((t2 - t1) * 1e3, 1)}
+
+        def finish() -> None:
+            t3 = time.monotonic()
+            rest()
+            times["finish"] = round((time.monotonic() - t3) * 1e3, 1)
+            self.checkpoint_ms = times
+            worst = self.checkpoint_ms_max
+            for k in ("build", "stage", "finish"):
+                worst[k] = max(worst.get(k, 0.0), times[k])
+
+        return c, finish
+
+    async def _take_checkpoint(self, seq: int) -> bytes:
+        """The checkpoint of `seq`: its digest C as soon as what reads the live directory
+        is done (`_checkpoint_staged`). The rest of the snapshot runs in a task that keeps
+        the store lock until it is listed, while the report goes out and the next batches
+        run: the next checkpoint, an install, a file served and a collection all take that
+        lock first, so none sees the snapshot half made."""
+        staged: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(self._checkpoint_task(seq, staged), name=f"zz-ckpt-{seq}")
+        self._ckpt_task = task
+        return await staged
+
+    async def _checkpoint_task(self, seq: int, staged: asyncio.Future[bytes]) -> None:
+        try:
+            async with self.ckpt.lock.urgent(f"checkpoint {seq}"):
+                try:
+                    c, finish = await asyncio.to_thread(self._checkpoint_staged, seq)
+                except BaseException as e:
+                    if not staged.done():
+                        staged.set_exception(e)
+                    return
+                staged.set_result(c)
+                await asyncio.to_thread(finish)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            # As when the checkpoint ran in the executor: the replica stops.
+            log.exception("checkpoint %d: completing the snapshot failed", seq)
+            self.fatal = e
+            self._stopped.set()
 
     def _on_exec_checkpoint(self, m: wire.ExecCheckpoint) -> None:
         kind, idx = wire.principal_kind(m.sender)
@@ -1388,6 +1474,8 @@ class Runtime:
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
             "slow_reports": list(self.slow_reports),
+            "checkpoint_ms": dict(self.checkpoint_ms),
+            "checkpoint_ms_max": dict(self.checkpoint_ms_max),
             "reports_kept": len(self.sent_reports),
             "counters": dict(sorted(self.counters.items())),
             "certificates": dict(sorted(self.collector.dropped.items())),

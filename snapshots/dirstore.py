@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -97,6 +97,77 @@ class DirStore(CheckpointStore):
             return _copy(src, dst)
 
         self._snapshot(name, link_or_copy)
+
+    def stage_since(
+        self, name: str, base: str, files: Iterable[str], unchanged: Callable[[str], bool]
+    ) -> Callable[[], None] | None:
+        """Copy the files that changed since `base` into ``snapshots/.stage-<name>/`` (flat,
+        numbered): one copy per changed file and nothing per unchanged one, where the
+        copytree of snapshot_since makes and stats every directory and file of the state
+        (~330 system calls for 12 files in 16 directories; through a guest's state share
+        each is a round trip to the host). The half returned links the unchanged files from
+        `base`, moves the copies into place, renames the tree to ``snapshots/<name>`` and
+        lists it; it reads nothing live. An unchanged file missing from `base` is a
+        StorageError there (the caller vouches for `base` from its manifest)."""
+        check_snapshot_name(name)
+        listed = self.list_snapshots()
+        if base not in listed:
+            return None
+        if name in listed:
+            raise StorageError(f"snapshot {name!r} already exists in {self._root}")
+        keep: list[str] = []
+        fresh: list[str] = []
+        for rel in files:
+            (keep if unchanged(rel) else fresh).append(rel)
+        stage = self._snaps / f".stage-{name}"
+        tmp = self._snaps / f".tmp-{name}"
+        try:
+            try:
+                os.mkdir(stage)
+            except FileExistsError:
+                _remove(stage)  # what a crash left unlisted: taken anew
+                os.mkdir(stage)
+            for i, rel in enumerate(fresh):
+                _copy_file(self._live / rel, stage / str(i))
+        except OSError as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise StorageError(f"cannot stage {name!r} from {self._live}: {e}") from e
+        crash_point("dirstore.snapshot.staged")
+        base_dir = self._snaps / base
+
+        def finish() -> None:
+            made: set[str] = set()
+
+            def parent_of(rel: str) -> None:
+                d = rel.rpartition("/")[0]
+                if d and d not in made:
+                    os.makedirs(tmp / d, exist_ok=True)
+                    while d and d not in made:
+                        made.add(d)
+                        d = d.rpartition("/")[0]
+
+            try:
+                for old in (tmp, self._snaps / name):
+                    if old.exists() or old.is_symlink():
+                        _remove(old)  # what a crash left unlisted: taken anew
+                os.mkdir(tmp)
+                for rel in keep:
+                    parent_of(rel)
+                    os.link(base_dir / rel, tmp / rel, follow_symlinks=False)
+                for i, rel in enumerate(fresh):
+                    parent_of(rel)
+                    os.rename(stage / str(i), tmp / rel)
+                os.rmdir(stage)
+                crash_point("dirstore.snapshot.copied")
+                os.rename(tmp, self._snaps / name)
+                crash_point("dirstore.snapshot.renamed")
+            except OSError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(stage, ignore_errors=True)
+                raise StorageError(f"cannot complete snapshot {name!r} from {base!r}: {e}") from e
+            self._write_order([*self.list_snapshots(), name])
+
+        return finish
 
     def _snapshot(self, name: str, copy: Callable[[str, str], object]) -> None:
         check_snapshot_name(name)
@@ -183,6 +254,22 @@ class DirStore(CheckpointStore):
 def _copy(src: str, dst: str) -> object:
     crash_point("dirstore.snapshot.copying")  # a copy half made
     return shutil.copy2(src, dst)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """The bytes of `src` in a new file `dst` (no metadata: a manifest records none)."""
+    crash_point("dirstore.snapshot.copying")
+    fd_in = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            offset = 0
+            while n := os.sendfile(fd_out, fd_in, offset, 1 << 23):
+                offset += n
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
 
 
 def _remove(path: Path) -> None:

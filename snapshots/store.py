@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -81,6 +81,18 @@ class CheckpointStore(ABC):
         hold what they held in snapshot `base`: a backend that copies may share those
         with `base` instead. Here it is a plain snapshot."""
         self.snapshot(name)
+
+    def stage_since(
+        self, name: str, base: str, files: Iterable[str], unchanged: Callable[[str], bool]
+    ) -> Callable[[], None] | None:
+        """:meth:`snapshot_since` in two halves, where a backend can part them: this call
+        reads what it needs of the live directory (`files` is every file of the state, as
+        its manifest lists them; those `unchanged` accepts must be in `base` as they are
+        live) and returns the second half, which completes and lists snapshot `name` from
+        `base` and what the first half copied alone, so it may run while the live
+        directory is written again. None where the backend cannot (or `base` is gone):
+        the caller takes the snapshot in one step."""
+        return None
 
     def detach_snapshot(self, name: str) -> Callable[[], None]:
         """Delete snapshot ``name`` from the store now (as :meth:`destroy_snapshot`); the
