@@ -189,3 +189,42 @@ async def test_atransition_runs_action_in_thread(hv: ProcessHypervisor, tmp_path
     with pytest.raises(IllegalTransition):
         await a.atransition("web", 0, inv.ACTIVE, lambda: hv.resume(r.domain))
     assert hv.state(r.domain) == PAUSED
+
+
+async def test_a_fresh_spares_provisioning_left_in_doubt_is_finished(
+    hv: ProcessHypervisor, tmp_path: Path
+) -> None:
+    """A fresh spare's record (successor_of: the SHUTDOWN's seq) written ahead by a
+    controld that died mid-boot: reconcile(leave=...) leaves it in doubt, afinish() runs the
+    rest of the provisioning with it still written ahead and confirms it, or settles it as a
+    failed provisioning (the domain gone: forgotten); announced() clears successor_of."""
+    path = tmp_path / "inventory.json"
+    a = Inventory(path, hv)
+    specs = {i: _spec(tmp_path, i) for i in (1, 2)}
+    crashed = {i: tmp_path / f"crash{i}.json" for i in (1, 2)}
+
+    def boot_then_crash(i: int) -> None:  # created, never put to sleep nor confirmed
+        hv.create(specs[i])
+        shutil.copy(path, crashed[i])
+        raise RuntimeError("killed")
+
+    for i in (1, 2):
+        with pytest.raises(RuntimeError):
+            await a.aprovision("web", i, "standby", specs[i].name, inv.PAUSED,
+                               lambda i=i: boot_then_crash(i), successor_of=7)  # fmt: skip
+        b = Inventory(crashed[i], hv)
+        assert b.reconcile(leave=lambda r: r.successor_of is not None) == []
+        (rec,) = b.in_doubt()
+        assert (rec.state, rec.pending, rec.successor_of) == (None, inv.PAUSED, 7)
+        if i == 1:  # it runs: finished
+            done = await b.afinish("web", 1, lambda: hv.suspend(specs[1].name))
+            assert (done.state, done.pending, done.successor_of) == (inv.PAUSED, None, 7)
+            b.announced("web", 1)
+            assert Inventory(crashed[1], hv).get("web", 1).successor_of is None
+        else:  # it is gone: the finish fails, the record is forgotten
+            hv.destroy(specs[2].name)
+            with pytest.raises(HypervisorError):
+                await b.afinish("web", 2, lambda: hv.resume(specs[2].name))
+            assert ("web", 2) not in [r.key for r in Inventory(crashed[2], hv).replicas()]
+    with pytest.raises(IllegalTransition, match="no provisioning to finish"):
+        await Inventory(crashed[1], hv).afinish("web", 1, lambda: None)
