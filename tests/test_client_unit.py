@@ -548,3 +548,39 @@ def test_params_from_config_for_external_app(write_rack: Callable[[str], Path]) 
         assert p.exec_keys[i] == xsec.macs[me]
     echo = load(write_rack(RACK_TOML.format(base_port=17100)))
     assert not ClientParams.from_config(echo, "web", 2).uses_execution_replicas
+
+
+async def test_a_request_lost_on_a_dying_connection_goes_again_on_the_next(
+    exec_rig: ExecRig,
+) -> None:
+    """Execution replica 2 is a hibernated spare being woken: its port is accepted (QEMU's
+    user network of the restored guest) and closed again (its runtime does not listen
+    yet), swallowing the request that waited for that connection; then the runtime
+    listens, having executed the request meanwhile. The fresh connection carries the
+    pending request again, so the spare answers it from its reply cache at once, not at
+    the client's next retransmission (none within this test)."""
+    p = exec_rig.params
+    p.initial_timeout = p.max_timeout = 60.0
+    exec_rig.execs[1].mode = "silent"  # the convicted replica: f+1 needs the spare
+    x = exec_rig.execs[2]
+    assert x.server is not None
+    x.server.close()
+    await x.server.wait_closed()
+    swallowed: list[bytes] = []
+
+    async def accept_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            swallowed.append(await wire.read_frame(reader))
+        writer.close()
+
+    early = await asyncio.start_server(accept_and_close, *p.exec_replicas[2])
+    async with Client(p) as c:
+        call = asyncio.create_task(c.invoke(b"op", timeout=20))
+        while not swallowed:
+            await asyncio.sleep(0.01)
+        early.close()
+        await early.wait_closed()
+        x.server = await asyncio.start_server(x.handle, *p.exec_replicas[2])
+        assert await call == b"exec:op"
+        assert c.stats["retransmits"] == 0 and c.stats["resent_on_connect"] >= 1
+    assert [m.timestamp for m in x.received] == [wire.decode(swallowed[0]).timestamp]

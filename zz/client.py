@@ -169,12 +169,22 @@ class ClientParams:
 
 class _Conn(Link):
     """A persistent, reconnecting connection to one replica. While it is down the latest
-    message waits (older ones are superseded: the protocol retransmits anyway)."""
+    message waits (older ones are superseded: the protocol retransmits anyway). A fresh
+    connection to an execution replica (`exec_slot`) with nothing waiting carries the
+    pending request if that replica has not answered it yet (Client._pending_for)."""
 
-    def __init__(self, client: Client, r: int, addr: tuple[str, int], label: str = "") -> None:
+    def __init__(
+        self,
+        client: Client,
+        r: int,
+        addr: tuple[str, int],
+        label: str = "",
+        exec_slot: int | None = None,
+    ) -> None:
         super().__init__(addr, label or str(r), task_prefix="zz-client-conn-")
         self.client = client
         self.r = r
+        self.exec_slot = exec_slot
         self.waiting: bytes | None = None
         # A replica replies on the connection a request of ours arrived on; until this
         # connection has carried one, the replica cannot answer us at all.
@@ -190,6 +200,8 @@ class _Conn(Link):
     def on_connect(self) -> list[bytes]:
         self.client.stats["connects"] += 1
         first, self.waiting = self.waiting, None
+        if first is None and self.exec_slot is not None:
+            first = self.client._pending_for(self.exec_slot)
         self.introduced = first is not None
         return [first] if first is not None else []
 
@@ -271,7 +283,8 @@ class Client:
         if not self._conns:
             self._conns = [_Conn(self, r, a) for r, a in enumerate(self.params.replicas)]
             self._exec_conns = [
-                _Conn(self, i, a, f"exec-{i}") for i, a in enumerate(self.params.exec_replicas)
+                _Conn(self, i, a, f"exec-{i}", exec_slot=i)
+                for i, a in enumerate(self.params.exec_replicas)
             ]
             for c in self._conns + self._exec_conns:
                 c.start()
@@ -404,6 +417,21 @@ class Client:
             self._pending = None
             if not pend.future.done():
                 pend.future.cancel()
+
+    def _pending_for(self, i: int) -> bytes | None:
+        """The pending request for execution replica `i` on a fresh connection to it, if
+        it has not answered: an execution replica replies only on a connection the request
+        came on, and the one this request first went out on may have died unread (a
+        hibernated spare's port, accepted by QEMU's user network while the restored guest
+        did not listen yet). Without this, the woken spare's reply waited for the next
+        retransmission, backed off to seconds by then."""
+        pend = self._pending
+        if pend is None or pend.future.done() or pend.request is None:
+            return None
+        if wire.exec_principal(i) in pend.replies:
+            return None
+        self.stats["resent_on_connect"] += 1
+        return pend.request.with_macs(self._macs()).encode()
 
     def _on_message(self, raw: bytes) -> None:
         p = self.params
