@@ -16,12 +16,15 @@ import signal
 import sys
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from zz.appspec import AppRegistryError
-from zz.config import ConfigError, load
+from zz.config import Config, ConfigError, Service, load
+from zz.crypto import verify_signature
 from zz.drillfaults import FAULTS
-from zz.execution.runtime import AppFault, RuntimeOptions, serve
+from zz.execution.runtime import AppFault, RuntimeOptions, StartKeys, load_start_keys, serve
 from zz.keys import KeyFileError
 from zz.snapshots import StorageError
 
@@ -63,7 +66,12 @@ def lock_state_dir(state: Path) -> int:
     return fd  # stays open (and locked) until the process exits
 
 
-def _options(args: argparse.Namespace, state_dir: Path | None) -> RuntimeOptions:
+def _options(
+    args: argparse.Namespace,
+    state_dir: Path | None,
+    marks: dict[str, float] | None = None,
+    start_keys: StartKeys | None = None,
+) -> RuntimeOptions:
     """The runtime's options from the command line (ValueError names what is wrong)."""
     pause = {} if args.background_pause is None else {"background_pause": args.background_pause}
     return RuntimeOptions(
@@ -78,11 +86,77 @@ def _options(args: argparse.Namespace, state_dir: Path | None) -> RuntimeOptions
         listen=args.listen,
         inject_fault=args.inject_fault,
         drill_faults=args.drill_faults,
+        marks=tuple((marks or {}).items()),
+        start_keys=start_keys,
         **pause,
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+Stamp = tuple[int, int, int, int] | None
+
+
+def _stamps(paths: list[Path]) -> tuple[tuple[Path, Stamp], ...]:
+    """Each file's (inode, size, mtime, ctime), None if it is not there: a file written
+    or replaced since (controld re-keying a slot, rewriting the rack config) changes its
+    stamp."""
+    out: list[tuple[Path, Stamp]] = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            out.append((path, None))
+        else:
+            out.append((path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a runtime started ahead of its wake-up (images/zz_guest.py PRESTART, a
+    hibernated guest's) read before the sleep, while the share was still mounted: its
+    arguments parsed, the rack config, its keys (StartKeys), and the stamps of the files
+    they came from. main() uses it only for the same arguments and if no file changed
+    since; else it reads them again (a re-key during the sleep)."""
+
+    argv: tuple[str, ...]
+    args: argparse.Namespace
+    config: Config
+    service: Service
+    keys: StartKeys
+    stamps: tuple[tuple[Path, Stamp], ...]
+
+    def fresh(self, argv: list[str]) -> bool:
+        return tuple(argv) == self.argv and _stamps([p for p, _ in self.stamps]) == self.stamps
+
+
+def prestart(argv: list[str]) -> Prepared:
+    """Before the sleep: parse `argv`, read the rack config and the keys, and run the
+    signature code once (the cryptography library loads OpenSSL's providers at its first
+    use: 0.4 s under TCG). Raises what main() would report."""
+    args = _parser().parse_args(argv)
+    config, service = _config(args)
+    k = load_start_keys(config, service, args.index, Counter())
+    assert k.secret.sign is not None
+    verify_signature(k.secret.sign.public, b"", k.secret.sign.sign(b""))
+    return Prepared(tuple(argv), args, config, service, k,
+                    _stamps([Path(args.rack), *k.files]))  # fmt: skip
+
+
+def _config(args: argparse.Namespace) -> tuple[Config, Service]:
+    """The rack as this runtime sees it and its service (ConfigError names what is wrong)."""
+    config = load(args.rack).viewed_from(
+        args.loopback_alias, Path(args.key_dir) if args.key_dir else None
+    )
+    service = config.service(args.service)
+    if not service.uses_execution_replicas:
+        raise ConfigError(
+            f"service {service.name!r}: app {service.app!r} runs inside the agreement"
+            " replicas, not on execution replicas"
+        )
+    return config, service
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m zz.execution", description=__doc__)
     p.add_argument("--rack", required=True, help="rack config (TOML)")
     p.add_argument("--service", required=True, help="service name or id")
@@ -153,7 +227,19 @@ def main(argv: list[str] | None = None) -> int:
         help='DRILLS ONLY: <state-dir>/zz-fault.json {"fault": NAME|null} switches the'
         " injected fault while running (zz drill on a rack of VMs)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, prepared: Prepared | None = None) -> int:
+    """Run one execution replica; `prepared`: what prestart() read before a sleep, used
+    if still fresh."""
+    marks = {"main": round(time.monotonic(), 4)}
+    stale = prepared is not None and not prepared.fresh(sys.argv[1:] if argv is None else argv)
+    if prepared is None or stale:
+        prepared = None
+        args = _parser().parse_args(argv)
+    else:
+        args = prepared.args
     _reuse_freed_memory()
     # A replica that will not stop can be asked where it is stuck: SIGUSR2 writes every
     # thread's stack to its log.
@@ -163,19 +249,17 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s exec-{args.index} %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    try:
-        config = load(args.rack).viewed_from(
-            args.loopback_alias, Path(args.key_dir) if args.key_dir else None
+    if stale:
+        logging.getLogger("zz.execution").info(
+            "the rack config or the keys changed since they were read ahead: reading them again"
         )
-        service = config.service(args.service)
-        if not service.uses_execution_replicas:
-            raise ConfigError(
-                f"service {service.name!r}: app {service.app!r} runs inside the agreement"
-                " replicas, not on execution replicas"
-            )
+    try:
+        config, service = _config(args) if prepared is None else (prepared.config, prepared.service)
         state_dir = Path(args.state_dir) if args.state_dir else None
+        marks["config_loaded"] = round(time.monotonic(), 4)
         lock_state_dir(state_dir or service.exec_state_dir(config, args.index))
-        asyncio.run(serve(config, service, args.index, _options(args, state_dir)))
+        opts = _options(args, state_dir, marks, prepared.keys if prepared else None)
+        asyncio.run(serve(config, service, args.index, opts))
     except StateDirInUse as e:
         print(f"zz.execution: {e}", file=sys.stderr)
         return EXIT_LOCKED

@@ -106,6 +106,56 @@ def _handed_marks() -> dict[str, float]:
     return {str(k): round(float(v), 4) for k, v in marks.items() if isinstance(v, int | float)}
 
 
+@dataclass
+class StartKeys:
+    """What Runtime.start reads from the key directory: this replica's secret (its signing
+    key and the MAC keys it shares with the agreement replicas and the clients), the
+    service's public keys (PeerKeys: they follow the slots' key epochs) and its own
+    announcement (SPARE-READY) at the secret's epoch. `files`: what they were read from,
+    present or not (execution/__main__.py prestart reads them before a hibernated guest's
+    sleep and keeps them only if none of these changed by the wake)."""
+
+    secret: keys.Secret
+    publics: keys.PeerKeys
+    announcement: bytes | None
+    files: tuple[Path, ...]
+
+
+def load_start_keys(
+    config: Config, svc: Service, index: int, counters: Counter[str]
+) -> StartKeys:
+    """Read the keys of execution replica `index` (raises keys.KeyFileError)."""
+    kd, me = config.rack.key_dir, wire.exec_principal(index)
+    path = keys.secret_path(kd, svc.id, me)
+    secret = keys.load_secret(path)
+    if secret.sign is None:
+        raise keys.KeyFileError(f"principal {me} has no signing key")
+    keys.peer_keys(secret, range(svc.n))  # every agreement replica's MAC key is there
+    files = (
+        path,
+        keys.public_path(kd, svc.id),
+        keys.service_dir(kd, keys.RACK_SERVICE) / "public",
+        *(keys.spare_cert_path(kd, svc.id, wire.exec_principal(j)) for j in range(svc.n_exec)),
+    )
+    publics = keys.PeerKeys(kd, config, svc, counters)
+    return StartKeys(secret, publics, _own_announcement(kd, svc, index, secret.epoch), files)
+
+
+def _own_announcement(key_dir: Path, svc: Service, index: int, epoch: int) -> bytes | None:
+    """The framed SPARE-READY announcing slot `index`'s keys at `epoch` (None at epoch 0,
+    or when the key directory holds no announcement of that epoch)."""
+    if epoch == 0:
+        return None
+    path = keys.spare_cert_path(key_dir, svc.id, wire.exec_principal(index))
+    with contextlib.suppress(OSError, ValueError, wire.WireError):
+        raw = bytes.fromhex(path.read_text().strip())
+        m = wire.decode(raw)
+        if isinstance(m, wire.SpareReady) and m.epoch == epoch and m.replica == index:
+            return wire.frame(raw)
+    log.warning("key epoch %d but no announcement of it in %s", epoch, path)
+    return None
+
+
 def _mtime(path: Path) -> int | None:
     try:
         return path.stat().st_mtime_ns
@@ -186,6 +236,9 @@ class RuntimeOptions:
     # Steps of the start-up taken before the Runtime was made (execution/__main__.py: main,
     # config_loaded), on the time.monotonic() clock: wake_marks of a runtime started awake.
     marks: tuple[tuple[str, float], ...] = ()
+    # The keys as read before the start (execution/__main__.py prestart), else None: read
+    # in start().
+    start_keys: StartKeys | None = None
 
     def __post_init__(self) -> None:
         if self.store not in STORE_KINDS:
@@ -348,22 +401,30 @@ class Runtime:
     # ---- start-up and shutdown ----------------------------------------------------
 
     async def start(self) -> None:
-        rack = self.config.rack
-        secret = keys.load_secret(keys.secret_path(rack.key_dir, self.svc.id, self.me))
-        if secret.sign is None:
-            raise keys.KeyFileError(f"principal {self.me} has no signing key")
+        k = self.options.start_keys
+        if k is None:
+            k = load_start_keys(self.config, self.svc, self.index, self.counters)
+        else:
+            self.counters.update(k.publics.counters)
+            k.publics.counters = self.counters
+            self.counters["start_keys_read_ahead"] += 1
+        secret = k.secret
+        assert secret.sign is not None  # load_start_keys checked it
         self.sign_key = secret.sign
         self.agree_keys = keys.peer_keys(secret, range(self.svc.n))
         self.macs = dict(secret.macs)
-        self.publics = keys.PeerKeys(rack.key_dir, self.config, self.svc, self.counters)
-        self._announcement = self._own_announcement(rack.key_dir, secret.epoch)
+        self.publics = k.publics
+        self._announcement = k.announcement
+        self._start_mark("keys_loaded")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt.manifest_dir.mkdir(exist_ok=True)
         await asyncio.to_thread(self._open_state)
+        self._start_mark("state_opened")
 
         host, port = self.svc.exec_address(self.config, self.index)
         host = self.options.listen or host
         self._server = await self._listen(host, port)
+        self._start_mark("listening")
         for r in range(self.svc.n):
             link = _Link(self, f"r{r}", self.config.replica_address(self.svc, r), r)
             self._links.append(link)
@@ -664,20 +725,6 @@ class Runtime:
         self._send_agreement(msg)
         for link in self._peer_links:
             link.send(msg)
-
-    def _own_announcement(self, key_dir: Path, epoch: int) -> bytes | None:
-        """The framed SPARE-READY announcing this slot's keys at `epoch` (None at epoch 0,
-        or when the key directory holds no announcement of that epoch)."""
-        if epoch == 0:
-            return None
-        path = keys.spare_cert_path(key_dir, self.svc.id, self.me)
-        with contextlib.suppress(OSError, ValueError, wire.WireError):
-            raw = bytes.fromhex(path.read_text().strip())
-            m = wire.decode(raw)
-            if isinstance(m, wire.SpareReady) and m.epoch == epoch and m.replica == self.index:
-                return wire.frame(raw)
-        log.warning("key epoch %d but no announcement of it in %s", epoch, path)
-        return None
 
     # ---- client connections ---------------------------------------------------------
 

@@ -65,14 +65,24 @@ MAX_BALLAST_MIB = 1 << 16
 # How long "sleep" waits for a pre-started runtime's imports, so that the save holds them
 # (controld asks "sleep" with a 30 s timeout); one still importing finishes after the wake.
 PRESTART_WAIT_S = 20.0
-# The pre-started interpreter (python3 -c PRESTART MOD): import MOD.__main__, say "ready",
-# then run MOD as `python3 -m MOD ARGS` with what the wake sends (one JSON line), telling
-# it when that came (ZZ_PRESTART_GO, time.monotonic(): execution/runtime.py's "started").
+# The pre-started interpreter (python3 -c PRESTART MOD ARGS...): import MOD.__main__; if
+# it has prestart(), call it with the ARGS the config names (the share is still mounted:
+# it may read what it needs from there, but keeps nothing open); say "ready"; then with
+# what the wake sends (one JSON line) run main(ARGS, PREPARED) of that module, or MOD as
+# `python3 -m MOD ARGS` runs it, telling it when that came (ZZ_PRESTART_GO,
+# time.monotonic(): execution/runtime.py's "started"). A prestart() that fails changes
+# nothing: main() is then left to read everything itself; so does "prepare": false in the
+# config at the wake (the baseline of scripts/bench/recovery-phases).
 PRESTART = """
 import importlib, json, os, runpy, sys, time
 mod = sys.argv[1]
-importlib.import_module(mod + ".__main__")
-sys.modules.pop(mod + ".__main__")  # runpy runs it afresh; what it imported stays
+m = importlib.import_module(mod + ".__main__")
+prepared = None
+if hasattr(m, "prestart") and hasattr(m, "main"):
+    try:
+        prepared = m.prestart(sys.argv[2:])
+    except (Exception, SystemExit) as e:
+        print(f"zz-guest: {mod} prestart: {e!r}", file=sys.stderr, flush=True)
 print("ready", flush=True)
 line = sys.stdin.readline()
 if not line:
@@ -83,6 +93,9 @@ os.environ.update(go["env"], ZZ_PRESTART_GO=repr(time.monotonic()))
 os.dup2(2, 1)
 sys.path[0] = os.getcwd()
 sys.argv = [mod, *go["args"]]
+if prepared is not None and go.get("prepared", True):
+    sys.exit(m.main(go["args"], prepared))
+sys.modules.pop(mod + ".__main__")  # runpy runs it afresh; what it imported stays
 runpy.run_module(mod, run_name="__main__", alter_sys=True)
 """
 # The same options images/init mounts with.
@@ -166,6 +179,10 @@ class Agent:
         self.prestarted: subprocess.Popen[bytes] | None = None
         self.prestart_ready = False
         self.recovering_from: int | None = None
+        # The steps of the latest wake (time.monotonic(), the runtime's clock too): passed
+        # to the runtime it starts as ZZ_WAKE_MARKS, whose status puts them among its
+        # wake_marks (zz drill: the recovery's resume phase, split).
+        self.wake_marks: dict[str, float] = {}
         self.ballast: bytearray | None = None
         self.counters: dict[str, int] = {}
         self.lock = threading.Lock()
@@ -241,6 +258,7 @@ class Agent:
         env = dict(cfg.get("env", {}))
         if self.recovering_from is not None:
             env["ZZ_RECOVER_FROM"] = str(self.recovering_from)
+            env["ZZ_WAKE_MARKS"] = json.dumps(self.wake_marks)
         if cfg.get("prestart", True) is False:
             self.stop_prestarted()  # benchmarks' baseline: the whole start-up after the wake
         elif self._go_prestarted(cfg, env):
@@ -271,7 +289,8 @@ class Agent:
         if mc is None:
             return False
         self.prestarted = subprocess.Popen(
-            [mc[0], "-c", PRESTART, mc[1]], cwd="/", env=dict(os.environ, **cfg.get("env", {})),
+            [mc[0], "-c", PRESTART, mc[1], *mc[2]], cwd="/",
+            env=dict(os.environ, **cfg.get("env", {})),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
         self.prestart_ready = False
@@ -296,7 +315,9 @@ class Agent:
         mc = self._module_command(cfg)
         if p is None or p.stdin is None or p.poll() is not None or mc is None:
             return False
-        go = {"cwd": str(self.state_dir), "env": env, "args": mc[2]}
+        # "prepare": false (the benchmarks' baseline): what its prestart() read is not used.
+        go = {"cwd": str(self.state_dir), "env": env, "args": mc[2],
+              "prepared": cfg.get("prepare", True) is not False}  # fmt: skip
         try:
             p.stdin.write(json.dumps(go).encode() + b"\n")
             p.stdin.close()
@@ -377,7 +398,9 @@ class Agent:
             seq = req.get("seq")
             if seq is not None and (not isinstance(seq, int) or seq < 0):
                 raise ValueError("seq must be a non-negative integer")
+            self.wake_marks = {"agent_wake": round(time.monotonic(), 4)}
             self.mount()
+            self.wake_marks["mounted"] = round(time.monotonic(), 4)
             self.recovering_from = seq
             if self.cache and self.manage_mount and self.mounted():
                 # the host wrote the wake notice into the share behind the guest's cache
@@ -387,7 +410,10 @@ class Agent:
                 tmp = self.state_dir / (WAKE_FILE + ".tmp")
                 tmp.write_text(json.dumps(wake) + "\n")
                 os.replace(tmp, self.state_dir / WAKE_FILE)
-            if not self.start_runtime(self.config()) and self.running():
+            self.wake_marks["notice_written"] = round(time.monotonic(), 4)
+            cfg = self.config()
+            self.wake_marks["config_read"] = round(time.monotonic(), 4)
+            if not self.start_runtime(cfg) and self.running():
                 # A runtime that slept through the pause: have it read the notice now.
                 assert self.child is not None
                 os.kill(self.child.pid, signal.SIGUSR1)

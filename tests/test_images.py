@@ -472,6 +472,63 @@ def test_guest_agent_prestarts_a_python_runtime_for_the_wake(tmp_path: Path) -> 
                 os.killpg(pid, 9)
 
 
+PREPARED_MAIN = """
+import json, os, sys, time
+def prestart(argv):
+    # Read while the share is there, before the sleep (the agent passes the config's args).
+    return {"argv": argv, "cwd": os.getcwd(), "at": time.monotonic()}
+def main(argv, prepared):
+    out = {"argv": argv, "prepared": prepared, "pid": os.getpid(), "cwd": os.getcwd(),
+           "recover": os.environ.get("ZZ_RECOVER_FROM"),
+           "marks": json.loads(os.environ.get("ZZ_WAKE_MARKS", "{}")),
+           "go": float(os.environ["ZZ_PRESTART_GO"])}
+    with open("ran.json", "w") as f:
+        json.dump(out, f)
+    time.sleep(60)
+    return 0
+"""
+
+
+def test_guest_agent_prestart_reads_ahead_and_hands_it_to_main(tmp_path: Path) -> None:
+    """A module whose __main__ has prestart(argv) and main(argv, prepared) (as
+    zz.execution's): the interpreter started ahead calls prestart with the config's
+    arguments before the sleep, in /, and the wake calls main with the wake's arguments,
+    what prestart returned, and the agent's wake steps (ZZ_WAKE_MARKS) in its environment."""
+    from zz.controld.hypervisor import guest_request
+
+    mods, state = tmp_path / "mods", tmp_path / "state"
+    (mods / "zzprep").mkdir(parents=True)
+    (mods / "zzprep" / "__init__.py").write_text("")
+    (mods / "zzprep" / "__main__.py").write_text(PREPARED_MAIN)
+    state.mkdir()
+    cfg = {"command": [sys.executable, "-m", "zzprep", "a", "b"], "start": "wake",
+           "env": {"PYTHONPATH": str(mods)}}  # fmt: skip
+    (state / "zz-guest.json").write_text(json.dumps(cfg))
+    pids: list[int] = []
+    try:
+        with _running_agent(state) as port:
+            r = guest_request(port, {"op": "sleep"}, timeout=30)
+            assert r["prestarted"] == "ready", r
+            pids.append(r["prestarted_pid"])
+            r = guest_request(port, {"op": "wake", "seq": 9})
+            assert r["mode"] == "running" and r["runtime_pid"] == pids[0], r
+            deadline = time.monotonic() + 10
+            while not (state / "ran.json").exists() or not (state / "ran.json").read_text():
+                assert time.monotonic() < deadline, "main() did not run"
+                time.sleep(0.02)
+            ran = json.loads((state / "ran.json").read_text())
+            assert ran["pid"] == pids[0] and ran["argv"] == ["a", "b"] and ran["recover"] == "9"
+            assert ran["prepared"]["argv"] == ["a", "b"] and ran["prepared"]["cwd"] == "/"
+            assert ran["cwd"] == str(state) and ran["prepared"]["at"] < ran["go"]
+            m = ran["marks"]
+            assert m["agent_wake"] <= m["mounted"] <= m["notice_written"] <= m["config_read"]
+            assert m["config_read"] <= ran["go"]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, 9)
+
+
 def test_guest_agent_bad_config(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
