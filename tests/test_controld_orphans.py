@@ -11,10 +11,12 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from test_controld_daemon import OP, Node, Rack, _procs_with, close_keeping_back
 
 from zz import audit, keys, wire
 from zz.controld import actions
+from zz.controld import inventory as inv
 from zz.controld.rpc import call
 from zz.naming import domain_name
 from zz.ports import free_port
@@ -52,7 +55,12 @@ def _runtimes(rack: Rack) -> list[int]:
 
 
 def _start_controld(
-    rack: Rack, port: int, hold: Path | None = None, host: str = "h0", mode: str | None = None
+    rack: Rack,
+    port: int,
+    hold: Path | None = None,
+    host: str = "h0",
+    mode: str | None = None,
+    backend: tuple[str, ...] = ("--backend", "process", "--ready-timeout", "30"),
 ) -> subprocess.Popen[bytes]:
     """controld of `host` (process backend); `hold`: it waits after each create (of a
     provisioning in `mode` only, if given), writing the domain's name to that file."""
@@ -62,7 +70,7 @@ def _start_controld(
         if mode is not None:
             env[actions.TEST_HOLD_MODE_ENV] = mode
     cmd = [sys.executable, "-m", "zz.controld", "--config", str(rack.path), "--host", host,
-           "--backend", "process", "--port", str(port), "--ready-timeout", "30"]  # fmt: skip
+           "--port", str(port), *backend]  # fmt: skip
     p = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -301,3 +309,94 @@ async def test_libvirt_restart_leaves_other_hosts_domains_alone(rack: Rack) -> N
             await n.close()
         await h2.close()
         close_keeping_backend(keep, rack)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+async def test_controld_killed_mid_boot_of_a_real_guest_spare_finishes_it_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """qemu:///system, a real TCG guest: SHUTDOWN convicts web/1 (a record whose domain is
+    gone, so that no guest has to boot for it), its fresh spare's domain is created and
+    controld is SIGKILLed while the guest boots. The next controld finds the record in
+    doubt and the domain running, waits for the guest agent and the runtime, pauses the
+    guest and sends its SPARE-READY under the SHUTDOWN's seq; nothing is booted twice."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (qemu:///system, /var/cache/zz-images)")
+    try:
+        import libvirt  # type: ignore[import-not-found]
+
+        libvirt.open("qemu:///system").close()
+    except Exception as e:  # ImportError or libvirtError
+        pytest.skip(f"qemu:///system not available: {e}")
+    d = Path(tempfile.mkdtemp(prefix="zz-controld-vm-"))
+    os.chmod(d, 0o755)
+    rack = make_rack(d, uri="qemu:///system")
+    sys.path.insert(0, str(REPO / "images"))
+    import build  # type: ignore[import-not-found]
+
+    image = (await asyncio.to_thread(build.build)).directory
+    svc = rack.config.service("web")
+    host = svc.exec_host(rack.config, 1)
+    domain = domain_name(rack.config, svc, 1)
+    home = rack.config.rack.run_dir / "controld" / host.name
+    home.mkdir(parents=True)
+    inv.Inventory(home / "inventory.json").provision("web", 1, "active", domain, "active",
+                                                     lambda: None)  # fmt: skip
+    port = free_port()
+    ctl = keys.controld_principal(host.index)
+    key = rack.op_keys[ctl]
+    backend = ("--backend", "libvirt", "--image", str(image), "--ready-timeout", "300")
+    hold = d / "hold"
+
+    async def rpc(op: dict[str, Any]) -> dict[str, Any]:
+        return await call("127.0.0.1", port, operator=OP, controld=ctl, key=key, op=op, timeout=60)
+
+    def virsh(*args: str) -> str:
+        cmd = ["virsh", "-c", "qemu:///system", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+
+    p = _start_controld(rack, port, hold, host.name, mode="paused", backend=backend)
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        for x in (0, 1):
+            w.write(wire.frame(rack.shutdown(x, 7, convict=[1], sleep=[])))
+        await w.drain()
+        w.close()
+        await asyncio.to_thread(_wait, hold.exists, 120, "the fresh spare's create")
+        p.kill()
+        p.wait()
+        assert virsh("domstate", domain) == "running"  # booting, its controld gone
+        t0 = time.monotonic()
+        p = _start_controld(rack, port, host=host.name, backend=backend)
+        while True:
+            st = await rpc({"op": "status"})
+            if [(x["index"], x["state"]) for x in st["replicas"]] == [(1, "paused")]:
+                break
+            assert time.monotonic() - t0 < 600, st["recent"]
+            await asyncio.sleep(1.0)
+        finished = time.monotonic() - t0
+        assert virsh("domstate", domain) == "paused"
+        c = st["counters"]
+        assert c.get("spare_finished_at_start") == 1 and c.get("reprovisioned") == 1, c
+        assert "orphans_destroyed" not in c and st["lost"] == [], st
+        (doubt,) = st["in_doubt_at_start"]
+        assert "finished in the background" in doubt["error"], doubt
+        sc = audit.read(home / "audit.log")
+        sent = [(e.header["seq"], e.header["epoch"]) for e in sc.entries
+                if e.kind == "spare-ready"]  # fmt: skip
+        assert sent == [(7, 1)], sent
+        (lines,) = [e.header["lines"] for e in sc.entries
+                    if e.kind == "action" and e.header.get("what") == "fresh-spare"]  # fmt: skip
+        assert any("'found': 'running'" in x and "answering_s" in x for x in lines), lines
+    finally:
+        with contextlib.suppress(Exception):
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+        virsh("destroy", domain)
+        shutil.rmtree(d, ignore_errors=True)
+    assert domain not in virsh("list", "--all", "--name").split()
+    print(
+        f"\nreal guest spare: booting when controld was killed; the next controld had it"
+        f" paused and announced {finished:.1f} s after its start"
+    )
