@@ -108,7 +108,7 @@ class Checkpoints:
     ) -> None:
         """Open the store of kind `kind` and undo what a crash left half-made."""
         if kind == "dir":
-            self.store = open_store("dir", root=state_dir / "store")
+            self.store = open_store("dir", root=state_dir / "store", writer=True)
         elif kind == "host-zfs":
             # In a guest on a ZFS rack: the dataset is mounted in the share, the host's
             # controld snapshots it on our signed request (snapshots/hostzfs.py).
@@ -212,43 +212,52 @@ class Checkpoints:
         return c
 
     def stage(self, seq: int, manifest: Manifest) -> tuple[bytes, Callable[[], None]]:
-        """take() in two halves: this one does what reads the live directory (the
-        manifest file; on a store that can part it, a copy of each file changed since the
-        base, store.stage_since) and returns C with the rest, which reads only the store
-        and may run while the next batches write the live directory (the lock still held:
-        docs/checkpoints.md "Off the execution path")."""
+        """take() in two halves: this one does what reads the live directory and returns
+        C with the rest. On a store that can part them (store.stage_since) the rest
+        (linking the files unchanged since the base, the manifest file, the listing)
+        reads only the store and may run while the next batches write the live directory,
+        the lock still held (docs/checkpoints.md "The directory store"); elsewhere the
+        snapshot is taken here and the rest is nothing."""
         name = checkpoint_name(seq)
-        self.record_manifest(seq, manifest)
-        crash_point("runtime.checkpoint.manifest")
+        base = None
+        if self.store.shares_unchanged and not self.faults.corrupts_snapshots():
+            base = self._snapshot_base(seq)
         rest: Callable[[], None] | None = None
-        if self.faults.snapshot(self.store, name, manifest, self.builder.root, seq):
-            # A drill's corrupted copy: never a base, or its corruption would go on in the
-            # next snapshots after the drill turned the fault off.
-            self._drill_snapshot = seq
-        else:
-            base = self._snapshot_base(seq) if self.store.shares_unchanged else None
-            if base is None:
-                self.store.snapshot(name)
-            else:
-                had = base[1].files
-                base_name = checkpoint_name(base[0])
+        if base is not None:
+            had = base[1].files
+            base_name = checkpoint_name(base[0])
 
-                def unchanged(rel: str) -> bool:
-                    return (e := manifest.files.get(rel)) is not None and had.get(rel) == e
+            def unchanged(rel: str) -> bool:
+                return (e := manifest.files.get(rel)) is not None and had.get(rel) == e
 
-                rest = self.store.stage_since(name, base_name, manifest.files, unchanged)
-                if rest is None:
-                    self.store.snapshot_since(name, base_name, unchanged)
+            rest = self.store.stage_since(name, base_name, manifest.files, unchanged)
 
         def finish() -> None:
             if rest is not None:
+                # The manifest file comes after the report too: it has to be there before
+                # the snapshot is listed (a restart checks one against the other).
+                self.record_manifest(seq, manifest)
+                crash_point("runtime.checkpoint.manifest")
                 rest()
             crash_point("runtime.checkpoint.snapshot")
             # A recovering peer's first request is this manifest: spare the decode of an
             # entry per file (~20 ms at 10,000 files) on its critical path.
             self.files.remember(seq, manifest)
 
-        return manifest.digest(), finish
+        if rest is not None:
+            return manifest.digest(), finish
+        self.record_manifest(seq, manifest)
+        crash_point("runtime.checkpoint.manifest")
+        if self.faults.snapshot(self.store, name, manifest, self.builder.root, seq):
+            # A drill's corrupted copy: never a base, or its corruption would go on in the
+            # next snapshots after the drill turned the fault off.
+            self._drill_snapshot = seq
+        elif base is None:
+            self.store.snapshot(name)
+        else:
+            self.store.snapshot_since(name, base_name, unchanged)
+        finish()
+        return manifest.digest(), _nothing
 
     def _snapshot_base(self, seq: int) -> tuple[int, Manifest] | None:
         """This replica's last checkpoint below `seq` and its manifest, if its snapshot is
@@ -417,3 +426,7 @@ class Checkpoints:
             "checkpoint_mismatches": list(self.mismatches),
             "store_lock": self.lock.status(),
         }
+
+
+def _nothing() -> None:
+    pass

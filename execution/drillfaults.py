@@ -123,6 +123,10 @@ class DrillFaults:
             (builder.root / DIVERGE_PATH).write_bytes(b"diverged at %d\n" % seq)
             builder.mark_dirty(DIVERGE_PATH)
 
+    def corrupts_snapshots(self) -> bool:
+        """Whether snapshot() takes the next snapshot (corrupt-snapshot)."""
+        return self.fault == "corrupt-snapshot"
+
     def snapshot(
         self, store: CheckpointStore, name: str, manifest: Manifest, root: Path, seq: int
     ) -> bool:

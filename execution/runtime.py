@@ -331,6 +331,7 @@ class Runtime:
         self._slow_since = 0
         self._slow_logged = -SLOW_LOG_S
         self._replay_t0: float | None = None
+        self._replay_end: float | None = None  # when the last replayed batch's turn ended
         self._recover_target: tuple[int, bytes] | None = None
         # The seq of the fault round this replica was woken for (controld's wake notice):
         # it must recover below it and replay it, or its report never comes.
@@ -847,7 +848,7 @@ class Runtime:
                         break
                     t_done = time.monotonic()
                     if vouched:
-                        self._time_replay(t_batch)
+                        self._time_replay(t_batch, t_done, cpu)
                         if "replay_first" not in self.wake_marks:
                             self.wake_marks["replay_first"] = round(t_batch, 4)
                         self._mark("replay_last", again=True)
@@ -884,6 +885,8 @@ class Runtime:
                     if c is not None:
                         self.ckpt.announce(cert.seq, c, self.sign_key)
                         self.faults.after_checkpoint(cert.seq)
+                    if vouched:
+                        self._replay_end = time.monotonic()
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -920,13 +923,21 @@ class Runtime:
         self.wake_marks = {}
         self._mark("noticed")
 
-    def _time_replay(self, started: float) -> None:
+    def _time_replay(self, started: float, done: float, cpu: float) -> None:
         """Status `replay`: the certified batches run since the last recovery, and the
-        seconds from the start of the first to the end of the last (scripts/bench/replay)."""
+        seconds from the start of the first to the end of the last (scripts/bench/replay);
+        of them `execute_s` in the worker thread running the batches (`cpu_s` its CPU
+        time) and `between_s` from one batch's end in the loop to the next one's start
+        (the wait for its commit votes, and the loop's own work between batches)."""
         r = self.replay
         r["certified_batches"] = r.get("certified_batches", 0) + 1
-        self._replay_t0 = started if self._replay_t0 is None else self._replay_t0
+        if self._replay_t0 is None:
+            self._replay_t0 = started
+        elif self._replay_end is not None:
+            r["between_s"] = round(r.get("between_s", 0.0) + started - self._replay_end, 4)
         r["seconds"] = round(time.monotonic() - self._replay_t0, 4)
+        r["execute_s"] = round(r.get("execute_s", 0.0) + done - started, 4)
+        r["cpu_s"] = round(r.get("cpu_s", 0.0) + cpu, 4)
 
     def _time_report(
         self,
@@ -1123,7 +1134,8 @@ class Runtime:
                     if not staged.done():
                         staged.set_exception(e)
                     return
-                staged.set_result(c)
+                if not staged.done():  # cancelled: the executor stopped (shutdown)
+                    staged.set_result(c)
                 await asyncio.to_thread(finish)
         except asyncio.CancelledError:
             raise
@@ -1333,7 +1345,7 @@ class Runtime:
         self._recover_target = None
         self._stranded_at = None
         self.vouches.forget_through(seq)
-        self.replay, self._replay_t0 = {}, None
+        self.replay, self._replay_t0, self._replay_end = {}, None, None
         fetcher = self.fetcher
         assert fetcher is not None
         self.recovery.update(

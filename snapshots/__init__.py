@@ -24,18 +24,20 @@ def open_store(
     pool: str | None = None,
     dataset: str | None = None,
     mountpoint: Path | str | None = None,
+    writer: bool = False,
 ) -> CheckpointStore:
     """Open (creating if needed) a replica's state store.
 
     ``kind="dir"`` needs ``root``; ``kind="zfs"`` needs ``pool`` and ``dataset`` and takes
-    ``mountpoint`` for a new dataset.
+    ``mountpoint`` for a new dataset. ``writer``: the caller is the store's one writer
+    (DirStore keeps its index in memory).
     """
     if kind == "dir":
         if root is None:
             raise ValueError("open_store('dir') needs root")
         from zz.snapshots.dirstore import DirStore
 
-        return DirStore(root)
+        return DirStore(root, writer=writer)
     if kind == "zfs":
         if pool is None or dataset is None:
             raise ValueError("open_store('zfs') needs pool and dataset")

@@ -39,7 +39,12 @@ _ORDER = "ORDER"
 class DirStore(CheckpointStore):
     """Plain-directory backend. ``root`` is created if missing."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, writer: bool = False) -> None:
+        """`writer`: this object is the store's one writer (the runtime), so ORDER is read
+        once and then kept in memory (a checkpoint listed it three times, each a round
+        trip over a guest's share); a reader (controld) reads it at every call."""
+        self._writer = writer
+        self._order: list[str] | None = None
         self._root = Path(root).absolute()
         self._live = self._root / "live"
         self._snaps = self._root / "snapshots"
@@ -200,11 +205,16 @@ class DirStore(CheckpointStore):
         return {leaf} if leaf in names and Path(directory) == self._live / parent else set()
 
     def list_snapshots(self) -> list[str]:
+        if self._order is not None:
+            return list(self._order)
         try:
             lines = (self._root / _ORDER).read_text().splitlines()
         except FileNotFoundError:
-            return []
-        return [n for n in lines if n]
+            lines = []
+        names = [n for n in lines if n]
+        if self._writer:
+            self._order = list(names)
+        return names
 
     def destroy_snapshot(self, name: str) -> None:
         self.detach_snapshot(name)()
@@ -248,7 +258,10 @@ class DirStore(CheckpointStore):
             raise StorageError(f"cannot remove store {self._root}: {e}") from e
 
     def _write_order(self, names: list[str]) -> None:
+        self._order = None  # read again if the write fails half-way
         write_atomic(self._root / _ORDER, "".join(f"{n}\n" for n in names))
+        if self._writer:
+            self._order = list(names)
 
 
 def _copy(src: str, dst: str) -> object:

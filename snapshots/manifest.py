@@ -484,19 +484,28 @@ class ManifestBuilder:
         self.write_runtime_file(MEMORY_PATH, data)
 
     def write_runtime_file(self, path: str, data: bytes) -> None:
-        """Write one of the runtime's own files under the reserved ``.zz/`` (atomically,
-        synced) and mark it dirty. mark_dirty() refuses these paths: apps must not write
-        there, the runtime is the one writer that may."""
+        """Write one of the runtime's own files under the reserved ``.zz/`` (atomically)
+        and mark it dirty. mark_dirty() refuses these paths: apps must not write there,
+        the runtime is the one writer that may. Not fsynced: a checkpoint survives a
+        killed process, not a host's power cut (docs/checkpoints.md "Crash consistency"),
+        and the snapshot's copy of this file is not synced either; through a guest's share
+        an fsync is the host's disk flush, on the report's path."""
         rel = normalize_path(path)
         if not is_reserved(rel) or rel == RESERVED_DIR:
             raise ManifestError(f"{path!r}: runtime files live under {RESERVED_DIR}/")
         target = self.root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         crash_point("manifest.runtime-file.written")
         os.replace(tmp, target)
         self._dirty.add(rel)
