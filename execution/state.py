@@ -4,6 +4,7 @@ Confines paths to the dataset and records changed files so a checkpoint re-hashe
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -60,6 +61,16 @@ class DirtySet:
 
     def __bool__(self) -> bool:
         return bool(self.written or self.deleted)
+
+
+def _open_nofollow(path: str, full: Path, flags: int) -> int:
+    """os.open of a state file that refuses a symlink as its last component."""
+    try:
+        return os.open(full, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateError(f"state path {path!r} goes through a symlink") from e
+        raise
 
 
 def normalize(path: str) -> str:
@@ -124,12 +135,15 @@ class StateDir:
 
     # -- paths -------------------------------------------------------------------
 
-    def _resolve(self, path: str) -> tuple[str, Path]:
-        rel = self._check_path(path)
+    def _resolve(self, path: str, last: bool = True) -> tuple[str, Path]:
+        rel = self._check_path(path, last)
         return rel, self.root / rel
 
-    def _check_path(self, path: str) -> str:
-        """normalize(path), refused if any component of it is a symlink."""
+    def _check_path(self, path: str, last: bool = True) -> str:
+        """normalize(path), refused if any component of it is a symlink. `last=False`:
+        the last component is not looked at, for a caller that opens it with O_NOFOLLOW
+        (_open_nofollow), which refuses a symlink there itself; through a guest's share
+        every lstat is a round trip to the host."""
         rel = normalize(path)
         real = self._real_dirs
         end = rel.rfind("/")
@@ -141,6 +155,8 @@ class StateDir:
             start = end + 1
         while True:
             cut = rel.find("/", start)
+            if cut < 0 and not last:
+                break
             prefix = rel if cut < 0 else rel[:cut]
             try:
                 st = os.lstat(self._root_s + "/" + prefix)
@@ -255,14 +271,22 @@ class StateDir:
         return f
 
     def read_bytes(self, path: str) -> bytes:
-        rel, full = self._resolve(path)
+        """A state file's content (FileNotFoundError if there is none)."""
+        rel, full = self._resolve(path, last=False)
         if self.lazy is not None:
             self.lazy.ensure(rel)
-        return full.read_bytes()
+        fd = _open_nofollow(path, full, os.O_RDONLY)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return b"".join(chunks)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Replace a state file's content with `data` (open(path, "wb") and write)."""
-        rel, full = self._resolve(path)
+        rel, full = self._resolve(path, last=False)
         self._check_writable(rel)
         if self.lazy is not None:
             self.lazy.forget(rel)  # replaced whole: the old content is not needed
@@ -281,12 +305,12 @@ class StateDir:
         self._mark_written(rel)
 
     def _write_fd(self, path: str, full: Path, flags: int, offset: int, data: bytes) -> None:
-        flags |= os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags |= os.O_WRONLY | os.O_CREAT
         try:
-            fd = os.open(full, flags, 0o666)
+            fd = _open_nofollow(path, full, flags)
         except FileNotFoundError:
             full.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(full, flags, 0o666)
+            fd = _open_nofollow(path, full, flags)
         except IsADirectoryError as e:
             raise StateError(f"state path {path!r} is a directory") from e
         try:

@@ -57,9 +57,10 @@ class KvApp(App):
 
     def _load(self, key: bytes) -> bytes | None:
         path = key_path(key)
-        if not self.state.exists(path):
+        try:
+            raw = self.state.read_bytes(path)  # one open, where exists() then read cost two
+        except FileNotFoundError:
             return None
-        raw = self.state.read_bytes(path)
         (n,) = _U32.unpack_from(raw, 0)
         if raw[4 : 4 + n] != key:
             # Only a corrupted state file (or a SHA-256 collision) gets here; replying
