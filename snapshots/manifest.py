@@ -459,6 +459,9 @@ class ManifestBuilder:
         self.previous = previous
         self._hasher = hasher
         self._dirty: set[str] = set()
+        # The runtime files written since the last build, with the entry of the bytes
+        # written: build() takes it instead of reading the file back.
+        self._known: dict[str, FileEntry] = {}
 
     @property
     def dirty(self) -> frozenset[str]:
@@ -509,6 +512,7 @@ class ManifestBuilder:
         crash_point("manifest.runtime-file.written")
         os.replace(tmp, target)
         self._dirty.add(rel)
+        self._known[rel] = FileEntry(len(data), hashlib.sha256(data).digest())
 
     def build(self) -> Manifest:
         """Manifest of the current state; it becomes ``previous`` and the dirty set empties."""
@@ -518,16 +522,24 @@ class ManifestBuilder:
             m = self._build_incremental(self.previous)
         self.previous = m
         self._dirty.clear()
+        self._known.clear()
         return m
 
     def _build_incremental(self, prev: Manifest) -> Manifest:
         files = dict(prev.files)
         order = sorted(prev.files)  # str order keeps every "p/..." range contiguous
+        dirs: set[str] = set()  # ancestors already seen to be directories in this build
         for p in sorted(self._dirty):
             # Whatever the previous manifest had at p or below it is stale...
             for old in _at_or_below(order, p):
                 files.pop(old, None)
             # ...then record what is there now.
+            known = self._known.get(p)
+            if known is not None:  # a runtime file, written in one piece by write_runtime_file
+                files[p] = known
+                for anc in _ancestors(p):
+                    files.pop(anc, None)
+                continue
             full = self.root / p
             try:
                 st = full.lstat()
@@ -538,8 +550,11 @@ class ManifestBuilder:
             # which would make us hash a file outside the state directory.
             for anc in _ancestors(p):
                 files.pop(anc, None)
+                if anc in dirs:
+                    continue
                 if stat.S_ISLNK((self.root / anc).lstat().st_mode):
                     raise ManifestError(f"{self.root / anc}: symbolic link, not allowed in state")
+                dirs.add(anc)
             if stat.S_ISREG(st.st_mode):
                 files[p] = self._hasher(full)
             elif stat.S_ISDIR(st.st_mode):
