@@ -112,10 +112,13 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
     kernel command line: images/init, images/zz_guest.py), ZZ_GUEST_CPU the CPU model,
     ZZ_GUEST_TB_MIB TCG's translation-block cache, ZZ_GUEST_VIRTIOFS_CACHE virtiofsd's cache
     mode for a virtiofs share (none unless set: the only mode in which the host and the
-    guest see each other's writes at once, docs/images.md "The state share"). Unset:
-    QEMU's and the kernel's defaults."""
+    guest see each other's writes at once, docs/images.md "The state share"),
+    ZZ_GUEST_PRESTART=imports a hibernated spare's runtime started ahead only imports
+    (zz.prestart=imports: images/zz_guest.py; the baseline of scripts/bench/recovery-phases).
+    Unset: QEMU's and the kernel's defaults, and the runtime started ahead reads ahead."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
+    words: list[str] = []
     if vcache := env.get("ZZ_GUEST_VIRTIOFS_CACHE"):
         if vcache not in ("none", "auto", "always"):
             raise ValueError(f"ZZ_GUEST_VIRTIOFS_CACHE={vcache!r}")
@@ -124,7 +127,13 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
         if not (cache.isalpha() and cache.islower()):
             raise ValueError(f"ZZ_GUEST_SHARE_CACHE={cache!r}")
         if cache != "none":
-            out["extra_cmdline"] = f"zz.share_cache={cache}"
+            words.append(f"zz.share_cache={cache}")
+    if prestart := env.get("ZZ_GUEST_PRESTART"):
+        if prestart != "imports":
+            raise ValueError(f"ZZ_GUEST_PRESTART={prestart!r}")
+        words.append("zz.prestart=imports")
+    if words:
+        out["extra_cmdline"] = " ".join(words)
     if cpu := env.get("ZZ_GUEST_CPU"):
         out["cpu_model"] = cpu
     if tb := env.get("ZZ_GUEST_TB_MIB"):

@@ -71,14 +71,14 @@ PRESTART_WAIT_S = 20.0
 # what the wake sends (one JSON line) run main(ARGS, PREPARED) of that module, or MOD as
 # `python3 -m MOD ARGS` runs it, telling it when that came (ZZ_PRESTART_GO,
 # time.monotonic(): execution/runtime.py's "started"). A prestart() that fails changes
-# nothing: main() is then left to read everything itself; so does "prepare": false in the
-# config at the wake (the baseline of scripts/bench/recovery-phases).
+# nothing: main() is then left to read everything itself. Without ARGS (zz.prestart=imports
+# on the kernel command line: prestart_reads) it only imports.
 PRESTART = """
 import importlib, json, os, runpy, sys, time
 mod = sys.argv[1]
 m = importlib.import_module(mod + ".__main__")
 prepared = None
-if hasattr(m, "prestart") and hasattr(m, "main"):
+if len(sys.argv) > 2 and hasattr(m, "prestart") and hasattr(m, "main"):
     try:
         prepared = m.prestart(sys.argv[2:])
     except (Exception, SystemExit) as e:
@@ -93,7 +93,7 @@ os.environ.update(go["env"], ZZ_PRESTART_GO=repr(time.monotonic()))
 os.dup2(2, 1)
 sys.path[0] = os.getcwd()
 sys.argv = [mod, *go["args"]]
-if prepared is not None and go.get("prepared", True):
+if prepared is not None:
     sys.exit(m.main(go["args"], prepared))
 sys.modules.pop(mod + ".__main__")  # runpy runs it afresh; what it imported stays
 runpy.run_module(mod, run_name="__main__", alter_sys=True)
@@ -119,6 +119,14 @@ def share_cache(cmdline: str | None = None) -> str | None:
             mode = word.partition("=")[2]
             return mode if mode.isalpha() and mode.islower() else None
     return None
+
+
+def prestart_reads(cmdline: str | None = None) -> bool:
+    """Whether the runtime started ahead may read ahead (its module's prestart()): not with
+    zz.prestart=imports on the kernel command line (controld's ZZ_GUEST_PRESTART, the
+    baseline of scripts/bench/recovery-phases: it then only imports)."""
+    words = (_kernel_cmdline() if cmdline is None else cmdline).split()
+    return "zz.prestart=imports" not in words
 
 
 def share_kind(cmdline: str | None = None) -> str:
@@ -288,8 +296,9 @@ class Agent:
         mc = self._module_command(cfg)
         if mc is None:
             return False
+        ahead = mc[2] if prestart_reads() else []
         self.prestarted = subprocess.Popen(
-            [mc[0], "-c", PRESTART, mc[1], *mc[2]], cwd="/",
+            [mc[0], "-c", PRESTART, mc[1], *ahead], cwd="/",
             env=dict(os.environ, **cfg.get("env", {})),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
@@ -315,9 +324,7 @@ class Agent:
         mc = self._module_command(cfg)
         if p is None or p.stdin is None or p.poll() is not None or mc is None:
             return False
-        # "prepare": false (the benchmarks' baseline): what its prestart() read is not used.
-        go = {"cwd": str(self.state_dir), "env": env, "args": mc[2],
-              "prepared": cfg.get("prepare", True) is not False}  # fmt: skip
+        go = {"cwd": str(self.state_dir), "env": env, "args": mc[2]}
         try:
             p.stdin.write(json.dumps(go).encode() + b"\n")
             p.stdin.close()

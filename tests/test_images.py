@@ -195,6 +195,13 @@ def test_guest_tuning_from_controld_environment() -> None:
         hv.guest_tuning({"ZZ_GUEST_VIRTIOFS_CACHE": "loose"})
     with pytest.raises(ValueError):
         hv.guest_tuning({"ZZ_GUEST_SHARE_CACHE": "loose zz.cmd64=x"})
+    both = {"ZZ_GUEST_SHARE_CACHE": "loose", "ZZ_GUEST_PRESTART": "imports"}
+    assert hv.guest_tuning(both) == {"extra_cmdline": "zz.share_cache=loose zz.prestart=imports"}
+    with pytest.raises(ValueError):
+        hv.guest_tuning({"ZZ_GUEST_PRESTART": "all"})
+    agent = _load("zz_guest")
+    assert agent.prestart_reads("quiet panic=-1")
+    assert not agent.prestart_reads("quiet zz.prestart=imports")
 
 
 def test_guest_share_cache_from_cmdline() -> None:
