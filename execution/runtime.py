@@ -1117,17 +1117,19 @@ class Runtime:
     async def _take_checkpoint(self, seq: int) -> bytes:
         """The checkpoint of `seq`: its digest C as soon as what reads the live directory
         is done (`_checkpoint_staged`). The rest of the snapshot runs in a task that keeps
-        the store lock until it is listed, while the report goes out and the next batches
-        run: the next checkpoint, an install, a file served and a collection all take that
-        lock first, so none sees the snapshot half made."""
+        store until it is listed, while the report goes out and the next batches run: the
+        next checkpoint, an install and a collection wait for it (execution/storelock.py,
+        completion); a file served to a peer does not, and a request for this checkpoint
+        finds it not there yet, as before it was taken."""
         staged: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._checkpoint_task(seq, staged), name=f"zz-ckpt-{seq}")
         self._ckpt_task = task
         return await staged
 
     async def _checkpoint_task(self, seq: int, staged: asyncio.Future[bytes]) -> None:
+        lock = self.ckpt.lock
         try:
-            async with self.ckpt.lock.urgent(f"checkpoint {seq}"):
+            async with lock.urgent(f"checkpoint {seq}"):
                 try:
                     c, finish = await asyncio.to_thread(self._checkpoint_staged, seq)
                 except BaseException as e:
@@ -1136,7 +1138,13 @@ class Runtime:
                     return
                 if not staged.done():  # cancelled: the executor stopped (shutdown)
                     staged.set_result(c)
+                # The rest changes only this snapshot's own entries: a file served to a
+                # peer meanwhile need not wait (execution/storelock.py, completion).
+                lock.begin_completion()
+            try:
                 await asyncio.to_thread(finish)
+            finally:
+                lock.end_completion()
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -1491,7 +1499,7 @@ class Runtime:
         else:
             if bad_range(m.offset, m.length):
                 self.counters["file_fetch_bad_range"] += 1
-            async with self.ckpt.lock.background("a file served to a peer"):
+            async with self.ckpt.lock.background("a file served to a peer", reads=True):
                 r = await asyncio.to_thread(
                     self.ckpt.files.read, m.seq, m.path_text(), m.offset, m.length, m.sha256
                 )

@@ -16,6 +16,14 @@ the recovering peer it served reported on time, and it was convicted.
 goes before every `background()` holder not yet running, so it waits for at most the one
 operation in progress. Background work (serving a file, collecting a snapshot) is done in
 small operations, each taking the lock anew.
+
+The second half of a directory-store checkpoint (linking its unchanged files from the base
+and listing it, execution/checkpointing.py) runs after the lock is let go, as a
+**completion** (`begin_completion`/`end_completion`): every holder that changes the store
+(`urgent()`, a `background()` collection) waits for it after taking the lock, and a
+reader (`background(..., reads=True)`, a file served to a recovering peer) does not: it
+reads other snapshots than the one being completed, and a woken spare fetches its files
+right when the active replicas complete the checkpoint of the fault's seq.
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ class StoreLock:
             "background_hold_max_s": 0.0,
         }
         self.holder = ""  # what holds it now (for a log line about a long wait)
+        self._completed = asyncio.Event()  # no completion runs
+        self._completed.set()
+        self.stats["completion_max_s"] = 0.0
+        self._completion_t0 = 0.0
 
     def locked(self) -> bool:
         return self._lock.locked()
@@ -68,6 +80,8 @@ class StoreLock:
                         waited,
                         blocker or "nothing when it asked",
                     )
+                await self._completed.wait()
+                waited = time.monotonic() - t0
                 async with self._held(what, "urgent_hold_max_s"):
                     yield waited
         finally:
@@ -76,8 +90,9 @@ class StoreLock:
                 self._no_urgent.set()
 
     @asynccontextmanager
-    async def background(self, what: str) -> AsyncIterator[None]:
-        """Hold the lock when no urgent holder waits for it."""
+    async def background(self, what: str, reads: bool = False) -> AsyncIterator[None]:
+        """Hold the lock when no urgent holder waits for it; `reads`: the holder only
+        reads snapshots, and does not wait for a completion."""
         while True:
             await self._no_urgent.wait()
             await self._lock.acquire()
@@ -86,10 +101,23 @@ class StoreLock:
             # An urgent holder came while this one queued: it goes first.
             self._lock.release()
         try:
+            if not reads:
+                await self._completed.wait()
             async with self._held(what, "background_hold_max_s"):
                 yield
         finally:
             self._lock.release()
+
+    def begin_completion(self) -> None:
+        """Called with the lock held: what follows until end_completion() may run after
+        the lock is let go, and every holder that changes the store waits for it."""
+        assert self._lock.locked() and self._completed.is_set()
+        self._completed.clear()
+        self._completion_t0 = time.monotonic()
+
+    def end_completion(self) -> None:
+        self._note("completion_max_s", time.monotonic() - self._completion_t0)
+        self._completed.set()
 
     @asynccontextmanager
     async def _held(self, what: str, stat: str) -> AsyncIterator[None]:

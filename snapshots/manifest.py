@@ -365,17 +365,17 @@ def hash_file(path: Path) -> FileEntry:
         if e.errno == 40:  # ELOOP: the last component is a symlink
             raise ManifestError(f"{path}: symbolic link, not allowed in state") from e
         raise
-    with os.fdopen(fd, "rb", buffering=0) as f:
+    try:  # os calls, not a file object: it stats the file again (a round trip on a share)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ManifestError(f"{path}: not a regular file ({_kind(st.st_mode)})")
         h = hashlib.sha256()
         size = 0
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
+        while chunk := os.read(fd, _CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
     return FileEntry(size, h.digest())
 
 
