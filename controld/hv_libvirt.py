@@ -114,8 +114,10 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
     mode for a virtiofs share (none unless set: the only mode in which the host and the
     guest see each other's writes at once, docs/images.md "The state share"),
     ZZ_GUEST_PRESTART=imports a hibernated spare's runtime started ahead only imports
-    (zz.prestart=imports: images/zz_guest.py; the baseline of scripts/bench/recovery-phases).
-    Unset: QEMU's and the kernel's defaults, and the runtime started ahead reads ahead."""
+    (zz.prestart=imports: images/zz_guest.py), ZZ_GUEST_MOUNT=exec the guest agent mounts
+    the share with mount(8) (zz.mount=exec); both the baseline of
+    scripts/bench/recovery-phases. Unset: QEMU's and the kernel's defaults, the runtime
+    started ahead reads ahead, the agent calls mount(2)."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
     words: list[str] = []
@@ -132,6 +134,10 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
         if prestart != "imports":
             raise ValueError(f"ZZ_GUEST_PRESTART={prestart!r}")
         words.append("zz.prestart=imports")
+    if mount := env.get("ZZ_GUEST_MOUNT"):
+        if mount != "exec":
+            raise ValueError(f"ZZ_GUEST_MOUNT={mount!r}")
+        words.append("zz.mount=exec")
     if words:
         out["extra_cmdline"] = " ".join(words)
     if cpu := env.get("ZZ_GUEST_CPU"):

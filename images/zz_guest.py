@@ -121,6 +121,14 @@ def share_cache(cmdline: str | None = None) -> str | None:
     return None
 
 
+def mount_by_call(cmdline: str | None = None) -> bool:
+    """Whether the agent mounts the share with mount(2) itself (sys_mount): not with
+    zz.mount=exec on the kernel command line (controld's ZZ_GUEST_MOUNT, the baseline of
+    scripts/bench/recovery-phases: it then runs mount(8))."""
+    words = (_kernel_cmdline() if cmdline is None else cmdline).split()
+    return "zz.mount=exec" not in words
+
+
 def prestart_reads(cmdline: str | None = None) -> bool:
     """Whether the runtime started ahead may read ahead (its module's prestart()): not with
     zz.prestart=imports on the kernel command line (controld's ZZ_GUEST_PRESTART, the
@@ -140,6 +148,22 @@ def mount_args(cache: str | None, kind: str = "9p") -> list[str]:
     if kind == "virtiofs":
         return ["mount", "-t", "virtiofs"]  # virtiofsd's cache mode decides the caching
     return ["mount", "-t", "9p", "-o", MOUNT_OPTS + (f",cache={cache}" if cache else "")]
+
+
+def sys_mount(source: str, target: str, fstype: str, options: str) -> bool:
+    """mount(2) through libc (ctypes), without a mount process: False where ctypes or libc
+    is not there (then the caller runs mount(8)); OSError if the call fails."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        return False
+    args = (source.encode(), target.encode(), fstype.encode(), 0, options.encode())
+    if libc.mount(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+    return True
 
 
 def drop_share_caches() -> None:
@@ -181,6 +205,7 @@ class Agent:
         self.manage_mount = manage_mount
         self.kind = share_kind() if manage_mount else "9p"
         self.cache = share_cache() if manage_mount and self.kind == "9p" else None
+        self.mount_call = mount_by_call()
         self.stop_timeout = stop_timeout
         self.child: subprocess.Popen[bytes] | None = None
         # A runtime started ahead of its wake-up (PRESTART), and whether it said "ready".
@@ -227,6 +252,11 @@ class Agent:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         argv = [*mount_args(self.cache, self.kind), TAG, str(self.state_dir)]
+        # The same mount without a process: fork and exec of busybox under TCG, in a guest
+        # just restored (nothing translated yet), is most of the wake's mount.
+        fstype, opts = argv[2], (argv[4] if len(argv) > 5 else "")
+        if self.mount_call and sys_mount(TAG, str(self.state_dir), fstype, opts):
+            return
         p = subprocess.run(argv, capture_output=True)
         if p.returncode != 0:
             raise RuntimeError(f"mount {TAG}: {p.stderr.decode(errors='replace').strip()}")

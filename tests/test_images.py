@@ -202,6 +202,8 @@ def test_guest_tuning_from_controld_environment() -> None:
     agent = _load("zz_guest")
     assert agent.prestart_reads("quiet panic=-1")
     assert not agent.prestart_reads("quiet zz.prestart=imports")
+    assert hv.guest_tuning({"ZZ_GUEST_MOUNT": "exec"}) == {"extra_cmdline": "zz.mount=exec"}
+    assert agent.mount_by_call("quiet") and not agent.mount_by_call("quiet zz.mount=exec")
 
 
 def test_guest_share_cache_from_cmdline() -> None:
