@@ -66,6 +66,10 @@ class App(ABC):
     """
 
     name: str = "app"
+    # Every file of the app's state is only ever replaced whole (StateDir.write_bytes),
+    # never written in part or opened for writing: a replayed run of certified batches
+    # may then keep the writes in memory and write each file once (StateDir.buffer_writes).
+    buffers_writes: bool = False
     state: StateDir  # set by open(); apps touch files only through it
 
     def open(self, state: StateDir) -> None:  # noqa: B027 - optional hook, no-op default

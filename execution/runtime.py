@@ -838,6 +838,8 @@ class Runtime:
                         # replica's right reports vouch for it.
                         vouched = False
                     replay = vouched and self.options.replay_skips_reads
+                    if replay and self.app.buffers_writes:
+                        self.state.buffer_writes()  # written once at the run's end (flush)
                     t_batch = time.monotonic()
                     arrival = self.collector.arrival(cert.seq)
                     try:
@@ -887,6 +889,8 @@ class Runtime:
                         self.faults.after_checkpoint(cert.seq)
                     if vouched:
                         self._replay_end = time.monotonic()
+                if self.state.buffering:  # no batch ready: the run's files are written
+                    await asyncio.to_thread(self.state.flush)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -1008,6 +1012,8 @@ class Runtime:
         fresh: list[wire.ReplyRef] = []
         # The status writer iterates self.counters on the loop thread: count locally.
         counts = self._batch_counts
+        if not replay:
+            self.state.flush()  # a replayed run's writes, before a batch that reports
         if cert.is_null:
             return outs, fresh
         try:

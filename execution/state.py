@@ -132,6 +132,9 @@ class StateDir:
         # names) forgets them all.
         self._real_dirs: set[str] = set()
         self._root_s = str(self.root)
+        # While a run of certified batches is replayed (buffer_writes): rel -> the bytes a
+        # write_bytes left there, written to the file once, at flush().
+        self._buffer: dict[str, bytes] | None = None
 
     # -- paths -------------------------------------------------------------------
 
@@ -203,12 +206,41 @@ class StateDir:
         self._deleted.clear()
         return dirty
 
+    def buffer_writes(self) -> None:
+        """Keep whole-file writes (write_bytes) in memory until flush(): a replica
+        replaying the certified log (ZZ §4.7.2, "apply the writes") writes each file once
+        for the run, not once per request that replaced it, and a read of such a file is
+        answered from memory. Every other call that looks at or changes the files
+        flushes first, so what an app sees is the same. For apps whose files are only
+        ever written whole (App.buffers_writes). The live state is not a checkpoint: a
+        crash drops the buffer with everything else after the last checkpoint."""
+        if self._buffer is None:
+            self._buffer = {}
+
+    @property
+    def buffering(self) -> bool:
+        return self._buffer is not None
+
+    def flush(self) -> None:
+        """Write what buffer_writes() kept and stop keeping it."""
+        buf, self._buffer = self._buffer, None
+        for rel, data in (buf or {}).items():
+            self._write_fd(rel, self.root / rel, os.O_TRUNC, 0, data)
+
+    def _unbuffer(self) -> None:
+        if self._buffer:
+            buf, self._buffer = self._buffer, {}
+            for rel, data in buf.items():
+                self._write_fd(rel, self.root / rel, os.O_TRUNC, 0, data)
+
     def sync(self) -> None:
-        """Flush, fsync and close every file still open for writing.
+        """Flush, fsync and close every file still open for writing (and write what
+        buffer_writes() kept).
 
         A snapshot of a 9p-shared dataset only captures closed (or synced) files, so
         this runs before every checkpoint.
         """
+        self.flush()
         writers, self._open_writers = self._open_writers, []
         for f in writers:
             if f.closed:
@@ -238,6 +270,7 @@ class StateDir:
         Parent directories are created for write modes. Text modes default to UTF-8
         so that the bytes written never depend on the replica's locale.
         """
+        self._unbuffer()
         if not mode or set(mode) - _VALID_MODE_CHARS:
             raise StateError(f"invalid mode {mode!r} for {path!r}")
         rel, full = self._resolve(path)
@@ -273,6 +306,8 @@ class StateDir:
     def read_bytes(self, path: str) -> bytes:
         """A state file's content (FileNotFoundError if there is none)."""
         rel, full = self._resolve(path, last=False)
+        if self._buffer is not None and rel in self._buffer:
+            return self._buffer[rel]
         if self.lazy is not None:
             self.lazy.ensure(rel)
         fd = _open_nofollow(path, full, os.O_RDONLY)
@@ -290,13 +325,17 @@ class StateDir:
         self._check_writable(rel)
         if self.lazy is not None:
             self.lazy.forget(rel)  # replaced whole: the old content is not needed
-        self._write_fd(path, full, os.O_TRUNC, 0, data)
+        if self._buffer is not None:
+            self._buffer[rel] = bytes(data)
+        else:
+            self._write_fd(path, full, os.O_TRUNC, 0, data)
         self._mark_written(rel)
 
     def write_at(self, path: str, offset: int, data: bytes) -> None:
         """Write `data` at `offset` of a state file, keeping the rest of it; the file (and
         its directory) is created if missing. One open, pwrite and close: the files app's
         WRITE, which through a Python file object cost more calls than its bytes."""
+        self._unbuffer()
         rel, full = self._resolve(path)
         self._check_writable(rel)
         if self.lazy is not None:
@@ -324,11 +363,15 @@ class StateDir:
 
     def exists(self, path: str) -> bool:
         rel, full = self._resolve(path)
+        if self._buffer is not None and rel in self._buffer:
+            return True
+        self._unbuffer()  # a directory whose files are all still in the buffer
         if full.exists():
             return True
         return self.lazy is not None and (self.lazy.is_pending(rel) or self.lazy.dir_pending(rel))
 
     def is_dir(self, path: str) -> bool:
+        self._unbuffer()
         rel, full = self._resolve(path)
         return full.is_dir() or (self.lazy is not None and self.lazy.dir_pending(rel))
 
@@ -338,6 +381,7 @@ class StateDir:
         The root listing hides the runtime's reserved directory: whether it exists
         yet differs between a fresh and a recovered replica.
         """
+        self._unbuffer()
         rel = normalize_or_root(path)
         if rel == "":
             names = {n for n in os.listdir(self.root) if n != RESERVED_DIR}
@@ -356,6 +400,7 @@ class StateDir:
         return sorted(names)
 
     def makedirs(self, path: str) -> None:
+        self._unbuffer()
         # Directories are not manifest entries (only files are), so nothing to mark.
         rel, full = self._resolve(path)
         self._check_writable(rel)
@@ -363,6 +408,7 @@ class StateDir:
 
     def delete(self, path: str) -> None:
         """Delete a file, or a directory with everything below it."""
+        self._unbuffer()
         rel, full = self._resolve(path)
         self._check_writable(rel)
         self._real_dirs.clear()
@@ -386,6 +432,7 @@ class StateDir:
 
     def rename(self, src: str, dst: str) -> None:
         """Rename a file or directory, replacing a destination file (os.replace)."""
+        self._unbuffer()
         src_rel, src_full = self._resolve(src)
         dst_rel, dst_full = self._resolve(dst)
         self._check_writable(src_rel)

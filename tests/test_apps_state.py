@@ -264,3 +264,26 @@ def test_symlink_planted_where_a_known_directory_was(state: StateDir, tmp_path: 
     with pytest.raises(StateError, match="symlink"):
         state.write_at("gone/b/l", 0, b"x")  # the last component is always checked
     assert list(outside.iterdir()) == []
+
+
+def test_buffered_writes_reach_the_files_once_and_reads_see_them(tmp_path: Path) -> None:
+    """A replayed run of certified batches keeps whole-file writes in memory
+    (StateDir.buffer_writes, ZZ §4.7.2 "apply the writes"): the app reads what it wrote,
+    the file is written at the flush, and every call that looks at the directory flushes
+    first, so the app sees what it would have without the buffer."""
+    st = StateDir(tmp_path)
+    st.write_bytes("kv/a", b"old")
+    st.buffer_writes()
+    st.write_bytes("kv/a", b"one")
+    st.write_bytes("kv/a", b"two")
+    st.write_bytes("kv/b/c", b"new")
+    assert (tmp_path / "kv/a").read_bytes() == b"old" and not (tmp_path / "kv/b").exists()
+    assert st.read_bytes("kv/a") == b"two" and st.exists("kv/b/c")
+    assert st.listdir("kv") == ["a", "b"]  # flushed first
+    assert (tmp_path / "kv/b/c").read_bytes() == b"new"
+    st.write_bytes("kv/a", b"three")
+    st.sync()  # a checkpoint's: everything written, and no more buffering
+    assert (tmp_path / "kv/a").read_bytes() == b"three" and not st.buffering
+    st.write_bytes("kv/a", b"four")
+    assert (tmp_path / "kv/a").read_bytes() == b"four"
+    assert st.take_dirty().written == {"kv/a", "kv/b/c"}

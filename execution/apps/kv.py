@@ -47,6 +47,7 @@ class KvApp(App):
     the files alone describe the store; SHA-256 collisions are not considered)."""
 
     name = "kv"
+    buffers_writes = True  # a key's file is only ever replaced whole (_store)
 
     def __init__(self, max_key: int = 1024, max_value: int = 1 << 20) -> None:
         self.max_key = max_key
