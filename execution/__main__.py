@@ -92,13 +92,14 @@ def _options(
     )
 
 
-Stamp = tuple[int, int, int, int] | None
+Stamp = tuple[int, int, int] | None
 
 
 def _stamps(paths: list[Path]) -> tuple[tuple[Path, Stamp], ...]:
-    """Each file's (inode, size, mtime, ctime), None if it is not there: a file written
-    or replaced since (controld re-keying a slot, rewriting the rack config) changes its
-    stamp."""
+    """Each file's (size, mtime, ctime), None if it is not there: a file written or
+    replaced since (controld re-keying a slot, rewriting the rack config) changes its
+    stamp. Not the inode: a 9p share's inode numbers are QEMU's remapping of the host's
+    (multidevs=remap), made anew by the QEMU process a restore starts."""
     out: list[tuple[Path, Stamp]] = []
     for path in paths:
         try:
@@ -106,7 +107,7 @@ def _stamps(paths: list[Path]) -> tuple[tuple[Path, Stamp], ...]:
         except FileNotFoundError:
             out.append((path, None))
         else:
-            out.append((path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+            out.append((path, (st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
     return tuple(out)
 
 
