@@ -949,8 +949,11 @@ static uint64_t sync_issue(zz_replica *r)
     w->t_file = w->cur;
     w->t_ticket = w->busy;
     w->t_asked_us = w->ring_since_us[w->busy % ZZ_WAL_RING];
-    pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    /* Signalled after the unlock: a thread woken while the loop still held mu would block
+     * on it at once and need a second wakeup. It checks the ticket under mu, so a signal
+     * after the unlock wakes it as well. */
+    pthread_cond_signal(&w->cv);
     return w->busy;
 }
 
