@@ -150,17 +150,29 @@ def mount_args(cache: str | None, kind: str = "9p") -> list[str]:
     return ["mount", "-t", "9p", "-o", MOUNT_OPTS + (f",cache={cache}" if cache else "")]
 
 
-def sys_mount(source: str, target: str, fstype: str, options: str) -> bool:
-    """mount(2) through libc (ctypes), without a mount process: False where ctypes or libc
-    is not there (then the caller runs mount(8)); OSError if the call fails."""
+def _libc() -> Any:
+    """libc through ctypes, loaded when the agent starts (not at a wake, when the import
+    would be code run for the first time in a guest just restored); None without ctypes."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
     except (ImportError, OSError):
+        return None
+
+
+LIBC = _libc()
+
+
+def sys_mount(source: str, target: str, fstype: str, options: str) -> bool:
+    """mount(2) through libc (ctypes), without a mount process: False where ctypes or libc
+    is not there (then the caller runs mount(8)); OSError if the call fails."""
+    if LIBC is None:
         return False
+    import ctypes  # loaded with LIBC already
+
     args = (source.encode(), target.encode(), fstype.encode(), 0, options.encode())
-    if libc.mount(*args) != 0:
+    if LIBC.mount(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
     return True
