@@ -1197,10 +1197,9 @@ async def test_operator_destroy(rack: Rack) -> None:
 # ---- a real guest on qemu:///system -----------------------------------------------------
 
 
-@pytest.fixture
-def real_vm_rack() -> Iterator[Rack]:
-    """A rack in a world-readable temp dir (libvirt's QEMU must reach the run dirs and the
-    9p share); skipped without root, libvirt or the image tools."""
+def real_vm_dir() -> Path:
+    """A world-readable temp dir for a rack of real guests (libvirt's QEMU must reach the
+    run dirs and the share); skips the test without root or qemu:///system."""
     if os.geteuid() != 0:
         pytest.skip("needs root (qemu:///system, /var/cache/zz-images)")
     try:
@@ -1211,6 +1210,13 @@ def real_vm_rack() -> Iterator[Rack]:
         pytest.skip(f"qemu:///system not available: {e}")
     d = Path(tempfile.mkdtemp(prefix="zz-controld-vm-"))
     os.chmod(d, 0o755)
+    return d
+
+
+@pytest.fixture
+def real_vm_rack() -> Iterator[Rack]:
+    """A rack in real_vm_dir(); skipped without root, libvirt or the image tools."""
+    d = real_vm_dir()
     try:
         yield make_rack(d, uri="qemu:///system")
     finally:

@@ -16,14 +16,21 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controld_daemon import OP, Node, Rack, _procs_with, close_keeping_backend, make_rack
+from test_controld_daemon import (
+    OP,
+    Node,
+    Rack,
+    _procs_with,
+    close_keeping_backend,
+    make_rack,
+    real_vm_dir,
+)
 
 from zz import audit, keys, wire
 from zz.controld import actions
@@ -321,16 +328,7 @@ async def test_controld_killed_mid_boot_of_a_real_guest_spare_finishes_it_at_the
     controld is SIGKILLed while the guest boots. The next controld finds the record in
     doubt and the domain running, waits for the guest agent and the runtime, pauses the
     guest and sends its SPARE-READY under the SHUTDOWN's seq; nothing is booted twice."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (qemu:///system, /var/cache/zz-images)")
-    try:
-        import libvirt  # type: ignore[import-not-found]
-
-        libvirt.open("qemu:///system").close()
-    except Exception as e:  # ImportError or libvirtError
-        pytest.skip(f"qemu:///system not available: {e}")
-    d = Path(tempfile.mkdtemp(prefix="zz-controld-vm-"))
-    os.chmod(d, 0o755)
+    d = real_vm_dir()
     rack = make_rack(d, uri="qemu:///system")
     sys.path.insert(0, str(REPO / "images"))
     import build  # type: ignore[import-not-found]
