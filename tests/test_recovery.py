@@ -32,13 +32,28 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 def _fill(rig: Rig) -> int:
     """PUT k0.. through replicas 0 and 1 until the agreement replicas hold a stable
-    execution checkpoint above 0; returns it."""
+    execution checkpoint above 0 and their log no longer reaches back to seq 1 (a spare
+    started at 0 must recover, not replay); returns replicas 0 and 1's stable checkpoint."""
     puts = [_kv(KV_PUT, f"k{k}".encode(), b"v%d" % k) for k in range(KEYS)]
     assert rig.invoke_all(puts) == [_kv_ok()] * KEYS
     rig.wait(
         lambda: all(rig.execs.status(i).get("stable_checkpoint", 0) >= 2 * CP for i in (0, 1)),
         "a stable checkpoint on replicas 0 and 1",
     )
+    # An agreement replica keeps the log from the stable checkpoint before its last one
+    # (agreement/src/xlog.c advance_stable). One that held its stable checkpoint until the
+    # reports were certified and then advanced once, straight to 3*CP, still keeps it from
+    # seq 1: a spare started then replayed the whole log, never recovered, and the test
+    # timed out waiting for its recovery (seen at load 8). The next checkpoint seq, once
+    # stable there, is its second advance.
+    n = rig.cluster.n
+    if not all(rig.cluster.stats(r).get("exec_stable_advances", 0) >= 2 for r in range(n)):
+        more = [_kv(KV_PUT, b"k0", b"v0")] * CP
+        assert rig.invoke_all(more, client_index=5) == [_kv_ok()] * CP
+        rig.wait(
+            lambda: all(rig.cluster.stats(r).get("exec_stable_advances", 0) >= 2 for r in range(n)),
+            "the agreement replicas' log collected below a stable checkpoint",
+        )
     return min(rig.execs.status(i)["stable_checkpoint"] for i in (0, 1))
 
 
@@ -222,7 +237,7 @@ def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
     execs = rig.execs
     s = _fill(rig)
     # The background loop (one file, then a long pause) must not fetch the victim first.
-    victim = max((f"k{k}".encode() for k in range(s)), key=key_path)
+    victim = max((f"k{k}".encode() for k in range(min(s, KEYS))), key=key_path)
     for i in (0, 1):
         for snap in _snapshot_dir(rig, i, s).parent.glob("ckpt-*"):  # s, and older ones kept
             f = snap / key_path(victim)
@@ -241,11 +256,26 @@ def test_checkpoint_collected_while_recovering_from_it(rig: Rig) -> None:
         lambda: execs.status(SPARE)["counters"].get("stranded", 0) >= 1,
         "the spare's fetch of a collected checkpoint's changed file",
     )
-    last = execs.status(0)["last_executed"]
-    rig.wait(lambda: execs.status(SPARE).get("last_executed", 0) >= last, "the spare caught up")
+
+    # The agreement replicas count the spare asleep and push it no batches: it learns them
+    # only from the log its registrations bring, and registers again once a peer signed a
+    # checkpoint above it (docs/recovery.md step 4). Its second recovery happens as the
+    # PUTs end (s is collected only once a later checkpoint is stable), so its last
+    # registration may be answered before the last PUT's batch is committed: it is then
+    # behind replica 0's last batch until a batch comes to it, and only the peers' last
+    # checkpoint is a point it must reach (waiting for replica 0's last batch timed out).
+    def recovered_again() -> bool:
+        st, peer_ckpt = execs.status(SPARE), execs.status(0).get("last_checkpoint", 1 << 64)
+        return st["counters"].get("recoveries", 0) >= 2 and st["last_executed"] >= peer_ckpt
+
+    rig.wait(recovered_again, "the spare's second recovery and replay to the peers' checkpoint")
     st = execs.status(SPARE)
-    assert st["counters"].get("recoveries", 0) >= 2 and st["recovery"]["checkpoint"] > s, st
+    assert st["recovery"]["checkpoint"] > s, st
     assert not st["recovery"].get("bad_sources"), st["recovery"]
+    # One more batch, not pushed to the spare (nothing makes it ask for one whose seq is
+    # no checkpoint's): in most runs the spare is behind replica 0 when replica 1 stops,
+    # which the race above left in a few, and the woken spare is served the log it lacks.
+    assert rig.invoke_all([_kv(KV_PUT, b"last", b"l")], client_index=3) == [_kv_ok()]
     # Only the spare can complete a certificate now: the victim's value must be the new one.
     assert execs.stop(1) == 0
     got = rig.invoke_all([_kv(KV_GET, victim), _kv(KV_GET, b"k0")], client_index=2)
