@@ -50,10 +50,21 @@ def _fill(rig: Rig) -> int:
     if not all(rig.cluster.stats(r).get("exec_stable_advances", 0) >= 2 for r in range(n)):
         more = [_kv(KV_PUT, b"k0", b"v0")] * CP
         assert rig.invoke_all(more, client_index=5) == [_kv_ok()] * CP
-        rig.wait(
-            lambda: all(rig.cluster.stats(r).get("exec_stable_advances", 0) >= 2 for r in range(n)),
-            "the agreement replicas' log collected below a stable checkpoint",
-        )
+
+    def settled() -> bool:
+        """Every agreement replica advanced twice, and all of them and replicas 0 and 1's
+        status files (written once a second) name the same last batch and stable checkpoint:
+        what the callers read from replica 0's status is current."""
+        agreed = [rig.cluster.stats(r) for r in range(n)]
+        if any(a.get("exec_stable_advances", 0) < 2 for a in agreed):
+            return False
+        seen = {(a["last_exec"], a["exec_stable"]) for a in agreed}
+        for i in (0, 1):
+            st = rig.execs.status(i)
+            seen.add((st["last_executed"], st.get("stable_checkpoint")))
+        return len(seen) == 1
+
+    rig.wait(settled, "the agreement replicas' log collected below a stable checkpoint")
     return min(rig.execs.status(i)["stable_checkpoint"] for i in (0, 1))
 
 
