@@ -224,14 +224,17 @@ class StateDir:
     def flush(self) -> None:
         """Write what buffer_writes() kept and stop keeping it."""
         buf, self._buffer = self._buffer, None
-        for rel, data in (buf or {}).items():
-            self._write_fd(rel, self.root / rel, os.O_TRUNC, 0, data)
+        self._write_buffered(buf or {})
 
     def _unbuffer(self) -> None:
+        """Write what buffer_writes() kept and go on keeping later writes."""
         if self._buffer:
             buf, self._buffer = self._buffer, {}
-            for rel, data in buf.items():
-                self._write_fd(rel, self.root / rel, os.O_TRUNC, 0, data)
+            self._write_buffered(buf)
+
+    def _write_buffered(self, buf: dict[str, bytes]) -> None:
+        for rel, data in buf.items():
+            self._write_fd(rel, self.root / rel, os.O_TRUNC, 0, data)
 
     def sync(self) -> None:
         """Flush, fsync and close every file still open for writing (and write what
