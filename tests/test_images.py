@@ -342,6 +342,21 @@ def agent(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         yield port, state
 
 
+def _prestart_guest(tmp_path: Path, package: str, files: dict[str, str]) -> Path:
+    """A state directory whose zz-guest.json has the agent start `python -m <package> a b`
+    ahead, at the wake, from a package of `files` under tmp_path/mods; returns it."""
+    mods, state = tmp_path / "mods", tmp_path / "state"
+    (mods / package).mkdir(parents=True)
+    (mods / package / "__init__.py").write_text("")
+    for name, text in files.items():
+        (mods / package / name).write_text(text)
+    state.mkdir()
+    cfg = {"command": [sys.executable, "-m", package, "a", "b"], "start": "wake",
+           "env": {"PYTHONPATH": str(mods)}}  # fmt: skip
+    (state / "zz-guest.json").write_text(json.dumps(cfg))
+    return state
+
+
 @contextlib.contextmanager
 def _running_agent(state: Path) -> Iterator[int]:
     """images/zz_guest.py on a free port over `state`, answering; its port. Stopped with
@@ -426,15 +441,8 @@ def test_guest_agent_prestarts_a_python_runtime_for_the_wake(tmp_path: Path) -> 
     "sleep", which starts another one ahead."""
     from zz.controld.hypervisor import guest_request
 
-    mods, state = tmp_path / "mods", tmp_path / "state"
-    (mods / "zzpre").mkdir(parents=True)
-    (mods / "zzpre" / "__init__.py").write_text("")
-    (mods / "zzpre" / "__main__.py").write_text(PRESTART_MAIN)
-    (mods / "zzpre" / "dep.py").write_text("import time\nAT = time.monotonic()\n")
-    state.mkdir()
-    cfg = {"command": [sys.executable, "-m", "zzpre", "a", "b"], "start": "wake",
-           "env": {"PYTHONPATH": str(mods)}}  # fmt: skip
-    (state / "zz-guest.json").write_text(json.dumps(cfg))
+    state = _prestart_guest(tmp_path, "zzpre", {"__main__.py": PRESTART_MAIN,
+                            "dep.py": "import time\nAT = time.monotonic()\n"})  # fmt: skip
     pids: list[int] = []
     try:
         with _running_agent(state) as port:
@@ -462,6 +470,7 @@ def test_guest_agent_prestarts_a_python_runtime_for_the_wake(tmp_path: Path) -> 
             with pytest.raises(ProcessLookupError):
                 os.kill(ahead, 0)
             # "prestart": false at the wake: the command starts anew, the one ahead is stopped.
+            cfg = json.loads((state / "zz-guest.json").read_text())
             (state / "zz-guest.json").write_text(json.dumps({**cfg, "prestart": False}))
             (state / "ran.json").unlink()
             r = guest_request(port, {"op": "wake", "seq": 8})
@@ -505,14 +514,7 @@ def test_guest_agent_prestart_reads_ahead_and_hands_it_to_main(tmp_path: Path) -
     what prestart returned, and the agent's wake steps (ZZ_WAKE_MARKS) in its environment."""
     from zz.controld.hypervisor import guest_request
 
-    mods, state = tmp_path / "mods", tmp_path / "state"
-    (mods / "zzprep").mkdir(parents=True)
-    (mods / "zzprep" / "__init__.py").write_text("")
-    (mods / "zzprep" / "__main__.py").write_text(PREPARED_MAIN)
-    state.mkdir()
-    cfg = {"command": [sys.executable, "-m", "zzprep", "a", "b"], "start": "wake",
-           "env": {"PYTHONPATH": str(mods)}}  # fmt: skip
-    (state / "zz-guest.json").write_text(json.dumps(cfg))
+    state = _prestart_guest(tmp_path, "zzprep", {"__main__.py": PREPARED_MAIN})
     pids: list[int] = []
     try:
         with _running_agent(state) as port:
