@@ -116,8 +116,11 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
     ZZ_GUEST_PRESTART=imports a hibernated spare's runtime started ahead only imports
     (zz.prestart=imports: images/zz_guest.py), ZZ_GUEST_MOUNT=exec the guest agent mounts
     the share with mount(8) (zz.mount=exec); both the baseline of
-    scripts/bench/recovery-phases. Unset: QEMU's and the kernel's defaults, the runtime
-    started ahead reads ahead, the agent calls mount(2)."""
+    scripts/bench/recovery-phases; ZZ_GUEST_PREMOUNT=off the agent does not mount the share
+    by itself when it sees a restore, only at the wake request (zz.premount=off, the
+    baseline of recovery-phases' hibernated-nopremount). Unset: QEMU's and the kernel's
+    defaults, the runtime started ahead reads ahead, the agent calls mount(2) and mounts
+    as soon as it sees the restore."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
     words: list[str] = []
@@ -138,6 +141,10 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
         if mount != "exec":
             raise ValueError(f"ZZ_GUEST_MOUNT={mount!r}")
         words.append("zz.mount=exec")
+    if premount := env.get("ZZ_GUEST_PREMOUNT"):
+        if premount != "off":
+            raise ValueError(f"ZZ_GUEST_PREMOUNT={premount!r}")
+        words.append("zz.premount=off")
     if words:
         out["extra_cmdline"] = " ".join(words)
     if cpu := env.get("ZZ_GUEST_CPU"):

@@ -13,7 +13,10 @@ Requests (one JSON object per line, one reply line each; a connection may send m
 
     {"op": "ping"}              -> {"ok": true, "agent": "zz-guest", "mode": ..., ...}
     {"op": "sleep"}             stop the runtime, sync, unmount /state (QEMU refuses to
-                                save a guest that has a 9p share mounted)
+                                save a guest that has a 9p share mounted); then watch for
+                                the restore and mount /state again as soon as it is seen
+                                ("premount": false in the request, or zz.premount=off on
+                                the kernel command line: not)
     {"op": "mount"}             mount /state again (nothing else)
     {"op": "wake", "seq": N}    mount /state, write /state/zz-wake.json {"seq": N, ...}
                                 (the runtime reads it: it is recovering from N), start the
@@ -100,6 +103,11 @@ runpy.run_module(mod, run_name="__main__", alter_sys=True)
 """
 # The same options images/init mounts with.
 MOUNT_OPTS = "trans=virtio,version=9p2000.L,msize=512000"
+# After a "sleep": how often the agent compares the RTC with the system clock, and by how
+# much their difference must grow to be a restore (RestoreWatch).
+RESTORE_POLL_S = 0.025
+RESTORE_JUMP_S = 1.5
+RTC = "/sys/class/rtc/rtc0/since_epoch"
 
 
 def _kernel_cmdline() -> str:
@@ -135,6 +143,47 @@ def prestart_reads(cmdline: str | None = None) -> bool:
     baseline of scripts/bench/recovery-phases: it then only imports)."""
     words = (_kernel_cmdline() if cmdline is None else cmdline).split()
     return "zz.prestart=imports" not in words
+
+
+def premount_on_restore(cmdline: str | None = None) -> bool:
+    """Whether the agent mounts the share by itself once it sees the restore after a
+    "sleep" (RestoreWatch): not with zz.premount=off on the kernel command line (controld's
+    ZZ_GUEST_PREMOUNT, the baseline of scripts/bench/recovery-phases: the share is then
+    mounted when the wake request comes)."""
+    words = (_kernel_cmdline() if cmdline is None else cmdline).split()
+    return "zz.premount=off" not in words
+
+
+def rtc_offset() -> float | None:
+    """The RTC's time (whole seconds) minus the system clock's; None without an RTC.
+    QEMU's RTC follows the host's clock, also while the guest is stopped, and the guest's
+    clock does not (under TCG its counters stop with the vCPUs and a restore continues
+    them): a save and restore grows this difference by the time the guest was stopped."""
+    try:
+        with open(RTC) as f:
+            rtc = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return rtc - time.time()
+
+
+class RestoreWatch:
+    """Tells a restore from the (RTC - clock) differences fed to it: the RTC counts whole
+    seconds, so while the guest runs the difference stays within 1 s below its true value
+    (the highest fed so far); a difference more than RESTORE_JUMP_S above that highest is
+    the clock having been stopped, i.e. a save (libvirt stops the vCPUs before it saves)
+    and a restore. A stop shorter than about 2 s may not be seen: then the wake request
+    mounts the share, as without the watch."""
+
+    def __init__(self, jump: float = RESTORE_JUMP_S) -> None:
+        self.jump = jump
+        self.high: float | None = None
+
+    def feed(self, offset: float) -> bool:
+        if self.high is not None and offset > self.high + self.jump:
+            return True
+        self.high = offset if self.high is None else max(self.high, offset)
+        return False
 
 
 def share_kind(cmdline: str | None = None) -> str:
@@ -186,6 +235,18 @@ def drop_share_caches() -> None:
         f.write("2\n")
 
 
+def compact_memory() -> None:
+    """Drop the page cache, dentries and inodes and compact the free memory (before a save:
+    scripts/bench/hibernate-wake's "compact" variant measures what it does to the file)."""
+    os.sync()
+    for knob, value in (("drop_caches", "3"), ("compact_memory", "1")):
+        try:
+            with open(f"/proc/sys/vm/{knob}", "w") as f:
+                f.write(value + "\n")
+        except OSError:
+            pass
+
+
 def uptime() -> float:
     try:
         with open("/proc/uptime") as f:
@@ -218,6 +279,16 @@ class Agent:
         self.kind = share_kind() if manage_mount else "9p"
         self.cache = share_cache() if manage_mount and self.kind == "9p" else None
         self.mount_call = mount_by_call()
+        self.premount = premount_on_restore() if manage_mount else False
+        self.rtc_offset = rtc_offset
+        self.restore_poll = RESTORE_POLL_S
+        # Bumped by every request but ping: a restore watch started by a "sleep" mounts
+        # only while no other request came after that sleep.
+        self.generation = 0
+        # restore_seen / premounted of a mount the restore watch did (time.monotonic()):
+        # the next wake puts them among its marks.
+        self.premount_marks: dict[str, float] = {}
+        self.watcher: threading.Thread | None = None
         self.stop_timeout = stop_timeout
         self.child: subprocess.Popen[bytes] | None = None
         # A runtime started ahead of its wake-up (PRESTART), and whether it said "ready".
@@ -430,9 +501,16 @@ class Agent:
         if not isinstance(req, dict) or not isinstance(req.get("op"), str):
             raise ValueError("a request is a JSON object with a string 'op'")
         op = req["op"]
+        if op != "ping":
+            self.generation += 1
         if op == "ping":
             pass
         elif op == "sleep":
+            premount = req.get("premount", self.premount)
+            if not isinstance(premount, bool):
+                raise ValueError("premount must be true or false")
+            self.premount_marks = {}
+            self.watcher = None
             self.stop_runtime()
             # Its imports belong in the save (read the config while the share is there).
             try:
@@ -441,13 +519,18 @@ class Agent:
                 self.count("bad_config")
             self.wait_prestarted(PRESTART_WAIT_S)
             self.unmount()
+            if req.get("compact") is True and self.manage_mount:
+                compact_memory()
+            if premount and self.manage_mount:
+                self.watcher = self.watch_restore()
         elif op == "mount":
             self.mount()
         elif op == "wake":
             seq = req.get("seq")
             if seq is not None and (not isinstance(seq, int) or seq < 0):
                 raise ValueError("seq must be a non-negative integer")
-            self.wake_marks = {"agent_wake": round(time.monotonic(), 4)}
+            self.wake_marks = {**self.premount_marks, "agent_wake": round(time.monotonic(), 4)}
+            self.premount_marks = {}
             self.mount()
             self.wake_marks["mounted"] = round(time.monotonic(), 4)
             self.recovering_from = seq
@@ -480,6 +563,48 @@ class Agent:
             raise ValueError(f"unknown op {op!r}")
         self.count(op)
         return self.status()
+
+    # ---- the restore watch -------------------------------------------------------------
+    def watch_restore(self) -> threading.Thread | None:
+        """After a "sleep": a thread that polls rtc_offset() every restore_poll seconds and,
+        once RestoreWatch sees the guest's clock stopped for a while (it was saved and
+        restored), mounts the share: at a hibernated spare's wake the mount then runs while
+        controld grows the balloon and sends its wake request, which finds it done.
+        Nothing before the save can trigger it (the clock and the RTC move together while
+        the vCPUs run, and libvirt's save stops them first); it gives up once any other
+        request came (generation), i.e. the wake or a mount came first. No RTC: no watch."""
+        if self.rtc_offset() is None:
+            self.count("restore_watch_no_rtc")
+            return None
+        gen = self.generation
+        t = threading.Thread(target=self._watch, args=(gen,), daemon=True, name="restore-watch")
+        t.start()
+        return t
+
+    def _watch(self, gen: int) -> None:
+        watch = RestoreWatch()
+        while self.generation == gen:
+            off = self.rtc_offset()
+            if off is not None and watch.feed(off):
+                seen = time.monotonic()
+                with self.lock:
+                    if self.generation != gen:
+                        return
+                    self.count("restore_seen")
+                    try:
+                        self.mount()
+                    except (RuntimeError, OSError) as e:
+                        # The wake request mounts again and says what fails.
+                        self.count("premount_failed")
+                        print(f"zz-guest: mount after the restore: {e}", flush=True)
+                        return
+                    done = time.monotonic()
+                    self.premount_marks = {"restore_seen": round(seen, 4),
+                                           "premounted": round(done, 4)}  # fmt: skip
+                    self.count("premounted")
+                print(f"zz-guest: restore seen, share mounted in {done - seen:.3f} s", flush=True)
+                return
+            time.sleep(self.restore_poll)
 
     def locked_handle(self, req: Any) -> dict[str, Any]:
         """One state-changing request at a time (pings do not come here)."""

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -556,3 +557,106 @@ def test_guest_agent_bad_config(tmp_path: Path) -> None:
     finally:
         p.terminate()
         p.wait(10)
+
+
+# ---- the agent's own mount once it sees the restore (RestoreWatch) ---------------------------
+
+
+def test_restore_watch_tells_a_stopped_clock_from_the_rtc_s_whole_seconds() -> None:
+    """RTC - clock moves within 1 s while the guest runs (the RTC counts whole seconds);
+    only a jump of more than RESTORE_JUMP_S above the highest seen is a restore."""
+    agent = _load("zz_guest")
+    w = agent.RestoreWatch(jump=1.5)
+    assert not any(w.feed(x) for x in (-0.2, -0.9, -0.01, -0.5, -0.99, 0.0))
+    assert not w.feed(1.4)  # within the jump: taken as the new highest
+    assert not w.feed(2.8)
+    assert w.feed(4.5)  # stopped for about 2-3 s: a restore
+    w = agent.RestoreWatch(jump=1.5)
+    assert not w.feed(100.0) and w.feed(160.0)  # a minute saved
+
+
+class _FakeShare:
+    """An Agent (manage_mount True) whose share, RTC and runtime are stand-ins: mount()
+    and unmount() flip a flag and count, rtc_offset() returns what the test sets."""
+
+    def __init__(self, agent_mod: ModuleType, state: Path, rtc: float | None = 0.0) -> None:
+        self.a = agent_mod.Agent(state, manage_mount=True)
+        self.a.premount = True  # whatever the host's /proc/cmdline says
+        self.a.cache = None
+        self.a.restore_poll = 0.002
+        self.rtc: float | None = rtc
+        self.is_mounted = True
+        self.mounts = 0
+        self.a.rtc_offset = lambda: self.rtc
+        self.a.mounted = lambda: self.is_mounted
+        self.a.mount = self._mount
+        self.a.unmount = self._unmount
+
+    def _mount(self) -> None:
+        if not self.is_mounted:
+            self.mounts += 1
+            self.is_mounted = True
+
+    def _unmount(self) -> None:
+        self.is_mounted = False
+
+    def sleep(self, **args: object) -> threading.Thread | None:
+        self.a.handle({"op": "sleep", **args})
+        return self.a.watcher
+
+
+def test_guest_agent_mounts_the_share_once_it_sees_the_restore(tmp_path: Path) -> None:
+    """After "sleep" the share is unmounted (a save needs that) and stays so while the
+    clocks move together; once the RTC jumps ahead (the guest was stopped: saved and
+    restored) the agent mounts it by itself, and the wake finds it mounted and reports
+    the two steps among its marks."""
+    f = _FakeShare(_load("zz_guest"), tmp_path)
+    t = f.sleep()
+    assert t is not None and not f.is_mounted
+    for x in (-0.3, -0.9, -0.1):  # running: no mount, however long
+        f.rtc = x
+        time.sleep(0.02)
+    assert not f.is_mounted and f.mounts == 0 and t.is_alive()
+    f.rtc = 7.0  # restored 7 s after the save began
+    t.join(10)
+    assert not t.is_alive() and f.is_mounted and f.mounts == 1
+    assert f.a.counters["premounted"] == 1
+    marks = f.a.premount_marks
+    assert marks["restore_seen"] <= marks["premounted"]
+    r = f.a.handle({"op": "wake", "seq": 9})
+    assert f.mounts == 1 and r["recovering_from"] == 9
+    assert json.loads((tmp_path / "zz-wake.json").read_text())["seq"] == 9
+    wm = f.a.wake_marks
+    assert wm["restore_seen"] == marks["restore_seen"] and wm["premounted"] <= wm["agent_wake"]
+    assert f.a.premount_marks == {}
+    # The next wake (a later sleep, no restore seen) carries no old premount marks.
+    f.sleep(premount=False)
+    f.a.handle({"op": "wake", "seq": 10})
+    assert "restore_seen" not in f.a.wake_marks and f.mounts == 2
+
+
+def test_guest_agent_restore_watch_gives_way_to_a_request(tmp_path: Path) -> None:
+    """A request after the sleep (the wake, a mount, another sleep) ends the watch: it
+    never mounts behind the host's back, e.g. between a later sleep and its save."""
+    mod = _load("zz_guest")
+    f = _FakeShare(mod, tmp_path)
+    t = f.sleep()
+    assert t is not None
+    f.a.handle({"op": "mount"})  # hibernate()'s undo, or a benchmark
+    f.a.handle({"op": "sleep", "premount": False})  # unmounted again, no watch
+    assert f.a.watcher is None or f.a.watcher is t
+    f.rtc = 30.0
+    t.join(10)
+    assert not t.is_alive() and not f.is_mounted and f.mounts == 1
+    assert "premounted" not in f.a.counters
+    # Without an RTC nothing is watched; a bad "premount" is refused.
+    g = _FakeShare(mod, tmp_path, rtc=None)
+    assert g.sleep() is None and g.a.counters["restore_watch_no_rtc"] == 1
+    with pytest.raises(ValueError):
+        g.a.handle({"op": "sleep", "premount": "yes"})
+    # zz.premount=off on the kernel command line (controld's ZZ_GUEST_PREMOUNT=off).
+    assert mod.premount_on_restore("quiet") and not mod.premount_on_restore("quiet zz.premount=off")
+    hv = pytest.importorskip("zz.controld.hv_libvirt")
+    assert hv.guest_tuning({"ZZ_GUEST_PREMOUNT": "off"}) == {"extra_cmdline": "zz.premount=off"}
+    with pytest.raises(ValueError):
+        hv.guest_tuning({"ZZ_GUEST_PREMOUNT": "on"})
