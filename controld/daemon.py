@@ -48,11 +48,13 @@ from zz.controld.ledger import Ledger
 from zz.controld.metrics import HostMetrics, MetricsServer, count_peer
 from zz.controld.rpc import RACK_SERVICE, JsonTooDeep, control_reply, decode_json
 from zz.controld.snapshots import HostSnapshots
+from zz.controld.warm import WarmSpares
 from zz.drillfaults import FAULT_FILE, FAULTS
 from zz.keys import ControldKeys, KeyFileError, controld_principal, rotate_exec
 from zz.naming import domain_name
 from zz.procrack import DEFAULT_AGREED, signal_group
 from zz.snapshots import StorageError, fileserve
+from zz.status import agreement_stats
 
 log = logging.getLogger("zz.controld")
 
@@ -193,6 +195,9 @@ class Daemon:
             self.ctx, lambda sid: self.keys.services.get(sid, {}), self.counters
         )
         self._datasets_task: asyncio.Task[None] | None = None
+        # This host's sleeping replicas kept at the latest stable checkpoint (controld/warm.py).
+        self.warm = WarmSpares(config, self.inventory, self._warm_stable)
+        self._warm_task: asyncio.Task[None] | None = None
         self.in_doubt_at_start: list[dict[str, Any]] = []
         self.lost: list[dict[str, Any]] = []
         self.orphans: list[dict[str, Any]] = []  # what reconcile_orphans ended
@@ -408,6 +413,7 @@ class Daemon:
         self._worker = asyncio.create_task(self._work_loop())
         self._finish_spares()
         self._agreed_task = asyncio.create_task(self._watch_agreed())
+        self._warm_task = asyncio.create_task(self._keep_warm())
         if self.datasets.enabled:
             self._datasets_task = asyncio.create_task(self.datasets.run())
         self._server = await asyncio.start_server(
@@ -431,7 +437,7 @@ class Daemon:
         await self.metrics_server.close()
         # The agreement replicas run on (as libvirt domains do): a restarted controld adopts
         # them (controld/agreed.py); `zz rack stop|down` stop them first with agreed_stop.
-        tasks = (self._worker, self._datasets_task, self._agreed_task)
+        tasks = (self._worker, self._datasets_task, self._agreed_task, self._warm_task)
         background = [t for t in tasks if t is not None] + list(self._spares.values())
         for t in [*self._tasks, *background]:
             t.cancel()
@@ -442,6 +448,7 @@ class Daemon:
         # destroyed by the next controld that opens the dataset anyway).
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.snapshots.release)
+        self.warm.close()
         self.audit.close()
 
     async def _watch_agreed(self, every: float = 0.5) -> None:
@@ -454,6 +461,25 @@ class Daemon:
             except Exception:  # never let the watch die: it is what reports the deaths
                 self.counters["internal_error"] += 1
                 log.exception("agreement replica watch failed")
+
+    async def _keep_warm(self, every: float = 0.5) -> None:
+        """Stage each new stable checkpoint for this host's sleeping replicas (controld/warm.py,
+        docs/controld.md "Warm spares"), in a thread: the fetches block."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await asyncio.to_thread(self.warm.turn, self.inventory.replicas())
+            except Exception:
+                self.counters["internal_error"] += 1
+                log.exception("warm spares: turn failed")
+
+    def _warm_stable(self, svc: Service) -> int | None:
+        """The service's stable execution checkpoint as the agreement replicas' stats files
+        readable here say (the highest; one replica's word, which only decides what is
+        staged: the woken runtime takes nothing it cannot verify)."""
+        seqs = [s["exec_stable"] for s in agreement_stats(self.config, svc, 5.0)
+                if s is not None and isinstance(s.get("exec_stable"), int)]  # fmt: skip
+        return max(seqs) if seqs else None
 
     async def idle(self) -> None:
         """Wait until every queued certificate action is done and every fresh spare they
@@ -869,6 +895,7 @@ class Daemon:
             "metrics": self.metrics_server.status(),
             "recent": list(self.recent),
             "wakes": list(self.wakes),
+            "warm": self.warm.status(),
             "agreed": await asyncio.to_thread(self.agreed.describe),
             "runtimes": await asyncio.to_thread(self._runtimes),
         }

@@ -44,7 +44,8 @@ from zz.snapshots import checkpoint_name
 from zz.snapshots.copies import Place
 from zz.snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
 from zz.snapshots.fileserve import COPY, FILE_SEND_TIMEOUT, Challenge, FileRead, bad_range
-from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder
+from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, ManifestError
+from zz.snapshots.warm import WARM_DIR, WarmFiles
 
 log = logging.getLogger("zz.execution")
 
@@ -380,6 +381,10 @@ class Runtime:
         self._bg_due: tuple[StateFetcher, float] | None = None
         self._sources: list[PeerSource] = []
         self._ranking = SourceRanking()
+        # What the host's controld staged while this replica slept (docs/recovery.md "A
+        # warm spare"): the manifest and files are looked up there by their certified hash
+        # before any peer is asked, and taken only if they hash to it.
+        self.warm = WarmFiles(self.state_dir / WARM_DIR)
         self._stopping = threading.Event()
         # Set in start():
         self.state: StateDir
@@ -1306,6 +1311,7 @@ class Runtime:
             patience=_FETCH_PATIENCE,
             ranking=self._ranking,
             stop=self._stopping,
+            warm=self.warm,
         )
 
     def _live_copies(self) -> Place | None:
@@ -1393,15 +1399,21 @@ class Runtime:
             phases[name] = round((now - t) * 1000, 3)
             t = now
 
-        sources = self._peer_sources()
-        manifest = fetch_manifest(
-            sources,
-            seq,
-            digest,
-            on_bad_source=self._bad_source,
-            ranking=self._ranking,
-            like=self.ckpt.builder.previous,
-        )
+        like = self.ckpt.builder.previous
+        staged = self.warm.manifest(digest)  # hashes to the certified digest, or None
+        try:
+            manifest = None if staged is None else Manifest.decode(staged, like=like)
+        except ManifestError as e:  # hashes right yet does not decode: C itself is bad
+            raise RecoveryError(f"certified manifest of {seq} does not decode: {e}") from e
+        if manifest is None:
+            manifest = fetch_manifest(
+                self._peer_sources(),
+                seq,
+                digest,
+                on_bad_source=self._bad_source,
+                ranking=self._ranking,
+                like=like,
+            )
         lap("manifest")
         self.state.sync()
         ck = self.ckpt
@@ -1560,6 +1572,7 @@ class Runtime:
             "recovering": self.fetcher is not None,
             "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,
             "fetch": self._fetch_counters(),
+            "warm": dict(sorted(self.warm.counters.items())),
         }
 
     def _fetch_counters(self) -> dict[str, int]:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -16,10 +17,12 @@ import pytest
 from tests.test_execution_faults import start_rig
 from tests.test_execution_runtime import CP, KV_PUT, Rig, _kv, _kv_ok, needs_agreed
 from zz.controld.actions import NOTICE_NAME
+from zz.controld.warm import WarmStager, replica_sources
 from zz.execution.apps.kv import key_path
 from zz.execution.runtime import WAKE_NOTICE
 from zz.kvop import APPEND as KV_APPEND
 from zz.kvop import GET as KV_GET
+from zz.snapshots.warm import WARM_DIR
 
 SPARE = 2
 KEYS = 3 * CP + 1
@@ -359,3 +362,57 @@ def _invoke_reads(rig: Rig, keys: list[bytes], client_index: int = 0) -> list[by
             await client.close()
 
     return asyncio.run(drive())
+
+
+@pytest.mark.slow
+@needs_agreed
+@pytest.mark.parametrize("forged", ["file", "manifest"])
+def test_woken_spare_takes_what_its_host_staged_only_when_it_hashes_right(
+    rig: Rig, forged: str
+) -> None:
+    """A warm spare (docs/recovery.md "A warm spare"): while it sleeps, what controld stages
+    for it (controld/warm.py, fetched over FILE-FETCH signed with its key) holds its recovery
+    checkpoint's manifest and files. The woken spare takes them instead of asking its peers,
+    but only what hashes to the certified manifest: a forged staged file or manifest is a
+    miss (fetched from a peer), nobody is blamed, and the values served are the certified
+    ones."""
+    execs, cluster = rig.execs, rig.cluster
+    svc, config = cluster.service, cluster.config
+    execs.args[SPARE] = ["--start-asleep"]
+    execs.start(SPARE)
+    rig.wait(lambda: execs.status(SPARE).get("asleep") is True, "spare up and asleep")
+    seq = _fill(rig)
+    state = svc.exec_state_dir(config, SPARE)
+    stager = WarmStager(state, replica_sources(config, svc, SPARE))
+    try:
+        assert stager.stage(seq), stager.counters
+    finally:
+        stager.close()
+    assert stager.counters["files_staged"] >= KEYS, stager.counters
+    warm = state / WARM_DIR
+    if forged == "file":
+        victim = _snapshot_dir(rig, 0, seq) / key_path(b"k1")
+        staged = warm / hashlib.sha256(victim.read_bytes()).hexdigest()
+        staged.write_bytes(bytes(len(staged.read_bytes())))  # same size, wrong bytes
+    else:
+        enc = (svc.exec_state_dir(config, 0) / "manifests" / f"ckpt-{seq}.manifest").read_bytes()
+        staged = warm / hashlib.sha256(enc).hexdigest()
+        staged.write_bytes(enc[:-1] + bytes([enc[-1] ^ 1]))
+    notice = state / WAKE_NOTICE
+    last = execs.status(0)["last_executed"]
+    notice.write_text(json.dumps({"recovering_from_seq": last + 1, "woken_at": time.time()}))
+    rig.wait(lambda: execs.status(SPARE).get("recovery", {}).get("checkpoint"), "recovery")
+    assert execs.status(SPARE)["recovery"]["checkpoint"] == seq
+    assert execs.stop(0) == 0  # now the client needs the woken spare
+    got = rig.invoke_all([_kv(KV_GET, f"k{k}".encode()) for k in range(KEYS)], client_index=1)
+    assert got == [_kv_ok(b"v%d" % k) for k in range(KEYS)]
+    t = time.monotonic()  # the runtime's status carries its monotonic clock: the same one
+    rig.wait(lambda: execs.status(SPARE)["mono_now"] > t, "a status written since")
+    st = execs.status(SPARE)
+    assert not st["recovery"].get("bad_sources"), st["recovery"]
+    if forged == "file":
+        assert st["warm"].get("manifest_hit") == 1 and st["warm"].get("mismatched") == 1, (
+            st["warm"], st["fetch"], st["recovery"])
+        assert st["fetch"].get("fetched_warm", 0) >= KEYS - 1, st["fetch"]
+    else:
+        assert st["warm"].get("manifest_mismatched") == 1 and not st["warm"].get("manifest_hit")
