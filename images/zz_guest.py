@@ -18,9 +18,9 @@ Requests (one JSON object per line, one reply line each; a connection may send m
                                 ("premount": false in the request, or zz.premount=off on
                                 the kernel command line: not)
     {"op": "mount"}             mount /state again (nothing else)
-    {"op": "wake", "seq": N}    mount /state, write /state/zz-wake.json {"seq": N, ...}
-                                (the runtime reads it: it is recovering from N), start the
-                                runtime command if one is configured and not running
+    {"op": "wake", "seq": N}    mount /state, start the runtime command if one is
+                                configured and not running (ZZ_RECOVER_FROM=N), then write
+                                /state/zz-wake.json {"seq": N, ...} (a record)
     {"op": "meminfo"}           -> {"ok": true, "meminfo_kib": {"MemFree": ..., ...}}
     {"op": "ballast", "mib": M} hold M MiB of non-zero memory (0 frees it). Benchmarks
                                 and tests only: it stands in for an application's memory.
@@ -537,18 +537,20 @@ class Agent:
             if self.cache and self.manage_mount and self.mounted():
                 # the host wrote the wake notice into the share behind the guest's cache
                 drop_share_caches()
-            if self.mounted():
-                wake = {"seq": seq, "uptime": uptime(), "time": time.time()}
-                tmp = self.state_dir / (WAKE_FILE + ".tmp")
-                tmp.write_text(json.dumps(wake) + "\n")
-                os.replace(tmp, self.state_dir / WAKE_FILE)
-            self.wake_marks["notice_written"] = round(time.monotonic(), 4)
             cfg = self.config()
             self.wake_marks["config_read"] = round(time.monotonic(), 4)
             if not self.start_runtime(cfg) and self.running():
                 # A runtime that slept through the pause: have it read the notice now.
                 assert self.child is not None
                 os.kill(self.child.pid, signal.SIGUSR1)
+            if self.mounted():
+                # The wake's record on the share, after the runtime is on its way: the
+                # runtime takes the seq from ZZ_RECOVER_FROM and controld's notice, and
+                # two file calls over 9p in a guest just restored took 50-150 ms.
+                wake = {"seq": seq, "uptime": uptime(), "time": time.time()}
+                tmp = self.state_dir / (WAKE_FILE + ".tmp")
+                tmp.write_text(json.dumps(wake) + "\n")
+                os.replace(tmp, self.state_dir / WAKE_FILE)
         elif op == "meminfo":
             return {"ok": True, "meminfo_kib": meminfo()}
         elif op == "ballast":

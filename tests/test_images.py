@@ -533,8 +533,9 @@ def test_guest_agent_prestart_reads_ahead_and_hands_it_to_main(tmp_path: Path) -
             assert ran["prepared"]["argv"] == ["a", "b"] and ran["prepared"]["cwd"] == "/"
             assert ran["cwd"] == str(state) and ran["prepared"]["at"] < ran["go"]
             m = ran["marks"]
-            assert m["agent_wake"] <= m["mounted"] <= m["notice_written"] <= m["config_read"]
-            assert m["config_read"] <= ran["go"]
+            assert m["agent_wake"] <= m["mounted"] <= m["config_read"] <= ran["go"]
+            # the wake's record follows the hand-over, before the reply
+            assert json.loads((state / "zz-wake.json").read_text())["seq"] == 9
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
