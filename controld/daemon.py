@@ -462,7 +462,7 @@ class Daemon:
                 self.counters["internal_error"] += 1
                 log.exception("agreement replica watch failed")
 
-    async def _keep_warm(self, every: float = 0.5) -> None:
+    async def _keep_warm(self, every: float = 0.25) -> None:
         """Stage each new stable checkpoint for this host's sleeping replicas (controld/warm.py,
         docs/controld.md "Warm spares"), in a thread: the fetches block."""
         while True:

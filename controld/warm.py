@@ -85,12 +85,19 @@ class WarmStager:
         self.counters: Counter[str] = Counter()
         self.stopped = threading.Event()  # controld stopping: no more fetches or writes
         self.ino = 0  # of the state dir it was made for (WarmSpares)
-        # The names the last two staged checkpoints need: the spare recovers to the stable
-        # checkpoint below the fault's seq, which may be the one before the newest.
+        # The names the last KEEP staged checkpoints need: the spare recovers to the stable
+        # checkpoint below the fault's seq, which may be one or two before the newest
+        # staged (staging follows the checkpoints taken, not only the stable ones).
         self._keep: list[set[str]] = []
 
-    def _fetch(self, seq: int, path: str, size: int, sha256: bytes) -> bytes | None:
+    KEEP = 3
+
+    def _fetch(
+        self, seq: int, path: str, size: int, sha256: bytes, probe: bool = False
+    ) -> bytes | None:
         for src in self.sources:
+            if probe and not src.name.startswith("controld-"):
+                continue  # a checkpoint that may not exist yet: not asked of the guests
             try:
                 data = src.fetch(seq, path, size, sha256)
             except SourceError:
@@ -101,11 +108,13 @@ class WarmStager:
             self.counters["bad_copies"] += 1  # not staged; the runtime would refuse it anyway
         return None
 
-    def stage(self, seq: int) -> bool:
+    def stage(self, seq: int, probe: bool = False) -> bool:
         """Stage checkpoint `seq`: its manifest, and every file it lists that neither the
         spare's own newest checkpoint nor the warm directory holds already, up to
-        max_bytes. False if no source had its manifest (tried again at the next turn)."""
-        enc = self._fetch(seq, "", 0, b"\0" * 32)
+        max_bytes. False if no source had its manifest (tried again at the next turn).
+        `probe`: `seq` is a checkpoint that may not be taken yet, its manifest asked of the
+        controlds only."""
+        enc = self._fetch(seq, "", 0, b"\0" * 32, probe=probe)
         if enc is None:
             self.counters["manifest_missed"] += 1
             return False
@@ -141,7 +150,7 @@ class WarmStager:
             write_atomic(self.root / fname, data)
             self.counters["files_staged"] += 1
             self.counters["bytes_staged"] += len(data)
-        self._keep = [*self._keep[-1:], keep]
+        self._keep = [*self._keep[1 - self.KEEP :], keep]
         self._collect()
         self.staged_seq = seq
         self.counters["checkpoints_staged"] += 1
@@ -201,11 +210,12 @@ def replica_sources(config: Config, svc: Service, i: int) -> list[PeerSource]:
 
 class WarmSpares:
     """This host's sleeping replicas kept warm (one WarmStager each), turned by controld's
-    loop every half second: a replica paused or hibernated with no action under way gets
-    each new stable checkpoint staged; one awake again (active) gets its warm files
-    removed. `stable(svc)` is the stable execution checkpoint's seq as this host sees it
-    (None: not known here); `sources(svc, i)` the sources replica i would fetch from
-    (replica_sources by default)."""
+    loop every quarter second: a replica paused or hibernated with no action under way gets
+    each new stable checkpoint staged, and the next checkpoint as soon as a peer's controld
+    serves its manifest; one awake again (active) gets its warm files removed.
+    `stable(svc)` is the stable execution checkpoint's seq as this host sees it (None: not
+    known here); `sources(svc, i)` the sources replica i would fetch from (replica_sources
+    by default)."""
 
     RETRY_S = 2.0  # after a checkpoint no source had: its manifest is asked for again
 
@@ -253,10 +263,8 @@ class WarmSpares:
                 continue
             if rec.state not in (inv.PAUSED, inv.HIBERNATED) or rec.pending is not None:
                 continue
-            seq = self.stable(svc)
-            if seq is None or seq <= 0 or (st is not None and seq <= st.staged_seq):
-                continue
-            if self.clock() - self._failed_at.get(key, -self.RETRY_S) < self.RETRY_S:
+            stable = self.stable(svc)
+            if stable is None or stable <= 0:
                 continue
             state = svc.exec_state_dir(self.config, rec.index)
             try:
@@ -280,12 +288,23 @@ class WarmSpares:
                 st.ino = ino
                 with self._lock:
                     self.stagers[key] = st
+            if stable > st.staged_seq:
+                if self.clock() - self._failed_at.get(key, -self.RETRY_S) < self.RETRY_S:
+                    continue
+                seq, probe = stable, False
+            else:
+                # The next checkpoint, as soon as a peer's controld has it, before it is
+                # stable: a fault right before a checkpoint is recovered from that one when
+                # the liar's checkpoint is right (it lied in replies only).
+                seq, probe = st.staged_seq + self.config.rack.checkpoint_interval, True
             try:
-                ok = st.stage(seq)
+                ok = st.stage(seq, probe=probe)
             except OSError as e:
                 ok = False
                 log.warning("%s/%d: staging checkpoint %d failed: %s", *key, seq, e)
-            if ok:
+            if probe and not ok:
+                self.counters["probes_missed"] += 1
+            elif ok:
                 self.counters["checkpoints_staged"] += 1
                 self._failed_at.pop(key, None)
             else:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -144,27 +144,38 @@ def test_stager_stages_the_manifest_and_what_the_spare_lacks(tmp_path: Path, pee
     assert "db/b" not in good.served
 
 
-def test_stager_keeps_two_checkpoints_and_clears_when_awake(tmp_path: Path, peer):
+def test_stager_keeps_three_checkpoints_and_clears_when_awake(tmp_path: Path, peer):
     src, m1 = peer
     state = tmp_path / "exec-2"
     st = WarmStager(state, [CheckpointSource("x0", src, SEQ, manifest=m1)])
     assert st.stage(SEQ)
     first = _staged(state)
-    (src / "db" / "a").write_bytes(b"new alpha")
-    m2 = scan(src)
-    st.sources = [CheckpointSource("x0", src, 2 * SEQ, manifest=m2)]
-    assert st.stage(2 * SEQ)
-    second = _staged(state)
-    assert first <= second  # the one before the newest is kept
-    (src / "db" / "b").write_bytes(b"newer beta")
-    m3 = scan(src)
-    st.sources = [CheckpointSource("x0", src, 3 * SEQ, manifest=m3)]
-    assert st.stage(3 * SEQ)
-    assert warm_name(_digest(m1)) not in _staged(state)
-    assert warm_name(m1.files["db/a"].sha256) not in _staged(state)
-    assert warm_name(_digest(m2)) in _staged(state)
+    ms = [m1]
+    for k, (path, data) in enumerate([("db/a", b"new alpha"), ("db/b", b"newer beta"),
+                                      ("db/a", b"newest alpha")], start=2):  # fmt: skip
+        (src / path).write_bytes(data)
+        ms.append(scan(src))
+        st.sources = [CheckpointSource("x0", src, k * SEQ, manifest=ms[-1])]
+        assert st.stage(k * SEQ)
+        if k == 3:
+            assert first <= _staged(state)  # the two before the newest are kept
+    assert warm_name(_digest(ms[0])) not in _staged(state)
+    assert warm_name(ms[0].files["db/a"].sha256) not in _staged(state)
+    assert {warm_name(_digest(m)) for m in ms[1:]} <= _staged(state)
     st.clear()
     assert not (state / WARM_DIR).exists()
+
+
+def test_a_probe_asks_only_the_controlds(tmp_path: Path, peer):
+    """The next checkpoint is asked for before it is stable, of the peers' controlds only
+    (they read it on their hosts): a guest is not asked every turn for what it may lack."""
+    src, m = peer
+    guest = CheckpointSource("x0", src, SEQ, manifest=m)
+    st = WarmStager(tmp_path / "exec-2", [guest])
+    assert not st.stage(SEQ, probe=True) and guest.served == []
+    ctl = CheckpointSource("controld-h1", src, SEQ, manifest=m)
+    st.sources = [ctl, guest]
+    assert st.stage(SEQ, probe=True) and ctl.served[0] == "" and guest.served == []
 
 
 def test_stager_without_a_manifest_stages_nothing(tmp_path: Path):
@@ -208,8 +219,14 @@ class _Svc:
 
 
 @dataclass
+class _Rack:
+    checkpoint_interval: int = SEQ
+
+
+@dataclass
 class _Config:
     services: list[_Svc]
+    rack: _Rack = field(default_factory=_Rack)
 
 
 def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer):
@@ -222,10 +239,19 @@ def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer
     stable = {"seq": SEQ}
     now = [0.0]
     asked: list[int] = []
+    # What the controld source serves: the checkpoints taken so far, stable or not.
+    taken = {SEQ: m}
+
+    class Controld(CheckpointSource):
+        def fetch(self, seq, path, size, sha256=b""):
+            if seq not in taken:
+                raise SourceError(f"no checkpoint {seq}")
+            self.seq, self.manifest = seq, taken[seq]
+            return super().fetch(seq, path, size, sha256)
 
     def sources(s, i):
         asked.append(i)
-        return [CheckpointSource("x0", src, stable["seq"], manifest=m)]
+        return [Controld("controld-h1", src, SEQ, manifest=m)]
 
     spares = WarmSpares(_Config([svc]), _Inventory([rec, busy]),  # type: ignore[arg-type]
                         lambda s: stable["seq"], sources, clock=lambda: now[0])  # fmt: skip
@@ -233,9 +259,14 @@ def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer
     assert asked == [2]  # not the one with an action under way
     assert spares.status()["kv0/2"]["staged_seq"] == SEQ
     assert (tmp_path / "exec-2" / WARM_DIR / warm_name(_digest(m))).is_file()
-    spares.turn()
-    assert spares.counters["checkpoints_staged"] == 1  # nothing new: nothing fetched
-    stable["seq"] = 2 * SEQ  # no source has it yet: asked again only after RETRY_S
+    spares.turn()  # nothing new: the next checkpoint is probed for and not there yet
+    assert spares.counters == {"checkpoints_staged": 1, "probes_missed": 1}
+    (src / "db" / "a").write_bytes(b"taken, not stable yet")
+    taken[2 * SEQ] = m2 = scan(src)
+    spares.turn()  # staged before it is stable
+    assert spares.status()["kv0/2"]["staged_seq"] == 2 * SEQ
+    assert (tmp_path / "exec-2" / WARM_DIR / warm_name(m2.files["db/a"].sha256)).is_file()
+    stable["seq"] = 4 * SEQ  # stable, yet no source has it: asked again only after RETRY_S
     spares.turn()
     spares.turn()
     assert spares.counters["stage_failures"] == 1
@@ -253,6 +284,6 @@ def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer
     assert spares.status()["kv0/2"]["staged_seq"] == SEQ and asked == [2, 2]
     (tmp_path / "exec-2").rename(tmp_path / "exec-2.forensic-9")
     (tmp_path / "exec-2").mkdir()
-    stable["seq"] = 2 * SEQ
     spares.turn()
     assert asked == [2, 2, 2]  # new sources (the successor's key) for the new dir
+    assert spares.status()["kv0/2"]["staged_seq"] == SEQ
