@@ -61,6 +61,8 @@ log = logging.getLogger("zz.execution")
 _DIGEST_HISTORY = 16
 # Mismatches listed in the status file (the counter keeps the total).
 MISMATCH_LIST = 64
+# A changed file up to this size is kept in memory from its hashing to its snapshot copy.
+KEEP_LIMIT = 1 << 20
 STORE_KINDS = ("dir", "zfs", "host-zfs")
 
 
@@ -197,6 +199,10 @@ class Checkpoints:
     ) -> Manifest:
         """The manifest of the state after `seq`: the files written or deleted since the
         last one re-hashed, the app's memory and the reply cache as runtime files."""
+        # A directory store copies each changed file into the snapshot: the bytes hashed
+        # here are kept for that copy (DirStore.stage_since), one read instead of two.
+        self.builder.keep_limit = KEEP_LIMIT if self.store.shares_unchanged else 0
+        self.builder.take_kept()
         self.builder.mark_all_dirty(dirty)
         if memory is not None:
             self.builder.write_memory(memory)
@@ -223,6 +229,8 @@ class Checkpoints:
         if self.store.shares_unchanged and not self.faults.corrupts_snapshots():
             base = self._snapshot_base(seq)
         rest: Callable[[], None] | None = None
+        if base is None:
+            self.builder.take_kept()  # not needed: the snapshot is copied whole
         if base is not None:
             had = base[1].files
             base_name = checkpoint_name(base[0])
@@ -230,7 +238,8 @@ class Checkpoints:
             def unchanged(rel: str) -> bool:
                 return (e := manifest.files.get(rel)) is not None and had.get(rel) == e
 
-            rest = self.store.stage_since(name, base_name, manifest.files, unchanged)
+            kept = self.builder.take_kept()
+            rest = self.store.stage_since(name, base_name, manifest.files, unchanged, kept)
 
         def finish() -> None:
             if rest is not None:

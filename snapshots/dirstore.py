@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -104,7 +104,12 @@ class DirStore(CheckpointStore):
         self._snapshot(name, link_or_copy)
 
     def stage_since(
-        self, name: str, base: str, files: Iterable[str], unchanged: Callable[[str], bool]
+        self,
+        name: str,
+        base: str,
+        files: Iterable[str],
+        unchanged: Callable[[str], bool],
+        content: Mapping[str, bytes] | None = None,
     ) -> Callable[[], None] | None:
         """Copy the files that changed since `base` into ``snapshots/.stage-<name>/`` (flat,
         numbered): one copy per changed file and nothing per unchanged one, where the
@@ -113,7 +118,9 @@ class DirStore(CheckpointStore):
         each is a round trip to the host). The half returned links the unchanged files from
         `base`, moves the copies into place, renames the tree to ``snapshots/<name>`` and
         lists it; it reads nothing live. An unchanged file missing from `base` is a
-        StorageError there (the caller vouches for `base` from its manifest)."""
+        StorageError there (the caller vouches for `base` from its manifest). A changed
+        file whose bytes `content` holds (what the manifest build hashed) is written from
+        them: the live file is not read a second time (3 system calls instead of 6)."""
         check_snapshot_name(name)
         listed = self.list_snapshots()
         if base not in listed:
@@ -133,7 +140,11 @@ class DirStore(CheckpointStore):
                 _remove(stage)  # what a crash left unlisted: taken anew
                 os.mkdir(stage)
             for i, rel in enumerate(fresh):
-                _copy_file(self._live / rel, stage / str(i))
+                data = None if content is None else content.get(rel)
+                if data is None:
+                    _copy_file(self._live / rel, stage / str(i))
+                else:
+                    _write_file(data, stage / str(i))
         except OSError as e:
             shutil.rmtree(stage, ignore_errors=True)
             raise StorageError(f"cannot stage {name!r} from {self._live}: {e}") from e
@@ -267,6 +278,18 @@ class DirStore(CheckpointStore):
 def _copy(src: str, dst: str) -> object:
     crash_point("dirstore.snapshot.copying")  # a copy half made
     return shutil.copy2(src, dst)
+
+
+def _write_file(data: bytes, dst: Path) -> None:
+    """`data` in a new file `dst` (_copy_file from bytes already read)."""
+    crash_point("dirstore.snapshot.copying")
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _copy_file(src: Path, dst: Path) -> None:

@@ -379,6 +379,35 @@ def hash_file(path: Path) -> FileEntry:
     return FileEntry(size, h.digest())
 
 
+def hash_file_keep(path: Path, limit: int) -> tuple[FileEntry, bytes | None]:
+    """hash_file, and the bytes hashed when the file holds at most `limit` of them: a
+    checkpoint that copies a changed file into its snapshot writes the copy from them
+    instead of reading the file a second time (ManifestBuilder.kept)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: the last component is a symlink
+            raise ManifestError(f"{path}: symbolic link, not allowed in state") from e
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path}: not a regular file ({_kind(st.st_mode)})")
+        h = hashlib.sha256()
+        parts: list[bytes] | None = [] if st.st_size <= limit else None
+        size = 0
+        while chunk := os.read(fd, _CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            if parts is not None:
+                parts.append(chunk)
+                if size > limit:  # grew since the fstat
+                    parts = None
+    finally:
+        os.close(fd)
+    return FileEntry(size, h.digest()), None if parts is None else b"".join(parts)
+
+
 def _kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISLNK, "symbolic link"),
@@ -462,6 +491,23 @@ class ManifestBuilder:
         # The runtime files written since the last build, with the entry of the bytes
         # written: build() takes it instead of reading the file back.
         self._known: dict[str, FileEntry] = {}
+        # keep_limit > 0: the bytes of each file up to that size that build() hashed, and of
+        # the runtime files written, by path (`kept`, taken by take_kept()): a snapshot that
+        # copies the changed files writes them from here (DirStore.stage_since `content`).
+        self.keep_limit = 0
+        self.keep_total = 32 << 20  # what all kept bytes may add up to
+        self.kept: dict[str, bytes] = {}
+        self._kept_bytes = 0
+
+    def take_kept(self) -> dict[str, bytes]:
+        """The bytes kept since the last call (and forget them)."""
+        kept, self.kept, self._kept_bytes = self.kept, {}, 0
+        return kept
+
+    def _keep(self, rel: str, data: bytes) -> None:
+        if self._kept_bytes + len(data) <= self.keep_total:
+            self.kept[rel] = data
+            self._kept_bytes += len(data)
 
     @property
     def dirty(self) -> frozenset[str]:
@@ -513,6 +559,8 @@ class ManifestBuilder:
         os.replace(tmp, target)
         self._dirty.add(rel)
         self._known[rel] = FileEntry(len(data), hashlib.sha256(data).digest())
+        if len(data) <= self.keep_limit:
+            self._keep(rel, bytes(data))
 
     def build(self) -> Manifest:
         """Manifest of the current state; it becomes ``previous`` and the dirty set empties."""
@@ -556,7 +604,12 @@ class ManifestBuilder:
                     raise ManifestError(f"{self.root / anc}: symbolic link, not allowed in state")
                 dirs.add(anc)
             if stat.S_ISREG(st.st_mode):
-                files[p] = self._hasher(full)
+                if self.keep_limit and self._hasher is hash_file:
+                    files[p], data = hash_file_keep(full, self.keep_limit)
+                    if data is not None:
+                        self._keep(p, data)
+                else:
+                    files[p] = self._hasher(full)
             elif stat.S_ISDIR(st.st_mode):
                 for q in _walk_files(self.root, p):
                     files[q] = self._hasher(self.root / q)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -83,7 +83,12 @@ class CheckpointStore(ABC):
         self.snapshot(name)
 
     def stage_since(
-        self, name: str, base: str, files: Iterable[str], unchanged: Callable[[str], bool]
+        self,
+        name: str,
+        base: str,
+        files: Iterable[str],
+        unchanged: Callable[[str], bool],
+        content: Mapping[str, bytes] | None = None,
     ) -> Callable[[], None] | None:
         """:meth:`snapshot_since` in two halves, where a backend can part them: this call
         reads what it needs of the live directory (`files` is every file of the state, as
@@ -91,7 +96,9 @@ class CheckpointStore(ABC):
         live) and returns the second half, which completes and lists snapshot `name` from
         `base` and what the first half copied alone, so it may run while the live
         directory is written again. None where the backend cannot (or `base` is gone):
-        the caller takes the snapshot in one step."""
+        the caller takes the snapshot in one step. `content`: the live bytes of some
+        files, as the manifest hashed them, which the copy may take instead of reading
+        the file again."""
         return None
 
     def detach_snapshot(self, name: str) -> Callable[[], None]:

@@ -102,3 +102,56 @@ def test_a_drills_corrupted_snapshot_is_never_a_base(tmp_path: Path) -> None:
     snaps = rt.ckpt.store.root / "snapshots"
     assert (snaps / checkpoint_name(rt.cp) / "a").read_bytes() != b"abcdef"
     assert (snaps / checkpoint_name(2 * rt.cp) / "a").read_bytes() == b"abcdef"
+
+
+def test_a_changed_file_is_read_once_for_its_hash_and_its_copy(tmp_path: Path) -> None:
+    """The manifest build keeps the bytes it hashed of each changed file (and the runtime
+    files it wrote), and the checkpoint's staged copy is written from them: the live file is
+    opened once per checkpoint, not twice (docs/checkpoints.md)."""
+    rt = _runtime_with_snapshots(tmp_path, 0)
+    live = rt.ckpt.store.path
+    snaps = rt.ckpt.store.root / "snapshots"
+    for k in range(4):
+        (live / f"f{k}").write_bytes(b"v1 %d" % k)
+    c1 = rt._checkpoint(rt.cp)
+    _announce(rt, rt.cp, c1)
+    (live / "f1").write_bytes(b"v2 changed")
+    rt.ckpt.builder.mark_all_dirty(["f1"])
+    opened: list[str] = []
+    real_open = dirstore.os.open
+
+    def counting_open(path, flags, *a):  # type: ignore[no-untyped-def]
+        if str(path).startswith(str(live)) and not flags & dirstore.os.O_WRONLY:
+            opened.append(Path(path).name)
+        return real_open(path, flags, *a)
+
+    dirstore.os.open = counting_open  # type: ignore[assignment]
+    try:
+        c2 = rt._checkpoint(2 * rt.cp)
+    finally:
+        dirstore.os.open = real_open  # type: ignore[assignment]
+    # The snapshot's copies of f1 and the runtime files came from the bytes hashed or
+    # written, not from reading the live files again.
+    assert opened.count("f1") == 1 and "replies" not in opened and "memory" not in opened, opened
+    m = rt.ckpt.files.manifest(2 * rt.cp)
+    assert m is not None and m.digest() == c2
+    for rel, e in m.files.items():
+        data = (snaps / checkpoint_name(2 * rt.cp) / rel).read_bytes()
+        assert hashlib.sha256(data).digest() == e.sha256, rel
+    assert (snaps / checkpoint_name(2 * rt.cp) / "f1").read_bytes() == b"v2 changed"
+    assert rt.ckpt.builder.kept == {}  # taken by the checkpoint, not carried to the next
+
+
+def test_stage_since_writes_what_it_is_given_and_copies_the_rest(tmp_path: Path) -> None:
+    st = dirstore.DirStore(tmp_path / "store")
+    (st.path / "a").write_bytes(b"a1")
+    (st.path / "b").write_bytes(b"b1")
+    st.snapshot("ckpt-1")
+    (st.path / "a").write_bytes(b"a2")
+    (st.path / "b").write_bytes(b"b2")
+    finish = st.stage_since("ckpt-2", "ckpt-1", ["a", "b"], lambda rel: False, {"a": b"a2"})
+    assert finish is not None
+    (st.path / "a").write_bytes(b"a3: written after the stage, in no snapshot")
+    finish()
+    two = st.root / "snapshots" / "ckpt-2"
+    assert (two / "a").read_bytes() == b"a2" and (two / "b").read_bytes() == b"b2"
