@@ -608,9 +608,12 @@ def _destroy_quietly(ctx: HostContext, domain: str, save: Path | None) -> None:
             pass
 
 
-def wake(ctx: HostContext, domain: str, state: str, save_file: str | None) -> None:
+def wake(
+    ctx: HostContext, domain: str, state: str, save_file: str | None, grow: bool = True
+) -> None:
     """Paused: resume. Hibernated: restore, then grow the balloon to the full memory
-    (paged-out restore: the guest pages its memory back in as it touches it)."""
+    (paged-out restore: the guest pages its memory back in as it touches it); with grow
+    False the restore only, the balloon left as it was saved (grow() later)."""
     if state == "paused":
         ctx.hv.resume(domain)
         return
@@ -618,13 +621,20 @@ def wake(ctx: HostContext, domain: str, state: str, save_file: str | None) -> No
         raise HypervisorError(domain, "wake", "hibernated without a save file")
     full_kib = ctx.memory_mib * 1024
     woke = getattr(ctx.hv, "wake_hibernated", None)
-    if woke is not None:
+    if not grow:
+        name = ctx.hv.restore(Path(save_file))
+    elif woke is not None:
         name = woke(Path(save_file), ctx.memory_mib)
     else:
         name = ctx.hv.restore(Path(save_file))
         ctx.hv.set_memory(name, full_kib)
     if name != domain:
         raise HypervisorError(domain, "wake", f"the save file restored {name!r}")
+
+
+def grow(ctx: HostContext, domain: str) -> None:
+    """Grow a restored replica's balloon back to the full memory."""
+    ctx.hv.set_memory(domain, ctx.memory_mib * 1024)
 
 
 def destroy(ctx: HostContext, domain: str, save_file: str | None) -> None:

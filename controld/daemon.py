@@ -24,6 +24,7 @@ import contextvars
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -60,6 +61,9 @@ log = logging.getLogger("zz.controld")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 MODES = ("paused", "hibernated", "active")
+# A restored replica's balloon is grown back to the full memory when a SHUTDOWN keeps it
+# active, or this long after its wake-up (Daemon._grow).
+GROW_AFTER_S = 5.0
 
 
 def _lists(o: certs.Outcome) -> str:
@@ -186,6 +190,16 @@ class Daemon:
         self.recent: deque[str] = deque(maxlen=64)
         # The steps of the latest wake-ups with their wall-clock times (_act_wakeup).
         self.wakes: deque[dict[str, Any]] = deque(maxlen=16)
+        # (service id, index) -> a restored replica whose balloon is still as it was saved:
+        # the task that grows it after grow_after_s, its domain and its entry in `wakes`.
+        # A SHUTDOWN that keeps it active grows it at once (_grow), one that convicts it or
+        # sends it back to sleep drops it (_drop_grow). In memory only: start() grows what
+        # a controld that stopped meanwhile left small (_grow_left_small).
+        self._grows: dict[tuple[int, int], tuple[asyncio.Task[None], str, dict[str, Any]]] = {}
+        self.grow_after_s = GROW_AFTER_S
+        # ZZ_WAKE_GROW=restore: grow with the restore, as before (the baseline mode
+        # hibernated-growatonce of scripts/bench/recovery-phases).
+        self.grow_at_restore = os.environ.get("ZZ_WAKE_GROW") == "restore"
         # The agreement replicas placed here (zz-agreed processes: `agreed` is the binary).
         self.agreed = AgreedReplicas(
             config, host, home, agreed or DEFAULT_AGREED, self._note, self.counters
@@ -410,6 +424,7 @@ class Daemon:
         the port."""
         self.audit.ensure_open()  # AuditError: another controld runs on this home
         self.recover()
+        await asyncio.to_thread(self._grow_left_small)
         self._worker = asyncio.create_task(self._work_loop())
         self._finish_spares()
         self._agreed_task = asyncio.create_task(self._watch_agreed())
@@ -439,6 +454,7 @@ class Daemon:
         # them (controld/agreed.py); `zz rack stop|down` stop them first with agreed_stop.
         tasks = (self._worker, self._datasets_task, self._agreed_task, self._warm_task)
         background = [t for t in tasks if t is not None] + list(self._spares.values())
+        background += [t for t, _, _ in self._grows.values()]
         for t in [*self._tasks, *background]:
             t.cancel()
         for t in [*self._tasks, *background]:
@@ -1402,7 +1418,7 @@ class Daemon:
                     svc.name,
                     x,
                     inv.RECOVERING,
-                    lambda d=domain, st=state, sv=save: actions.wake(self.ctx, d, st, sv),
+                    lambda d=domain, st=state, sv=save: self._wake(d, st, sv),
                 )
             except (HypervisorError, inv.IllegalTransition, OSError) as e:
                 self.counters["action_failed"] += 1
@@ -1420,9 +1436,77 @@ class Daemon:
                 self.counters["guest_wake_failed"] += 1
                 self._note(f"{svc.name}/{x}: guest agent wake failed: {e}")
             steps["agent_woke_at"] = time.time()
-            self.wakes.append({"service": svc.name, "index": x, "seq": seq, "from": state,
-                               **{k: round(v, 6) for k, v in steps.items()}})  # fmt: skip
+            entry = {"service": svc.name, "index": x, "seq": seq, "from": state,
+                     **{k: round(v, 6) for k, v in steps.items()}}  # fmt: skip
+            self.wakes.append(entry)
+            if state == inv.HIBERNATED and not self.grow_at_restore:
+                self._grow_later(svc, x, domain, entry)
             self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
+
+    def _wake(self, domain: str, state: str, save: str | None) -> None:
+        """Resume a paused replica; restore a hibernated one without growing its balloon:
+        the guest's deflation of the balloon (320 MiB of a 512 MiB guest, 192 MiB saved) is
+        work for its vCPU right after the restore, when it runs the whole wake-up (mount,
+        runtime, recovery) anew under TCG; it waits for _grow (docs/controld.md "Wake-up
+        steps")."""
+        if state == inv.HIBERNATED and not self.grow_at_restore:
+            actions.wake(self.ctx, domain, state, save, grow=False)
+        else:
+            actions.wake(self.ctx, domain, state, save)
+
+    def _grow_later(self, svc: Service, x: int, domain: str, entry: dict[str, Any]) -> None:
+        self._drop_grow(svc, x)
+        key = (svc.id, x)
+
+        async def later() -> None:
+            await asyncio.sleep(self.grow_after_s)
+            await self._grow(svc, x, "timer")
+
+        self._grows[key] = (asyncio.create_task(later()), domain, entry)
+
+    def _drop_grow(self, svc: Service, x: int) -> None:
+        """Forget a pending grow (the replica is convicted or goes back to sleep)."""
+        pending = self._grows.pop((svc.id, x), None)
+        if pending is not None and pending[0] is not asyncio.current_task():
+            pending[0].cancel()
+
+    async def _grow(self, svc: Service, x: int, why: str) -> None:
+        """Grow a restored replica's balloon to the full memory, if one waits for it: once
+        a SHUTDOWN keeps it active (it has recovered as far as the round needed), or
+        grow_after_s after its wake-up, whichever comes first. Until then the guest runs in
+        the memory it was saved with; autodeflate gives it pages back under pressure."""
+        pending = self._grows.get((svc.id, x))
+        if pending is None:
+            return
+        self._drop_grow(svc, x)
+        _, domain, entry = pending
+        try:
+            await asyncio.to_thread(actions.grow, self.ctx, domain)
+        except HypervisorError as e:
+            self.counters["grow_failed"] += 1
+            self._note(f"{svc.name}/{x}: growing its balloon failed: {e}")
+            return
+        entry["grown_at"] = round(time.time(), 6)
+        self.counters[f"grown_{why}"] += 1
+        self._note(f"{svc.name}/{x} balloon grown to {self.ctx.memory_mib} MiB ({why})")
+
+    def _grow_left_small(self) -> None:
+        """At start: a replica that runs (active or recovering) with less than the full
+        memory was restored by a controld that stopped before it grew the balloon: grow it
+        now. Only libvirt guests have a balloon."""
+        if self.hv.kind != "libvirt":
+            return
+        full = self.ctx.memory_mib * 1024
+        for rec in self.inventory.replicas():
+            if rec.state not in (inv.ACTIVE, inv.RECOVERING) or not rec.domain:
+                continue
+            try:
+                if self.hv.memory_kib(rec.domain) < full:
+                    actions.grow(self.ctx, rec.domain)
+                    self.counters["grown_at_start"] += 1
+                    self._note(f"{rec.service}/{rec.index} balloon grown at start")
+            except HypervisorError as e:
+                self._note(f"{rec.service}/{rec.index}: growing its balloon at start: {e}")
 
     # ---- SHUTDOWN ---------------------------------------------------------------------------
     def _on_shutdown(self, m: wire.Shutdown, raw: bytes) -> bool:
@@ -1728,6 +1812,7 @@ class Daemon:
             self.counters["woken_not_named"] += 1
             self._note(f"{svc.name}/{x}: woken here, not named by SHUTDOWN seq {seq}: to sleep")
         for x in convict:
+            self._drop_grow(svc, x)
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:
@@ -1751,6 +1836,7 @@ class Daemon:
                 continue
             await self._start_fresh_spare(svc, x, seq)
         for x in [*sleep, *extra]:
+            self._drop_grow(svc, x)  # hibernate() balloons it down (or back up if it fails)
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:
@@ -1775,6 +1861,7 @@ class Daemon:
         # The round is decided and keeps these running: a woken one has recovered as far as
         # the round needed (it reported the round's seq), so it is active from now on.
         for x in active:
+            await self._grow(svc, x, "recovered")
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:

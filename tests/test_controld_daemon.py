@@ -417,7 +417,54 @@ async def test_wakeup_hibernated(tmp_path: Path, backend: str) -> None:
             assert n.hv.list() == [d for d in n.hv.list() if d != rec.domain]
         await n.send(rack.valid_wakeup())
         assert n.state(2) == "recovering" and n.hv.state(rec.domain) == "running"
+        # Restored as it was saved: the balloon grows once a SHUTDOWN keeps it active.
+        assert n.hv.memory_kib(rec.domain) == 192 * 1024
+        assert n.daemon.wakes[-1]["from"] == "hibernated" and "grown_at" not in n.daemon.wakes[-1]
+        await n.send(*(rack.shutdown(r, 7, convict=[0], sleep=[]) for r in (0, 1)))
+        assert n.state(2) == "active", "\n".join(n.daemon.recent)
         assert n.hv.memory_kib(rec.domain) == 512 * 1024  # grown back to its full memory
+        c = n.counters()
+        assert c["grown_recovered"] == 1 and "grown_timer" not in c
+        assert n.daemon.wakes[-1]["grown_at"] >= n.daemon.wakes[-1]["agent_woke_at"]
+
+
+async def test_wakeup_hibernated_grows_by_timer_and_at_restart(tmp_path: Path) -> None:
+    """No SHUTDOWN: the balloon grows grow_after_s after the wake-up. A controld that
+    stopped before it grew one grows it when it starts again (the domain runs on)."""
+    rack = make_rack(tmp_path, sleep="hibernated")
+    keep = open_backend("libvirt", uri="test:///default")  # libvirtd across the restart
+    try:
+        async with nodes(rack, "libvirt", 0) as (n,):
+            assert (await n.rpc("provision", service="web", index=2))["ok"]
+            domain = n.daemon.inventory.get("web", 2).domain
+            n.daemon.grow_after_s = 0.05
+            await n.send(rack.valid_wakeup())
+            deadline = time.monotonic() + 10
+            while "grown_timer" not in n.counters():
+                assert time.monotonic() < deadline, "\n".join(n.daemon.recent)
+                await asyncio.sleep(0.02)
+            assert n.hv.memory_kib(domain) == 512 * 1024
+        # Woken, then stopped before the timer: the next controld grows it at its start.
+        (tmp_path / "again").mkdir()
+        rack2 = make_rack(tmp_path / "again", sleep="hibernated")
+        n = Node(rack2, 0, "libvirt")
+        await n.start()
+        try:
+            assert (await n.rpc("provision", service="web", index=2))["ok"]
+            domain = n.daemon.inventory.get("web", 2).domain
+            await n.send(rack2.valid_wakeup())
+            assert n.hv.memory_kib(domain) == 192 * 1024 and n.state(2) == "recovering"
+        finally:
+            await n.close(destroy=False)
+        n2 = Node(rack2, 0, "libvirt")
+        await n2.start()
+        try:
+            assert n2.counters()["grown_at_start"] == 1
+            assert n2.hv.memory_kib(domain) == 512 * 1024
+        finally:
+            await n2.close()
+    finally:
+        close_keeping_backend(keep, rack)
 
 
 # ---- a round that wakes nobody (docs/fault-detection.md §4a) ---------------------------
