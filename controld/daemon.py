@@ -1447,8 +1447,7 @@ class Daemon:
         """Resume a paused replica; restore a hibernated one without growing its balloon:
         the guest's deflation of the balloon (320 MiB of a 512 MiB guest, 192 MiB saved) is
         work for its vCPU right after the restore, when it runs the whole wake-up (mount,
-        runtime, recovery) anew under TCG; it waits for _grow (docs/controld.md "Wake-up
-        steps")."""
+        runtime, recovery) anew under TCG; it waits for _grow (docs/controld.md "WAKEUP")."""
         if state == inv.HIBERNATED and not self.grow_at_restore:
             actions.wake(self.ctx, domain, state, save, grow=False)
         else:
