@@ -88,9 +88,15 @@ class WarmStager:
         # The names the last KEEP staged checkpoints need: the spare recovers to the stable
         # checkpoint below the fault's seq, which may be one or two before the newest
         # staged (staging follows the checkpoints taken, not only the stable ones).
-        self._keep: list[set[str]] = []
+        self._keep: dict[int, set[str]] = {}
+        # Checkpoint seq -> turns it was staged with files missing: a checkpoint whose
+        # manifest a controld serves before its snapshot is listed (the completion of a
+        # directory store's checkpoint writes the manifest first) lacks its files for a
+        # moment; it is staged again until they are there, at most RETRIES times.
+        self._partial: dict[int, int] = {}
 
     KEEP = 3
+    RETRIES = 8
 
     def _fetch(
         self, seq: int, path: str, size: int, sha256: bytes, probe: bool = False
@@ -112,8 +118,9 @@ class WarmStager:
         """Stage checkpoint `seq`: its manifest, and every file it lists that neither the
         spare's own newest checkpoint nor the warm directory holds already, up to
         max_bytes. False if no source had its manifest (tried again at the next turn).
-        `probe`: `seq` is a checkpoint that may not be taken yet, its manifest asked of the
-        controlds only."""
+        `probe`: `seq` is a checkpoint that may not be taken yet, its manifest and files
+        asked of the controlds only. Also False while files no source had are missing (up
+        to RETRIES times): `staged_seq` moves only once the checkpoint is staged whole."""
         enc = self._fetch(seq, "", 0, b"\0" * 32, probe=probe)
         if enc is None:
             self.counters["manifest_missed"] += 1
@@ -129,6 +136,7 @@ class WarmStager:
         own = newest_manifest(self.state_dir / "manifests")
         keep = {name}
         budget = self.max_bytes
+        missed = 0
         for path, entry in manifest.files.items():
             if self.stopped.is_set():
                 return False
@@ -142,23 +150,31 @@ class WarmStager:
             if entry.size > self.max_file or entry.size > budget:
                 self.counters["files_skipped"] += 1
                 continue
-            data = self._fetch(seq, path, entry.size, entry.sha256)
+            data = self._fetch(seq, path, entry.size, entry.sha256, probe=probe)
             if data is None:
                 self.counters["files_missed"] += 1
+                missed += 1
                 continue
             budget -= len(data)
             write_atomic(self.root / fname, data)
             self.counters["files_staged"] += 1
             self.counters["bytes_staged"] += len(data)
-        self._keep = [*self._keep[1 - self.KEEP :], keep]
+        self._keep[seq] = keep
+        for old in sorted(self._keep)[: -self.KEEP]:
+            del self._keep[old]
         self._collect()
+        if missed and self._partial.get(seq, 0) < self.RETRIES:
+            self._partial[seq] = self._partial.get(seq, 0) + 1
+            self.counters["staged_partly"] += 1
+            return False
+        self._partial = {k: v for k, v in self._partial.items() if k > seq}
         self.staged_seq = seq
         self.counters["checkpoints_staged"] += 1
         return True
 
     def _collect(self) -> None:
-        """Remove what neither of the last two staged checkpoints needs."""
-        wanted = set().union(*self._keep)
+        """Remove what none of the last KEEP staged checkpoints needs."""
+        wanted = set().union(*self._keep.values())
         with contextlib.suppress(OSError):
             for p in self.root.iterdir():
                 if p.name not in wanted:
@@ -172,7 +188,8 @@ class WarmStager:
     def clear(self) -> None:
         """The replica is awake: its warm files are of no more use."""
         shutil.rmtree(self.root, ignore_errors=True)
-        self._keep = []
+        self._keep = {}
+        self._partial = {}
         self.staged_seq = 0
 
     def close(self) -> None:

@@ -278,12 +278,42 @@ def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer
     assert not (tmp_path / "exec-2" / WARM_DIR).exists() and spares.status() == {}
     # Convicted, its state dir set aside and a successor provisioned there: staged anew.
     rec.state = inv.PAUSED
-    stable["seq"] = SEQ
+    stable["seq"] = 2 * SEQ
     now[0] += WarmSpares.RETRY_S
     spares.turn()
-    assert spares.status()["kv0/2"]["staged_seq"] == SEQ and asked == [2, 2]
+    assert spares.status()["kv0/2"]["staged_seq"] == 2 * SEQ and asked == [2, 2]
     (tmp_path / "exec-2").rename(tmp_path / "exec-2.forensic-9")
     (tmp_path / "exec-2").mkdir()
     spares.turn()
     assert asked == [2, 2, 2]  # new sources (the successor's key) for the new dir
-    assert spares.status()["kv0/2"]["staged_seq"] == SEQ
+    assert spares.status()["kv0/2"]["staged_seq"] == 2 * SEQ
+
+
+def test_a_checkpoint_staged_with_files_missing_is_staged_again(tmp_path: Path, peer):
+    """A controld serves a checkpoint's manifest before its snapshot is listed (the
+    directory store writes the manifest first): the files are missing for a moment, and
+    the checkpoint counts as staged only once they are there (or after RETRIES turns)."""
+    src, m = peer
+    source = CheckpointSource("controld-h1", src, SEQ, manifest=m)
+    real = source.fetch
+    listed = [False]
+
+    def fetch(seq, path, size, sha256=b""):
+        if path and not listed[0]:
+            raise SourceError("no such checkpoint")
+        return real(seq, path, size, sha256)
+
+    source.fetch = fetch  # type: ignore[method-assign]
+    st = WarmStager(tmp_path / "exec-2", [source])
+    assert not st.stage(SEQ, probe=True) and st.staged_seq == 0
+    assert st.counters["staged_partly"] == 1
+    listed[0] = True
+    assert st.stage(SEQ, probe=True) and st.staged_seq == SEQ
+    want = {warm_name(e.sha256) for e in m.files.values()} | {warm_name(_digest(m))}
+    assert _staged(tmp_path / "exec-2") == want
+    listed[0] = False  # a file no source ever has: staged without it after RETRIES turns
+    (src / "db" / "b").write_bytes(b"gone")
+    m2 = scan(src)
+    source.seq, source.manifest = 2 * SEQ, m2
+    results = [st.stage(2 * SEQ) for _ in range(WarmStager.RETRIES + 1)]
+    assert results == [False] * WarmStager.RETRIES + [True] and st.staged_seq == 2 * SEQ
