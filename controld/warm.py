@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -272,7 +273,7 @@ class WarmSpares:
             seen.add(key)
             st = self.stagers.get(key)
             if rec.state == inv.ACTIVE:
-                if st is not None:
+                if st is not None and not self._still_fetching(svc, rec.index):
                     st.clear()
                     st.close()
                     with self._lock:
@@ -331,6 +332,15 @@ class WarmSpares:
             with self._lock:
                 gone = self.stagers.pop(key)
             gone.close()
+
+    def _still_fetching(self, svc: Service, i: int) -> bool:
+        """Whether replica i's runtime says it is still recovering (its background fetch
+        takes the rest of the state, from warm/ too): its warm files are kept until then."""
+        try:
+            st = json.loads(svc.exec_status_path(self.config, i).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(st, dict) and st.get("recovering") is True
 
     def status(self) -> dict[str, Any]:
         with self._lock:

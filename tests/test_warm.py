@@ -217,6 +217,9 @@ class _Svc:
     def exec_state_dir(self, config: object, i: int) -> Path:
         return self.root / f"exec-{i}"
 
+    def exec_status_path(self, config: object, i: int) -> Path:
+        return self.root / f"exec-{i}.status.json"
+
 
 @dataclass
 class _Rack:
@@ -274,6 +277,10 @@ def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer
     spares.turn()
     assert spares.counters["stage_failures"] == 2
     rec.state = inv.ACTIVE
+    (tmp_path / "exec-2.status.json").write_text('{"recovering": true}')
+    spares.turn()  # its background fetch may still take files from warm/
+    assert (tmp_path / "exec-2" / WARM_DIR).exists()
+    (tmp_path / "exec-2.status.json").write_text('{"recovering": false}')
     spares.turn()
     assert not (tmp_path / "exec-2" / WARM_DIR).exists() and spares.status() == {}
     # Convicted, its state dir set aside and a successor provisioned there: staged anew.
