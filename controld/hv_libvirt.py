@@ -116,11 +116,10 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
     ZZ_GUEST_PRESTART=imports a hibernated spare's runtime started ahead only imports
     (zz.prestart=imports: images/zz_guest.py), ZZ_GUEST_MOUNT=exec the guest agent mounts
     the share with mount(8) (zz.mount=exec); both the baseline of
-    scripts/bench/recovery-phases; ZZ_GUEST_PREMOUNT=off the agent does not mount the share
-    by itself when it sees a restore, only at the wake request (zz.premount=off, the
-    baseline of recovery-phases' hibernated-nopremount). Unset: QEMU's and the kernel's
-    defaults, the runtime started ahead reads ahead, the agent calls mount(2) and mounts
-    as soon as it sees the restore."""
+    scripts/bench/recovery-phases; ZZ_GUEST_PREMOUNT=on the agent mounts the share by
+    itself as soon as it sees a restore, before the wake request (zz.premount=on,
+    recovery-phases' hibernated-premount). Unset: QEMU's and the kernel's defaults, the
+    runtime started ahead reads ahead, the agent calls mount(2) at the wake request."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
     words: list[str] = []
@@ -142,9 +141,9 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
             raise ValueError(f"ZZ_GUEST_MOUNT={mount!r}")
         words.append("zz.mount=exec")
     if premount := env.get("ZZ_GUEST_PREMOUNT"):
-        if premount != "off":
+        if premount != "on":
             raise ValueError(f"ZZ_GUEST_PREMOUNT={premount!r}")
-        words.append("zz.premount=off")
+        words.append("zz.premount=on")
     if words:
         out["extra_cmdline"] = " ".join(words)
     if cpu := env.get("ZZ_GUEST_CPU"):

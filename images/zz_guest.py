@@ -13,10 +13,10 @@ Requests (one JSON object per line, one reply line each; a connection may send m
 
     {"op": "ping"}              -> {"ok": true, "agent": "zz-guest", "mode": ..., ...}
     {"op": "sleep"}             stop the runtime, sync, unmount /state (QEMU refuses to
-                                save a guest that has a 9p share mounted); then watch for
-                                the restore and mount /state again as soon as it is seen
-                                ("premount": false in the request, or zz.premount=off on
-                                the kernel command line: not)
+                                save a guest that has a 9p share mounted); with
+                                "premount": true in the request, or zz.premount=on on
+                                the kernel command line, then watch for the restore and
+                                mount /state again as soon as it is seen
     {"op": "mount"}             mount /state again (nothing else)
     {"op": "wake", "seq": N}    mount /state, start the runtime command if one is
                                 configured and not running (ZZ_RECOVER_FROM=N), then write
@@ -147,11 +147,12 @@ def prestart_reads(cmdline: str | None = None) -> bool:
 
 def premount_on_restore(cmdline: str | None = None) -> bool:
     """Whether the agent mounts the share by itself once it sees the restore after a
-    "sleep" (RestoreWatch): not with zz.premount=off on the kernel command line (controld's
-    ZZ_GUEST_PREMOUNT, the baseline of scripts/bench/recovery-phases: the share is then
-    mounted when the wake request comes)."""
+    "sleep" (RestoreWatch): only with zz.premount=on on the kernel command line (controld's
+    ZZ_GUEST_PREMOUNT=on, scripts/bench/recovery-phases --modes hibernated-premount).
+    Off by default: with controld growing the balloon late it was no sooner than the wake
+    request's mount (docs/performance.md)."""
     words = (_kernel_cmdline() if cmdline is None else cmdline).split()
-    return "zz.premount=off" not in words
+    return "zz.premount=on" in words
 
 
 def rtc_offset() -> float | None:

@@ -655,9 +655,9 @@ def test_guest_agent_restore_watch_gives_way_to_a_request(tmp_path: Path) -> Non
     assert g.sleep() is None and g.a.counters["restore_watch_no_rtc"] == 1
     with pytest.raises(ValueError):
         g.a.handle({"op": "sleep", "premount": "yes"})
-    # zz.premount=off on the kernel command line (controld's ZZ_GUEST_PREMOUNT=off).
-    assert mod.premount_on_restore("quiet") and not mod.premount_on_restore("quiet zz.premount=off")
+    # Only with zz.premount=on on the kernel command line (controld's ZZ_GUEST_PREMOUNT=on).
+    assert not mod.premount_on_restore("quiet") and mod.premount_on_restore("quiet zz.premount=on")
     hv = pytest.importorskip("zz.controld.hv_libvirt")
-    assert hv.guest_tuning({"ZZ_GUEST_PREMOUNT": "off"}) == {"extra_cmdline": "zz.premount=off"}
+    assert hv.guest_tuning({"ZZ_GUEST_PREMOUNT": "on"}) == {"extra_cmdline": "zz.premount=on"}
     with pytest.raises(ValueError):
-        hv.guest_tuning({"ZZ_GUEST_PREMOUNT": "on"})
+        hv.guest_tuning({"ZZ_GUEST_PREMOUNT": "off"})
