@@ -97,7 +97,7 @@ class WarmStager:
         self._partial: dict[int, int] = {}
 
     KEEP = 3
-    RETRIES = 8
+    RETRIES = 2
 
     def _fetch(
         self, seq: int, path: str, size: int, sha256: bytes, probe: bool = False
@@ -119,9 +119,10 @@ class WarmStager:
         """Stage checkpoint `seq`: its manifest, and every file it lists that neither the
         spare's own newest checkpoint nor the warm directory holds already, up to
         max_bytes. False if no source had its manifest (tried again at the next turn).
-        `probe`: `seq` is a checkpoint that may not be taken yet, its manifest and files
-        asked of the controlds only. Also False while files no source had are missing (up
-        to RETRIES times): `staged_seq` moves only once the checkpoint is staged whole."""
+        `probe`: `seq` is a checkpoint that may not be taken yet, its manifest asked of the
+        controlds only. Also False while files no source had are missing (up to RETRIES
+        times, so that a file no source has holds the next checkpoint up for two turns at
+        most): `staged_seq` moves only once the checkpoint is staged whole."""
         enc = self._fetch(seq, "", 0, b"\0" * 32, probe=probe)
         if enc is None:
             self.counters["manifest_missed"] += 1
@@ -151,7 +152,9 @@ class WarmStager:
             if entry.size > self.max_file or entry.size > budget:
                 self.counters["files_skipped"] += 1
                 continue
-            data = self._fetch(seq, path, entry.size, entry.sha256, probe=probe)
+            # From every source, a probed checkpoint's too: a peer guest serves a copy by
+            # hash from its live state while its snapshot is not listed yet.
+            data = self._fetch(seq, path, entry.size, entry.sha256)
             if data is None:
                 self.counters["files_missed"] += 1
                 missed += 1
