@@ -42,7 +42,7 @@ from zz.snapshots import StorageError
 from zz.snapshots.copies import CopyFinder, Place
 from zz.snapshots.dirstore import DirStore
 from zz.snapshots.fileserve import COPY, LATER, NO_CHECKPOINT, OK, FileRead, SnapshotFiles
-from zz.snapshots.manifest import Manifest, ManifestError
+from zz.snapshots.manifest import Manifest, ManifestError, newest_manifest_path
 from zz.snapshots.store import CheckpointStore
 from zz.snapshots.zfs import ZfsStore, run_zfs
 
@@ -269,14 +269,9 @@ class HostSnapshots:
         """A live state (a replica's, asleep or not; a forensic one's) as a place to find a
         copy by hash, described by its newest checkpoint manifest: files changed since are
         skipped when their hash does not match (snapshots/copies.py)."""
-        newest: tuple[int, Path] | None = None
-        for p in manifests.glob("ckpt-*.manifest"):
-            num = p.name[5 : -len(".manifest")]
-            if num.isdigit() and (newest is None or int(num) > newest[0]):
-                newest = (int(num), p)
-        if newest is None:
+        path = newest_manifest_path(manifests)
+        if path is None:
             return None
-        path = newest[1]
         try:
             mtime = path.stat().st_mtime_ns
             with self._newest_lock:

@@ -41,7 +41,7 @@ from zz.controld import inventory as inv
 from zz.controld.inventory import Inventory
 from zz.execution.recovery import PeerSource
 from zz.snapshots.fetch import Source, SourceError
-from zz.snapshots.manifest import Manifest, ManifestError
+from zz.snapshots.manifest import Manifest, ManifestError, newest_manifest_path
 from zz.snapshots.warm import WARM_DIR, WARM_MAX_FILE, warm_name
 
 log = logging.getLogger("zz.controld.warm")
@@ -52,16 +52,11 @@ WARM_MAX_BYTES = 64 << 20
 
 def newest_manifest(manifests: Path) -> Manifest | None:
     """The newest `ckpt-<n>.manifest` in a state directory's `manifests/`, decoded."""
-    newest: tuple[int, Path] | None = None
-    with contextlib.suppress(OSError):
-        for p in manifests.glob("ckpt-*.manifest"):
-            num = p.name[5 : -len(".manifest")]
-            if num.isdigit() and (newest is None or int(num) > newest[0]):
-                newest = (int(num), p)
-    if newest is None:
+    path = newest_manifest_path(manifests)
+    if path is None:
         return None
     try:
-        return Manifest.decode(newest[1].read_bytes())
+        return Manifest.decode(path.read_bytes())
     except (OSError, ManifestError):
         return None
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from zz.atomicfile import write_atomic
 from zz.snapshots.crashpoint import crash_point
-from zz.snapshots.manifest import FETCH_TMP_DIR
+from zz.snapshots.manifest import FETCH_TMP_DIR, write_all
 from zz.snapshots.store import CheckpointStore, StorageError, check_snapshot_name
 
 _ORDER = "ORDER"
@@ -285,9 +285,7 @@ def _write_file(data: bytes, dst: Path) -> None:
     crash_point("dirstore.snapshot.copying")
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
     finally:
         os.close(fd)
 

@@ -359,24 +359,28 @@ def hash_file(path: Path) -> FileEntry:
     The size is the number of bytes hashed (not a separate stat), so the pair is consistent
     even if the file changes under us; the caller must not let the app write meanwhile.
     """
+    return hash_file_keep(path, -1)[0]
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` with os.write: one call for a file (a round trip on a guest's
+    share) where a file object would add an fstat and buffer copies."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def newest_manifest_path(manifests: Path) -> Path | None:
+    """The `ckpt-<n>.manifest` with the highest n in a state directory's `manifests/`."""
+    newest: tuple[int, Path] | None = None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == 40:  # ELOOP: the last component is a symlink
-            raise ManifestError(f"{path}: symbolic link, not allowed in state") from e
-        raise
-    try:  # os calls, not a file object: it stats the file again (a round trip on a share)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{path}: not a regular file ({_kind(st.st_mode)})")
-        h = hashlib.sha256()
-        size = 0
-        while chunk := os.read(fd, _CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    return FileEntry(size, h.digest())
+        for p in manifests.glob("ckpt-*.manifest"):
+            num = p.name[5 : -len(".manifest")]
+            if num.isdigit() and (newest is None or int(num) > newest[0]):
+                newest = (int(num), p)
+    except OSError:
+        return None
+    return None if newest is None else newest[1]
 
 
 def hash_file_keep(path: Path, limit: int) -> tuple[FileEntry, bytes | None]:
@@ -550,9 +554,7 @@ class ManifestBuilder:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
         crash_point("manifest.runtime-file.written")
