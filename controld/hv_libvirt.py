@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from xml.sax.saxutils import escape
 
 import libvirt  # type: ignore[import-not-found]
+import libvirt_qemu  # type: ignore[import-not-found]
 
 from zz.controld.hypervisor import (
     DEFAULT_BALLOON_MIB,
@@ -72,6 +73,14 @@ def _mapped(name: str, action: str, e: libvirt.libvirtError) -> HypervisorError:
 
 # The slirp forward to the guest agent, as images/domain.py writes it on the QEMU command line.
 _AGENT_FWD = re.compile(rf"hostfwd=tcp:127\.0\.0\.1:(\d+)-:{GUEST_AGENT_PORT}\b")
+# The QEMU user network images/domain.py defines, and where restore() keeps the forwards
+# it adds to a restored domain only once the guest runs (restore_xml below).
+_QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+NETDEV_ID = "zznet"
+FWD_NS = "urn:zz:controld:deferred-hostfwd"
+ET.register_namespace("qemu", _QEMU_NS)
+ET.register_namespace("zzfwd", FWD_NS)
+_AGENT_OPT = re.compile(rf"hostfwd=tcp:127\.0\.0\.1:\d+-:{GUEST_AGENT_PORT}")
 # A virtiofs share in a live domain's XML.
 _VIRTIOFS = re.compile(r"<driver type=['\"]virtiofs['\"]")
 BALLOON_SLACK_KIB = 1024  # the balloon driver lands on the target, give or take a page run
@@ -151,6 +160,50 @@ def guest_tuning(env: dict[str, str] | None = None) -> dict[str, Any]:
     if tb := env.get("ZZ_GUEST_TB_MIB"):
         out["tb_cache_mib"] = int(tb)
     return out
+
+
+def restore_xml(xml: str) -> tuple[str, list[str]]:
+    """The XML to restore a saved domain with, and the forwards to add once it runs.
+
+    A restored QEMU listens on every forwarded port before the guest runs; a client
+    dialling then is accepted by libslirp, whose SYN to the guest waits for an ARP answer
+    the stopped guest cannot give, expires, and is sent again only 5.5-6 s later
+    (docs/performance.md, the hibernated drills' first_reply). So every `hostfwd=` of the
+    `-netdev user,id=zznet` argument but the guest agent's (controld talks to the agent
+    right after the restore) is taken out of the command line, listed in the domain's
+    <metadata> (element `forwards` in namespace FWD_NS, one <hostfwd> each, the option's
+    value), and returned to be added with hostfwd_add. The metadata travels in the live
+    XML into the next save file, so the forwards of a domain restored before are taken
+    from it as well. ([] and `xml` unchanged: nothing to defer.)"""
+    root = ET.fromstring(xml)
+    deferred: list[str] = []
+    meta = root.find("metadata")
+    kept = meta.find(f"{{{FWD_NS}}}forwards") if meta is not None else None
+    if kept is not None:
+        deferred += [(e.text or "").strip() for e in kept.findall(f"{{{FWD_NS}}}hostfwd")]
+    netdev = None
+    for arg in root.iter(f"{{{_QEMU_NS}}}arg"):
+        opts = (arg.get("value") or "").split(",")
+        if opts[0] == "user" and f"id={NETDEV_ID}" in opts:
+            netdev = arg
+            break
+    if netdev is not None:
+        opts = (netdev.get("value") or "").split(",")
+        now = [o for o in opts if o.startswith("hostfwd=") and not _AGENT_OPT.fullmatch(o)]
+        deferred += [o.removeprefix("hostfwd=") for o in now]
+        netdev.set("value", ",".join(o for o in opts if o not in now))
+    deferred = list(dict.fromkeys(f for f in deferred if f))
+    if not deferred:
+        return xml, []
+    if meta is None:
+        meta = ET.Element("metadata")
+        root.insert(1 if root.find("name") is not None else 0, meta)
+    if kept is not None:
+        meta.remove(kept)
+    kept = ET.SubElement(meta, f"{{{FWD_NS}}}forwards")
+    for fwd in deferred:
+        ET.SubElement(kept, f"{{{FWD_NS}}}hostfwd").text = fwd
+    return ET.tostring(root, encoding="unicode"), deferred
 
 
 class LibvirtHypervisor:
@@ -250,11 +303,40 @@ class LibvirtHypervisor:
         self._call(name, "save", lambda: dom.save(str(path)))
 
     def restore(self, path: Path) -> str:
+        """Restore the saved domain with its service forwards off until the guest runs,
+        then add them (restore_xml). A forward that cannot be added destroys the domain
+        and raises HypervisorError(name, "restore"): nobody could reach its service."""
         # The name comes from the image's own XML, so an error can name the domain.
         xml = self._call(str(path), "restore", lambda: self.conn.saveImageGetXMLDesc(str(path)))
         name = ET.fromstring(xml).findtext("name") or str(path)
-        self._start(name, "restore", lambda: self.conn.restore(str(path)))
+        dxml, deferred = (xml, []) if self.is_test else restore_xml(xml)
+        if not deferred:  # test:/// (no QEMU to add forwards to), or nothing forwarded
+            self._start(name, "restore", lambda: self.conn.restore(str(path)))
+            return name
+        self._start(name, "restore", lambda: self.conn.restoreFlags(str(path), dxml, 0))
+        self._add_forwards(name, deferred)
         return name
+
+    def _add_forwards(self, name: str, forwards: list[str]) -> None:
+        """hostfwd_add (HMP; QEMU reports a failure in its output, not as an error) of each
+        forward to the running domain; on a failure the domain is destroyed."""
+        hmp = libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP
+        dom = self._dom(name, "restore")
+        try:
+            for fwd in forwards:
+                cmd = f"hostfwd_add {NETDEV_ID} {fwd}"
+                try:
+                    out = libvirt_qemu.qemuMonitorCommand(dom, cmd, hmp)
+                except libvirt.libvirtError as e:
+                    raise _mapped(name, "restore", e) from e
+                if out.strip():
+                    raise HypervisorError(name, "restore", f"{cmd}: {out.strip()}")
+        except HypervisorError:
+            try:
+                dom.destroy()
+            except libvirt.libvirtError:
+                pass  # already gone
+            raise
 
     def discard(self, path: Path) -> None:
         """A libvirt save file holds the whole guest; deleting it is all there is."""

@@ -218,6 +218,103 @@ def test_libvirt_hibernate_and_wake_on_test_driver(test_hv: Hypervisor, tmp_path
     hv.destroy(name)
 
 
+def _guest_xml() -> str:
+    """images/domain.py's XML with the agent's forward, a service's and a public one."""
+    hvl = pytest.importorskip("zz.controld.hv_libvirt")
+    dm = hvl._load_domain_module(hvl.DEFAULT_IMAGES_DIR)
+    xml: str = dm.render_domain(
+        "zz-f", "/k", "/i", console_socket="/s", hostfwds=[(17001, 7000), (17002, 7100),
+        (17003, 7200)], public_address="10.0.0.11", public_ports=(7200,),
+    )  # fmt: skip
+    return xml
+
+
+def _netdev(xml: str) -> str:
+    import xml.etree.ElementTree as ET
+
+    qemu = "{http://libvirt.org/schemas/domain/qemu/1.0}arg"
+    vals = [a.get("value") or "" for a in ET.fromstring(xml).iter(qemu)]
+    return next(v for v in vals if v.startswith("user,id=zznet"))
+
+
+def test_restore_xml_defers_service_forwards() -> None:
+    """A restored QEMU must not listen on a service's forward before its guest runs
+    (libslirp's SYN to the stopped guest is lost and sent again 6 s later): restore_xml
+    takes every forward but the agent's off the command line into the metadata, and a
+    second save/restore of the same domain (its live XML, carried by the save file)
+    gives the same forwards again."""
+    hvl = pytest.importorskip("zz.controld.hv_libvirt")
+    xml = _guest_xml()
+    out, deferred = hvl.restore_xml(xml)
+    assert deferred == ["tcp:127.0.0.1:17002-:7100", "tcp:10.0.0.11:17003-:7200"]
+    assert _netdev(out) == "user,id=zznet,net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:17001-:7000"
+    assert hvl._AGENT_FWD.search(out).group(1) == "17001"  # agent_port() still finds it
+    again, deferred2 = hvl.restore_xml(out)
+    assert deferred2 == deferred and _netdev(again) == _netdev(out)
+    assert again.count("<zzfwd:hostfwd>") == 2
+    # Nothing to defer (the test driver's XML, a guest with only the agent): unchanged.
+    plain = hvl.minimal_xml(ReplicaSpec("zz-m", Path("/tmp")))
+    assert hvl.restore_xml(plain) == (plain, [])
+    agent_only = xml.replace(",hostfwd=tcp:127.0.0.1:17002-:7100", "").replace(
+        ",hostfwd=tcp:10.0.0.11:17003-:7200", "")  # fmt: skip
+    assert hvl.restore_xml(agent_only) == (agent_only, [])
+
+
+class _SavedGuest:
+    """A libvirt connection holding one saved real guest, and its domain after the restore:
+    what restore() asks of them, in order."""
+
+    def __init__(self, xml: str, monitor_out: str = "") -> None:
+        self.xml, self.monitor_out, self.calls = xml, monitor_out, []  # type: ignore[var-annotated]
+        self.destroyed = False
+
+    def saveImageGetXMLDesc(self, path: str) -> str:
+        return self.xml
+
+    def restore(self, path: str) -> None:
+        self.calls.append(("restore", path))
+
+    def restoreFlags(self, path: str, dxml: str, flags: int) -> None:
+        self.calls.append(("restoreFlags", dxml))
+
+    def lookupByName(self, name: str) -> _SavedGuest:
+        return self
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+def test_libvirt_restore_adds_service_forwards_once_the_guest_runs(
+    test_hv: Hypervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hvl = pytest.importorskip("zz.controld.hv_libvirt")
+    hv: Any = test_hv
+    real, guest = hv.conn, _SavedGuest(_guest_xml())
+
+    def monitor(dom: Any, cmd: str, flags: int) -> str:
+        dom.calls.append(("monitor", cmd))
+        return str(dom.monitor_out)
+
+    monkeypatch.setattr(hvl.libvirt_qemu, "qemuMonitorCommand", monitor)
+    try:
+        hv.conn, hv.is_test = guest, False
+        assert hv.restore(tmp_path / "s.save") == "zz-f"
+        (what, dxml), *adds = guest.calls
+        assert what == "restoreFlags" and "17002" not in _netdev(dxml)
+        assert adds == [("monitor", "hostfwd_add zznet tcp:127.0.0.1:17002-:7100"),
+                        ("monitor", "hostfwd_add zznet tcp:10.0.0.11:17003-:7200")]  # fmt: skip
+        assert not guest.destroyed
+        # QEMU answers a forward it cannot set up in the command's output: the restored
+        # domain is destroyed and the restore fails, naming the domain.
+        hv.conn = guest = _SavedGuest(_guest_xml(), "Could not set up host forwarding rule")
+        with pytest.raises(HypervisorError, match="Could not set up") as ei:
+            hv.restore(tmp_path / "s.save")
+        assert ei.value.name == "zz-f" and ei.value.action == "restore" and guest.destroyed
+        assert len([c for c in guest.calls if c[0] == "monitor"]) == 1
+    finally:
+        hv.conn, hv.is_test = real, True
+
+
 def test_libvirt_real_guest_needs_an_image(tmp_path: Path) -> None:
     libvirt = pytest.importorskip("libvirt")
     try:
