@@ -59,7 +59,15 @@ fi
 if ! pgrep -x zfs-fuse >/dev/null 2>&1; then
     rm -f /var/run/zfs-fuse.pid /run/zfs-fuse.pid
     say "starting zfs-fuse"
-    zfs-fuse
+    # Without the caller's open files (fd 3 and up): a daemon started under `flock LOCK
+    # setup.sh` kept the lock for its whole life, and every later flock waited on it.
+    (
+        for fd in /proc/self/fd/*; do
+            n=${fd##*/}
+            if [ "$n" -gt 2 ]; then eval "exec $n>&-" 2>/dev/null || true; fi
+        done
+        exec zfs-fuse
+    )
 fi
 for _ in $(seq 1 50); do
     if zpool list >/dev/null 2>&1; then
