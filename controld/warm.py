@@ -39,9 +39,9 @@ from zz.atomicfile import write_atomic
 from zz.config import Config, Service
 from zz.controld import inventory as inv
 from zz.controld.inventory import Inventory
-from zz.execution.recovery import PeerSource
 from zz.snapshots.fetch import Source, SourceError
 from zz.snapshots.manifest import Manifest, ManifestError, newest_manifest_path
+from zz.snapshots.peersource import PeerSource
 from zz.snapshots.warm import WARM_DIR, WARM_MAX_FILE, warm_name
 
 log = logging.getLogger("zz.controld.warm")

@@ -29,7 +29,6 @@ from zz.execution.checkpointing import MISMATCH_LIST, STORE_KINDS, Checkpoints
 from zz.execution.drillfaults import DrillFaults
 from zz.execution.recovery import (
     CertifiedVouches,
-    PeerSource,
     RecoveryError,
     StableVotes,
     fetch_manifest,
@@ -45,6 +44,7 @@ from zz.snapshots.copies import Place
 from zz.snapshots.fetch import FetchError, SourceRanking, StaleCheckpoint, StateFetcher
 from zz.snapshots.fileserve import COPY, FILE_SEND_TIMEOUT, Challenge, FileRead, bad_range
 from zz.snapshots.manifest import MEMORY_PATH, Manifest, ManifestBuilder, ManifestError
+from zz.snapshots.peersource import PeerSource
 from zz.snapshots.warm import WARM_DIR, WarmFiles
 
 log = logging.getLogger("zz.execution")

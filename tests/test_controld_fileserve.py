@@ -24,11 +24,12 @@ from tests import zfs_pool
 from zz import keys, wire
 from zz.controld.daemon import ConnLimits
 from zz.crypto import SigningKey
-from zz.execution.recovery import PeerSource, SourceError
 from zz.naming import zfs_dataset
 from zz.snapshots.dirstore import DirStore
+from zz.snapshots.fetch import SourceError
 from zz.snapshots.fileserve import CHALLENGE, MAX_CHUNK, REFUSED
 from zz.snapshots.manifest import scan
+from zz.snapshots.peersource import PeerSource
 from zz.snapshots.store import checkpoint_name
 from zz.snapshots.zfs import ZfsStore, run_zfs
 

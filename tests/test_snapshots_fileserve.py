@@ -15,7 +15,6 @@ from zz import keys, wire
 from zz.config import Config
 from zz.crypto import SigningKey
 from zz.execution import runtime
-from zz.execution.recovery import PeerSource
 from zz.execution.runtime import Runtime, RuntimeOptions
 from zz.snapshots import open_store
 from zz.snapshots.fetch import SourceError, StateFetcher
@@ -32,6 +31,7 @@ from zz.snapshots.fileserve import (
     SnapshotFiles,
 )
 from zz.snapshots.manifest import Manifest, scan
+from zz.snapshots.peersource import PeerSource
 from zz.snapshots.store import CheckpointStore, checkpoint_name
 
 zfs_daemon, pool = zfs_pool.zfs_daemon, zfs_pool.pool  # the fixtures, found here by pytest
