@@ -39,6 +39,7 @@ from zz.atomicfile import write_atomic
 from zz.config import Config, Service
 from zz.controld import inventory as inv
 from zz.controld.inventory import Inventory
+from zz.crypto import NULL_DIGEST
 from zz.snapshots.fetch import Source, SourceError
 from zz.snapshots.manifest import Manifest, ManifestError, newest_manifest_path
 from zz.snapshots.peersource import PeerSource
@@ -118,7 +119,7 @@ class WarmStager:
         controlds only. Also False while files no source had are missing (up to RETRIES
         times, so that a file no source has holds the next checkpoint up for two turns at
         most): `staged_seq` moves only once the checkpoint is staged whole."""
-        enc = self._fetch(seq, "", 0, b"\0" * 32, probe=probe)
+        enc = self._fetch(seq, "", 0, NULL_DIGEST, probe=probe)
         if enc is None:
             self.counters["manifest_missed"] += 1
             return False
