@@ -393,7 +393,7 @@ def hash_file_keep(path: Path, limit: int) -> tuple[FileEntry, bytes | None]:
         if e.errno == 40:  # ELOOP: the last component is a symlink
             raise ManifestError(f"{path}: symbolic link, not allowed in state") from e
         raise
-    try:
+    try:  # os calls, not a file object: it stats the file again (a round trip on a share)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ManifestError(f"{path}: not a regular file ({_kind(st.st_mode)})")
