@@ -1556,6 +1556,9 @@ class Runtime:
             **self.ckpt.status(),  # last and stable checkpoint, checkpoints, mismatches
             "agreement_links_up": sum(1 for link in self._links if link.up),
             "agreement_links_answered": sum(1 for link in self._links if link.up and link.answered),
+            "peer_links_up": sorted(
+                wire.principal_kind(link.peer)[1] for link in self._peer_links if link.up
+            ),
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
             "slow_reports": list(self.slow_reports),

@@ -57,6 +57,7 @@ def start_rig(
                 rig.wait_linked(i)
         for i in replicas:
             rig.wait_linked(i)
+        rig.wait_peers_linked(replicas)
         yield rig
         ok = True
     finally:

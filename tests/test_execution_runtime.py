@@ -320,6 +320,18 @@ class Rig:
             f"execution replica {i} connected to every agreement replica",
         )
 
+    def wait_peers_linked(self, replicas: list[int]) -> None:
+        """Every replica in `replicas` connected to every other one: until then a peer's
+        EXEC-CHECKPOINT may be missed (only the last two are sent again on connect), and
+        that replica sees a later checkpoint stable but not this one."""
+        for i in replicas:
+            want = sorted(j for j in replicas if j != i)
+            self.wait(
+                lambda i=i, want=want: set(want)
+                <= set(self.execs.status(i).get("peer_links_up", [])),
+                f"execution replica {i} connected to its peers {want}",
+            )
+
     def invoke_all(self, ops: list[bytes], client_index: int = 0) -> list[bytes]:
         async def drive() -> list[bytes]:
             client = self.cluster.client(client_index)
