@@ -163,9 +163,11 @@ def test_short_power_loss_run(tmp_path: Path) -> None:
                       tail_s=0.5, clients=3, http_clients=2, bound_s=30.0,
                       reboot=0.5)  # fmt: skip
     lines: list[str] = []
-    doc: dict[str, Any] = pl.run_powerloss(opts, 11, tmp_path / "out", lines.append,
-                                           workdir=tmp_path)  # fmt: skip
-    print("\n".join(lines))
+    try:
+        doc: dict[str, Any] = pl.run_powerloss(opts, 11, tmp_path / "out", lines.append,
+                                               workdir=tmp_path)  # fmt: skip
+    finally:
+        print("\n".join(lines))  # what each event did, also when the run raised
     # DEGRADED: every check held, but an agreement replica was left in another view after
     # a start (the service runs on the others; reported, docs/operations.md "Power loss").
     assert doc["result"] in ("PASS", "DEGRADED"), (doc["problems"], lines)

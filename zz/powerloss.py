@@ -80,6 +80,7 @@ from zz.campaign import down
 from zz.client import Client, ClientParams, ClientTimeout
 from zz.config import Config, Service, load
 from zz.drill.load import Load, check_acked_posts, entries, kv_step, start_http_load
+from zz.drill.rack import DrillError
 from zz.http import CLIENT_ERRORS
 from zz.ports import free_base
 from zz.procrack import leftover_pids, repo_env, spawn, terminate
@@ -529,6 +530,7 @@ class Run:
         except rackctl.RackError as e:
             ev.start_s = round(time.monotonic() - t, 2)
             ev.problems.append(f"{what}: zz rack start failed: {e}")
+            self.progress(f"    {what}: zz rack start failed after {ev.start_s} s: {e}")
             return False
         ev.start_s = round(time.monotonic() - t, 2)
         return True
@@ -753,7 +755,10 @@ class Run:
                                 if k > 1 and m not in acked]  # fmt: skip
                     ev.checked["http_entries"] = len(got)
                     self.http_checked_id = max(acked.values(), default=0)
-                except (OSError, ValueError, TimeoutError, *CLIENT_ERRORS) as e:
+                except (OSError, ValueError, TimeoutError, DrillError, *CLIENT_ERRORS) as e:
+                    # An error status (the proxy's 504 when the service is down) is a
+                    # problem of this event, not the end of the run: the event's own
+                    # problems (a failed start) are what says why.
                     ev.problems.append(f"{WEB}: cannot read /entries.json: {e}")
         v = await asyncio.to_thread(Verdicts.read, self.config)
         ev.convictions = [t for k, t in sorted(v.convictions.items())
