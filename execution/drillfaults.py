@@ -29,6 +29,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,9 @@ class DrillFaults:
         # Checkpoints above the stable one that were snapshotted corrupted.
         self._corrupted: set[int] = set()
         self.corrupt_lie_from: int | None = None
+        # Called when the fault file switched the fault: the runtime writes its status at
+        # once (a drill waits for it there before it lets its load go on).
+        self.on_switch: Callable[[], None] = lambda: None
         # A drill holds the lies back (fault file "lie": false) until it has seen a
         # corrupted checkpoint stable, so that it knows when the lies start.
         self.corrupt_lies = True
@@ -223,3 +227,4 @@ class DrillFaults:
             log.warning("drill: injected fault now %s", fault)
             self.counters["fault_switches"] += 1
             self.fault = fault
+            self.on_switch()

@@ -308,6 +308,7 @@ class Runtime:
         # Set when a link comes up: the status file says so at once, not at the next
         # second's write (controld and `zz rack up` wait for every link in that file).
         self._status_changed = asyncio.Event()
+        self.faults.on_switch = self._status_changed.set
         self._server: asyncio.base_events.Server | None = None
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()

@@ -109,10 +109,14 @@ def test_runtime_switches_its_fault_from_the_fault_file(tmp_path: Path) -> None:
     path.write_text('{"fault": "wrong-reply"}')
     rt.faults.read_file(path)
     assert rt.faults.fault == "wrong-reply" and rt.counters["fault_switches"] == 1
+    # A switch has the status written at once: a drill waits for it there (--cp-phase).
+    assert rt._status_changed.is_set()
+    rt._status_changed.clear()
     for bad in ("{", '{"fault": "eat-cpu"}', "[1]"):
         path.write_text(bad)
         rt.faults.read_file(path)
     assert rt.faults.fault == "wrong-reply" and rt.counters["bad_fault_file"] == 3
+    assert not rt._status_changed.is_set()
     path.write_text('{"fault": null}')
     rt.faults.read_file(path)
     assert rt.faults.fault is None

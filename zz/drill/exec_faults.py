@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 # How long a corrupt-snapshot victim may take to have a corrupted checkpoint
 # stable: up to two checkpoint intervals of load (TCG guests: ~10 s each).
 CORRUPT_WAIT_S = 120.0
+# How long an aligned fault (--cp-phase) waits for the faulty replica's status to show it.
+FAULT_ON_PATIENCE_S = 5.0
 _EXEC_NAME = re.compile(r"(.+)/exec-(\d+)")
 
 
@@ -59,9 +61,27 @@ class ExecFault(DrillKind):
 
     async def faulty_runtime(self, s: Service, i: int, fault: str) -> int:
         """Make replica i faulty; controld keeps owning it, so a SHUTDOWN certificate
-        finds it. The fault starts within 20 ms (Rack.switch_fault); returns when."""
+        finds it. The fault starts within 20 ms (Rack.switch_fault); returns when. With
+        the load paused (--cp-phase), when the replica's status shows the fault on (it
+        writes it as soon as it read the switch): the batch right after the fault's seq
+        is then the first one it runs faulty, and the fault's clock starts there. (Let
+        go at once, that batch could run before the replica read the switch: the drill
+        then counted a correct batch and its checkpoint into the detection, and the round
+        came a seq later.)"""
         await self.drill.rack.switch_fault(s, i, fault)
         self.drill.faulted.append(f"{s.name}/exec-{i} ({fault})")
+        if getattr(self.drill.args, "cp_phase", None) is not None:
+            t_end = time.monotonic() + FAULT_ON_PATIENCE_S
+            while time.monotonic() < t_end:
+                st = await self.drill.rack.runtime_status(s, i)
+                if st.get("inject_fault") == fault:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                self.drill.notes.append(
+                    f"{s.name}/exec-{i}: its status did not show the fault {fault} within"
+                    f" {FAULT_ON_PATIENCE_S:.0f} s; the load went on regardless"
+                )
         return time.monotonic_ns()
 
     def judge(self, r: rp.DrillReport, obs: Observer) -> None:
