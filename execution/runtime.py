@@ -321,10 +321,12 @@ class Runtime:
         # agreement replicas (so not executing) until controld's wake notice.
         self.asleep = opts.asleep
         self._wake_poked = False
+        self._poked_at: float | None = None  # when the last SIGUSR1 came (wake_marks `poked`)
         self.stable_votes = StableVotes(service.g)
         self.vouches = CertifiedVouches(service.g)
         self.replay: dict[str, Any] = {}
         self.slow_reports: deque[dict[str, float]] = deque(maxlen=16)
+        self.checkpoint_reports: deque[dict[str, float]] = deque(maxlen=8)
         # Milliseconds of the last checkpoint's parts and the slowest of each (status).
         self.checkpoint_ms: dict[str, float] = {}
         self.checkpoint_ms_max: dict[str, float] = {}
@@ -349,7 +351,9 @@ class Runtime:
         # stayed silent until it was convicted (campaign seed 3302 round 3 at f = 2).
         self._notice_at_start = self._notice_taken
         # The steps of this replica's latest wake-up on its time.monotonic() clock (status
-        # `wake_marks`, with `mono_now`): noticed (the wake notice taken) or started (a
+        # `wake_marks`, with `mono_now`): noticed (the wake notice taken; with it
+        # poll_before and poll_looked, the notice poll's looks before and at it, poked, the
+        # guest agent's SIGUSR1, notice_read and links_started) or started (a
         # runtime started at the wake; before it the guest agent's steps, and after it
         # main, config_loaded, keys_loaded, state_opened, listening), link_up,
         # recover_start, recovered, replay_first and replay_last (certified batches run
@@ -968,9 +972,19 @@ class Runtime:
         now = time.monotonic()
         first, ready = arrival
         total = now - first
+        ready = started if ready is None else ready
+        if seq % self.cp < 4:
+            # Status `checkpoint_reports`, on this runtime's monotonic clock: the steps of
+            # the reports of the latest checkpoint seqs and the three batches after each
+            # (zz drill splits a detection there), and whether a drill's fault was on.
+            self.checkpoint_reports.append(
+                {"seq": seq, "first_vote": round(first, 4), "ready": round(ready, 4),
+                 "started": round(started, 4), "done": round(done, 4),
+                 "checkpoint_from": round(ckpt_from, 4), "sent": round(now, 4),
+                 "fault": 1 if self.faults.fault else 0}
+            )  # fmt: skip
         if total < SLOW_REPORT_S:
             return
-        ready = started if ready is None else ready
         checkpoint = now - ckpt_from if seq % self.cp == 0 else 0.0
         parts = {
             "votes": ready - first,
@@ -1210,11 +1224,14 @@ class Runtime:
         cluster's stable checkpoint now, not when the stall check next fires."""
         path = self.state_dir / WAKE_NOTICE
         seen = self._notice_at_start
+        looked = time.monotonic()
         while True:
             await asyncio.sleep(_WAKE_POLL)
+            before, looked = looked, time.monotonic()
             now = _mtime(path)
             poked, self._wake_poked = self._wake_poked, False
-            if (now is None or now == seen) and not poked:
+            changed = now is not None and now != seen
+            if not changed and not poked:
                 continue
             seen = now
             try:
@@ -1226,6 +1243,14 @@ class Runtime:
                 self._notice_taken = now
                 self._new_wake()
                 self._take_fault_seq(notice.get("recovering_from_seq"))
+                # How it was noticed (status `recovery`): by the poll or by the guest
+                # agent's poke, and the poll's look before (its sleep's overshoot).
+                self.wake_marks["poll_before"] = round(before, 4)
+                self.wake_marks["poll_looked"] = round(looked, 4)
+                self.recovery["noticed_by"] = "poll" if changed else "poke"
+                if poked and self._poked_at is not None:
+                    self.wake_marks["poked"] = round(self._poked_at, 4)
+            self.wake_marks.setdefault("notice_read", round(time.monotonic(), 4))
             self.recovery["woken_at"] = notice.get("woken_at")
             self.recovery["noticed_at"] = time.time()
             log.info(
@@ -1234,6 +1259,7 @@ class Runtime:
             )
             if self.asleep:
                 self._start_links()  # registration is the links' on_connect
+                self._mark("links_started")
                 continue
             self._register_again()
 
@@ -1275,7 +1301,10 @@ class Runtime:
         explains that (fixed: _notice_at_start); the poke stays as the guest agent's
         direct signal."""
         self._wake_poked = True
+        self._poked_at = time.monotonic()
         self.counters["wake_pokes"] += 1
+        if "noticed" in self.wake_marks:
+            self.wake_marks.setdefault("poked", round(self._poked_at, 4))
 
     # ---- recovery (execution/recovery.py, docs/recovery.md) -------------------------
 
@@ -1563,6 +1592,7 @@ class Runtime:
             "clients_connected": len(self._clients),
             "pending_seqs": len(self.collector.pending()),
             "slow_reports": list(self.slow_reports),
+            "checkpoint_reports": list(self.checkpoint_reports),
             "checkpoint_ms": dict(self.checkpoint_ms),
             "checkpoint_ms_max": dict(self.checkpoint_ms_max),
             "reports_kept": len(self.sent_reports),
@@ -1577,6 +1607,7 @@ class Runtime:
             "files_pending": len(self.fetcher.pending()) if self.fetcher is not None else 0,
             "fetch": self._fetch_counters(),
             "warm": dict(sorted(self.warm.counters.items())),
+            "warm_missed": list(self.warm.missed_paths),
         }
 
     def _fetch_counters(self) -> dict[str, int]:

@@ -402,6 +402,7 @@ class StateFetcher:
                 self._install(rel, staged)
                 self.counters["fetched_warm"] += 1
                 return
+            self.warm.note_miss(rel)
         reasons = []
         stale = False
         with self._lock:

@@ -57,6 +57,13 @@ class WarmFiles:
         self.root = Path(root)
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        # The first paths looked for and not found (runtime status `warm_missed`).
+        self.missed_paths: list[str] = []
+
+    def note_miss(self, path: str) -> None:
+        with self._lock:
+            if len(self.missed_paths) < 16:
+                self.missed_paths.append(path)
 
     def _count(self, what: str) -> None:
         with self._lock:

@@ -222,6 +222,52 @@ def test_a_spare_paused_before_its_wake_watch_ran_still_wakes(tmp_path: Path) ->
     asyncio.run(run())
     assert not rt.asleep and rt.counters["wake_notices"] == 1
     assert rt._fault_seq == 7
+    # The wake's steps (status wake_marks): the poll's look that found the notice, the
+    # notice taken and read, the links started; noticed by the poll, not a poke.
+    m = rt.wake_marks
+    assert m["poll_before"] <= m["poll_looked"] <= m["noticed"] <= m["notice_read"], m
+    assert m["notice_read"] <= m["links_started"] and "poked" not in m, m
+    assert rt.recovery["noticed_by"] == "poll"
+
+
+def test_a_poked_spare_takes_the_notice_and_marks_the_poke(tmp_path: Path) -> None:
+    """The guest agent's SIGUSR1 (poke_wake) makes the watch read the notice whatever its
+    mtime says; the wake's marks say it was the poke and when it came."""
+    import asyncio
+    import os
+
+    from zz.execution.runtime import WAKE_NOTICE
+
+    ctx = _ctx(tmp_path)
+    state = tmp_path / "st"
+    state.mkdir()
+    notice = state / WAKE_NOTICE
+    notice.write_text(json.dumps({"recovering_from_seq": 9, "awake": [1]}))
+    os.utime(notice, ns=(10**9, 10**9))
+    rt = Runtime(
+        ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=state, asleep=True)
+    )
+    rt._notice_taken = None  # a notice before this runtime, taken as new only when poked
+
+    async def run() -> None:
+        await rt.start()
+        try:
+            for _ in range(5):
+                await asyncio.sleep(0.02)
+            assert rt.asleep  # its mtime is the one seen at the start: no wake
+            rt.poke_wake()
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not rt.asleep:
+                    break
+        finally:
+            await rt.shutdown()
+
+    asyncio.run(run())
+    assert not rt.asleep and rt._fault_seq == 9
+    assert rt.recovery["noticed_by"] == "poke"
+    m = rt.wake_marks
+    assert m["poked"] <= m["poll_looked"] <= m["noticed"] <= m["links_started"], m
 
 
 def test_a_running_guest_takes_a_slots_new_key_from_its_host(tmp_path: Path) -> None:

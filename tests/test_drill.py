@@ -343,6 +343,36 @@ def test_agreed_log_times_are_utc() -> None:
     assert obs_mod.log_time("zz-agreed: no stamp") is None
 
 
+def _runtime_entry(written: float, mono_now: float, marks: dict[str, float]) -> dict[str, object]:
+    status = {"wake_marks": marks, "mono_now": mono_now}
+    return {"service": "kv0", "index": 2, "status": status, "status_written_at": written}
+
+
+def test_woken_runtime_marks_are_placed_by_its_first_status_after_the_resume() -> None:
+    """A guest's monotonic clock stands still while it is paused and may run at another
+    rate than the host's: the marks of its wake are placed on the host's clock by the
+    first status it wrote after the resume, not by the last one (here 20 s later, its
+    clock 1% slow: 0.2 s off), and the drift is noted."""
+    o = obs_mod.Observer(config=None, services=[])  # type: ignore[arg-type]
+    marks = {"noticed": 500.02, "link_up": 500.1}
+    wake = {"service": "kv0", "index": 2, "accepted_at": 99.99, "resumed_at": 100.0}
+    before = {"runtimes": [_runtime_entry(90.0, 495.0, {})], "wakes": []}
+    o._take_clocks(before)  # written before the pause: another offset
+    for written, mono in ((100.3, 500.3), (110.3, 510.2), (120.3, 520.1)):
+        st = {"runtimes": [_runtime_entry(written, mono, marks)], "wakes": [wake]}
+        o._take_clocks(st)
+        o.controld["h2"] = st
+    got = obs_mod.recovery_marks(o, {}, 99.0, "kv0")["kv0/2"]
+    assert got["noticed"] == pytest.approx(1.02) and got["link_up"] == pytest.approx(1.1)
+    assert got["runtime_ready"] == pytest.approx(1.1)
+    assert o.clock_notes["kv0/2"]["offset_moved_ms"] == pytest.approx(200.0)
+    # With no status seen after the resume, the last one places them, as before.
+    o2 = obs_mod.Observer(config=None, services=[])  # type: ignore[arg-type]
+    o2.controld["h2"] = {"runtimes": [_runtime_entry(120.3, 520.1, marks)], "wakes": [wake]}
+    late = obs_mod.recovery_marks(o2, {}, 99.0, "kv0")["kv0/2"]
+    assert late["noticed"] == pytest.approx(1.22)
+
+
 def test_png_for_an_empty_timeline(tmp_path: Path) -> None:
     """A drill that died before any operation still writes a (flat) picture."""
     js, png = rp.write(rp.DrillReport("crash", "rt", "kv0", 0.0), tmp_path)

@@ -25,6 +25,8 @@ from zz.config import Config, Service
 from zz.rackctl import operator_call
 
 POLL_S = 0.1
+# Status samples kept per runtime (Observer.runtime_clock): 40 s of polls.
+_CLOCK_SAMPLES = 400
 
 
 @dataclass
@@ -54,6 +56,16 @@ class Observer:
     # off: each call to it takes the 3 s timeout); the status calls still running, by host.
     unwaited: set[str] = field(default_factory=set)
     _asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Per runtime ("svc/index"), each status file seen: (its mtime on the host's clock, that
+    # less the status's `mono_now`): the offset that places the runtime's wake_marks on the
+    # host's clock, in the order seen (recovery_marks takes the first after a wake).
+    runtime_clock: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    clock_notes: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Per runtime, the steps of each checkpoint seq's report it showed (status
+    # `checkpoint_reports`), on the host's wall clock: zz drill splits detection by them.
+    checkpoint_reports: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    # Per sleeping replica, the last status of its host's warm stager seen (controld/warm.py).
+    warm_last: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def now(self) -> int:
         return time.monotonic_ns()
@@ -112,6 +124,7 @@ class Observer:
                 return
             old = self.controld.get(h.name)
             self.controld[h.name] = st
+            self._take_clocks(st)
             if old is None:
                 self.recent_seen |= {f"{h.name} {line}" for line in st.get("recent", [])}
                 return
@@ -144,6 +157,29 @@ class Observer:
         for name, t in list(self._asking.items()):
             if t.done():
                 del self._asking[name]
+
+    def _take_clocks(self, st: dict[str, Any]) -> None:
+        for who, w in (st.get("warm") or {}).items():
+            if isinstance(w, dict):
+                self.warm_last[who] = w  # a stager goes once its replica is awake
+        for e in st.get("runtimes", []):
+            status, written = e.get("status"), e.get("status_written_at")
+            if not isinstance(status, dict) or not isinstance(written, int | float):
+                continue
+            now = status.get("mono_now")
+            if not isinstance(now, int | float):
+                continue
+            who = f"{e.get('service')}/{e.get('index')}"
+            seen = self.runtime_clock.setdefault(who, [])
+            if not seen or seen[-1][0] != written:
+                seen.append((written, written - now))
+                del seen[:-_CLOCK_SAMPLES]
+            for rep in status.get("checkpoint_reports", []):
+                if isinstance(rep, dict) and isinstance(rep.get("seq"), int):
+                    # On the host's clock by this status's offset.
+                    self.checkpoint_reports.setdefault(who, {}).setdefault(rep["seq"], {
+                        k: v if k == "fault" else v + written - now for k, v in rep.items()
+                        if k != "seq" and isinstance(v, int | float)})  # fmt: skip
 
     def mark_fault(self) -> None:
         self.fault_ns = time.monotonic_ns()
@@ -292,16 +328,40 @@ def recovery_marks(
                               ("agent_woke_at", "agent_woke")):  # fmt: skip
                 if isinstance(w.get(key), int | float):
                     m[name] = rel(w[key])
-            m.update(_runtime_marks(obs, service, w.get("index"), fault_wall, w["accepted_at"]))
+            after = w.get("resumed_at", at)
+            m.update(_runtime_marks(obs, service, w.get("index"), fault_wall, at, after))
             out[who] = m
     return out
 
 
+def _wake_offset(obs: Observer, who: str, after: float) -> float | None:
+    """The runtime's clock offset (host wall - its monotonic) from the first status it
+    wrote after `after` (the resume): a guest's monotonic clock stands still while it is
+    paused, and may run at another rate than the host's, so the offset taken nearest the
+    wake places its marks best. Notes in `obs.clock_notes[who]` how far the offset moved
+    from then to the last status."""
+    seen = [s for s in obs.runtime_clock.get(who, []) if s[0] >= after]
+    if not seen:
+        return None
+    (w0, o0), (w1, o1) = seen[0], seen[-1]
+    obs.clock_notes[who] = {"first_status_after_s": round(w0 - after, 3),
+                            "span_s": round(w1 - w0, 3),
+                            "offset_moved_ms": round((o1 - o0) * 1000, 1)}  # fmt: skip
+    return o0
+
+
 def _runtime_marks(
-    obs: Observer, service: str, index: object, fault_wall: float, since: float
+    obs: Observer,
+    service: str,
+    index: object,
+    fault_wall: float,
+    since: float,
+    resumed: float | None = None,
 ) -> dict[str, float]:
     """The woken runtime's wake_marks after `since` (wall clock), seconds after the fault;
-    `runtime_ready`: when it connected to the agreement replicas (else noticed/started)."""
+    `runtime_ready`: when it connected to the agreement replicas (else noticed/started).
+    Placed on the host's clock by the first status written after `resumed` (else by the
+    last one)."""
     for st in obs.controld.values():
         for e in st.get("runtimes", []):
             if e.get("service") != service or e.get("index") != index:
@@ -312,10 +372,15 @@ def _runtime_marks(
             marks, now = status.get("wake_marks"), status.get("mono_now")
             if not isinstance(marks, dict) or not isinstance(now, int | float):
                 return {}
+            offset = written - now
+            if resumed is not None:
+                first = _wake_offset(obs, f"{service}/{index}", resumed)
+                if first is not None:
+                    offset = first
             out = {
-                k: round(written - (now - v) - fault_wall, 4)
+                k: round(offset + v - fault_wall, 4)
                 for k, v in marks.items()
-                if isinstance(v, int | float) and written - (now - v) >= since - 0.05
+                if isinstance(v, int | float) and offset + v >= since - 0.05
             }
             ready = out.get("link_up", out.get("noticed", out.get("started")))
             if ready is not None:

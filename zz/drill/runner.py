@@ -491,6 +491,33 @@ class Drill:
             if r.first_correct_reply_s is not None:
                 m["first_correct_reply"] = round(r.first_correct_reply_s, 4)
         r.details["recovery_marks"] = marks
+        r.details["fault_wall"] = round(self.fault_wall, 6)
+        if obs.clock_notes:
+            r.details["runtime_clock"] = dict(obs.clock_notes)
+        # The woken replicas' warm stagers as last seen before they were awake.
+        r.details["warm_stagers"] = {w: obs.warm_last[w] for w in marks if w in obs.warm_last}
+        # Detection at a checkpoint seq: each runtime's report of the round's seq, its steps
+        # in seconds after the fault (first commit vote, execution, checkpoint, sent).
+        split = {}
+        for st in obs.controld.values():
+            for w in st.get("wakes", []):
+                seq, at = w.get("seq"), w.get("accepted_at")
+                if w.get("service") != self.service.name or not isinstance(seq, int):
+                    continue
+                if not isinstance(at, int | float) or at < self.fault_wall:
+                    continue
+                base = seq - seq % self.config.rack.checkpoint_interval
+                for who, reps in obs.checkpoint_reports.items():
+                    if not who.startswith(f"{self.service.name}/"):
+                        continue
+                    for n in range(base, seq + 1):
+                        if n in reps:
+                            split[f"{who}@{n}"] = {
+                                k: v if k == "fault" else round(v - self.fault_wall, 4)
+                                for k, v in reps[n].items()}  # fmt: skip
+                if split:
+                    r.details["checkpoint_report_steps"] = {"seq": seq, **split}
+                break
         first = min(marks.values(), key=lambda m: m.get("wakeup_accepted", math.inf))
         r.phases = rp.recovery_phases(first)
 
