@@ -203,20 +203,48 @@ def rack_pids(config: Config) -> list[int]:
     return sorted(pids | set(rackctl.rack_leftovers(config)))
 
 
+def _threads_left(pid: int) -> bool:
+    """Whether a thread of process `pid` has not exited yet (a zombie leader may still
+    have some: /proc/<pid>/task lists them)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] not in "ZX":
+            return True
+    return False
+
+
 def power_cut(config: Config) -> list[int]:
     """Power loss: SIGSTOP every process of the rack first, so that none sees another die
     (no log line, no last write, no closed connection acted on), then SIGKILL each (and its
     process group: anything it spawned). Returns the pids killed."""
-    pids = rack_pids(config)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
+    # Listed again until nothing new shows: a process forked after a listing, before its
+    # parent stopped (a controld starting a runtime), would escape the cut. A stopped
+    # process forks no more, so the listing ends.
+    pids: list[int] = []
+    while new := [p for p in rack_pids(config) if p not in pids]:
+        for pid in new:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+                os.kill(pid, signal.SIGSTOP)
+        pids += new
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while any(rackctl.start_ticks(p) is not None for p in pids):
+    # Gone means every thread gone: a runtime's leader thread is a zombie while a worker
+    # thread still finishes its system call (a checkpoint's file copy), and the process's
+    # sockets close only with the last thread; `zz rack start` right then failed on
+    # "ports in use" for that runtime's port (a CI run, and a long run here).
+    while any(_threads_left(p) for p in pids):
         if time.monotonic() > deadline:
             raise PowerLossError(f"processes {pids} still alive 30 s after SIGKILL")
         time.sleep(0.02)
