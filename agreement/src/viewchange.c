@@ -6,6 +6,7 @@
 
 #include "byz.h"
 #include "choose.h"
+#include "log.h"
 #include "replica.h"
 
 static uint64_t vc_timeout(const zz_replica *r)
@@ -48,6 +49,10 @@ void zz_start_view_change(zz_replica *r, uint32_t new_view)
         return;
     if (new_view == r->view && !r->in_vc)
         return;
+    zz_log("zz-agreed: replica %u: view change to view %u (from %u%s; stable %llu, executed "
+           "through %llu, next timer %llu ms)\n", r->id, new_view, r->view,
+           r->in_vc ? ", itself a view change" : "", (unsigned long long)r->stable,
+           (unsigned long long)r->last_exec, (unsigned long long)vc_timeout(r));
     r->view = new_view;
     r->in_vc = 1;
     r->st.view_changes++;
@@ -192,9 +197,14 @@ static void install_new_view(zz_replica *r, uint64_t min_s, const zz_choice *ch,
                 break;
             }
     uint64_t max_s = min_s;
-    for (uint32_t i = 0; i < nch; i++) {
+    for (uint32_t i = 0; i < nch; i++)
         if (ch[i].seq > max_s)
             max_s = ch[i].seq;
+    zz_log("zz-agreed: replica %u: in view %u (NEW-VIEW of %u VIEW-CHANGEs, from stable %llu: "
+           "%llu seqs carried over; stable %llu, executed through %llu)\n", r->id, r->view, nvc,
+           (unsigned long long)min_s, (unsigned long long)(max_s - min_s),
+           (unsigned long long)r->stable, (unsigned long long)r->last_exec);
+    for (uint32_t i = 0; i < nch; i++) {
         if (ch[i].seq <= r->last_exec)
             continue;
         zz_slot *s = zz_slot_get(r, ch[i].seq);
