@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from conftest import RACK_TOML
 
 from zz import keys
@@ -302,3 +303,21 @@ def test_a_running_guest_takes_a_slots_new_key_from_its_host(tmp_path: Path) -> 
     assert not list(guest_keys.rglob("*.new"))
     # A guest with no key copy (not provisioned here, or a fake guest) is left alone.
     assert actions.refresh_guest_keys(ctx, svc, tmp_path / "none") == 0
+
+
+def test_the_status_takes_mono_now_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host places a runtime's marks by its status file's mtime and `mono_now`: the
+    clock is read after the status is encoded, right before the bytes are written, so the
+    encoding's time (10-100 ms in the guests) does not shift the marks."""
+    from zz.execution import runtime as rtmod
+
+    ctx = _ctx(tmp_path)
+    rt = Runtime(ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=tmp_path / "st"))
+    rt.status_path.parent.mkdir(parents=True, exist_ok=True)
+    clock = iter([100.0, 200.0, 300.0])  # status() reads it first, _with_mono_now last
+    monkeypatch.setattr(rtmod.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(rt, "status", lambda: {"index": 0, "mono_now": rtmod.time.monotonic()})
+    rt._write_status()
+    st = json.loads(rt.status_path.read_text())
+    assert st == {"index": 0, "mono_now": 200.0}
+    assert json.loads(rtmod._with_mono_now("{}")).keys() == {"mono_now"}
