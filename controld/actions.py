@@ -54,6 +54,33 @@ from zz.wire import exec_principal
 # of the core, so the next spare is there within minutes even when the actives are busy.
 SPARE_BOOT_SHARES = 256
 SPARE_BOOT_NICE = 10
+# A woken replica's CPU weight until the round it was woken for is settled: the service
+# waits for it (its report makes the f+1 matching replies), and its resume is a chain of
+# host threads each waiting for a CPU (the vCPU, QEMU's main loop for the network and the
+# share's notifications, virtiofsd): four times a domain's default, against the other
+# guests of the host (docs/controld.md "WAKEUP").
+WAKE_SHARES = 4096
+
+
+def raise_wake_priority(ctx: HostContext, name: str) -> int | None:
+    """Give a woken domain WAKE_SHARES; the weight it had (to set back), or None if it
+    was not changed (no cgroup weight through libvirt: test:///, a process rack)."""
+    get, put = getattr(ctx.hv, "cpu_shares", None), getattr(ctx.hv, "set_cpu_shares", None)
+    if get is None or put is None:
+        return None
+    before = get(name)
+    if before is None or before >= WAKE_SHARES or not put(name, WAKE_SHARES):
+        return None
+    return before
+
+
+def lower_wake_priority(ctx: HostContext, name: str, shares: int) -> None:
+    """Set a woken domain's weight back (raise_wake_priority's `before`)."""
+    put = getattr(ctx.hv, "set_cpu_shares", None)
+    if put is not None:
+        put(name, shares)
+
+
 # docs/design.md §9: a guest ballooned to 192 MiB saves small and survives; 128 MiB hangs it.
 BALLOON_MIB = 192
 NOTICE_NAME = "controld-wakeup.json"  # execution/runtime.py WAKE_NOTICE reads it

@@ -64,6 +64,8 @@ MODES = ("paused", "hibernated", "active")
 # A restored replica's balloon is grown back to the full memory when a SHUTDOWN keeps it
 # active, or this long after its wake-up (Daemon._grow).
 GROW_AFTER_S = 5.0
+# The longest a woken guest keeps its raised CPU weight without a SHUTDOWN settling its round.
+WAKE_PRIORITY_S = 20.0
 
 
 def _lists(o: certs.Outcome) -> str:
@@ -200,6 +202,13 @@ class Daemon:
         # ZZ_WAKE_GROW=restore: grow with the restore, as before (the baseline mode
         # hibernated-growatonce of scripts/bench/recovery-phases).
         self.grow_at_restore = os.environ.get("ZZ_WAKE_GROW") == "restore"
+        # (service id, index) -> (domain, the CPU weight to set back): a woken guest runs at
+        # actions.WAKE_SHARES until a SHUTDOWN settles its round or wake_priority_s pass
+        # (_lower_priority). ZZ_WAKE_PRIORITY=off: at its own weight (the baseline mode
+        # paused-noprio of scripts/bench/recovery-phases). In memory only.
+        self._prioritised: dict[tuple[int, int], tuple[str, int, asyncio.Task[None]]] = {}
+        self.wake_priority = os.environ.get("ZZ_WAKE_PRIORITY") != "off"
+        self.wake_priority_s = WAKE_PRIORITY_S
         # The agreement replicas placed here (zz-agreed processes: `agreed` is the binary).
         self.agreed = AgreedReplicas(
             config, host, home, agreed or DEFAULT_AGREED, self._note, self.counters
@@ -455,6 +464,7 @@ class Daemon:
         tasks = (self._worker, self._datasets_task, self._agreed_task, self._warm_task)
         background = [t for t in tasks if t is not None] + list(self._spares.values())
         background += [t for t, _, _ in self._grows.values()]
+        background += [t for _, _, t in self._prioritised.values()]
         for t in [*self._tasks, *background]:
             t.cancel()
         for t in [*self._tasks, *background]:
@@ -1413,12 +1423,13 @@ class Daemon:
             notice = actions.wake_notice(self.ctx, svc, x, seq, awake)
             steps = {**(verified or {}), "taken_at": taken_at, "resume_at": time.time()}
             t0 = time.monotonic()
+            raised: list[int] = []
             try:
                 await self.inventory.atransition(
                     svc.name,
                     x,
                     inv.RECOVERING,
-                    lambda d=domain, st=state, sv=save: self._wake(d, st, sv),
+                    lambda d=domain, st=state, sv=save, r=raised: self._wake(d, st, sv, r),
                 )
             except (HypervisorError, inv.IllegalTransition, OSError) as e:
                 self.counters["action_failed"] += 1
@@ -1426,6 +1437,8 @@ class Daemon:
                 continue
             dt = time.monotonic() - t0
             steps["resumed_at"] = time.time()
+            if raised:
+                self._prioritise(svc, x, domain, raised[0])
             self.counters["woken"] += 1
             self.metrics.woke(svc, x, state, dt)
             self._woken_for[(svc.id, x)] = (seq, tuple(awake))
@@ -1443,15 +1456,58 @@ class Daemon:
                 self._grow_later(svc, x, domain, entry)
             self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
 
-    def _wake(self, domain: str, state: str, save: str | None) -> None:
+    def _wake(self, domain: str, state: str, save: str | None, raised: list[int]) -> None:
         """Resume a paused replica; restore a hibernated one without growing its balloon:
         the guest's deflation of the balloon (320 MiB of a 512 MiB guest, 192 MiB saved) is
         work for its vCPU right after the restore, when it runs the whole wake-up (mount,
-        runtime, recovery) anew under TCG; it waits for _grow (docs/controld.md "WAKEUP")."""
+        runtime, recovery) anew under TCG; it waits for _grow (docs/controld.md "WAKEUP").
+        Then its CPU weight is raised (actions.raise_wake_priority; the weight it had is
+        appended to `raised`), right after the resume: the guest runs from the resume on."""
         if state == inv.HIBERNATED and not self.grow_at_restore:
             actions.wake(self.ctx, domain, state, save, grow=False)
         else:
             actions.wake(self.ctx, domain, state, save)
+        if self.wake_priority and self.hv.kind == "libvirt":
+            try:
+                before = actions.raise_wake_priority(self.ctx, domain)
+            except HypervisorError as e:
+                log.warning("%s: raising its CPU weight failed: %s", domain, e)
+                before = None
+            if before is not None:
+                raised.append(before)
+
+    def _prioritise(self, svc: Service, x: int, domain: str, before: int) -> None:
+        self.counters["wake_priority_raised"] += 1
+        key = (svc.id, x)
+        old = self._prioritised.pop(key, None)
+        if old is not None:
+            old[2].cancel()
+
+        async def later() -> None:
+            await asyncio.sleep(self.wake_priority_s)
+            await self._lower_priority(svc, x, "timer")
+
+        self._prioritised[key] = (domain, before, asyncio.create_task(later()))
+
+    async def _lower_priority(self, svc: Service, x: int, why: str) -> None:
+        """Set a woken guest's CPU weight back, if it is still raised: once a SHUTDOWN
+        settles its round (it stays active, or goes back to sleep), or wake_priority_s
+        after its wake-up. A convicted one's domain is gone with its weight (dropped)."""
+        entry = self._prioritised.pop((svc.id, x), None)
+        if entry is None:
+            return
+        domain, before, timer = entry
+        if timer is not asyncio.current_task():
+            timer.cancel()
+        if why == "convicted":
+            return
+        try:
+            await asyncio.to_thread(actions.lower_wake_priority, self.ctx, domain, before)
+        except HypervisorError as e:  # DomainNotFound too
+            self.counters["wake_priority_lower_failed"] += 1
+            self._note(f"{svc.name}/{x}: setting its CPU weight back failed: {e}")
+            return
+        self.counters[f"wake_priority_lowered_{why}"] += 1
 
     def _grow_later(self, svc: Service, x: int, domain: str, entry: dict[str, Any]) -> None:
         self._drop_grow(svc, x)
@@ -1812,6 +1868,7 @@ class Daemon:
             self._note(f"{svc.name}/{x}: woken here, not named by SHUTDOWN seq {seq}: to sleep")
         for x in convict:
             self._drop_grow(svc, x)
+            await self._lower_priority(svc, x, "convicted")
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:
@@ -1836,6 +1893,7 @@ class Daemon:
             await self._start_fresh_spare(svc, x, seq)
         for x in [*sleep, *extra]:
             self._drop_grow(svc, x)  # hibernate() balloons it down (or back up if it fails)
+            await self._lower_priority(svc, x, "settled")
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:
@@ -1861,6 +1919,7 @@ class Daemon:
         # the round needed (it reported the round's seq), so it is active from now on.
         for x in active:
             await self._grow(svc, x, "recovered")
+            await self._lower_priority(svc, x, "settled")
             try:
                 rec = self.inventory.get(svc.name, x)
             except KeyError:

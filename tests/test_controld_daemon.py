@@ -403,6 +403,67 @@ async def test_the_wake_notice_is_written_before_the_replica_runs_again(
         assert seen and seen[0] is not None and seen[0]["recovering_from_seq"] == 7, seen
 
 
+class _Shares(dict[str, int]):
+    """libvirt's cpu_shares of each domain, for a test:/// backend that has none."""
+
+    def get_shares(self, name: str) -> int:
+        return self.get(name, 1024)
+
+    def set_shares(self, name: str, value: int) -> bool:
+        self[name] = value
+        return True
+
+    def fake(self, hv: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(hv, "cpu_shares", self.get_shares)
+        monkeypatch.setattr(hv, "set_cpu_shares", self.set_shares)
+
+
+async def test_a_woken_guest_runs_at_a_raised_cpu_weight_until_its_round_settles(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """controld raises a woken guest's CPU weight right after the resume (the service waits
+    for it) and sets it back once a SHUTDOWN settles its round."""
+    async with nodes(rack, "libvirt", 0) as (n,):
+        shares = _Shares()
+        shares.fake(n.hv, monkeypatch)
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        domain = n.daemon.inventory.get("web", 2).domain
+        assert shares[domain] == 1024  # booted at a small weight, set back before its sleep
+        await n.send(rack.valid_wakeup())
+        assert n.state(2) == "recovering" and shares[domain] == actions.WAKE_SHARES
+        assert n.counters()["wake_priority_raised"] == 1
+        await n.send(*(rack.shutdown(r, 7, convict=[0], sleep=[]) for r in (0, 1)))
+        assert n.state(2) == "active", "\n".join(n.daemon.recent)
+        assert shares[domain] == 1024 and n.counters()["wake_priority_lowered_settled"] == 1
+        assert not n.daemon._prioritised
+
+
+@pytest.mark.parametrize("off", [False, True])
+async def test_a_woken_guests_weight_falls_back_by_timer_and_stays_when_off(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch, off: bool
+) -> None:
+    """No SHUTDOWN: the weight is set back wake_priority_s after the wake-up.
+    ZZ_WAKE_PRIORITY=off (scripts/bench/recovery-phases' baseline): never raised."""
+    if off:
+        monkeypatch.setenv("ZZ_WAKE_PRIORITY", "off")
+    async with nodes(rack, "libvirt", 0) as (n,):
+        shares = _Shares()
+        shares.fake(n.hv, monkeypatch)
+        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
+        domain = n.daemon.inventory.get("web", 2).domain
+        n.daemon.wake_priority_s = 0.05
+        await n.send(rack.valid_wakeup())
+        assert n.state(2) == "recovering"
+        if off:
+            assert shares[domain] == 1024 and "wake_priority_raised" not in n.counters()
+            return
+        deadline = time.monotonic() + 10
+        while "wake_priority_lowered_timer" not in n.counters():
+            assert time.monotonic() < deadline, "\n".join(n.daemon.recent)
+            await asyncio.sleep(0.02)
+        assert shares[domain] == 1024
+
+
 @pytest.mark.parametrize("backend", ["libvirt", "process"])
 async def test_wakeup_hibernated(tmp_path: Path, backend: str) -> None:
     rack = make_rack(tmp_path, sleep="hibernated")
