@@ -929,13 +929,35 @@ static void *sync_main(void *arg)
     return NULL;
 }
 
+/* Start the writeback of what was written since the last ticket (SYNC_FILE_RANGE_WRITE:
+ * the write is queued to the disk, nothing waited for), so that the thread's fdatasync,
+ * which comes a wakeup later, finds it under way or done. Only a head start: the
+ * fdatasync still writes, waits for and flushes everything (a failed writeback is reported
+ * to it), so an error here changes nothing and is not looked at. */
+static void start_writeback(zz_wal *w)
+{
+    if (w->wb_epoch == w->epoch && w->wb_off == w->off)
+        return; /* nothing written since */
+    uint64_t from = w->wb_epoch == w->epoch ? w->wb_off : 0;
+    uint64_t to = w->off + ZZ_WAL_HDR; /* the end mark after the records */
+    size_t page = page_size();
+    from -= from % page;
+    if (to > from)
+        (void)sync_file_range(w->fd[w->cur], (off_t)from, (off_t)(to - from),
+                              SYNC_FILE_RANGE_WRITE);
+    w->wb_off = w->off;
+    w->wb_epoch = w->epoch;
+}
+
 /* Ask the threads for the next ticket: it covers every record written so far (the pending
  * ones are written first). A thread is free (sync_room). */
 static uint64_t sync_issue(zz_replica *r)
 {
     zz_wal *w = &r->wal;
-    if (!w->compact_due)
+    if (!w->compact_due) {
         write_pending(r);
+        start_writeback(w);
+    }
     w->busy = ++w->issued;
     /* everything logged is written now, unless a rewrite is due (it holds what was dropped) */
     w->ring_seq[w->busy % ZZ_WAL_RING] = w->compact_due ? w->seq_durable : w->seqno;

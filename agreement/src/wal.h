@@ -168,6 +168,8 @@ typedef struct {
     uint64_t need;      /* the ticket the last frames that needed a sync wait for: frames of
                          * later turns wait for it too (they may repeat what it covers) */
     uint64_t view_ticket; /* view_pending ends when this ticket is durable; 0: not asked */
+    uint64_t wb_off;    /* writeback of the current file was started up to here (sync_issue) */
+    uint32_t wb_epoch;  /* the epoch wb_off is of (another: the file changed, start at 0) */
     zz_buf snap;        /* compaction scratch */
     /* stats ("wal" in the stats file) */
     uint64_t records, bytes, writes, syncs, compactions;
