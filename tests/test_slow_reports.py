@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,8 @@ def _bare_runtime() -> rtmod.Runtime:
     rt.cp = 64
     rt.counters = Counter()
     rt.slow_reports = deque(maxlen=16)
+    rt.checkpoint_reports = deque(maxlen=8)
+    rt.faults = SimpleNamespace(fault=None)  # no drill fault on
     rt._slow_worst = None
     rt._slow_since = 0
     rt._slow_logged = -rtmod.SLOW_LOG_S
