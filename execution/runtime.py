@@ -668,18 +668,20 @@ class Runtime:
             elif time.monotonic() < self._fault_seq_at + _FAULT_SEQ_PATIENCE:
                 cert = None  # the replicas that hold below it have not answered yet
         start = _log_start(m.data)
-        # A log that goes on right above our last executed batch brings us to the certified
-        # checkpoint by replay, with nothing fetched: the agreement replicas keep it from the
-        # stable checkpoint before theirs, and that one's snapshot is what a replica has
-        # after a power cut took the snapshot of the checkpoint it had just reported (the
-        # directory store lists it after the report). Recovering instead asked peers that
-        # had lost the same snapshot, or slept, for 2-4 s while the agreement replicas
-        # timed out our reports (a correct replica convicted in a power-loss run).
+        # A certified checkpoint one interval above us, with a log that goes on right above
+        # our last executed batch, is reached by replay, with nothing fetched: the agreement
+        # replicas keep the log from the stable checkpoint before theirs, and that one's
+        # snapshot is what a replica has after a power cut took the snapshot of the
+        # checkpoint it had just reported (the directory store lists it after the report).
+        # Recovering instead asked peers that had lost the same snapshot, or slept, for 2-4 s
+        # while the agreement replicas timed out our reports (a correct replica convicted in
+        # a power-loss run). Further behind, fetching what changed beats replaying it all.
         replayable = (
             self._fault_seq is None
             and self._installing is None
             and self._recover_target is None
             and start == self.last_executed + 1
+            and (cert is None or cert[0] - self.last_executed <= self.cp)
         )
         if (
             cert is not None
