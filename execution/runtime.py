@@ -328,6 +328,10 @@ class Runtime:
         # Provisioned as a spare: state open, listening, but not registered with the
         # agreement replicas (so not executing) until controld's wake notice.
         self.asleep = opts.asleep
+        # A spare (started asleep) recovers when woken, as the round it was woken for needs
+        # (docs/recovery.md); only a replica that started active replays past a certified
+        # checkpoint (_on_fetch_reply).
+        self._started_asleep = opts.asleep
         self._wake_poked = False
         self._poked_at: float | None = None  # when the last SIGUSR1 came (wake_marks `poked`)
         self.stable_votes = StableVotes(service.g)
@@ -677,7 +681,8 @@ class Runtime:
         # while the agreement replicas timed out our reports (a correct replica convicted in
         # a power-loss run). Further behind, fetching what changed beats replaying it all.
         replayable = (
-            self._fault_seq is None
+            not self._started_asleep
+            and self._fault_seq is None
             and self._installing is None
             and self._recover_target is None
             and start == self.last_executed + 1
