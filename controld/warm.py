@@ -244,12 +244,17 @@ class WarmSpares:
         sources: Callable[[Service, int], Sequence[Source]] | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.inventory = inventory
         self.stable = stable
         self.sources = sources or (lambda svc, i: replica_sources(config, svc, i))
         self.clock = clock
+        self.wall = wall  # the host's wall clock, as status files' mtimes are
+        # (service, index) -> when a turn first saw the replica active (wall clock): its
+        # warm/ goes only by a status written after that (_still_fetching).
+        self._active_since: dict[tuple[str, int], float] = {}
         self.stagers: dict[tuple[str, int], WarmStager] = {}
         self._failed_at: dict[tuple[str, int], float] = {}
         self.counters: Counter[str] = Counter()
@@ -272,12 +277,14 @@ class WarmSpares:
             seen.add(key)
             st = self.stagers.get(key)
             if rec.state == inv.ACTIVE:
-                if st is not None and not self._still_fetching(svc, rec.index):
+                since = self._active_since.setdefault(key, self.wall())
+                if st is not None and not self._still_fetching(svc, rec.index, since):
                     st.clear()
                     st.close()
                     with self._lock:
                         del self.stagers[key]
                 continue
+            self._active_since.pop(key, None)
             if rec.state not in (inv.PAUSED, inv.HIBERNATED) or rec.pending is not None:
                 continue
             stable = self.stable(svc)
@@ -332,13 +339,21 @@ class WarmSpares:
                 gone = self.stagers.pop(key)
             gone.close()
 
-    def _still_fetching(self, svc: Service, i: int) -> bool:
+    def _still_fetching(self, svc: Service, i: int, since: float) -> bool:
         """Whether replica i's runtime says it is still recovering (its background fetch
-        takes the rest of the state, from warm/ too): its warm files are kept until then."""
+        takes the rest of the state, from warm/ too): its warm files are kept until then.
+        Only a status written after `since` (when it was first seen active) says so: one
+        written before may predate its recovery (a guest writes it when its link comes up,
+        then once a second), and a SHUTDOWN that came within that second had its warm/
+        removed before its background fetch looked there (4-11 files missed in drills)."""
+        path = svc.exec_status_path(self.config, i)
         try:
-            st = json.loads(svc.exec_status_path(self.config, i).read_text())
+            mtime = path.stat().st_mtime
+            st = json.loads(path.read_text())
         except (OSError, ValueError):
             return False
+        if mtime < since:
+            return True
         return isinstance(st, dict) and st.get("recovering") is True
 
     def status(self) -> dict[str, Any]:

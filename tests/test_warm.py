@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,10 +280,18 @@ def test_spares_staged_while_asleep_and_cleared_once_active(tmp_path: Path, peer
     spares.turn()
     assert spares.counters["stage_failures"] == 2
     rec.state = inv.ACTIVE
-    (tmp_path / "exec-2.status.json").write_text('{"recovering": true}')
+    status = tmp_path / "exec-2.status.json"
+    status.write_text('{"recovering": false}')
+    os.utime(status, (1.0, 1.0))
+    spares.turn()  # a status from before it was active: its recovery may not show yet
+    assert (tmp_path / "exec-2" / WARM_DIR).exists()
+    later = time.time() + 10
+    status.write_text('{"recovering": true}')
+    os.utime(status, (later, later))
     spares.turn()  # its background fetch may still take files from warm/
     assert (tmp_path / "exec-2" / WARM_DIR).exists()
-    (tmp_path / "exec-2.status.json").write_text('{"recovering": false}')
+    status.write_text('{"recovering": false}')
+    os.utime(status, (later, later))
     spares.turn()
     assert not (tmp_path / "exec-2" / WARM_DIR).exists() and spares.status() == {}
     # Convicted, its state dir set aside and a successor provisioned there: staged anew.
