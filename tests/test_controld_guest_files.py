@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -192,12 +193,29 @@ def test_a_resumed_runtime_takes_the_wake_notice_before_the_log(tmp_path: Path) 
     assert rt.counters["wake_notices_peeked"] == 1  # the same notice is taken once
 
 
+def _start_and_wake(rt: Runtime, wake: Callable[[], Awaitable[None]]) -> None:
+    """Start the sleeping runtime `rt`, run `wake` right after, give it 2 s to wake, stop it."""
+    import asyncio
+
+    async def run() -> None:
+        await rt.start()
+        try:
+            await wake()
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not rt.asleep:
+                    break
+        finally:
+            await rt.shutdown()
+
+    asyncio.run(run())
+
+
 def test_a_spare_paused_before_its_wake_watch_ran_still_wakes(tmp_path: Path) -> None:
     """controld writes the wake notice before it resumes a spare. A spare provisioned and
     paused before its notice watch took its first step must still take that notice as new
     (campaign seed 3302 round 3, f = 2: the woken fresh spare stayed silent and was
     convicted)."""
-    import asyncio
 
     from zz.execution.runtime import WAKE_NOTICE
 
@@ -207,20 +225,12 @@ def test_a_spare_paused_before_its_wake_watch_ran_still_wakes(tmp_path: Path) ->
         ctx.config, ctx.config.services[0], 0, RuntimeOptions(state_dir=state, asleep=True)
     )
 
-    async def run() -> None:
-        await rt.start()
-        try:
-            # No await since start(): the watch task has not run a step yet, as in a spare
-            # stopped right after it began listening and resumed after the notice was written.
-            (state / WAKE_NOTICE).write_text(json.dumps({"recovering_from_seq": 7, "awake": [1]}))
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if not rt.asleep:
-                    break
-        finally:
-            await rt.shutdown()
+    async def notice() -> None:
+        # No await since start(): the watch task has not run a step yet, as in a spare
+        # stopped right after it began listening and resumed after the notice was written.
+        (state / WAKE_NOTICE).write_text(json.dumps({"recovering_from_seq": 7, "awake": [1]}))
 
-    asyncio.run(run())
+    _start_and_wake(rt, notice)
     assert not rt.asleep and rt.counters["wake_notices"] == 1
     assert rt._fault_seq == 7
     # The wake's steps (status wake_marks): the poll's look that found the notice, the
@@ -250,21 +260,13 @@ def test_a_poked_spare_takes_the_notice_and_marks_the_poke(tmp_path: Path) -> No
     )
     rt._notice_taken = None  # a notice before this runtime, taken as new only when poked
 
-    async def run() -> None:
-        await rt.start()
-        try:
-            for _ in range(5):
-                await asyncio.sleep(0.02)
-            assert rt.asleep  # its mtime is the one seen at the start: no wake
-            rt.poke_wake()
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if not rt.asleep:
-                    break
-        finally:
-            await rt.shutdown()
+    async def poke() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+        assert rt.asleep  # its mtime is the one seen at the start: no wake
+        rt.poke_wake()
 
-    asyncio.run(run())
+    _start_and_wake(rt, poke)
     assert not rt.asleep and rt._fault_seq == 9
     assert rt.recovery["noticed_by"] == "poke"
     m = rt.wake_marks
