@@ -83,7 +83,7 @@ from zz.drill.load import Load, check_acked_posts, entries, kv_step, start_http_
 from zz.drill.rack import DrillError
 from zz.http import CLIENT_ERRORS
 from zz.ports import free_base
-from zz.procrack import leftover_pids, repo_env, spawn, terminate
+from zz.procrack import leftover_pids, repo_env, spawn, terminate, threads_left
 
 Progress = Callable[[str], None]
 
@@ -203,23 +203,6 @@ def rack_pids(config: Config) -> list[int]:
     return sorted(pids | set(rackctl.rack_leftovers(config)))
 
 
-def _threads_left(pid: int) -> bool:
-    """Whether a thread of process `pid` has not exited yet (a zombie leader may still
-    have some: /proc/<pid>/task lists them)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] not in "ZX":
-            return True
-    return False
-
-
 def power_cut(config: Config) -> list[int]:
     """Power loss: SIGSTOP every process of the rack first, so that none sees another die
     (no log line, no last write, no closed connection acted on), then SIGKILL each (and its
@@ -244,7 +227,7 @@ def power_cut(config: Config) -> list[int]:
     # thread still finishes its system call (a checkpoint's file copy), and the process's
     # sockets close only with the last thread; `zz rack start` right then failed on
     # "ports in use" for that runtime's port (a CI run, and a long run here).
-    while any(_threads_left(p) for p in pids):
+    while any(threads_left(p) for p in pids):
         if time.monotonic() > deadline:
             raise PowerLossError(f"processes {pids} still alive 30 s after SIGKILL")
         time.sleep(0.02)

@@ -90,18 +90,39 @@ def spawn(
         )
 
 
+def stat_fields(path: Path | str) -> list[str] | None:
+    """The fields of a /proc .../stat file after the parenthesised command name (which may
+    hold spaces and parentheses): state first, start time at 19. None if unreadable."""
+    try:
+        stat = Path(path).read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None
     if it is gone or a zombie. pid and start time together name one process: a recycled pid
     has another start time, so it is never signalled by mistake."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = stat[stat.rindex(")") + 2 :].split()
-    if rest[0] == "Z":
+    rest = stat_fields(f"/proc/{pid}/stat")
+    if rest is None or rest[0] == "Z":
         return None
     return int(rest[19])
+
+
+def threads_left(pid: int) -> bool:
+    """Whether a thread of process `pid` has not exited yet. A zombie leader (start_ticks
+    None) may still have some, and the process's files, sockets included, close only with
+    the last one: /proc/<pid>/task lists them."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        rest = stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if rest is not None and rest[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def signal_group(pid: int, sig: int) -> None:
@@ -144,13 +165,13 @@ def leftover_pids(any_of: Iterable[str], all_of: Iterable[str] = ()) -> list[int
             continue
         try:
             cmd = (d / "cmdline").read_bytes()
-            stat = (d / "stat").read_text()
         except OSError:
             continue
         if (
             any(m in cmd for m in some)
             and all(m in cmd for m in every)
-            and stat[stat.rindex(")") + 2] != "Z"
+            and (rest := stat_fields(d / "stat")) is not None
+            and rest[0] != "Z"
         ):
             found.append(int(d.name))
     return found
@@ -295,11 +316,9 @@ class ProcRack:
         a caller can tell which part of the rack a benchmark saturates."""
         out: dict[str, float] = {}
         for p in self.procs:
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = Path(f"/proc/{p.popen.pid}/stat").read_text()
-                # Fields after the parenthesised command name; utime, stime are 14, 15.
-                rest = stat[stat.rindex(")") + 2 :].split()
-                out[p.name] = (int(rest[11]) + int(rest[12])) / _TICKS
+            rest = stat_fields(f"/proc/{p.popen.pid}/stat")
+            if rest is not None and len(rest) > 12:
+                out[p.name] = (int(rest[11]) + int(rest[12])) / _TICKS  # utime, stime
         return out
 
     def dead(self) -> list[Proc]:
