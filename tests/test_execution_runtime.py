@@ -238,6 +238,13 @@ class ExecReplicas:
     def alive(self, i: int) -> bool:
         return self.procs[i].poll() is None
 
+    def kill(self, i: int) -> None:
+        """Crash replica i: SIGKILL its process group (no chance to clean up, as a power
+        cut) and reap it."""
+        p = self.procs[i]
+        signal_group(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
     def stop(self, i: int) -> int | None:
         """SIGTERM replica i, SIGKILL after 10 s: its exit status, None if killed."""
         return terminate(self.procs[i], timeout=10)

@@ -353,8 +353,7 @@ def test_fresh_spare_has_new_keys_end_to_end(tmp_path: Path) -> None:
 
         # A second fault wakes the re-keyed spare: it executes and reports under its new
         # keys (its EXEC-REPORTs make certificates with replica 0's).
-        signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
-        rig.execs.procs[SPARE].wait(timeout=10)
+        rig.execs.kill(SPARE)
         assert _puts(rig, 1, "second") == [_kv_ok()]
         rig.wait(lambda: len(rig.controld.shutdowns) >= 2, "a second SHUTDOWN certificate", 60)
         rig.wait(

@@ -4,7 +4,6 @@
 # the agreement replicas with that checkpoint stable and the replicas with the one before.
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,20 +11,12 @@ import pytest
 
 from tests.test_execution_faults import start_rig
 from tests.test_execution_runtime import CP, KV_GET, KV_PUT, Rig, _kv, _kv_ok, needs_agreed
-from zz.procrack import reap, signal_group
 from zz.snapshots import checkpoint_name, open_store
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     yield from start_rig(tmp_path, [0, 1], {})
-
-
-def _cut(rig: Rig, i: int) -> None:
-    """SIGKILL execution replica i (its process group), as a power cut does."""
-    p = rig.execs.procs[i]
-    signal_group(p.pid, signal.SIGKILL)
-    reap(p, timeout=10)
 
 
 def _lose_snapshot(rig: Rig, i: int, seq: int) -> None:
@@ -54,7 +45,7 @@ def test_replicas_that_lost_the_stable_snapshot_replay_the_log(rig: Rig) -> None
         "checkpoint 2*CP stable on both replicas",
     )
     for i in (0, 1):
-        _cut(rig, i)
+        execs.kill(i)
         _lose_snapshot(rig, i, 2 * CP)
     for i in (0, 1):
         execs.start(i)

@@ -122,8 +122,7 @@ def _drill(
     assert at % CP == phase % CP, (at, phase)
     execs = rig.execs
     if fault == "crash":
-        signal_group(execs.procs[faulty].pid, signal.SIGKILL)
-        execs.procs[faulty].wait(timeout=10)
+        execs.kill(faulty)
     elif in_place:
         (rig.cluster.run_dir / f"exec-{faulty}" / "zz-fault.json").write_text(
             json.dumps({"fault": fault})

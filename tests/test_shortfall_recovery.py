@@ -47,8 +47,7 @@ def test_partner_crash_before_the_fresh_spare_is_ready(request: pytest.FixtureRe
     # 2. The former spare crashes before 1's slot is refilled: a PUT gets one reply (from 0)
     # and cannot complete. Its seq times out and every agreement replica signs a statement,
     # but nobody is asleep, so no WAKEUP.
-    signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
-    rig.execs.procs[SPARE].wait(timeout=10)
+    rig.execs.kill(SPARE)
     sent = rig.total("fault_statements_sent")
 
     async def put_stuck() -> bytes:

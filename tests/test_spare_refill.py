@@ -159,8 +159,7 @@ def test_spare_is_refilled_and_woken_again(refill_rig: FaultRig) -> None:
     assert f"exec 1 sleeping {seq}" in view.read_text()
 
     # 5. A second fault (the former spare crashes) wakes the refilled spare.
-    signal_group(rig.execs.procs[SPARE].pid, signal.SIGKILL)
-    rig.execs.procs[SPARE].wait(timeout=10)
+    rig.execs.kill(SPARE)
     assert _puts(rig, 1, "second") == [_kv_ok()]
     rig.wait(lambda: len(rig.controld.shutdowns) >= 2, "a second SHUTDOWN certificate", 60)
     cert2 = rig.controld.shutdowns[1]
