@@ -66,21 +66,6 @@ MODES = ("paused", "hibernated", "active")
 GROW_AFTER_S = 5.0
 # The longest a woken guest keeps its raised CPU weight without a SHUTDOWN settling its round.
 WAKE_PRIORITY_S = 20.0
-# The longest a resumed guest's agent waits for its runtime's recovery before its `wake`.
-AGENT_WAKE_WAIT_S = 3.0
-
-
-def _took_notice(status: Path, woken_at: float) -> bool:
-    """Whether the runtime's status shows it took the wake notice stamped `woken_at` and
-    ran a fresh batch since (its first after the wake)."""
-    try:
-        st = json.loads(status.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(st, dict):
-        return False
-    rec, marks = st.get("recovery") or {}, st.get("wake_marks") or {}
-    return rec.get("woken_at") == woken_at and "first_fresh" in marks
 
 
 def _lists(o: certs.Outcome) -> str:
@@ -224,12 +209,6 @@ class Daemon:
         self._prioritised: dict[tuple[int, int], tuple[str, int, asyncio.Task[None]]] = {}
         self.wake_priority = os.environ.get("ZZ_WAKE_PRIORITY") != "off"
         self.wake_priority_s = WAKE_PRIORITY_S
-        # ZZ_WAKE_AGENT=later: a resumed guest's agent is asked to wake only after its
-        # runtime recovered (_agent_wake_later; the mode paused-agentlater of
-        # scripts/bench/recovery-phases); by default right after the resume.
-        self.agent_wake_later = os.environ.get("ZZ_WAKE_AGENT") == "later"
-        self.agent_wake_wait_s = AGENT_WAKE_WAIT_S
-        self._agent_wakes: set[asyncio.Task[None]] = set()
         # The agreement replicas placed here (zz-agreed processes: `agreed` is the binary).
         self.agreed = AgreedReplicas(
             config, host, home, agreed or DEFAULT_AGREED, self._note, self.counters
@@ -486,7 +465,6 @@ class Daemon:
         background = [t for t in tasks if t is not None] + list(self._spares.values())
         background += [t for t, _, _ in self._grows.values()]
         background += [t for _, _, t in self._prioritised.values()]
-        background += list(self._agent_wakes)
         for t in [*self._tasks, *background]:
             t.cancel()
         for t in [*self._tasks, *background]:
@@ -1464,20 +1442,12 @@ class Daemon:
             self.counters["woken"] += 1
             self.metrics.woke(svc, x, state, dt)
             self._woken_for[(svc.id, x)] = (seq, tuple(awake))
-            if state == inv.PAUSED and self._agent_later():
-                entry = {"service": svc.name, "index": x, "seq": seq, "from": state,
-                         **{k: round(v, 6) for k, v in steps.items()}}  # fmt: skip
-                self.wakes.append(entry)
-                task = asyncio.create_task(
-                    self._agent_wake_later(svc, x, domain, seq, notice, entry)
-                )
-                self._agent_wakes.add(task)
-                task.add_done_callback(self._agent_wakes.discard)
-                self._note(
-                    f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}"
-                )
-                continue
-            await self._agent_wake(svc, x, domain, seq)
+            try:
+                await asyncio.to_thread(actions.guest_wake, self.ctx, domain, seq)
+            except HypervisorError as e:
+                # It runs (recovering) but its agent did not take the notice: say so.
+                self.counters["guest_wake_failed"] += 1
+                self._note(f"{svc.name}/{x}: guest agent wake failed: {e}")
             steps["agent_woke_at"] = time.time()
             entry = {"service": svc.name, "index": x, "seq": seq, "from": state,
                      **{k: round(v, 6) for k, v in steps.items()}}  # fmt: skip
@@ -1485,44 +1455,6 @@ class Daemon:
             if state == inv.HIBERNATED and not self.grow_at_restore:
                 self._grow_later(svc, x, domain, entry)
             self._note(f"woke {svc.name}/{x} from {state} in {dt * 1000:.1f} ms; notice {notice}")
-
-    async def _agent_wake(self, svc: Service, x: int, domain: str, seq: int) -> None:
-        try:
-            await asyncio.to_thread(actions.guest_wake, self.ctx, domain, seq)
-        except HypervisorError as e:
-            # It runs (recovering) but its agent did not take the notice: say so.
-            self.counters["guest_wake_failed"] += 1
-            self._note(f"{svc.name}/{x}: guest agent wake failed: {e}")
-
-    def _agent_later(self) -> bool:
-        """Whether a resumed guest's agent is asked to wake only after its runtime took the
-        notice and ran its first fresh batch (a real guest, with ZZ_WAKE_AGENT=later)."""
-        return self.agent_wake_later and self.hv.kind == "libvirt" and not self.ctx.fake_guests
-
-    async def _agent_wake_later(
-        self, svc: Service, x: int, domain: str, seq: int, notice: Path, entry: dict[str, Any]
-    ) -> None:
-        """The guest agent's `wake` of a resumed (paused) guest, once its runtime's status
-        shows it took this notice (`recovery.woken_at`) and ran its first fresh batch
-        (`wake_marks.first_fresh`), or AGENT_WAKE_WAIT_S after the resume. The runtime
-        polls for the notice itself; the agent's request (its poke, the config read and its
-        wake record over the share) is otherwise work for the guest's one vCPU while the
-        runtime resumes, recovers and replays (docs/controld.md "WAKEUP")."""
-        try:
-            woken_at = json.loads(notice.read_text()).get("woken_at")
-        except (OSError, ValueError):
-            woken_at = None
-        status = svc.exec_status_path(self.config, x)
-        deadline = time.monotonic() + self.agent_wake_wait_s
-        why = "timer"
-        while time.monotonic() < deadline and woken_at is not None:
-            if await asyncio.to_thread(_took_notice, status, woken_at):
-                why = "recovered"
-                break
-            await asyncio.sleep(0.05)
-        await self._agent_wake(svc, x, domain, seq)
-        entry["agent_woke_at"] = round(time.time(), 6)
-        self.counters[f"agent_woken_after_{why}"] += 1
 
     def _wake(self, domain: str, state: str, save: str | None, raised: list[int]) -> None:
         """Resume a paused replica; restore a hibernated one without growing its balloon:

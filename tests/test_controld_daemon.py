@@ -464,56 +464,6 @@ async def test_a_woken_guests_weight_falls_back_by_timer_and_stays_when_off(
         assert shares[domain] == 1024
 
 
-@pytest.mark.parametrize("recovers", [True, False])
-async def test_a_resumed_guests_agent_is_woken_after_its_runtime_recovered(
-    rack: Rack, monkeypatch: pytest.MonkeyPatch, recovers: bool
-) -> None:
-    """ZZ_WAKE_AGENT=later: a resumed guest's agent gets its `wake` only once the runtime's
-    status shows it took this wake's notice and ran its first fresh batch, or after
-    agent_wake_wait_s; the wake's entry gets `agent_woke_at` then."""
-    monkeypatch.setenv("ZZ_WAKE_AGENT", "later")
-    async with nodes(rack, "libvirt", 0) as (n,):
-        assert (await n.rpc("provision", service="web", index=2, mode="paused"))["ok"]
-        called: list[float] = []
-        monkeypatch.setattr(actions, "guest_wake", lambda ctx, d, seq: called.append(time.time()))
-        monkeypatch.setattr(n.daemon, "_agent_later", lambda: True)
-        n.daemon.agent_wake_wait_s = 30.0 if recovers else 0.2
-        svc = rack.config.service("web")
-        await n.send(rack.valid_wakeup())
-        assert n.state(2) == "recovering"
-        entry = n.daemon.wakes[-1]
-        await asyncio.sleep(0.3)
-        if recovers:
-            assert not called and "agent_woke_at" not in entry  # the runtime has not recovered
-            notice = json.loads(
-                (svc.exec_state_dir(rack.config, 2) / actions.NOTICE_NAME).read_text()
-            )
-            status = svc.exec_status_path(rack.config, 2)
-            status.parent.mkdir(parents=True, exist_ok=True)
-            # An earlier wake's status does not count; this one's does.
-            status.write_text(
-                json.dumps({"recovery": {"woken_at": 1.0}, "wake_marks": {"first_fresh": 5.0}})
-            )
-            await asyncio.sleep(0.2)
-            assert not called
-            status.write_text(
-                json.dumps(
-                    {
-                        "recovery": {"woken_at": notice["woken_at"]},
-                        "wake_marks": {"first_fresh": 5.0},
-                    }
-                )
-            )
-        deadline = time.monotonic() + 10
-        while not called:
-            assert time.monotonic() < deadline, "\n".join(n.daemon.recent)
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.05)
-        assert entry["agent_woke_at"] >= entry["resumed_at"]
-        why = "recovered" if recovers else "timer"
-        assert n.counters()[f"agent_woken_after_{why}"] == 1
-
-
 @pytest.mark.parametrize("backend", ["libvirt", "process"])
 async def test_wakeup_hibernated(tmp_path: Path, backend: str) -> None:
     rack = make_rack(tmp_path, sleep="hibernated")
