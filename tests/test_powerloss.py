@@ -49,6 +49,22 @@ def test_acked_post_check_names_lost_and_moved_entries() -> None:
     assert check_acked_posts(acked, final[2:], since=3) == ([], ["c", "d"])
 
 
+def test_a_wakeup_is_listed_with_its_time_and_each_signers_row(tmp_path: Path) -> None:
+    """The event's WAKEUP says when controld logged it and who timed out on whom: a
+    WAKEUP read after a replica restart may be from before it (seed 1128's was)."""
+    from tests.test_controld_daemon import make_rack
+    from zz import audit
+
+    rack = make_rack(tmp_path)
+    header = {"kind": "wakeup", "verdict": "acted", "service": 1, "seq": 7, "sender": 0,
+              "awake": [0, 1], "wake": [2], "signers": [0, 1], "time": 1764337395.25}  # fmt: skip
+    e = audit.Entry(1, 0, header, (rack.valid_wakeup(),), b"")
+    text = pl._wakeup_text(e)
+    assert text.startswith("WAKEUP seq 7 from agreement 0, round awake [x0, x1]: wake x2 ("), text
+    assert "logged 13:43:15.2 UTC; why: replies differ" in text, text
+    assert "; agreement 1 at seq 7: x0 on time 0a0a0a0a, x1 on time 0b0b0b0b" in text, text
+
+
 def test_a_lost_write_fails_the_run() -> None:
     ev = pl.Event(1, "rack", 3.0, target="rack", start_s=3.9, first_kv_s=2.6)
     ev.lost = ["set-0: acknowledged append t2; lost"]

@@ -273,6 +273,15 @@ def agreed_stats(config: Config, s: Service, r: int, newer_than: float = 0.0) ->
 
 
 # ---- what the controlds and agreement replicas say -----------------------------------------
+def _wakeup_text(e: audit.Entry) -> str:
+    """A WAKEUP acted on, with when controld logged it (the event it is listed under is the
+    one after which it was first read) and its evidence: why, and each signer's row (which
+    agreement replicas timed out, and on whom)."""
+    lines = [x.strip() for x in audit.describe(e)]
+    at = time.strftime("%H:%M:%S", time.gmtime(e.time)) + f".{int(e.time * 10) % 10}"
+    return f"{lines[0]} (logged {at} UTC" + "".join(f"; {x}" for x in lines[1:]) + ")"
+
+
 @dataclass
 class Verdicts:
     """What the audit logs of every controld hold, deduplicated across hosts: the WAKEUPs
@@ -290,7 +299,7 @@ class Verdicts:
             for e in hl.scan.entries:
                 key = (int(e.header.get("service", 0)), int(e.header.get("seq", 0) or 0))
                 if e.kind == "wakeup" and e.verdict == "acted":
-                    v.wakeups.setdefault(key, f"{hl.host}: {audit.describe(e)[0]}")
+                    v.wakeups.setdefault(key, f"{hl.host}: {_wakeup_text(e)}")
                 elif e.kind == "shutdown-certificate" and e.verdict in ("acted", "merged"):
                     if e.header.get("convict"):
                         v.convictions.setdefault(key, f"{hl.host}: {audit.describe(e)[0]}")
@@ -1005,7 +1014,8 @@ def format_figures(doc: dict[str, Any]) -> str:
 def run_powerloss(opts: Options, seed: int, out: Path, progress: Progress = print,
                   workdir: Path | None = None, keep: bool = False) -> dict[str, Any]:  # fmt: skip
     """Bring a rack up, run the events, write OUT/powerloss.json and return it. The rack
-    goes down whatever happens; its directory (logs) is kept when the run failed or `keep`."""
+    goes down whatever happens; its directory (logs) is kept when the run failed, woke a
+    spare, or `keep`."""
     try:
         zh.lincheck_binary(build=False)
     except zh.LincheckError as e:
@@ -1044,7 +1054,7 @@ def run_powerloss(opts: Options, seed: int, out: Path, progress: Progress = prin
         run.stop_proxy()
         down(config)
         failed = doc.get("result") != "PASS"
-        if failed or keep:
+        if failed or keep or doc.get("woken"):
             progress(f"rack directory kept: {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
