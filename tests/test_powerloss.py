@@ -65,6 +65,19 @@ def test_a_wakeup_is_listed_with_its_time_and_each_signers_row(tmp_path: Path) -
     assert "; agreement 1 at seq 7: x0 on time 0a0a0a0a, x1 on time 0b0b0b0b" in text, text
 
 
+def test_the_runtimes_logs_are_copied_before_down(tmp_path: Path) -> None:
+    config = load(pl.write_rack(tmp_path, "plt"))
+    home = config.rack.run_dir / "controld"
+    for host, domain in (("h0", "zz-plt-web-x1"), ("h3", "zz-plt-web-x0")):
+        (home / host / "replicas" / domain).mkdir(parents=True)
+        (home / host / "replicas" / domain / "replica.log").write_text(f"{domain} ran\n")
+    got = pl.keep_replica_logs(config, tmp_path / "kept")
+    assert [p.relative_to(tmp_path / "kept").as_posix() for p in got] == [
+        "h0/zz-plt-web-x1.log", "h3/zz-plt-web-x0.log"
+    ]  # fmt: skip
+    assert got[0].read_text() == "zz-plt-web-x1 ran\n"
+
+
 def test_a_lost_write_fails_the_run() -> None:
     ev = pl.Event(1, "rack", 3.0, target="rack", start_s=3.9, first_kv_s=2.6)
     ev.lost = ["set-0: acknowledged append t2; lost"]

@@ -1011,11 +1011,26 @@ def format_figures(doc: dict[str, Any]) -> str:
 
 
 # ---- entry points --------------------------------------------------------------------------
+def keep_replica_logs(config: Config, dest: Path) -> list[Path]:
+    """Copy the runtimes' logs (each controld's replicas/<domain>/replica.log, every start
+    of the run appended) to DEST/<host>/<domain>.log: `down` removes the replicas' homes
+    with them."""
+    copied = []
+    for src in sorted((config.rack.run_dir / "controld").glob("*/replicas/*/replica.log")):
+        target = dest / src.parent.parent.parent.name / f"{src.parent.name}.log"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copy2(src, target)
+            copied.append(target)
+    return copied
+
+
 def run_powerloss(opts: Options, seed: int, out: Path, progress: Progress = print,
                   workdir: Path | None = None, keep: bool = False) -> dict[str, Any]:  # fmt: skip
     """Bring a rack up, run the events, write OUT/powerloss.json and return it. The rack
-    goes down whatever happens; its directory (logs) is kept when the run failed, woke a
-    spare, or `keep`."""
+    goes down whatever happens; its directory (logs, and the runtimes' logs copied to
+    replica-logs/ before `down` removes them) is kept when the run failed, woke a spare, or
+    `keep`."""
     try:
         zh.lincheck_binary(build=False)
     except zh.LincheckError as e:
@@ -1052,9 +1067,11 @@ def run_powerloss(opts: Options, seed: int, out: Path, progress: Progress = prin
         progress(f"power loss run stopped: {e}")
     finally:
         run.stop_proxy()
+        kept = doc.get("result") != "PASS" or keep or bool(doc.get("woken"))
+        if kept:
+            keep_replica_logs(config, tmp / "replica-logs")  # before down removes them
         down(config)
-        failed = doc.get("result") != "PASS"
-        if failed or keep or doc.get("woken"):
+        if kept:
             progress(f"rack directory kept: {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
