@@ -155,6 +155,10 @@ def _runtime_flags(ctx: HostContext, inject_fault: str | None, asleep: bool) -> 
         flags += ["--inject-fault", inject_fault]
     if ctx.drill_faults:
         flags.append("--drill-faults")
+    if os.environ.get("ZZ_REPLAY_FLUSH") == "first":
+        # The baseline of scripts/bench/recovery-phases' paused-cp8-flushfirst: a replayed
+        # run's files written before the first batch that reports, not after its replies.
+        flags.append("--flush-replay-first")
     return flags
 
 

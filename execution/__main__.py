@@ -80,6 +80,7 @@ def _options(
         zfs_dataset=args.zfs_dataset,
         recovery=args.recovery,
         replay_skips_reads=not args.replay_all,
+        flush_replay_first=args.flush_replay_first,
         asleep=args.start_asleep,
         state_dir=state_dir,
         status_path=Path(args.status_file) if args.status_file else None,
@@ -185,6 +186,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run read-only requests also in replayed batches that already hold an"
         " execution certificate (by default they are skipped, ZZ §4.7.2; the benchmark's"
         " baseline)",
+    )
+    p.add_argument(
+        "--flush-replay-first",
+        action="store_true",
+        help="write a replayed run's buffered files before the first batch that reports,"
+        " not after its replies and report are sent (the benchmark's baseline)",
     )
     p.add_argument(
         "--background-pause",

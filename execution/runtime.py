@@ -235,6 +235,10 @@ class RuntimeOptions:
     window: int = DEFAULT_WINDOW  # certificates held above the last executed seq
     recovery: str = "on-demand"  # on-demand (files on first touch) | full (all, then run)
     replay_skips_reads: bool = True  # a vouched batch's reads only advance the timestamp
+    # A replayed run's buffered writes go to the files before the first batch that reports
+    # (the baseline) instead of after its replies and report are sent (docs/recovery.md
+    # "Each file written once per run").
+    flush_replay_first: bool = False
     background_pause: float = _BACKGROUND_PAUSE  # s between two background file fetches
     asleep: bool = False  # provisioned as a spare: not registered until the wake notice
     state_dir: Path | None = None  # default Service.exec_state_dir (a guest: its share)
@@ -930,6 +934,12 @@ class Runtime:
                         self.faults.after_checkpoint(cert.seq)
                     if vouched:
                         self._replay_end = time.monotonic()
+                    elif self.state.buffering:
+                        # The first batch that reports ran on a replayed run's buffered
+                        # writes (reads answered from them) and its replies and report are
+                        # out: now the files are written, before the next batch.
+                        self.counters["reported_before_flush"] += 1
+                        await asyncio.to_thread(self.state.flush)
                 if self.state.buffering:  # no batch ready: the run's files are written
                     await asyncio.to_thread(self.state.flush)
         except asyncio.CancelledError:
@@ -1063,8 +1073,8 @@ class Runtime:
         fresh: list[wire.ReplyRef] = []
         # The status writer iterates self.counters on the loop thread: count locally.
         counts = self._batch_counts
-        if not replay:
-            self.state.flush()  # a replayed run's writes, before a batch that reports
+        if not replay and self.options.flush_replay_first:
+            self.state.flush()  # the baseline: a replayed run's writes, before the batch
         if cert.is_null:
             return outs, fresh
         try:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,63 @@ def test_replay_skips_certified_reads(rig: Rig, replay_all: bool) -> None:
     assert execs.stop(1) == 0
     keys = [f"k{k}".encode() for k in range(CP)]
     assert _invoke_reads(rig, keys, client_index=1) == [_kv_ok(b"v%d" % k) for k in range(CP)]
+    n = execs.status(SPARE)["last_executed"]
+    rig.wait(
+        lambda: (
+            execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
+            and not execs.status(SPARE)["checkpoint_mismatches"]
+        ),
+        "the spare's own checkpoint stable",
+    )
+    assert not execs.status(SPARE)["checkpoint_mismatches"]
+
+
+@pytest.mark.slow
+@needs_agreed
+@pytest.mark.parametrize("flush_first", [False, True], ids=["flush-after", "flush-first"])
+def test_first_reporting_batch_runs_on_the_replayed_writes(rig: Rig, flush_first: bool) -> None:
+    """A spare replays certified PUTs of one key, kept in memory and written once for the
+    run (docs/recovery.md "Each file written once per run"); the batch right after them,
+    committed but certified by nobody (replica 1 is stopped), is the first it reports: a
+    GET of that key and a PUT of another. It runs on the buffered writes, and the files
+    are written after its replies and report (counter `reported_before_flush`), or before
+    it with --flush-replay-first (the baseline). Either way it answers the replayed value
+    and its next checkpoint, which hashes the files, matches replica 0's."""
+    execs, cluster = rig.execs, rig.cluster
+    _fill(rig)
+    last = execs.status(0)["last_executed"]
+    puts = (CP - 2 - last % CP) % CP or CP  # the first batch to report: no checkpoint seq
+    got = rig.invoke_all([_kv(KV_PUT, b"r", b"w%d" % k) for k in range(puts)], client_index=3)
+    assert got == [_kv_ok()] * puts
+    last += puts
+    above = last % CP
+    assert above > 0
+    rig.wait(
+        lambda: all(cluster.stats(r)["exec_certificates"] >= last for r in range(cluster.n)),
+        "every batch certified at every agreement replica",
+    )
+    assert execs.stop(1) == 0
+    # Ordered, executed by replica 0 alone: its client waits for the spare's reply.
+    first = ThreadPoolExecutor(1)
+    answer = first.submit(
+        rig.invoke_all, [_kv(KV_GET, b"r"), _kv(KV_PUT, b"s", b"x")], client_index=4
+    )
+    try:
+        rig.wait(
+            lambda: all(cluster.stats(r)["last_exec"] >= last + 1 for r in range(cluster.n)),
+            "the GET's batch committed",
+        )
+        if flush_first:
+            execs.args[SPARE] = ["--flush-replay-first"]
+        execs.start(SPARE)
+        assert answer.result(timeout=60) == [_kv_ok(b"w%d" % (puts - 1)), _kv_ok()]
+    finally:
+        first.shutdown(wait=False, cancel_futures=True)
+    rig.wait(lambda: execs.status(SPARE)["last_executed"] > last, "the spare's status")
+    st = execs.status(SPARE)
+    assert st["recovery"]["checkpoint"] == last - above
+    assert st["counters"].get("replayed_certified", 0) == above
+    assert st["counters"].get("reported_before_flush", 0) == (0 if flush_first else 1)
     n = execs.status(SPARE)["last_executed"]
     rig.wait(
         lambda: (
