@@ -72,6 +72,21 @@ def _fill(rig: Rig) -> int:
     return min(rig.execs.status(i)["stable_checkpoint"] for i in (0, 1))
 
 
+def _wait_spare_checkpoint_matches(rig: Rig) -> None:
+    """Wait until the spare holds a stable checkpoint within the last interval of what it
+    executed, with no mismatch: its own checkpoint matches replica 0's."""
+    execs = rig.execs
+    n = execs.status(SPARE)["last_executed"]
+    rig.wait(
+        lambda: (
+            execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
+            and not execs.status(SPARE)["checkpoint_mismatches"]
+        ),
+        "the spare's own checkpoint stable",
+    )
+    assert not execs.status(SPARE)["checkpoint_mismatches"]
+
+
 def _snapshot_dir(rig: Rig, i: int, seq: int) -> Path:
     """Where the dir store keeps replica i's snapshot of checkpoint seq."""
     base = rig.cluster.run_dir / f"exec-{i}" / "store"
@@ -227,15 +242,7 @@ def test_replay_skips_certified_reads(rig: Rig, replay_all: bool) -> None:
     assert execs.stop(1) == 0
     keys = [f"k{k}".encode() for k in range(CP)]
     assert _invoke_reads(rig, keys, client_index=1) == [_kv_ok(b"v%d" % k) for k in range(CP)]
-    n = execs.status(SPARE)["last_executed"]
-    rig.wait(
-        lambda: (
-            execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
-            and not execs.status(SPARE)["checkpoint_mismatches"]
-        ),
-        "the spare's own checkpoint stable",
-    )
-    assert not execs.status(SPARE)["checkpoint_mismatches"]
+    _wait_spare_checkpoint_matches(rig)
 
 
 @pytest.mark.slow
@@ -284,15 +291,7 @@ def test_first_reporting_batch_runs_on_the_replayed_writes(rig: Rig, flush_first
     assert st["recovery"]["checkpoint"] == last - above
     assert st["counters"].get("replayed_certified", 0) == above
     assert st["counters"].get("reported_before_flush", 0) == (0 if flush_first else 1)
-    n = execs.status(SPARE)["last_executed"]
-    rig.wait(
-        lambda: (
-            execs.status(SPARE).get("stable_checkpoint", 0) > n - CP
-            and not execs.status(SPARE)["checkpoint_mismatches"]
-        ),
-        "the spare's own checkpoint stable",
-    )
-    assert not execs.status(SPARE)["checkpoint_mismatches"]
+    _wait_spare_checkpoint_matches(rig)
 
 
 @pytest.mark.slow
