@@ -788,6 +788,12 @@ static int check_conf(parse_state *ps, zz_conf *c, uint32_t eof)
     for (uint32_t r = 0; r < c->n; r++)
         if (!ps->peer_line[r])
             return bad(ps, eof, "peer", "missing replica %u (need 0..%u)", r, c->n - 1);
+    /* A durable replica syncs its log before each COMMIT, about one sync per batch at every
+     * replica (the batches in flight become prepared at different moments): the fewer and
+     * larger the batches, the fewer syncs per request. Without the key, a durable primary
+     * keeps one batch in flight (docs/agreement.md "One batch in flight"). */
+    if (!ps->line[K_MAX_INFLIGHT] && c->data_dir[0] && c->durability == ZZ_DUR_FSYNC)
+        c->max_inflight = ZZ_DURABLE_MAX_INFLIGHT;
     if (c->log_window % c->checkpoint_interval != 0) {
         uint32_t line = ps->line[K_LOG_WINDOW] ? ps->line[K_LOG_WINDOW]
                                                : ps->line[K_CP] ? ps->line[K_CP] : eof;

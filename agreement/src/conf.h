@@ -15,6 +15,7 @@
 #endif
 #define ZZ_MAX_HOSTS 256 /* hosts of the rack that run a controld */
 #define ZZ_MAX_SYNC_THREADS 4 /* sync_threads, at most */
+#define ZZ_DURABLE_MAX_INFLIGHT 1 /* max_inflight's default with durability fsync */
 #define ZZ_DEFAULT_SYNC_SLICE_US 100 /* sync_slice_us (docs/agreement.md "The sync threads") */
 /* Request and batch size defaults (bytes); docs/wire.md "Size limits". */
 #define ZZ_DEFAULT_MAX_REQUEST 1048576u
@@ -64,7 +65,8 @@ typedef struct {
     uint32_t checkpoint_interval; /* CP */
     uint32_t log_window;          /* L: high watermark = stable + L; multiple of CP */
     uint32_t batch_max;           /* requests per batch */
-    uint32_t max_inflight;        /* batches proposed but not yet committed */
+    uint32_t max_inflight;        /* batches proposed but not yet executed (default 4; 1 with
+                                   * durability fsync and a data_dir) */
     /* External execution: batches proposed beyond the highest seq an awake execution
      * replica has reported (0 = no such bound), and how long a proposal may be held for it
      * (docs/agreement.md "Batching against execution"). */

@@ -270,6 +270,41 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.controld_pub[0] == NULL && c.controld_pub[1] == NULL);
     zz_conf_free(&c);
     end_case(t);
+
+    /* max_inflight's default with a synced log is one batch (conf.c check_conf); a given
+     * value, or a log that is only written, keeps its own. */
+    static const struct {
+        const char *durability, *inflight;
+        uint32_t want;
+    } dur[] = {
+        {NULL, NULL, ZZ_DURABLE_MAX_INFLIGHT}, /* fsync is the default with a data_dir */
+        {"durability fsync", NULL, ZZ_DURABLE_MAX_INFLIGHT},
+        {"durability fsync", "max_inflight 4", 4},
+        {"durability write", NULL, 4},
+        {"durability off", NULL, 4},
+    };
+    for (size_t i = 0; i < sizeof dur / sizeof dur[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "max_inflight with data_dir, %s, %s",
+                 dur[i].durability ? dur[i].durability : "no durability key",
+                 dur[i].inflight ? dur[i].inflight : "no max_inflight key");
+        t_begin(t, name);
+        base_lines(fx, lines);
+        n = NBASE;
+        snprintf(lines[n++], 256, "data_dir /tmp/x.data");
+        if (dur[i].durability)
+            snprintf(lines[n++], 256, "%s", dur[i].durability);
+        if (dur[i].inflight)
+            snprintf(lines[n++], 256, "%s", dur[i].inflight);
+        write_conf(fx, lines, n);
+        rc = zz_conf_load(fx->conf, &c, err, sizeof err);
+        if (!CHECK(t, rc == 0))
+            printf("  error: %s\n", err);
+        if (!CHECK(t, c.max_inflight == dur[i].want))
+            printf("  max_inflight %u, want %u\n", c.max_inflight, dur[i].want);
+        zz_conf_free(&c);
+        end_case(t);
+    }
 }
 
 /* One malformed replica file: line `at` (1-based) replaced by `text` (NULL deletes it,
