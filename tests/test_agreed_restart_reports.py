@@ -16,14 +16,13 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.cluster import Cluster
 from tests.test_agreed_durable import _start
 from tests.test_agreement_log import _secret
-from tests.test_agreement_window import _order_until, _report, _send_all
+from tests.test_agreement_window import _order_until, _quiet, _report, _send_all
 from zz import wire
 
 CP = 8
@@ -69,15 +68,6 @@ def _order_one(c: Cluster, rs: list[int], seq: int) -> None:
 
 def _certified(c: Cluster, rs: list[int], n: int) -> bool:
     return all(c.stats(r)["exec_certificates"] >= n for r in rs)
-
-
-def _quiet(s: dict[str, Any]) -> bool:
-    return (
-        s["exec_timeouts"] == 0
-        and s["exec_mismatches"] == 0
-        and s["fault_statements_sent"] == 0
-        and s["wakeups_sent"] == 0
-    )
 
 
 @pytest.mark.slow
