@@ -376,10 +376,14 @@ class Runtime:
         # again), first_fresh (the first batch whose report counts: its replies are sent).
         # zz drill places them on the host's clock (docs/operations.md "Recovery phases").
         self.wake_marks: dict[str, float] = {}
+        self._process_started = _process_start_mono() or time.monotonic()
+        # The first report this process sends is logged with how long after its start it
+        # went (power-loss runs: which runtime of a service reported the first seqs after a
+        # whole-rack restart late, and by how much, is read from the two lines).
+        self._first_report_logged = False
         if not opts.asleep:
-            started = _process_start_mono()
             self.wake_marks = {**_handed_marks(), **dict(opts.marks),
-                               "started": round(started or time.monotonic(), 4)}  # fmt: skip
+                               "started": round(self._process_started, 4)}  # fmt: skip
         self._last_agreement_frame = time.monotonic()
         # The seq of a batch abandoned half-run because the checkpoint being recovered was
         # collected (StaleCheckpoint): nothing executes until a newer one is installed.
@@ -926,6 +930,11 @@ class Runtime:
                         if not self.faults.report(cert.seq, rep):
                             self._send_agreement(rep.with_macs(self.agree_keys).encode())
                             self.sent_reports.add(rep)
+                            if not self._first_report_logged:
+                                self._first_report_logged = True
+                                log.info("first report since the process started: batch %d,"
+                                         " %.2f s after the start", cert.seq,
+                                         time.monotonic() - self._process_started)  # fmt: skip
                     self.counters["batches_executed"] += 1
                     if not vouched and arrival is not None:
                         self._time_report(cert.seq, arrival, t_batch, t_done, cpu, t_ckpt)

@@ -517,4 +517,7 @@ def test_restart_resumes_from_own_checkpoint(rig: Rig) -> None:
         lambda: execs.status(1).get("last_executed") == execs.status(0).get("last_executed"),
         "replica 1 caught up",
     )
-    assert "restored checkpoint ckpt-" in execs.log_path(1).read_text()
+    text = execs.log_path(1).read_text()
+    assert "restored checkpoint ckpt-" in text
+    # Each start logs its first report (power-loss runs compare the two runtimes' lines).
+    assert text.count("first report since the process started: batch ") == 2, text
