@@ -889,6 +889,8 @@ class Runtime:
                     replay = vouched and self.options.replay_skips_reads
                     if replay and self.app.buffers_writes:
                         self.state.buffer_writes()  # written once at the run's end (flush)
+                    # A batch that reports, run on a replayed run's writes still in memory.
+                    on_buffer = not replay and self.state.buffering
                     t_batch = time.monotonic()
                     arrival = self.collector.arrival(cert.seq)
                     try:
@@ -943,12 +945,13 @@ class Runtime:
                         self.faults.after_checkpoint(cert.seq)
                     if vouched:
                         self._replay_end = time.monotonic()
-                    elif self.state.buffering:
-                        # The first batch that reports ran on a replayed run's buffered
-                        # writes (reads answered from them) and its replies and report are
-                        # out: now the files are written, before the next batch.
+                    if on_buffer and not self.options.flush_replay_first:
+                        # It ran on the buffered writes (reads answered from them) and its
+                        # replies and report are out; the files are written before the next
+                        # batch (at a checkpoint seq its checkpoint wrote them already).
                         self.counters["reported_before_flush"] += 1
-                        await asyncio.to_thread(self.state.flush)
+                        if self.state.buffering:
+                            await asyncio.to_thread(self.state.flush)
                 if self.state.buffering:  # no batch ready: the run's files are written
                     await asyncio.to_thread(self.state.flush)
         except asyncio.CancelledError:
