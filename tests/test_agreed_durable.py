@@ -267,10 +267,16 @@ def test_damaged_log_is_detected_and_the_replica_recovers_from_peers(
         c.wait_for(lambda: _caught_up(c, [0, 1, 2]), timeout=20, what="same state again")
 
 
-def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inflight", [None, 4], ids=["default-inflight", "inflight-4"])
+def test_all_replicas_killed_keep_every_acknowledged_request_at_its_seq(
+    tmp_path: Path, inflight: int | None
+) -> None:
     # A window large enough that the whole run stays above the stable checkpoint, so the
     # committed log served (FETCH kind 3) covers every seq before and after the crash.
-    c = _cluster(tmp_path, checkpoint_interval=1024, log_window=2048)
+    # Durable replicas keep one batch in flight by default; with 4 (a rack's max_inflight)
+    # several slots are prepared or committed and unexecuted at the kill.
+    over = _durable(4, tmp_path, "fsync") | ({"max_inflight": inflight} if inflight else {})
+    c = Cluster(tmp_path, g=1, overrides=over, checkpoint_interval=1024, log_window=2048)
     with c:
         c.start()
         acked: list[bytes] = []

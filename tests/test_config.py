@@ -18,7 +18,7 @@ def test_valid_config_and_defaults(rack_config: Path) -> None:
     c = load(rack_config)
     assert c.rack.name == "test"
     assert c.rack.key_dir == rack_config.parent / "keys"
-    assert c.rack.max_inflight == 4
+    assert c.rack.max_inflight is None  # not rendered: zz-agreed's default
     s = c.service("web")
     assert c.service(1) is s and c.service("1") is s
     assert (s.n, s.active, s.sleep, s.app, s.exec_replicas) == (4, 2, "paused", "echo", 3)
@@ -177,6 +177,12 @@ def test_durability_renders_data_dir_and_policy(write_rack: Callable[[str], Path
             lines = path.read_text().splitlines()
             assert f"data_dir {c.rack.run_dir / 's1' / f'agreed-{r}.data'}" in lines
             assert f"durability {policy}" in lines
+            # no max_inflight line: zz-agreed's default follows the policy (4, 1 with fsync)
+            assert not any(x.startswith("max_inflight") for x in lines)
+    rack = BASE.replace("batch_max = 16", 'batch_max = 16\nmax_inflight = 3\ndurability = "fsync"')
+    c = load(write_rack(rack))
+    assert c.rack.max_inflight == 3
+    assert "max_inflight 3" in render_service(c, c.service("web"))[0].read_text().splitlines()
 
 
 def test_execution_replica_placement(write_rack: Callable[[str], Path]) -> None:

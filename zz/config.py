@@ -65,7 +65,9 @@ class Rack:
     batch_max: int = 400
     view_timeout_ms: int = 1000
     # Replica tunables rendered into agreed-<r>.conf; optional in the TOML.
-    max_inflight: int = 4
+    # max_inflight None: not rendered, zz-agreed's default (4; 1 with a synced log,
+    # docs/agreement.md "One batch in flight").
+    max_inflight: int | None = None
     status_interval_ms: int = 200
     time_tolerance_ms: int = 10000
     # How services are laid over the hosts (docs/placement.md): "spread" or "rotate".
@@ -391,7 +393,9 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         log_window=rt.get_int("log_window", 2 * cp, lo=cp, hi=U32_MAX),
         batch_max=rt.get_int("batch_max", 400, lo=1, hi=MAX_LIST),
         view_timeout_ms=rt.get_int("view_timeout_ms", 1000, lo=1, hi=MAX_TIMER_MS),
-        max_inflight=rt.get_int("max_inflight", 4, lo=1, hi=U32_MAX),
+        max_inflight=rt.get_int("max_inflight", lo=1, hi=U32_MAX)
+        if "max_inflight" in rt.data
+        else None,
         status_interval_ms=rt.get_int("status_interval_ms", 200, lo=1, hi=MAX_TIMER_MS),
         time_tolerance_ms=rt.get_int("time_tolerance_ms", 10000, lo=1, hi=MAX_TIMER_MS),
         placement=rt.get_str("placement", "spread"),

@@ -106,7 +106,6 @@ def replica_conf(
         "checkpoint_interval": rack.checkpoint_interval,
         "log_window": rack.log_window,
         "batch_max": rack.batch_max,
-        "max_inflight": rack.max_inflight,
         "view_timeout_ms": rack.view_timeout_ms,
         "status_interval_ms": rack.status_interval_ms,
         "time_tolerance_ms": rack.time_tolerance_ms,
@@ -114,6 +113,8 @@ def replica_conf(
         "batch_bytes": rack.batch_bytes,
         "stats_file": run / f"agreed-{r}.stats.json",
     }
+    if rack.max_inflight is not None:  # else zz-agreed's default, which depends on durability
+        values["max_inflight"] = rack.max_inflight
     if rack.client_signatures == "always":  # only then: the default needs no line
         values["require_signed"] = 1
     if rack.durability != "off":
