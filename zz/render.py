@@ -2,6 +2,7 @@
 # Test harnesses call render_service() with overrides to add fault injection per replica.
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ OVERRIDABLE = {
     "inject_delay_ms",
     "inject_seed",
     "byzantine",
+    "byzantine_commits",
     "detect_k",
     "detect_floor_ms",
     "detect_ceiling_ms",
@@ -69,6 +71,10 @@ def _fmt(key: str, value: Any) -> str:
         if value not in BYZANTINE:
             raise ConfigError(f"override byzantine: must be one of {', '.join(BYZANTINE)}")
         return str(value)
+    if key == "byzantine_commits":
+        if not isinstance(value, str) or not re.fullmatch(r"\d+:\d+-\d+:\d+(,\d+)*", value):
+            raise ConfigError(f"override {key}: must be VIEW:LO-HI:PEER[,PEER...]")
+        return value
     if key == "durability":
         if value not in DURABILITY:
             raise ConfigError(f"override durability: must be one of {', '.join(DURABILITY)}")

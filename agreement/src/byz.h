@@ -5,7 +5,8 @@
  *
  * Invariant: with `byzantine none` (the default, and every product deployment) every hook
  * answers "behave correctly": zz_byz_silent, zz_byz_drops_requests and zz_byz_false_fault
- * are 0 and zz_byz_pre_prepare sends nothing. Compiled in always, so the tests run the
+ * are 0, zz_byz_pre_prepare sends nothing and, without `byzantine_commits`,
+ * zz_byz_withholds_commit is 0. Compiled in always, so the tests run the
  * binary they ship. */
 #ifndef ZZ_BYZ_H
 #define ZZ_BYZ_H
@@ -21,6 +22,10 @@ int zz_byz_drops_requests(const zz_replica *r);
 /* A FAULT-STATEMENT for a certified seq: 1 = sign one blaming the lowest awake (correct)
  * execution replica (false-fault); alone it must never wake anyone. */
 int zz_byz_false_fault(const zz_replica *r);
+
+/* A COMMIT for (view, seq) to agreement replica `to`: 1 = withhold it (`byzantine_commits`;
+ * a correct replica that only lost those messages, for the view-change tests). */
+int zz_byz_withholds_commit(const zz_replica *r, uint32_t to, uint32_t view, uint64_t seq);
 
 /* Send one PRE-PREPARE for `seq` with `batch` to agreement replica `to` (request.c). */
 typedef void zz_byz_send_pp(zz_replica *r, uint32_t to, uint64_t seq, const uint8_t *batch,

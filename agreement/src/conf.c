@@ -426,7 +426,7 @@ enum {
     K_CONTROLD, K_EXEC_VIEW, K_RACK_PUBLIC, K_MAX_REQUEST, K_BATCH_BYTES, K_MAX_CONNS,
     K_MAX_CONNS_SOURCE, K_FRAME_TIMEOUT, K_UNAUTH_TIMEOUT, K_UNAUTH_BUFFER, K_CLIENT_OUT,
     K_CLIENT_OUT_TOTAL, K_OUT_STALL, K_REQUIRE_SIGNED, K_SPARE_KEYS, K_DATA_DIR, K_DURABILITY,
-    K_EXEC_INFLIGHT, K_EXEC_HOLD, K_EXEC_HOLD_MAX, K_SYNC_THREADS, K_SYNC_SLICE, K_LOOP_SLICE, K_SYNC_GATE, K_COUNT
+    K_EXEC_INFLIGHT, K_EXEC_HOLD, K_EXEC_HOLD_MAX, K_SYNC_THREADS, K_SYNC_SLICE, K_LOOP_SLICE, K_SYNC_GATE, K_BYZ_COMMITS, K_COUNT
 };
 
 static const char *const key_names[K_COUNT] = {
@@ -439,6 +439,7 @@ static const char *const key_names[K_COUNT] = {
     "unauth_buffer_bytes", "client_out_bytes", "client_out_total", "out_stall_timeout_ms",
     "require_signed", "spare_keys", "data_dir", "durability", "exec_inflight", "exec_hold_ms",
     "exec_hold_max_ms", "sync_threads", "sync_slice_us", "loop_slice_us", "inject_sync_gate",
+    "byzantine_commits",
 };
 
 /* What the parser remembers beyond zz_conf: where each key was, for cross-key checks that
@@ -502,6 +503,44 @@ static int parse_path(const char *s, char *dst, size_t cap)
     if (len == 0 || len >= cap)
         return -1;
     memcpy(dst, s, len + 1);
+    return 0;
+}
+
+/* `byzantine_commits V:LO-HI:P[,P...]` (test only). */
+static int parse_byz_commits(const char *s, zz_conf *c)
+{
+    char buf[128];
+    size_t len = strlen(s);
+    if (len == 0 || len >= sizeof buf)
+        return -1;
+    memcpy(buf, s, len + 1);
+    char *colon1 = strchr(buf, ':');
+    char *colon2 = colon1 ? strchr(colon1 + 1, ':') : NULL;
+    char *dash = colon1 ? strchr(colon1 + 1, '-') : NULL;
+    if (!colon1 || !colon2 || !dash || dash > colon2)
+        return -1;
+    *colon1 = *colon2 = *dash = '\0';
+    uint64_t view, lo, hi, mask = 0;
+    if (parse_u64(buf, UINT32_MAX, &view) < 0 || parse_u64(colon1 + 1, UINT64_MAX, &lo) < 0 ||
+        parse_u64(dash + 1, UINT64_MAX, &hi) < 0 || lo > hi)
+        return -1;
+    char *p = colon2 + 1;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        uint64_t peer;
+        if (parse_u64(p, 63, &peer) < 0)
+            return -1;
+        mask |= 1ULL << peer;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    c->byz_commit_view = (uint32_t)view;
+    c->byz_commit_lo = lo;
+    c->byz_commit_hi = hi;
+    c->byz_commit_peers = mask;
     return 0;
 }
 
@@ -709,6 +748,11 @@ static int apply_line(parse_state *ps, zz_conf *c, uint32_t line, char **tok, in
             return bad(ps, line, name,
                        "'%s' is not one of none, equivocate, drop-requests, silent, false-fault",
                        tok[1]);
+        return 0;
+    case K_BYZ_COMMITS:
+        if (parse_byz_commits(tok[1], c) < 0)
+            return bad(ps, line, name, "'%s' is not VIEW:LO-HI:PEER[,PEER...] with LO <= HI "
+                       "and peers below 64", tok[1]);
         return 0;
     case K_EXEC: {
         uint64_t i, h;

@@ -110,6 +110,11 @@ typedef struct {
     uint32_t inject_delay_ms;
     uint64_t inject_seed;
     enum zz_byz byzantine;
+    /* test only (`byzantine_commits V:LO-HI:P,...`): no COMMIT for a seq in LO..HI of view V
+     * goes to the replicas in byz_commit_peers (a bit per replica id); 0 = off */
+    uint64_t byz_commit_peers;
+    uint32_t byz_commit_view;
+    uint64_t byz_commit_lo, byz_commit_hi;
     int external_exec; /* execution external: batches go to execution replicas, no echo */
     uint32_t f;        /* execution faults tolerated: f+1 matching EXEC-CHECKPOINTs are stable */
     uint32_t exec_log; /* committed batches kept for execution replicas, at most */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "byz.h"
 #include "replica.h"
 
 static const uint8_t null_digest[ZZ_DIGEST_LEN];
@@ -47,6 +48,21 @@ int zz_slot_set_batch(zz_replica *r, zz_slot *s, const uint8_t *batch, uint32_t 
 static void send_phase(zz_replica *r, zz_slot *s, uint8_t type)
 {
     zz_buf *b = &r->out;
+    int withheld = 0;
+    for (uint32_t i = 0; type == ZZ_COMMIT && i < r->n; i++)
+        withheld |= i != r->id && zz_byz_withholds_commit(r, i, s->view, s->seq);
+    if (withheld) {
+        for (uint32_t i = 0; i < r->n; i++) {
+            if (i == r->id || zz_byz_withholds_commit(r, i, s->view, s->seq))
+                continue;
+            zz_buf_reset(b);
+            size_t st = zz_enc_phase(b, type, r->conf->service, r->id, s->view, s->seq,
+                                     s->digest);
+            zz_end_body(b, st);
+            zz_send_mac(r, i, b, st);
+        }
+        return;
+    }
     zz_buf_reset(b);
     size_t st = zz_enc_phase(b, type, r->conf->service, r->id, s->view, s->seq, s->digest);
     zz_end_body(b, st);

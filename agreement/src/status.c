@@ -92,7 +92,7 @@ void zz_on_status(zz_replica *r, const zz_msg *m)
             continue; /* a corrupt log lost what it may have sent for seq (wal.c) */
         if (s->sent_prepare && !zz_wal_forgets(r, s->view, seq))
             resend_phase(r, j, s, ZZ_PREPARE);
-        if (s->sent_commit)
+        if (s->sent_commit && !zz_byz_withholds_commit(r, j, s->view, seq))
             resend_phase(r, j, s, ZZ_COMMIT);
     }
 }

@@ -156,7 +156,7 @@ static int contains(const char *hay, const char *needle)
 static void test_valid(tctx *t, const fixture *fx)
 {
     static zz_conf c;
-    char lines[NBASE + 15][256];
+    char lines[NBASE + 16][256];
     char err[1024] = "";
     base_lines(fx, lines);
     int n = NBASE;
@@ -175,6 +175,7 @@ static void test_valid(tctx *t, const fixture *fx)
     snprintf(lines[n++], 256, "sync_threads 0");
     snprintf(lines[n++], 256, "sync_slice_us 250");
     snprintf(lines[n++], 256, "loop_slice_us 300");
+    snprintf(lines[n++], 256, "byzantine_commits 2:3-5:2,3");
     write_keys(fx);
     write_conf(fx, lines, n);
 
@@ -198,6 +199,8 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, strcmp(c.stats_file, "/tmp/x.json") == 0);
     CHECK(t, strcmp(c.data_dir, "/tmp/x.data") == 0 && c.durability == ZZ_DUR_WRITE);
     CHECK(t, c.sync_threads == 0 && c.sync_slice_us == 250 && c.loop_slice_us == 300);
+    CHECK(t, c.byz_commit_view == 2 && c.byz_commit_lo == 3 && c.byz_commit_hi == 5 &&
+                 c.byz_commit_peers == 0xc);
     end_case(t);
 
     t_begin(t, "valid file: keys sorted and looked up");
@@ -261,6 +264,7 @@ static void test_valid(tctx *t, const fixture *fx)
     CHECK(t, c.exec_inflight == 1 && c.exec_hold_ms == 40);
     CHECK(t, c.time_tolerance_ms == 2000 && c.inject_drop == 0 && c.inject_dup == 0);
     CHECK(t, c.inject_delay_ms == 0 && c.inject_seed == 0 && c.byzantine == ZZ_BYZ_NONE);
+    CHECK(t, c.byz_commit_peers == 0);
     CHECK(t, c.external_exec == 0);
     CHECK(t, c.stats_file[0] == '\0' && c.exec_view[0] == '\0');
     CHECK(t, c.data_dir[0] == '\0' && c.durability == ZZ_DUR_FSYNC); /* no log, fsync if one */
@@ -395,6 +399,10 @@ static void test_conf_errors(tctx *t, const fixture *fx)
         {"duplicate key", 0, "g 1", 15, "g", "duplicate (first on line 4)"},
         {"wrong value count", 5, "listen 127.0.0.1", 5, "listen", "expected 2 values"},
         {"byzantine unknown", 0, "byzantine sometimes", 15, "byzantine", "not one of"},
+        {"byzantine_commits without peers", 0, "byzantine_commits 0:3-5", 15,
+         "byzantine_commits", "VIEW:LO-HI:PEER"},
+        {"byzantine_commits lo above hi", 0, "byzantine_commits 0:5-3:2", 15,
+         "byzantine_commits", "LO <= HI"},
         {"execution unknown", 0, "execution remote", 15, "execution", "not one of"},
         {"byzantine false-fault is known", 0, "byzantine falsefault", 15, "byzantine",
          "false-fault"},
