@@ -112,6 +112,11 @@ static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *dige
                    const uint8_t *batch, uint32_t batch_len, int held)
 {
     int same_digest = s->batch && memcmp(s->digest, digest, ZZ_DIGEST_LEN) == 0;
+    /* A seq this replica executed, proposed again in a later view (viewchange.c): the same
+     * batch stays committed, so the records written for it still say so and a restart runs
+     * it again from the stable checkpoint as before. */
+    int executed = s->committed && s->seq <= r->last_exec &&
+                   memcmp(s->digest, digest, ZZ_DIGEST_LEN) == 0;
     if (!same_digest && s->batch) {
         free(s->batch);
         s->batch = NULL;
@@ -127,7 +132,8 @@ static void accept(zz_replica *r, zz_slot *s, uint32_t view, const uint8_t *dige
     s->has_pp = 1;
     s->held = held;
     s->is_null = memcmp(digest, null_digest, ZZ_DIGEST_LEN) == 0;
-    s->sent_prepare = s->sent_commit = s->prepared = s->committed = 0;
+    s->sent_prepare = s->sent_commit = s->prepared = 0;
+    s->committed = executed;
     s->pp_time_ms = zz_now_ms(r);
     s->t_pp_us = zz_mono_us();
     s->t_prep_us = s->t_commit_us = 0;

@@ -205,13 +205,22 @@ static void install_new_view(zz_replica *r, uint64_t min_s, const zz_choice *ch,
            (unsigned long long)min_s, (unsigned long long)(max_s - min_s),
            (unsigned long long)r->stable, (unsigned long long)r->last_exec);
     for (uint32_t i = 0; i < nch; i++) {
-        if (ch[i].seq <= r->last_exec)
-            continue;
         zz_slot *s = zz_slot_get(r, ch[i].seq);
         if (!s)
             continue; /* beyond our window: we are behind and will fetch state */
         if (s->has_pp && s->view == r->view)
             continue;
+        /* A seq we executed is proposed again as well (PBFT, TOCS §4.5): replicas that only
+         * prepared it need our PREPARE and COMMIT in this view to commit it, and no stable
+         * checkpoint can pass it without them. It does not run again (zz_try_execute starts
+         * above last_exec) and stays committed here (normal.c accept). Chosen differently
+         * from the batch we executed would mean 2g+1 VIEW-CHANGEs lost what g+1 correct
+         * replicas prepared: we stay out of it. */
+        if (ch[i].seq <= r->last_exec && s->committed &&
+            memcmp(s->digest, ch[i].digest, ZZ_DIGEST_LEN) != 0) {
+            r->st.dropped[ZZ_DROP_BADVC]++;
+            continue;
+        }
         zz_accept_proposal(r, s, r->view, ch[i].digest, NULL, 0);
     }
     if (r->next_seq < max_s)
