@@ -1,6 +1,7 @@
 # tests/test_bench_web.py - the parts of scripts/bench/web that need no rack: its wrk Lua
 # script against a small local HTTP server (1 s of wrk, skipped without wrk), the parsing of
-# wrk's result line, the per-mix summary and ratios, and its rack (web only). ~2 s.
+# wrk's result line, the per-mix summary and ratios, and its rack (web only; durable with
+# --durability). ~2 s.
 from __future__ import annotations
 
 import importlib.machinery
@@ -16,6 +17,7 @@ import pytest
 
 from zz.config import load
 from zz.powerloss import write_rack
+from zz.render import replica_conf
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,6 +100,16 @@ def test_parse_variant() -> None:
 def test_rack_is_web_only(tmp_path: Path) -> None:
     cfg = load(write_rack(tmp_path, "w", durability="off", kv=False))
     assert [(s.name, s.id, s.app, s.f) for s in cfg.services] == [("web", 1, "wsgi:guestbook", 1)]
+
+
+def test_durable_rack_renders_no_max_inflight(tmp_path: Path) -> None:
+    # --durability fsync: the replicas sync a log and, without --set max_inflight=N, get
+    # zz-agreed's durable default (one batch in flight) rather than a rendered value.
+    cfg = load(write_rack(tmp_path, "w", durability="fsync", kv=False))
+    keys = {ln.split()[0] for ln in replica_conf(cfg, cfg.services[0], 0).splitlines()}
+    assert {"data_dir", "durability"} <= keys and "max_inflight" not in keys
+    four = replica_conf(cfg, cfg.services[0], 0, {"max_inflight": 4}).splitlines()
+    assert "max_inflight 4" in four
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -165,7 +165,8 @@ def write_rack(directory: Path, name: str = "pl", durability: str = "fsync", web
     """4 simulated hosts (127.0.0.1..4; all 127.0.0.1 with `one_address`, as guests need),
     kv0 (kv; not without `kv`) and, with `web`, web (wsgi:guestbook), g = f = 1 each, one
     paused spare each, durable agreement replicas (`durability`), free ports. Also the rack
-    of scripts/bench/web (web only, durability off) and of scripts/bench/hostfail: `webs`
+    of scripts/bench/web (web only, durability off unless its --durability) and of
+    scripts/bench/hostfail: `webs`
     guestbooks web1..webN (named `web` when there is one), each with `active` active
     execution replicas (default f+1; 2f+1 = SEP and 3f+1 = BASE-like, docs/config.md)."""
     ctl = free_base(range(4))
