@@ -108,6 +108,7 @@ run_dir = "run"
 checkpoint_interval = 128
 log_window = 256
 view_timeout_ms = 10000
+durability = "off"
 
 [[hosts]]
 name = "h0"
