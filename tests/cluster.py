@@ -93,7 +93,6 @@ checkpoint_interval = {checkpoint_interval}
 log_window = {log_window}
 batch_max = 400
 view_timeout_ms = {view_timeout_ms}
-durability = "off"
 
 [[hosts]]
 name = "h0"

@@ -161,18 +161,16 @@ def test_guest_share(write_rack: Callable[[str], Path]) -> None:
 
 
 def test_durability_renders_data_dir_and_policy(write_rack: Callable[[str], Path]) -> None:
-    """docs/agreement.md "Durable state": "fsync" by default, and "fsync" and "write" give
-    each replica its own data directory under run/ and the policy; "off" only when the rack
-    says so (no data_dir line, no log)."""
-    c = load(write_rack(BASE.replace("batch_max = 16", 'batch_max = 16\ndurability = "off"')))
+    """docs/agreement.md "Durable state": off by default (no data_dir line, no log); "fsync"
+    and "write" give each replica its own data directory under run/ and the policy."""
+    c = load(write_rack(BASE))
     assert c.rack.durability == "off"
     text = render_service(c, c.service("web"))[0].read_text()
     keys = {line.split()[0] for line in text.splitlines()}
     assert "data_dir" not in keys and "durability" not in keys
-    for policy in (None, "fsync", "write"):
-        line = f'\ndurability = "{policy}"' if policy else ""
-        c = load(write_rack(BASE.replace("batch_max = 16", f"batch_max = 16{line}")))
-        policy = policy or "fsync"
+    for policy in ("fsync", "write"):
+        rack = BASE.replace("batch_max = 16", f'batch_max = 16\ndurability = "{policy}"')
+        c = load(write_rack(rack))
         assert c.rack.durability == policy
         paths = render_service(c, c.service("web"))
         for r, path in enumerate(paths):

@@ -366,10 +366,7 @@ def write_rack(directory: Path, f: int, name: str = "byz") -> Path:
     hosts = 2 * f + 1 if f > 1 else 4
     ctl = free_base(range(hosts))
     base = free_base(range(70))
-    lines = [
-        f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\nplacement = "spread"\n'
-        'durability = "off"\n'
-    ]
+    lines = [f'[rack]\nname = "{name}"\ncheckpoint_interval = 32\nplacement = "spread"\n']
     for h in range(hosts):
         lines.append(
             f'[[hosts]]\nname = "h{h}"\naddress = "127.0.0.{h + 1}"\ncontrol_port = {ctl + h}\n'

@@ -81,10 +81,8 @@ class Rack:
     client_signatures: str = "retransmit"
     # Durable agreement state (docs/agreement.md "Durable state"): "fsync" (each replica's
     # write-ahead log is synced before any message that depends on it is sent), "write"
-    # (written to the kernel only: survives a process crash, not the host's) or "off"
-    # (memory only: a power loss or `zz rack down` loses every order, and `zz rack start`
-    # refuses a rack that ordered anything).
-    durability: str = "fsync"
+    # (written to the kernel only: survives a process crash, not the host's) or "off".
+    durability: str = "off"
     # Who runs each host's controld (docs/config.md): "local", `zz rack up` starts every
     # one as a process of the operator's machine (a rack on one machine); "hosts", each
     # runs on its host under its own supervisor (systemd: zz-controld@NAME), and `zz rack`,
@@ -404,7 +402,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         max_request=rt.get_int("max_request", 1 << 20, lo=MIN_MAX_REQUEST),
         batch_bytes=rt.get_int("batch_bytes", 4 << 20, lo=MIN_MAX_REQUEST + BATCH_HDR_LEN + 4),
         client_signatures=rt.get_str("client_signatures", "retransmit"),
-        durability=rt.get_str("durability", "fsync"),
+        durability=rt.get_str("durability", "off"),
         controlds=rt.get_str("controlds", "local"),
         guest_share=rt.get_str("guest_share", "virtiofs"),
     )

@@ -114,7 +114,7 @@ class BenchRack:
         path.write_text(
             f'[rack]\nname = "{self.name}"\nkey_dir = "keys"\nrun_dir = "run"\n'
             f"checkpoint_interval = {self.cp}\nlog_window = {2 * self.cp}\nbatch_max = 16\n"
-            'view_timeout_ms = 10000\ndurability = "off"\n'
+            "view_timeout_ms = 10000\n"
             '\n[[hosts]]\nname = "h0"\naddress = "127.0.0.1"\nlibvirt_uri = "test:///default"\n'
             f"control_port = {base + 70}\n"
             f'\n[[services]]\nname = "{self.name}"\nid = 1\ng = 1\nf = 1\n{active}'

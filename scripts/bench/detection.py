@@ -108,7 +108,6 @@ run_dir = "run"
 checkpoint_interval = 128
 log_window = 256
 view_timeout_ms = 10000
-durability = "off"
 
 [[hosts]]
 name = "h0"
